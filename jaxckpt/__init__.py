@@ -1,0 +1,97 @@
+"""jaxckpt: gradient checkpointing (remat) for JAX/Flax as a choice you can see and measure.
+
+- Policies by name, per block: :func:`parse_policy` (grammar in :mod:`jaxckpt.policies`).
+- Remat wrappers and layers: :func:`remat`, :class:`Remat`, :func:`checkpoint`; NNX blocks in :mod:`jaxckpt.layers`
+  with checkpoint names from :mod:`jaxckpt.names`; models in :mod:`jaxckpt.models`.
+- Compiling so that remat works on CPU too, and compiled memory stats: :func:`jit`, :func:`compile_step`,
+  :func:`memory_stats`.
+- Train steps and checkpoints: :mod:`jaxckpt.train`, :class:`Checkpointer`.
+"""
+
+from jaxckpt import names
+from jaxckpt.checkpointing import Checkpointer
+from jaxckpt.errors import CheckpointError, DataError, JaxckptError, PolicySpecError
+from jaxckpt.layers import (
+    AttentionBlock,
+    ConvBlock,
+    MLPBlock,
+    RematBlock,
+    Stack,
+    TransformerBlock,
+    block_types,
+    set_policy,
+)
+from jaxckpt.models import MODELS, build_model
+from jaxckpt.policies import (
+    CANONICAL_POLICIES,
+    POLICY_NAMES,
+    Policy,
+    PolicySpec,
+    parse_policy,
+)
+from jaxckpt.remat import Remat, checkpoint, remat
+from jaxckpt.schema import SCHEMA_VERSION, versions
+from jaxckpt.train import (
+    TrainState,
+    abstract_train_state,
+    classification_loss,
+    compile_train_step,
+    create_train_state,
+    make_eval_step,
+    make_train_step,
+)
+from jaxckpt.units import format_bytes, parse_bytes
+from jaxckpt.xla import (
+    CPU_REMAT_FIX,
+    RematIneffectiveWarning,
+    compile_step,
+    jit,
+    memory_stats,
+    remat_compiler_options,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "names",
+    "Checkpointer",
+    "CheckpointError",
+    "DataError",
+    "JaxckptError",
+    "PolicySpecError",
+    "AttentionBlock",
+    "ConvBlock",
+    "MLPBlock",
+    "RematBlock",
+    "Stack",
+    "TransformerBlock",
+    "block_types",
+    "set_policy",
+    "MODELS",
+    "build_model",
+    "CANONICAL_POLICIES",
+    "POLICY_NAMES",
+    "Policy",
+    "PolicySpec",
+    "parse_policy",
+    "Remat",
+    "checkpoint",
+    "remat",
+    "SCHEMA_VERSION",
+    "versions",
+    "TrainState",
+    "abstract_train_state",
+    "classification_loss",
+    "compile_train_step",
+    "create_train_state",
+    "make_eval_step",
+    "make_train_step",
+    "format_bytes",
+    "parse_bytes",
+    "CPU_REMAT_FIX",
+    "RematIneffectiveWarning",
+    "compile_step",
+    "jit",
+    "memory_stats",
+    "remat_compiler_options",
+]

@@ -1,0 +1,66 @@
+"""The error types jaxckpt raises for bad user input.
+
+Every error names the bad value, lists the valid choices and, where one is close, suggests it. All derive from
+:class:`JaxckptError` (a :class:`ValueError`), so CLIs catch that one type, print its one-line message and exit with
+status 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = ["JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "closest"]
+
+
+def closest(bad: str, valid: Iterable[str]) -> str | None:
+  """Returns the valid choice closest to ``bad`` (``difflib`` ratio ≥ 0.6), or ``None``."""
+  matches = difflib.get_close_matches(bad, list(valid), n=1, cutoff=0.6)
+  return matches[0] if matches else None
+
+
+def _choices_message(what: str, bad: str, valid: Iterable[str], context: str = "") -> str:
+  valid = sorted(set(valid))
+  message = f"unknown {what} {bad!r}{context}; valid {what}s: {', '.join(valid) if valid else '(none)'}"
+  suggestion = closest(bad, valid)
+  if suggestion is not None:
+    message += f"; did you mean {suggestion!r}?"
+  return message
+
+
+class JaxckptError(ValueError):
+  """Base class of jaxckpt's user-input errors; its message is one line, fit for a CLI."""
+
+
+class PolicySpecError(JaxckptError):
+  """A policy spec string (or its use on a model) is invalid.
+
+  Attributes:
+    spec: the whole spec string as given.
+    bad: the offending part of it (a policy name, block type, checkpoint name or token).
+    valid: the valid choices for that part (sorted), possibly empty.
+    suggestion: the closest valid choice, or ``None``.
+  """
+
+  def __init__(self, message: str, *, spec: str, bad: str, valid: Iterable[str] = ()):
+    self.spec = spec
+    self.bad = bad
+    self.valid = tuple(sorted(set(valid)))
+    self.suggestion = closest(bad, self.valid)
+    super().__init__(message)
+
+  @classmethod
+  def unknown(cls, what: str, bad: str, valid: Iterable[str], *, spec: str, context: str = "") -> "PolicySpecError":
+    """Builds the 'unknown <what> <bad>; valid <what>s: ...; did you mean ...?' error."""
+    valid = tuple(valid)
+    return cls(
+        _choices_message(what, bad, valid, f"{context} in policy spec {spec!r}"), spec=spec, bad=bad, valid=valid
+    )
+
+
+class DataError(JaxckptError):
+  """A data file is missing, empty, or has arrays of the wrong name, shape, dtype or range."""
+
+
+class CheckpointError(JaxckptError):
+  """A checkpoint directory cannot be used: foreign config, corrupt, or would overwrite an existing run."""

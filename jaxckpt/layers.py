@@ -1,0 +1,388 @@
+"""Remat-wrapped Flax NNX layers: residual blocks with named checkpoints, and scan-over-layers stacks.
+
+Each block is one *block type* with its own policy (``attn``, ``mlp``, ``conv``): its call runs inside
+``nnx.remat(policy=...)`` and tags its important intermediates with ``checkpoint_name`` (names in
+:mod:`jaxckpt.names`), so ``save_only_these_names:...`` policies can pick them. A :class:`TransformerBlock` is two
+blocks, ``attn`` then ``mlp`` (pre-LayerNorm; each LN + sublayer + residual is remat'd on its own), so
+``attn=dots_saveable,mlp=full`` gives them different policies. :class:`Stack` stacks N identical blocks with
+``jax.lax.scan`` over a leading layer axis (default), the policy sitting on the scan body, or unrolls them.
+
+Dropout is driven by explicit keys: ``dropout_key`` goes into the remat'd call as an argument, so the forward pass and
+the recomputation draw the same mask, and a stack splits it into one key per layer, so layers draw different masks.
+Static flags (``deterministic``) are closed over, never traced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxckpt import names
+from jaxckpt.errors import JaxckptError
+from jaxckpt.policies import Policy, PolicySpec, parse_policy
+from jaxckpt.remat import module_call
+
+__all__ = [
+    "RematBlock",
+    "AttentionBlock",
+    "MLPBlock",
+    "ConvBlock",
+    "TransformerBlock",
+    "Stack",
+    "block_types",
+    "set_policy",
+]
+
+PolicyLike = "str | Policy | PolicySpec | None"
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array | None, deterministic: bool) -> jax.Array:
+  """Inverted dropout with an explicit key (same key → same mask, as the recomputation needs)."""
+  if deterministic or rate == 0.0:
+    return x
+  if key is None:
+    raise JaxckptError("dropout is on (deterministic=False, rate > 0) but no dropout_key was given")
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def _split(key: jax.Array | None, n: int) -> list[jax.Array | None]:
+  return [None] * n if key is None else list(jax.random.split(key, n))
+
+
+class RematBlock(nnx.Module):
+  """Base of jaxckpt's residual blocks: a block type, the checkpoint names it emits, and a policy spec.
+
+  Subclasses define :meth:`forward`; :meth:`__call__` runs it under ``nnx.remat`` with the policy of
+  :attr:`block_type` (no remat for ``none``).
+
+  Attributes:
+    block_type: class constant, e.g. ``"mlp"``.
+    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
+    policy: the :class:`~jaxckpt.PolicySpec` in use (static; change it with :func:`set_policy`).
+  """
+
+  block_type: ClassVar[str]
+  checkpoint_names: ClassVar[tuple[str, ...]]
+
+  def __init__(self, policy: PolicyLike = None):
+    self.policy = parse_policy(policy)
+
+  def forward(self, x: jax.Array, dropout_key: jax.Array | None, *, deterministic: bool) -> jax.Array:
+    raise NotImplementedError
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """Applies the block (remat'd with its policy).
+
+    Args:
+      x: input activations (shape per subclass), float32 or bfloat16.
+      dropout_key: PRNG key for dropout; required when ``deterministic=False`` and the dropout rate is > 0.
+      deterministic: ``True`` turns dropout off (evaluation).
+
+    Returns:
+      Output of the same shape and dtype as ``x``.
+    """
+    policy = self.policy.for_block(self.block_type)
+    call = module_call(lambda block, h, key: block.forward(h, key, deterministic=deterministic), policy)
+    return call(self, x, dropout_key)
+
+
+class AttentionBlock(RematBlock):
+  """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
+
+  Emits ``qkv`` ``[B, T, 3, H, K]``, ``attn_weights`` ``[B, H, T, T]``, ``attn_context`` ``[B, T, H, K]`` and
+  ``attn_out`` ``[B, T, D]``. Attention is written with ``einsum`` (``dot_general``), so dots policies see it.
+
+  Args:
+    dim: model width D.
+    num_heads: heads H; must divide ``dim``.
+    dropout_rate: dropout on the attention weights and on the output, in [0, 1).
+    causal: mask future tokens (decoders).
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec (the ``attn`` entry applies).
+    rngs: parameter initialisation keys (keyword-only).
+
+  Raises:
+    JaxckptError: ``num_heads`` does not divide ``dim``, or a rate outside [0, 1).
+  """
+
+  block_type = "attn"
+  checkpoint_names = (names.QKV, names.ATTN_WEIGHTS, names.ATTN_CONTEXT, names.ATTN_OUT)
+
+  def __init__(
+      self,
+      dim: int,
+      num_heads: int,
+      *,
+      dropout_rate: float = 0.0,
+      causal: bool = False,
+      dtype: jnp.dtype = jnp.float32,
+      policy: PolicyLike = None,
+      rngs: nnx.Rngs,
+  ):
+    super().__init__(policy)
+    if num_heads <= 0 or dim % num_heads:
+      raise JaxckptError(f"num_heads={num_heads} must be a positive divisor of dim={dim}")
+    if not 0.0 <= dropout_rate < 1.0:
+      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
+    self.num_heads, self.causal, self.dropout_rate, self.dtype = num_heads, causal, dropout_rate, dtype
+    self.norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
+    self.qkv = nnx.Linear(dim, 3 * dim, dtype=dtype, rngs=rngs)
+    self.out = nnx.Linear(dim, dim, dtype=dtype, rngs=rngs)
+
+  def forward(self, x, dropout_key, *, deterministic):
+    """``x: [B, T, D]`` -> ``[B, T, D]``."""
+    batch, tokens, dim = x.shape
+    heads = self.num_heads
+    key_w, key_o = _split(dropout_key, 2)
+    qkv = checkpoint_name(self.qkv(self.norm(x)).reshape(batch, tokens, 3, heads, dim // heads), names.QKV)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, H, K]
+    logits = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) / math.sqrt(dim // heads)
+    if self.causal:
+      logits = jnp.where(jnp.tril(jnp.ones((tokens, tokens), bool)), logits, -jnp.inf)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)  # [B, H, T, T]
+    weights = checkpoint_name(_dropout(weights, self.dropout_rate, key_w, deterministic), names.ATTN_WEIGHTS)
+    context = checkpoint_name(jnp.einsum("bhts,bshk->bthk", weights, v), names.ATTN_CONTEXT)
+    out = checkpoint_name(self.out(context.reshape(batch, tokens, dim)), names.ATTN_OUT)
+    return x + _dropout(out, self.dropout_rate, key_o, deterministic).astype(x.dtype)
+
+
+class MLPBlock(RematBlock):
+  """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
+
+  Emits ``mlp_hidden`` ``[..., F]`` and ``mlp_out`` ``[..., D]``.
+
+  Args:
+    dim: width D of the input ``x: [..., D]``.
+    hidden_dim: hidden width F.
+    dropout_rate: dropout on the output, in [0, 1).
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec (the ``mlp`` entry applies).
+    rngs: parameter initialisation keys (keyword-only).
+  """
+
+  block_type = "mlp"
+  checkpoint_names = (names.MLP_HIDDEN, names.MLP_OUT)
+
+  def __init__(
+      self,
+      dim: int,
+      hidden_dim: int,
+      *,
+      dropout_rate: float = 0.0,
+      dtype: jnp.dtype = jnp.float32,
+      policy: PolicyLike = None,
+      rngs: nnx.Rngs,
+  ):
+    super().__init__(policy)
+    if not 0.0 <= dropout_rate < 1.0:
+      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
+    self.dropout_rate = dropout_rate
+    self.norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
+    self.fc1 = nnx.Linear(dim, hidden_dim, dtype=dtype, rngs=rngs)
+    self.fc2 = nnx.Linear(hidden_dim, dim, dtype=dtype, rngs=rngs)
+
+  def forward(self, x, dropout_key, *, deterministic):
+    """``x: [..., D]`` -> ``[..., D]``."""
+    hidden = checkpoint_name(jax.nn.gelu(self.fc1(self.norm(x))), names.MLP_HIDDEN)
+    out = checkpoint_name(self.fc2(hidden), names.MLP_OUT)
+    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
+
+
+class ConvBlock(RematBlock):
+  """Pre-norm residual conv block: ``x + Dropout(conv3x3(gelu(conv3x3(LN(x)))))``; block type ``conv``.
+
+  Emits ``conv_hidden`` and ``conv_out``, both ``[B, h, w, C]``. LayerNorm normalises over channels.
+
+  Args:
+    channels: channels C of ``x: [B, h, w, C]`` (kept: 'SAME' padding, stride 1).
+    kernel_size: square kernel side (pixels).
+    dropout_rate: dropout on the output, in [0, 1).
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec (the ``conv`` entry applies).
+    rngs: parameter initialisation keys (keyword-only).
+  """
+
+  block_type = "conv"
+  checkpoint_names = (names.CONV_HIDDEN, names.CONV_OUT)
+
+  def __init__(
+      self,
+      channels: int,
+      *,
+      kernel_size: int = 3,
+      dropout_rate: float = 0.0,
+      dtype: jnp.dtype = jnp.float32,
+      policy: PolicyLike = None,
+      rngs: nnx.Rngs,
+  ):
+    super().__init__(policy)
+    if not 0.0 <= dropout_rate < 1.0:
+      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
+    self.dropout_rate = dropout_rate
+    kernel = (kernel_size, kernel_size)
+    self.norm = nnx.LayerNorm(channels, dtype=dtype, rngs=rngs)
+    self.conv1 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
+    self.conv2 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
+
+  def forward(self, x, dropout_key, *, deterministic):
+    """``x: [B, h, w, C]`` -> ``[B, h, w, C]``."""
+    hidden = checkpoint_name(jax.nn.gelu(self.conv1(self.norm(x))), names.CONV_HIDDEN)
+    out = checkpoint_name(self.conv2(hidden), names.CONV_OUT)
+    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
+
+
+class TransformerBlock(nnx.Module):
+  """Pre-LN Transformer encoder layer: an ``attn`` block then an ``mlp`` block, each remat'd with its own policy.
+
+  ``x: [B, T, D]`` -> ``[B, T, D]``. With ``attn=dots_saveable,mlp=full`` the attention sublayer (LN + attention +
+  residual) runs under ``remat(policy=dots_saveable)`` and the MLP sublayer under ``remat(policy=nothing_saveable)``.
+
+  Args:
+    dim: model width D.
+    num_heads: attention heads H (divides D).
+    mlp_dim: MLP hidden width F.
+    dropout_rate: dropout in both sublayers, in [0, 1).
+    causal: causal attention mask.
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec with block types ``attn`` and ``mlp``.
+    rngs: parameter initialisation keys (keyword-only).
+  """
+
+  def __init__(
+      self,
+      dim: int,
+      num_heads: int,
+      mlp_dim: int,
+      *,
+      dropout_rate: float = 0.0,
+      causal: bool = False,
+      dtype: jnp.dtype = jnp.float32,
+      policy: PolicyLike = None,
+      rngs: nnx.Rngs,
+  ):
+    self.attn = AttentionBlock(
+        dim, num_heads, dropout_rate=dropout_rate, causal=causal, dtype=dtype, policy=policy, rngs=rngs
+    )
+    self.mlp = MLPBlock(dim, mlp_dim, dropout_rate=dropout_rate, dtype=dtype, policy=policy, rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, T, D]`` -> ``[B, T, D]``; ``dropout_key`` is split between the two sublayers."""
+    key_attn, key_mlp = _split(dropout_key, 2)
+    x = self.attn(x, dropout_key=key_attn, deterministic=deterministic)
+    return self.mlp(x, dropout_key=key_mlp, deterministic=deterministic)
+
+
+class Stack(nnx.Module):
+  """N identical blocks with parameters stacked on a leading layer axis, applied by ``jax.lax.scan`` or unrolled.
+
+  Scanned (default): the blocks' remat sits inside the scan body, so the backward loop recomputes one layer at a
+  time; this keeps remat effective on every backend and compiles one layer instead of N. Unrolled (``scan=False``):
+  a Python loop over the same stacked parameters (same parameter tree, so checkpoints and gradients compare
+  one-to-one); on XLA:CPU compile it with :func:`jaxckpt.jit` for remat to save memory.
+
+  Non-parameter state of the blocks (e.g. batch statistics) is carried out of the loop and written back.
+
+  Args:
+    make_block: ``rngs -> block``; the block is called as ``block(x, dropout_key=..., deterministic=...)``.
+    num_layers: N ≥ 1.
+    scan: scan over layers (``True``) or unroll (``False``).
+    rngs: initialisation keys, split into one per layer (keyword-only).
+
+  Raises:
+    JaxckptError: ``num_layers`` < 1.
+  """
+
+  def __init__(self, make_block: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *, scan: bool = True, rngs: nnx.Rngs):
+    if num_layers < 1:
+      raise JaxckptError(f"num_layers={num_layers} must be ≥ 1")
+    self.num_layers, self.scan = num_layers, scan
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs: nnx.Rngs) -> nnx.Module:
+      return make_block(rngs)
+
+    self.layers = create(rngs)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """Applies the N blocks in order; layer i gets ``jax.random.split(dropout_key, N)[i]``.
+
+    Args:
+      x: input of the first block (any shape the blocks take).
+      dropout_key: PRNG key, or ``None`` when dropout is off.
+      deterministic: ``True`` turns dropout off.
+
+    Returns:
+      Output of the last block, shaped like ``x``.
+    """
+    graphdef, params, other = nnx.split(self.layers, nnx.Param, ...)
+    keys = None if dropout_key is None else jax.random.split(dropout_key, self.num_layers)
+
+    def apply(h, layer_params, layer_other, key):
+      layer = nnx.merge(graphdef, layer_params, layer_other)
+      h = layer(h, dropout_key=key, deterministic=deterministic)
+      return h, nnx.state(layer, nnx.Not(nnx.Param))
+
+    if self.scan:
+      x, new_other = jax.lax.scan(lambda h, xs: apply(h, *xs), x, (params, other, keys))
+    else:
+      outs = []
+      for i in range(self.num_layers):
+        layer_i = jax.tree.map(lambda a: a[i], (params, other, keys))
+        x, out = apply(x, *layer_i)
+        outs.append(out)
+      new_other = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    nnx.update(self.layers, new_other)
+    return x
+
+
+def _remat_blocks(module: nnx.Module) -> list[RematBlock]:
+  return [m for _, m in nnx.iter_modules(module) if isinstance(m, RematBlock)]
+
+
+def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
+  """Returns the block types of a model and the checkpoint names each emits.
+
+  Args:
+    module: any NNX module containing jaxckpt blocks.
+
+  Returns:
+    ``{block_type: frozenset(checkpoint names)}``, e.g. ``{"attn": {...}, "mlp": {...}}`` for a ViT.
+  """
+  found: dict[str, set[str]] = {}
+  for block in _remat_blocks(module):
+    found.setdefault(block.block_type, set()).update(block.checkpoint_names)
+  return {k: frozenset(v) for k, v in sorted(found.items())}
+
+
+def set_policy(module: nnx.Module, policy: PolicyLike) -> PolicySpec:
+  """Sets the policy spec of every jaxckpt block inside ``module``, after validating it against them.
+
+  Parameters are untouched, so one model can be compiled under several policies.
+
+  Args:
+    module: an NNX module containing jaxckpt blocks.
+    policy: the policy spec.
+
+  Returns:
+    The parsed and validated spec.
+
+  Raises:
+    PolicySpecError: malformed spec, a block type the model does not have, or a checkpoint name its blocks never emit.
+  """
+  spec = parse_policy(policy).validate(block_types(module))
+  for block in _remat_blocks(module):
+    block.policy = spec
+  return spec
+
+
+def describe_block_types(types: Mapping[str, frozenset[str]]) -> str:
+  """Renders ``{block: names}`` as ``'attn (qkv, attn_weights, …); mlp (mlp_hidden, mlp_out)'`` for ``--help``."""
+  return "; ".join(f"{block} ({', '.join(sorted(ns))})" for block, ns in types.items())

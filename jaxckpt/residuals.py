@@ -1,0 +1,288 @@
+"""What a remat policy saves for the backward pass: residuals, by name, primitive and source.
+
+Built on JAX's own analysis, ``jax._src.ad_checkpoint.saved_residuals`` (the function behind the public
+``jax.ad_checkpoint.print_saved_residuals``). It traces ``jax.vjp(fn, *args)`` to a jaxpr and lists every value the
+backward pass reads -- the residuals -- as ``(aval, description)`` pairs. This module parses the descriptions into
+``Residual`` records and adds grouping and byte totals.
+
+JAX's description strings (jax 0.10) and the ``kind`` each becomes:
+
+=============================================================  =====================  ================
+description                                                    kind                   primitive
+=============================================================  =====================  ================
+``from the argument x`` / ``... ws[0]`` / ``... p['w1']``      ``"argument"``         None
+``named 'qkv' from file.py:12:8 (fn)``                         ``"checkpoint_name"``  ``"name"``
+``output of scan from file.py:30:4 (fn)``                      ``"scan_output"``      ``"scan"``
+``output of dot_general from file.py:12:8 (fn)``               ``"primitive"``        ``"dot_general"``
+``output of jitted function 'f' from file.py:3:4 (g)``         ``"primitive"``        ``"jit"``
+``from a literal`` / ``from a constant``                       ``"other"``            None
+=============================================================  =====================  ================
+
+Scanned layers. When layers are stacked with ``jax.lax.scan`` (or ``nnx.scan``), the residuals of all iterations are
+stacked by the scan itself, so JAX reports them as ``output of scan`` with a leading layer axis ``[L, ...]`` and the
+checkpoint names are lost. To see names, analyse one layer (the scan body, e.g. the block function with one layer's
+weights) or an unrolled trace, then use ``scale_residuals(body_residuals, L)`` to get the whole stack: its total
+bytes equal those of the scanned analysis.
+
+Bytes are ``elements * dtype itemsize``, an upper bound on what is stored: XLA may fuse some residuals away or, on
+XLA:CPU, undo remat in unrolled code (see NOTES.md); compiled memory stats are the ground truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "KINDS",
+    "GROUP_BY",
+    "Residual",
+    "ResidualGroup",
+    "saved_residuals",
+    "parse_residual",
+    "group_residuals",
+    "total_residual_bytes",
+    "scale_residuals",
+]
+
+KINDS: tuple[str, ...] = ("argument", "checkpoint_name", "primitive", "scan_output", "other")
+"""Every value ``Residual.kind`` can take."""
+
+GROUP_BY: tuple[str, ...] = ("name", "primitive", "source", "kind")
+"""Valid ``by`` values of ``group_residuals``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+  """One value saved by the forward pass for the backward pass.
+
+  Attributes:
+    shape: the residual's shape, e.g. ``(B, T, 3 * D)``.
+    dtype: its dtype name, e.g. ``"float32"``, ``"bfloat16"``.
+    bytes: ``prod(shape) * itemsize`` in bytes (int).
+    name: the checkpoint name when the value came from ``jax.ad_checkpoint.checkpoint_name`` (the ``name``
+      primitive), else None.
+    kind: one of ``KINDS``: ``"argument"`` (an input of the differentiated function, kept alive anyway),
+      ``"checkpoint_name"``, ``"primitive"`` (output of an unnamed op, see ``primitive``), ``"scan_output"``
+      (stacked by a ``scan``: leading layer axis, names hidden) or ``"other"`` (literals, constants).
+    primitive: the producing primitive's name (``"dot_general"``, ``"name"``, ``"scan"``, ``"jit"``, ...), or None
+      for arguments and other.
+    source: ``"file.py:line:col (function)"`` of the user code that produced it, when JAX gives one, else None.
+    argument: for kind ``"argument"``, the argument's path as JAX prints it (``"x"``, ``"ws[0]"``,
+      ``"p['w1']"``), else None.
+    description: JAX's raw description string.
+  """
+
+  shape: tuple[int, ...]
+  dtype: str
+  bytes: int
+  name: str | None
+  kind: str
+  primitive: str | None
+  source: str | None
+  description: str
+  argument: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualGroup:
+  """Residuals sharing one key (see ``group_residuals``).
+
+  Attributes:
+    key: the shared value of the grouping field (a name, primitive, source or kind); None when that field is None
+      (e.g. the unnamed residuals when grouping by name).
+    count: number of residuals in the group.
+    bytes: their summed size in bytes (int).
+    residuals: the residuals themselves, in their original order.
+  """
+
+  key: str | None
+  count: int
+  bytes: int
+  residuals: tuple[Residual, ...]
+
+
+_NAMED_RE = re.compile(r"named '(?P<name>.*)' from (?P<src>.*)\Z", re.S)
+_JITTED_RE = re.compile(r"output of jitted function '(?P<fn>.*)' from (?P<src>.*)\Z", re.S)
+_OUTPUT_RE = re.compile(r"output of (?P<prim>\S+) from (?P<src>.*)\Z", re.S)
+_ARG_PREFIX = "from the argument "
+_FLAT_INDEX_PREFIX = "from the argument at flattened index"
+
+
+def _source(text: str) -> str | None:
+  text = text.strip()
+  return text or None
+
+
+def _nbytes(shape: Sequence[int], dtype: Any) -> int:
+  itemsize = getattr(dtype, "itemsize", None)
+  if itemsize is None:
+    itemsize = np.dtype(dtype).itemsize
+  return math.prod(int(d) for d in shape) * int(itemsize)
+
+
+def parse_residual(aval: Any, description: str) -> Residual:
+  """Turns one ``(aval, description)`` pair from JAX's ``saved_residuals`` into a ``Residual``.
+
+  Args:
+    aval: an abstract value with ``shape`` and ``dtype`` (``jax.core.ShapedArray`` or ``jax.ShapeDtypeStruct``).
+    description: JAX's text, e.g. ``"named 'qkv' from model.py:12:8 (attn)"``. Unrecognised text gives kind
+      ``"other"``, so a JAX wording change degrades the classification rather than failing.
+
+  Returns:
+    The parsed ``Residual``.
+  """
+  shape = tuple(int(d) for d in aval.shape)
+  common = dict(shape=shape, dtype=str(aval.dtype), bytes=_nbytes(shape, aval.dtype), description=description)
+  if description.startswith(_FLAT_INDEX_PREFIX):
+    # JAX 0.10 forgets the f-string here and prints a literal "{i}"; the index is not recoverable.
+    return Residual(name=None, kind="argument", primitive=None, source=None, **common)
+  if description.startswith(_ARG_PREFIX):
+    return Residual(name=None, kind="argument", primitive=None, source=None,
+                    argument=description[len(_ARG_PREFIX):], **common)
+  if m := _NAMED_RE.match(description):
+    return Residual(name=m["name"], kind="checkpoint_name", primitive="name", source=_source(m["src"]), **common)
+  if m := _JITTED_RE.match(description):
+    return Residual(name=None, kind="primitive", primitive="jit", source=_source(m["src"]), **common)
+  if m := _OUTPUT_RE.match(description):
+    prim = m["prim"]
+    kind = "scan_output" if prim == "scan" else "primitive"
+    return Residual(name=None, kind=kind, primitive=prim, source=_source(m["src"]), **common)
+  return Residual(name=None, kind="other", primitive=None, source=None, **common)
+
+
+def _jax_saved_residuals() -> Callable[..., list[tuple[Any, str]]]:
+  try:
+    from jax._src.ad_checkpoint import saved_residuals as jax_saved_residuals  # pylint: disable=g-import-not-at-top
+  except ImportError as e:  # pragma: no cover - depends on the JAX version
+    import jax  # pylint: disable=g-import-not-at-top
+    raise RuntimeError(
+        f"jax._src.ad_checkpoint.saved_residuals is not available in jax {jax.__version__}; jaxckpt.residuals needs "
+        f"it (it backs the public jax.ad_checkpoint.print_saved_residuals). Pin a JAX version that has it.") from e
+  return jax_saved_residuals
+
+
+def saved_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Residual]:
+  """Lists what the forward pass of ``fn(*args, **kwargs)`` saves for its backward pass.
+
+  Traces ``jax.vjp(fn, *args, **kwargs)`` (no compilation, nothing executed) and reports every residual. Wrap
+  ``fn``'s blocks in ``jax.checkpoint(..., policy=...)`` to see what that policy keeps. For a layer stack built with
+  ``scan``, analyse one layer and use ``scale_residuals`` (see the module docstring).
+
+  Args:
+    fn: the function to differentiate; its outputs must be float arrays (pytrees allowed).
+    *args: positional arguments: pytrees of arrays or ``jax.ShapeDtypeStruct`` (JAX traces with abstract values,
+      so shapes and dtypes are enough and nothing is allocated).
+    **kwargs: keyword arguments, treated like ``args``.
+
+  Returns:
+    One ``Residual`` per saved value, in JAX's order: literals and constants, then arguments, then values produced
+    inside ``fn`` in program order. ``bytes`` is per residual; see ``total_residual_bytes``.
+
+  Raises:
+    TypeError: if ``fn`` is not callable.
+    RuntimeError: if the installed JAX lacks ``jax._src.ad_checkpoint.saved_residuals``.
+    Any exception raised by tracing ``jax.vjp`` of ``fn`` with these arguments.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.ad_checkpoint import checkpoint_name
+    >>> def block(x, w):  # x: [B, D] float32, w: [D, H] float32
+    ...   return jnp.sum(jnp.tanh(checkpoint_name(x @ w, "hidden")))
+    >>> policy = jax.checkpoint_policies.save_only_these_names("hidden")
+    >>> x, w = jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    >>> [(r.name, r.shape, r.bytes) for r in saved_residuals(jax.checkpoint(block, policy=policy), x, w)
+    ...  if r.kind == "checkpoint_name"]
+    [('hidden', (4, 16), 256)]
+  """
+  if not callable(fn):
+    raise TypeError(f"saved_residuals expects a callable as its first argument, got {type(fn).__name__}")
+  pairs = _jax_saved_residuals()(fn, *args, **kwargs)
+  return [parse_residual(aval, description) for aval, description in pairs]
+
+
+_GROUP_FIELDS = {"name": "name", "primitive": "primitive", "source": "source", "kind": "kind"}
+
+
+def group_residuals(residuals: Iterable[Residual], by: str) -> list[ResidualGroup]:
+  """Groups residuals by one field and sums their bytes.
+
+  Args:
+    residuals: residuals from ``saved_residuals`` or ``scale_residuals``.
+    by: the field to group on, one of ``GROUP_BY``: ``"name"`` (checkpoint name; unnamed ones share key None),
+      ``"primitive"``, ``"source"`` (``file:line:col (function)``) or ``"kind"``.
+
+  Returns:
+    One ``ResidualGroup`` per distinct key, sorted by ``bytes`` descending (ties by key, None last).
+
+  Raises:
+    ValueError: if ``by`` is not one of ``GROUP_BY``; the message names the bad value and the valid ones.
+
+  Example:
+    >>> r = Residual((4, 16), "float32", 256, "hidden", "checkpoint_name", "name", None, "named 'hidden' from ?")
+    >>> [(g.key, g.count, g.bytes) for g in group_residuals([r, r], by="name")]
+    [('hidden', 2, 512)]
+  """
+  if by not in _GROUP_FIELDS:
+    message = f"unknown group_residuals 'by' value {by!r}; valid values: {', '.join(GROUP_BY)}"
+    close = difflib.get_close_matches(str(by), GROUP_BY, n=1, cutoff=0.6)
+    if close:
+      message += f"; did you mean {close[0]!r}?"
+    raise ValueError(message)
+  field = _GROUP_FIELDS[by]
+  groups: dict[str | None, list[Residual]] = {}
+  for r in residuals:
+    groups.setdefault(getattr(r, field), []).append(r)
+  out = [ResidualGroup(key=k, count=len(rs), bytes=sum(r.bytes for r in rs), residuals=tuple(rs))
+         for k, rs in groups.items()]
+  out.sort(key=lambda g: (-g.bytes, g.key is None, g.key or ""))
+  return out
+
+
+def total_residual_bytes(residuals: Iterable[Residual], *, include_arguments: bool = True) -> int:
+  """Sums the bytes of residuals.
+
+  Args:
+    residuals: residuals from ``saved_residuals`` or ``scale_residuals``.
+    include_arguments: whether to count residuals of kind ``"argument"``. Arguments (parameters, inputs) are alive
+      during the step anyway, so ``False`` gives the extra memory a policy costs. Default True.
+
+  Returns:
+    The total in bytes (int).
+  """
+  return sum(r.bytes for r in residuals if include_arguments or r.kind != "argument")
+
+
+def scale_residuals(residuals: Iterable[Residual], factor: int) -> list[Residual]:
+  """Scales a one-layer residual analysis to a stack of ``factor`` identical layers.
+
+  Why: when layers are stacked with ``jax.lax.scan``, JAX reports every residual as ``output of scan`` with a
+  leading layer axis, so checkpoint names are only visible when analysing one layer (the scan body). Scaling that
+  analysis by the depth gives, residual by residual, what the scanned stack stores: each residual gains a leading
+  axis of size ``factor`` (``shape = (factor, *shape)``, ``bytes *= factor``) and keeps its name, kind, primitive and
+  source. For the body's arguments this models the stacked weights and the per-layer carry the scan saves.
+  Summing the result matches ``total_residual_bytes`` of the scanned analysis (when the scan body's inputs are the
+  layer's arguments).
+
+  Args:
+    residuals: residuals of one layer, e.g. ``saved_residuals(remat_block, x, layer_params)``.
+    factor: number of layers (int >= 1).
+
+  Returns:
+    New ``Residual`` objects; ``description`` gets a ``" (x{factor} layers)"`` suffix.
+
+  Raises:
+    ValueError: if ``factor`` is not an int >= 1.
+  """
+  if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
+    raise ValueError(f"scale_residuals factor must be an int >= 1 (the number of layers), got {factor!r}")
+  factor = int(factor)
+  return [dataclasses.replace(r, shape=(factor, *r.shape), bytes=r.bytes * factor,
+                              description=f"{r.description} (x{factor} layers)")
+          for r in residuals]

@@ -1,0 +1,81 @@
+"""The key names of every memory record jaxckpt writes, in one place.
+
+The classifier's ``metrics.json`` and the report's rows use these keys, so their files can be compared and joined.
+All byte counts are ints (bytes); a statistic the backend does not give is ``None`` (JSON ``null``), never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["SCHEMA_VERSION", "MEMORY_FIELDS", "MEMORY_KEYS", "FOOTPRINT", "footprint_bytes", "METRICS_KEYS"]
+
+SCHEMA_VERSION = 1
+"""Version of the key set below; bumped when a key changes meaning or is removed."""
+
+MEMORY_FIELDS: dict[str, str] = {
+    "argument_bytes": "argument_size_in_bytes",
+    "output_bytes": "output_size_in_bytes",
+    "temp_bytes": "temp_size_in_bytes",
+    "alias_bytes": "alias_size_in_bytes",
+    "generated_code_bytes": "generated_code_size_in_bytes",
+    "peak_memory_bytes": "peak_memory_in_bytes",
+    "host_argument_bytes": "host_argument_size_in_bytes",
+    "host_output_bytes": "host_output_size_in_bytes",
+    "host_temp_bytes": "host_temp_size_in_bytes",
+    "host_alias_bytes": "host_alias_size_in_bytes",
+    "host_generated_code_bytes": "host_generated_code_size_in_bytes",
+}
+"""Schema key -> attribute of XLA's ``CompiledMemoryStats`` (``compiled.memory_analysis()``)."""
+
+FOOTPRINT = "footprint_bytes"
+"""argument + output + temp − alias bytes: the one definition of a compiled step's device footprint."""
+
+MEMORY_KEYS: tuple[str, ...] = (*MEMORY_FIELDS, FOOTPRINT)
+"""Every key of a memory record, in display order."""
+
+
+def footprint_bytes(memory: Mapping[str, int | None]) -> int | None:
+  """Returns argument + output + temp − alias bytes of a memory record, or ``None`` if any of them is missing.
+
+  Args:
+    memory: a record with the keys of :data:`MEMORY_FIELDS` (bytes, ints or ``None``).
+  """
+  parts = [memory.get(k) for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")]
+  if any(p is None for p in parts):
+    return None
+  argument, output, temp, alias = parts
+  return argument + output + temp - alias
+
+
+METRICS_KEYS: tuple[str, ...] = (
+    "schema_version",
+    "policy",
+    "model",
+    "preset",
+    "scan",
+    "compute_dtype",
+    "test_accuracy",
+    "train_loss",
+    "step_time_s",
+    "memory",
+    "backend",
+    "compiler_options",
+    "versions",
+    "warnings",
+)
+"""Keys every experiment's ``metrics.json`` has (experiments add their own after these)."""
+
+
+def versions() -> dict[str, str]:
+  """Versions of the packages that decide compiled memory: jax, jaxlib, flax, optax, orbax-checkpoint, python."""
+  import platform
+  from importlib import metadata
+
+  found = {"python": platform.python_version()}
+  for package in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
+    try:
+      found[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      found[package] = None
+  return found

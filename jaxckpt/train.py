@@ -1,0 +1,179 @@
+"""Functional train and eval steps over ``nnx.split`` state, compiled with jaxckpt's remat compiler options.
+
+``nnx.jit`` takes no ``compiler_options``, so the steps are pure functions of a :class:`TrainState` pytree (the
+model's graphdef is closed over) and are compiled with :func:`jaxckpt.compile_step` (which disables XLA:CPU's
+``cse_barrier_expander`` so remat of unrolled layers saves memory). The state is donated: the step updates it in place.
+
+Determinism: the dropout key of step ``s`` is ``fold_in(state.key, s)``, so a run resumed from a checkpoint draws the
+same masks as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from jaxckpt.xla import compile_step
+
+__all__ = [
+    "TrainState",
+    "LossFn",
+    "create_train_state",
+    "abstract_train_state",
+    "classification_loss",
+    "make_train_step",
+    "make_eval_step",
+    "compile_train_step",
+]
+
+Batch = dict[str, jax.Array]
+LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+"""``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar loss float32, {metric: scalar})``."""
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a train step reads and writes; a pytree (orbax saves and restores it whole).
+
+  Attributes:
+    step: int32 scalar, optimizer steps taken.
+    params: the model's ``nnx.Param`` state (float32).
+    other: the model's non-parameter state (e.g. batch statistics); empty for jaxckpt's models.
+    opt_state: the optax optimizer state.
+    key: base PRNG key (typed); step ``s`` uses ``jax.random.fold_in(key, s)`` for dropout.
+  """
+
+  step: jax.Array
+  params: nnx.State
+  other: nnx.State
+  opt_state: optax.OptState
+  key: jax.Array
+
+
+def create_train_state(model: nnx.Module, tx: optax.GradientTransformation, *, seed: int) -> tuple[nnx.GraphDef, TrainState]:
+  """Splits a model into its graphdef and a fresh :class:`TrainState`.
+
+  Args:
+    model: the NNX model (may be abstract, from ``nnx.eval_shape``, under ``jax.eval_shape``).
+    tx: the optax optimizer.
+    seed: seed of the dropout key.
+
+  Returns:
+    ``(graphdef, state)``; rebuild the model with ``nnx.merge(graphdef, state.params, state.other)``.
+  """
+  graphdef, params, other = nnx.split(model, nnx.Param, ...)
+  state = TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, other=other, opt_state=tx.init(params), key=jax.random.key(seed)
+  )
+  return graphdef, state
+
+
+def abstract_train_state(
+    make_model: Callable[[], nnx.Module], tx: optax.GradientTransformation, *, seed: int = 0
+) -> tuple[nnx.GraphDef, TrainState]:
+  """Like :func:`create_train_state` but without allocating: the state's leaves are ``jax.ShapeDtypeStruct``s.
+
+  Args:
+    make_model: ``() -> model``, run under ``nnx.eval_shape``.
+    tx: the optax optimizer.
+    seed: seed of the dropout key.
+
+  Returns:
+    ``(graphdef, abstract_state)``, ready for :func:`compile_train_step` (compiled stats without allocation).
+  """
+  graphdef, params, other = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
+  state = jax.eval_shape(
+      lambda p, o: TrainState(
+          step=jnp.zeros((), jnp.int32), params=p, other=o, opt_state=tx.init(p), key=jax.random.key(seed)
+      ),
+      params,
+      other,
+  )
+  return graphdef, state
+
+
+def classification_loss(
+    model: nnx.Module, batch: Batch, *, dropout_key: jax.Array | None, deterministic: bool
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean softmax cross-entropy over the valid examples of a batch, and their accuracy.
+
+  Args:
+    model: maps ``x: [B, H, W, C]`` to logits ``[B, K]``.
+    batch: ``{"x": [B, H, W, C] float, "y": [B] int32, "mask": [B] bool (optional; False = padding)}``.
+    dropout_key: PRNG key for dropout (``None`` when deterministic).
+    deterministic: turn dropout off.
+
+  Returns:
+    ``(loss, {"loss", "accuracy", "correct", "count"})``: loss and accuracy are means over valid examples;
+    ``correct``/``count`` are sums (float32) so evaluation can add them over batches.
+  """
+  logits = model(batch["x"], dropout_key=dropout_key, deterministic=deterministic)
+  mask = batch.get("mask", jnp.ones(batch["y"].shape, bool)).astype(jnp.float32)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+  count = jnp.maximum(mask.sum(), 1.0)
+  loss = (losses * mask).sum() / count
+  correct = ((logits.argmax(-1) == batch["y"]) * mask).sum()
+  return loss, {"loss": loss, "accuracy": correct / count, "correct": correct, "count": mask.sum()}
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn = classification_loss
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+  """Builds ``step(state, batch) -> (new_state, metrics)``: value_and_grad of ``loss_fn`` and one optimizer update.
+
+  Args:
+    graphdef: the model's graphdef (static; it carries the policy spec).
+    tx: the optax optimizer.
+    loss_fn: see :data:`LossFn`.
+
+  Returns:
+    A pure function, to be compiled with :func:`compile_train_step` (or :func:`jaxckpt.jit`, donating the state).
+  """
+
+  def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    dropout_key = jax.random.fold_in(state.key, state.step)
+
+    def loss(params):
+      model = nnx.merge(graphdef, params, state.other)
+      value, metrics = loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)
+      return value, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
+
+    (_, (metrics, other)), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, other=other, opt_state=opt_state)
+    return new_state, metrics
+
+  return step
+
+
+def make_eval_step(
+    graphdef: nnx.GraphDef, loss_fn: LossFn = classification_loss
+) -> Callable[[TrainState, Batch], dict[str, jax.Array]]:
+  """Builds ``eval_step(state, batch) -> metrics`` with dropout off (pad the last batch and mask it)."""
+
+  def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+    model = nnx.merge(graphdef, state.params, state.other)
+    return loss_fn(model, batch, dropout_key=None, deterministic=True)[1]
+
+  return eval_step
+
+
+def compile_train_step(step: Callable, state: Any, batch: Any, **kwargs) -> jax.stages.Compiled:
+  """Compiles a train step with the state donated and jaxckpt's remat compiler options.
+
+  Args:
+    step: from :func:`make_train_step`.
+    state: a :class:`TrainState` or its ``jax.ShapeDtypeStruct`` tree (nothing is allocated).
+    batch: a batch or its ``jax.ShapeDtypeStruct`` tree; the compiled step only takes this shape.
+    **kwargs: passed to :func:`jaxckpt.compile_step`.
+
+  Returns:
+    The compiled step; ``compiled(state, batch)`` runs it (``state`` is donated: do not reuse it).
+  """
+  return compile_step(step, state, batch, donate_argnums=0, **kwargs)

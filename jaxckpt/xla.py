@@ -1,0 +1,139 @@
+"""Compiling remat'd steps so that remat really works, and reading XLA's compiled memory stats.
+
+On XLA:CPU the ``cse_barrier_expander`` pass removes the optimization barriers ``jax.checkpoint`` puts around the
+recomputation; CSE and scheduling then pull the recomputation into the forward pass, and remat of unrolled layers
+saves nothing (``shared/NOTES.md``; scanned layers are not affected). jaxckpt disables that pass *per compile* with
+``compiler_options`` on the CPU backend — never through the process-wide ``XLA_FLAGS`` — in every compile path it
+owns (train steps, the report). Gradients are unchanged by it. :func:`jit` gives users the same for their own steps.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from jaxckpt.jaxprs import uses_remat
+from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
+
+__all__ = [
+    "CPU_REMAT_FIX",
+    "RematIneffectiveWarning",
+    "remat_compiler_options",
+    "jit",
+    "compile_step",
+    "memory_stats",
+]
+
+CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+"""XLA:CPU compiler option that keeps ``jax.checkpoint``'s optimization barriers, so remat saves memory."""
+
+
+class RematIneffectiveWarning(UserWarning):
+  """A remat'd step is compiled where remat will not save memory (XLA:CPU without :data:`CPU_REMAT_FIX`)."""
+
+
+def _backend(backend: str | None) -> str:
+  return backend if backend is not None else jax.default_backend()
+
+
+def remat_compiler_options(
+    backend: str | None = None, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+  """Returns the ``compiler_options`` jaxckpt compiles with: :data:`CPU_REMAT_FIX` on CPU, merged with ``extra``.
+
+  Args:
+    backend: platform name (``"cpu"``, ``"gpu"``, ``"tpu"``); default ``jax.default_backend()``.
+    extra: the caller's own options; a caller's ``xla_disable_hlo_passes`` is joined with ours (comma-separated).
+  """
+  options = dict(extra or {})
+  if _backend(backend) == "cpu":
+    passes = [p for p in str(options.get("xla_disable_hlo_passes", "")).split(",") if p]
+    if CPU_REMAT_FIX["xla_disable_hlo_passes"] not in passes:
+      passes.append(CPU_REMAT_FIX["xla_disable_hlo_passes"])
+    options["xla_disable_hlo_passes"] = ",".join(passes)
+  return options
+
+
+def _fix_in_xla_flags() -> bool:
+  return CPU_REMAT_FIX["xla_disable_hlo_passes"] in os.environ.get("XLA_FLAGS", "")
+
+
+def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
+  """``jax.jit`` with :func:`remat_compiler_options`, so remat of unrolled layers saves memory on CPU too.
+
+  Args:
+    fn: the function to compile (e.g. a train step over ``nnx.split`` state; ``nnx.jit`` has no
+      ``compiler_options``).
+    compiler_options: extra XLA options, merged with jaxckpt's.
+    **jit_kwargs: passed to ``jax.jit`` (``donate_argnums``, ``static_argnames``, shardings…).
+
+  Returns:
+    The jitted function.
+  """
+  return jax.jit(fn, compiler_options=remat_compiler_options(extra=compiler_options), **jit_kwargs)
+
+
+def compile_step(
+    fn: Callable,
+    *args,
+    donate_argnums: int | tuple[int, ...] = (),
+    compiler_options: Mapping[str, Any] | None = None,
+    remat_fix: bool = True,
+    **jit_kwargs,
+) -> jax.stages.Compiled:
+  """Lowers and compiles ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``, nothing is allocated).
+
+  Args:
+    fn: a pure function of pytrees of arrays (e.g. a train step).
+    *args: example arguments or their ``jax.ShapeDtypeStruct``s.
+    donate_argnums: arguments whose buffers the step may reuse (e.g. the train state).
+    compiler_options: extra XLA options, merged with jaxckpt's.
+    remat_fix: apply :data:`CPU_REMAT_FIX` on CPU (default). With ``False`` a :class:`RematIneffectiveWarning` is
+      issued when the step contains ``jax.checkpoint`` and the backend is CPU (unless ``XLA_FLAGS`` already holds the
+      fix).
+    **jit_kwargs: passed to ``jax.jit``.
+
+  Returns:
+    The compiled step; call it like ``fn`` (its signature is fixed to these shapes and dtypes).
+  """
+  options = remat_compiler_options(extra=compiler_options) if remat_fix else dict(compiler_options or {})
+  traced = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs).trace(*args)
+  if not remat_fix and jax.default_backend() == "cpu" and not _fix_in_xla_flags() and uses_remat(traced.jaxpr):
+    warnings.warn(
+        "this step uses jax.checkpoint but is compiled on XLA:CPU without disabling the cse_barrier_expander pass: "
+        "remat of unrolled layers will save no memory (use jaxckpt.jit or compile_step(..., remat_fix=True))",
+        RematIneffectiveWarning,
+        stacklevel=2,
+    )
+  return traced.lower().compile(compiler_options=options or None)
+
+
+def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int | None]:
+  """Reads XLA's compiled memory stats of a step under the schema's key names (:mod:`jaxckpt.schema`).
+
+  Args:
+    compiled: the result of ``jax.jit(f).lower(...).compile()``.
+
+  Returns:
+    ``{key: bytes}`` for every key of :data:`jaxckpt.schema.MEMORY_KEYS`, including ``footprint_bytes``
+    (argument + output + temp − alias). A field the backend does not report is ``None``. Some backends report the
+    device fields as all zeros, meaning "unknown": then they are ``None`` too, not 0.
+  """
+  try:
+    analysis = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 - some backends raise NotImplementedError/XlaRuntimeError here
+    analysis = None
+  record: dict[str, int | None] = {}
+  for key, attr in MEMORY_FIELDS.items():
+    value = getattr(analysis, attr, None) if analysis is not None else None
+    record[key] = int(value) if isinstance(value, int) and value >= 0 else None
+  device = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
+  if all(record[k] == 0 for k in device):
+    for key in MEMORY_FIELDS:
+      record[key] = None
+  record[FOOTPRINT] = footprint_bytes(record)
+  return record

@@ -1,0 +1,154 @@
+"""Layers: checkpoint names emitted, block types declared, dropout keys per layer, wrappers of user code."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import jaxckpt
+from jaxckpt import names
+from jaxckpt.jaxprs import emitted_checkpoint_names, uses_remat
+from jaxckpt.layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
+
+BLOCKS = {
+    "attn": (lambda r, p: AttentionBlock(16, 2, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),
+    "mlp": (lambda r, p: MLPBlock(16, 32, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),
+    "conv": (lambda r, p: ConvBlock(8, dropout_rate=0.2, policy=p, rngs=r), (2, 4, 4, 8)),
+}
+
+
+def _names(block, shape):
+  graphdef, state = nnx.split(block)
+  return emitted_checkpoint_names(
+      lambda s, x, k: nnx.merge(graphdef, s)(x, dropout_key=k, deterministic=False), state, jnp.ones(shape),
+      jax.random.key(0),
+  )
+
+
+@pytest.mark.parametrize("block_type", sorted(BLOCKS))
+def test_block_emits_exactly_its_declared_names(block_type):
+  make, shape = BLOCKS[block_type]
+  block = make(nnx.Rngs(0), "full")
+  assert block.block_type == block_type
+  assert _names(block, shape) == frozenset(block.checkpoint_names)
+
+
+def test_every_shipped_name_is_emitted_by_some_layer():
+  emitted = set()
+  for make, shape in BLOCKS.values():
+    emitted |= _names(make(nnx.Rngs(0), None), shape)
+  assert emitted == set(names.ALL_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(jaxckpt.MODELS))
+def test_models_declare_their_block_types(name):
+  entry = jaxckpt.MODELS[name]
+  model = jaxckpt.build_model(name, entry.presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
+  types = jaxckpt.block_types(model)
+  assert tuple(types) == tuple(sorted(entry.block_types))
+  traced = emitted_checkpoint_names(lambda x: model(x), jnp.ones((2, 8, 8, 1)))
+  assert traced == frozenset().union(*types.values())
+
+
+def test_policy_none_adds_no_remat_and_full_does():
+  make, shape = BLOCKS["mlp"]
+  for policy, expected in (("none", False), ("full", True), ("attn=full", False), ("mlp=full", True)):
+    graphdef, state = nnx.split(make(nnx.Rngs(0), policy))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x: nnx.merge(graphdef, state)(x).sum()))(jnp.ones(shape))
+    assert uses_remat(jaxpr) is expected, policy
+
+
+def test_set_policy_validates_against_the_model():
+  model = jaxckpt.build_model("vit", jaxckpt.MODELS["vit"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
+  spec = jaxckpt.set_policy(model, "attn=save_only_these_names:qkv,mlp=full")
+  assert all(b.policy == spec for _, b in nnx.iter_modules(model) if isinstance(b, jaxckpt.RematBlock))
+  with pytest.raises(jaxckpt.PolicySpecError, match="conv"):
+    jaxckpt.set_policy(model, "conv=full")
+  with pytest.raises(jaxckpt.PolicySpecError, match="conv_out"):
+    jaxckpt.set_policy(model, "save_only_these_names:conv_out")
+
+
+def _stack(scan, num_layers=3):
+  return Stack(lambda r: MLPBlock(8, 16, dropout_rate=0.5, policy="full", rngs=r), num_layers, scan=scan,
+               rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_stack_layers_draw_different_dropout_masks(scan):
+  stack = _stack(scan)
+  x = jax.random.normal(jax.random.key(1), (4, 8))
+  key = jax.random.key(2)
+  out = stack(x, dropout_key=key, deterministic=False)
+  graphdef, params = nnx.split(stack.layers)
+  layer = lambda i: nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params))  # noqa: E731
+  keys = jax.random.split(key, 3)
+  manual = x
+  for i in range(3):
+    manual = layer(i)(manual, dropout_key=keys[i], deterministic=False)
+  chex.assert_trees_all_close(out, manual, rtol=1e-6, atol=1e-6)
+  same_key = x
+  for i in range(3):
+    same_key = layer(i)(same_key, dropout_key=keys[0], deterministic=False)
+  assert not jnp.allclose(out, same_key)  # one key for all layers would give other masks
+
+
+def test_dropout_without_key_is_a_clear_error():
+  block = BLOCKS["mlp"][0](nnx.Rngs(0), "full")
+  with pytest.raises(jaxckpt.JaxckptError, match="no dropout_key"):
+    block(jnp.ones((2, 5, 16)), deterministic=False)
+
+
+def test_scan_and_unrolled_stacks_agree():
+  x = jax.random.normal(jax.random.key(1), (4, 8))
+  key = jax.random.key(3)
+  scanned, unrolled = _stack(True), _stack(False)
+  chex.assert_trees_all_close(
+      scanned(x, dropout_key=key, deterministic=False), unrolled(x, dropout_key=key, deterministic=False),
+      rtol=1e-6, atol=1e-6,
+  )
+
+
+def test_bad_layer_arguments():
+  with pytest.raises(jaxckpt.JaxckptError, match="num_heads=3"):
+    AttentionBlock(16, 3, rngs=nnx.Rngs(0))
+  with pytest.raises(jaxckpt.JaxckptError, match="dropout_rate=1.5"):
+    MLPBlock(4, 4, dropout_rate=1.5, rngs=nnx.Rngs(0))
+  with pytest.raises(jaxckpt.JaxckptError, match="num_layers=0"):
+    _stack(True, num_layers=0)
+
+
+def test_remat_wraps_a_user_module_in_one_call():
+  linear = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+  wrapped = jaxckpt.remat(linear, "nothing_saveable")
+  assert isinstance(wrapped, jaxckpt.Remat)
+  x = jnp.arange(8.0).reshape(2, 4)
+  loss = lambda m: (jnp.tanh(m(x)) ** 2).sum()  # noqa: E731
+  chex.assert_trees_all_close(nnx.grad(loss)(wrapped).module, nnx.grad(loss)(linear), rtol=1e-6)
+  assert uses_remat(jax.make_jaxpr(lambda x: wrapped(x))(x))
+
+
+def test_remat_wraps_a_function_and_keeps_gradients():
+  f = lambda w, x: jnp.sin(jnp.tanh(x @ w) @ w).sum()  # noqa: E731
+  w, x = jax.random.normal(jax.random.key(0), (2, 8, 8))
+  for policy in ("none", "full", "dots_saveable"):
+    g = jaxckpt.remat(f, policy)
+    chex.assert_trees_all_close(jax.grad(g)(w, x), jax.grad(f)(w, x), rtol=1e-6)
+    assert uses_remat(jax.make_jaxpr(jax.grad(g))(w, x)) == (policy != "none")
+
+
+def test_remat_rejects_what_it_cannot_wrap():
+  with pytest.raises(jaxckpt.JaxckptError, match="function or an flax.nnx.Module"):
+    jaxckpt.remat(3, "full")
+
+  class NoCall(nnx.Module):
+    pass
+
+  with pytest.raises(jaxckpt.JaxckptError, match="no __call__"):
+    jaxckpt.remat(NoCall(), "full")
+
+
+def test_transformer_block_gives_each_sublayer_its_policy():
+  block = TransformerBlock(16, 2, 32, policy="attn=dots_saveable,mlp=full", rngs=nnx.Rngs(0))
+  assert block.attn.policy.for_block("attn").name == "dots_saveable"
+  assert block.mlp.policy.for_block("mlp").name == "nothing_saveable"

@@ -1,0 +1,233 @@
+"""Tests for jaxckpt.residuals: what each remat policy saves, parsed from JAX's saved_residuals."""
+
+from __future__ import annotations
+
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxckpt import residuals as residuals_lib
+from jaxckpt.residuals import (
+    GROUP_BY,
+    KINDS,
+    Residual,
+    ResidualGroup,
+    group_residuals,
+    parse_residual,
+    saved_residuals,
+    scale_residuals,
+    total_residual_bytes,
+)
+
+SDS = jax.ShapeDtypeStruct
+F32 = jnp.float32
+B, D, H, L = 4, 8, 16, 3
+F32_BYTES = 4
+
+
+def block(x, wqkv, w1, w2):
+  """A tiny attention-free transformer-ish block. x: [B, D], wqkv: [D, 3D], w1: [D, H], w2: [H, D], all float32."""
+  qkv = checkpoint_name(x @ wqkv, "qkv")  # [B, 3D]
+  q, k, v = jnp.split(qkv, 3, axis=-1)
+  x = x + jnp.tanh(q * k) * v
+  h = checkpoint_name(x @ w1, "mlp_hidden")  # [B, H]
+  return x + jnp.tanh(h) @ w2
+
+
+ARGS = (SDS((B, D), F32), SDS((D, 3 * D), F32), SDS((D, H), F32), SDS((H, D), F32))
+ARG_BYTES = F32_BYTES * (B * D + D * 3 * D + D * H + H * D)
+
+
+def remat(policy):
+  return jax.checkpoint(block, policy=policy)
+
+
+def non_arguments(residuals):
+  return [r for r in residuals if r.kind != "argument"]
+
+
+def test_save_only_these_names_keeps_exactly_that_name():
+  res = saved_residuals(remat(jax.checkpoint_policies.save_only_these_names("mlp_hidden")), *ARGS)
+  assert sorted(r.argument for r in res if r.kind == "argument") == ["w1", "w2", "wqkv", "x"]
+  (hidden,) = non_arguments(res)
+  assert hidden.kind == "checkpoint_name"
+  assert hidden.name == "mlp_hidden"
+  assert hidden.primitive == "name"
+  assert hidden.shape == (B, H)
+  assert hidden.dtype == "float32"
+  assert hidden.bytes == B * H * F32_BYTES
+  assert hidden.source is not None and "test_residuals.py" in hidden.source and "(block)" in hidden.source
+  assert total_residual_bytes(res) == ARG_BYTES + B * H * F32_BYTES
+  assert total_residual_bytes(res, include_arguments=False) == B * H * F32_BYTES
+
+
+def test_save_both_names():
+  res = saved_residuals(remat(jax.checkpoint_policies.save_only_these_names("qkv", "mlp_hidden")), *ARGS)
+  named = {r.name: r for r in non_arguments(res)}
+  assert set(named) == {"qkv", "mlp_hidden"}
+  assert named["qkv"].shape == (B, 3 * D)
+  assert all(r.kind == "checkpoint_name" for r in named.values())
+
+
+def test_nothing_saveable_keeps_only_arguments():
+  res = saved_residuals(remat(jax.checkpoint_policies.nothing_saveable), *ARGS)
+  assert {r.kind for r in res} == {"argument"}
+  assert total_residual_bytes(res) == ARG_BYTES
+  assert total_residual_bytes(res, include_arguments=False) == 0
+
+
+def test_dots_saveable_keeps_dot_outputs_as_primitives():
+  res = saved_residuals(remat(jax.checkpoint_policies.dots_saveable), *ARGS)
+  saved = non_arguments(res)
+  assert saved, "dots_saveable should save the matmul outputs"
+  assert {r.kind for r in saved} == {"primitive"}
+  assert {r.primitive for r in saved} == {"dot_general"}
+  assert all(r.name is None for r in saved)
+  # x @ wqkv [B, 3D] and x @ w1 [B, H]; the last matmul's output is not needed by the backward.
+  assert sorted(r.shape for r in saved) == sorted([(B, 3 * D), (B, H)])
+
+
+def test_no_remat_saves_more_than_any_policy():
+  plain = saved_residuals(block, *ARGS)
+  names = saved_residuals(remat(jax.checkpoint_policies.save_only_these_names("mlp_hidden")), *ARGS)
+  nothing = saved_residuals(remat(jax.checkpoint_policies.nothing_saveable), *ARGS)
+  assert total_residual_bytes(plain) > total_residual_bytes(names) > total_residual_bytes(nothing)
+  assert {g.key for g in group_residuals(plain, by="kind")} >= {"argument", "primitive"}
+
+
+def test_group_by_name_sums_bytes_and_sorts():
+  res = saved_residuals(remat(jax.checkpoint_policies.save_only_these_names("qkv", "mlp_hidden")), *ARGS)
+  groups = group_residuals(res, by="name")
+  by_key = {g.key: g for g in groups}
+  assert by_key["qkv"].bytes == B * 3 * D * F32_BYTES
+  assert by_key["mlp_hidden"].bytes == B * H * F32_BYTES
+  assert by_key[None].bytes == ARG_BYTES  # arguments are unnamed
+  assert by_key[None].count == 4
+  assert [g.bytes for g in groups] == sorted((g.bytes for g in groups), reverse=True)
+  assert sum(g.bytes for g in groups) == total_residual_bytes(res)
+  assert sum(g.count for g in groups) == len(res)
+  assert all(isinstance(g, ResidualGroup) for g in groups)
+
+
+@pytest.mark.parametrize("by", GROUP_BY)
+def test_every_grouping_partitions_the_residuals(by):
+  res = saved_residuals(remat(jax.checkpoint_policies.dots_saveable), *ARGS)
+  groups = group_residuals(res, by=by)
+  assert sum(g.bytes for g in groups) == total_residual_bytes(res)
+  assert sorted(id(r) for g in groups for r in g.residuals) == sorted(id(r) for r in res)
+  assert len({g.key for g in groups}) == len(groups)
+
+
+def test_group_by_unknown_field_raises_with_valid_choices():
+  with pytest.raises(ValueError, match=r"'nme'.*name, primitive, source, kind.*did you mean 'name'"):
+    group_residuals([], by="nme")
+  with pytest.raises(ValueError, match=r"'bytes'"):
+    group_residuals([], by="bytes")
+
+
+def scanned_stack(policy):
+  def stack(x, ws):  # x: [B, D]; ws: ([L, D, 3D], [L, D, H], [L, H, D])
+    step = jax.checkpoint(block, policy=policy)
+    return lax.scan(lambda h, w: (step(h, *w), None), x, ws)[0]
+  return stack
+
+
+STACKED_WS = (SDS((L, D, 3 * D), F32), SDS((L, D, H), F32), SDS((L, H, D), F32))
+
+
+def test_scanned_stack_hides_names_behind_scan_outputs():
+  policy = jax.checkpoint_policies.save_only_these_names("mlp_hidden")
+  scanned = saved_residuals(scanned_stack(policy), ARGS[0], STACKED_WS)
+  outputs = [r for r in scanned if r.kind == "scan_output"]
+  assert outputs
+  assert all(r.primitive == "scan" and r.name is None for r in outputs)
+  assert all(r.shape[0] == L for r in outputs)  # leading layer axis
+  assert not [r for r in scanned if r.kind == "checkpoint_name"]  # the limitation
+  # The per-layer hidden [L, B, H] is among the scan outputs, just unnamed.
+  assert (L, B, H) in [r.shape for r in outputs]
+
+  # Analysing the body (one layer) recovers the names; scaling by L gives the stack's total bytes.
+  body = saved_residuals(remat(policy), *ARGS)
+  assert [r.name for r in body if r.kind == "checkpoint_name"] == ["mlp_hidden"]
+  stacked = scale_residuals(body, L)
+  assert total_residual_bytes(stacked) == total_residual_bytes(scanned)
+  hidden = next(r for r in stacked if r.name == "mlp_hidden")
+  assert hidden.shape == (L, B, H)
+  assert hidden.bytes == L * B * H * F32_BYTES
+  assert hidden.description.endswith(f"(x{L} layers)")
+  assert {g.key: g.bytes for g in group_residuals(stacked, by="name")}["mlp_hidden"] == L * B * H * F32_BYTES
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True, "3"])
+def test_scale_residuals_rejects_bad_factor(bad):
+  with pytest.raises(ValueError, match=r"factor must be an int >= 1.*got " + repr(bad).replace(".", r"\.")):
+    scale_residuals([], bad)
+
+
+def test_arrays_kwargs_and_pytrees_work():
+  x = jnp.ones((B, D))
+  params = {"wqkv": jnp.ones((D, 3 * D)), "w1": jnp.ones((D, H)), "w2": jnp.ones((H, D))}
+  fn = jax.checkpoint(lambda p, x: block(x, **p), policy=jax.checkpoint_policies.save_only_these_names("qkv"))
+  res = saved_residuals(fn, params, x=x)
+  assert sorted(r.argument for r in res if r.kind == "argument") == ["p['w1']", "p['w2']", "p['wqkv']", "x"]
+  assert [r.name for r in res if r.kind == "checkpoint_name"] == ["qkv"]
+
+
+def test_bfloat16_bytes():
+  x = SDS((B, D), jnp.bfloat16)
+  w = SDS((D, H), jnp.bfloat16)
+  fn = jax.checkpoint(lambda x, w: jnp.sum(jnp.sin(checkpoint_name(x @ w, "h"))),
+                      policy=jax.checkpoint_policies.save_only_these_names("h"))
+  (h,) = [r for r in saved_residuals(fn, x, w) if r.kind == "checkpoint_name"]
+  assert h.dtype == "bfloat16"
+  assert h.bytes == B * H * 2
+
+
+@pytest.mark.parametrize(
+    "description, kind, name, primitive, source, argument",
+    [
+        ("from the argument x", "argument", None, None, None, "x"),
+        ("from the argument ws[0]", "argument", None, None, None, "ws[0]"),
+        ("from the argument at flattened index {i}", "argument", None, None, None, None),
+        ("named 'qkv' from model.py:12:8 (attn)", "checkpoint_name", "qkv", "name", "model.py:12:8 (attn)", None),
+        ("output of dot_general from f.py:3 (g)", "primitive", None, "dot_general", "f.py:3 (g)", None),
+        ("output of scan-like from f.py:3 (g)", "primitive", None, "scan-like", "f.py:3 (g)", None),
+        ("output of scan from f.py:30:4 (stack)", "scan_output", None, "scan", "f.py:30:4 (stack)", None),
+        ("output of jitted function 'block' from ", "primitive", None, "jit", None, None),
+        ("from a literal", "other", None, None, None, None),
+        ("from a constant", "other", None, None, None, None),
+        ("something JAX may print one day", "other", None, None, None, None),
+    ],
+)
+def test_parse_residual_descriptions(description, kind, name, primitive, source, argument):
+  r = parse_residual(SDS((2, 3), F32), description)
+  assert (r.kind, r.name, r.primitive, r.source, r.argument) == (kind, name, primitive, source, argument)
+  assert r.kind in KINDS
+  assert (r.shape, r.dtype, r.bytes, r.description) == ((2, 3), "float32", 24, description)
+
+
+def test_parse_residual_accepts_jax_avals():
+  aval = jax.core.ShapedArray((5,), np.dtype("int8")) if hasattr(jax.core, "ShapedArray") else SDS((5,), jnp.int8)
+  assert parse_residual(aval, "output of iota from f.py:1 (f)").bytes == 5
+
+
+def test_saved_residuals_rejects_non_callable():
+  with pytest.raises(TypeError, match="callable.*got int"):
+    saved_residuals(3, ARGS[0])
+
+
+def test_residual_is_frozen():
+  r = Residual((1,), "float32", 4, None, "other", None, None, "from a literal")
+  with pytest.raises(AttributeError):
+    r.bytes = 8  # type: ignore[misc]
+
+
+def test_docstring_examples_run():
+  result = doctest.testmod(residuals_lib, optionflags=doctest.ELLIPSIS)
+  assert result.attempted >= 2
+  assert result.failed == 0
