@@ -19,9 +19,13 @@ def closest(bad: str, valid: Iterable[str]) -> str | None:
   return matches[0] if matches else None
 
 
+def _plural(word: str) -> str:
+  return word[:-1] + "ies" if word.endswith("y") else word + "s"
+
+
 def _choices_message(what: str, bad: str, valid: Iterable[str], context: str = "") -> str:
   valid = sorted(set(valid))
-  message = f"unknown {what} {bad!r}{context}; valid {what}s: {', '.join(valid) if valid else '(none)'}"
+  message = f"unknown {what} {bad!r}{context}; valid {_plural(what)}: {', '.join(valid) if valid else '(none)'}"
   suggestion = closest(bad, valid)
   if suggestion is not None:
     message += f"; did you mean {suggestion!r}?"

@@ -95,6 +95,8 @@ import jax
 import jax.extend.core as jex_core
 import numpy as np
 
+from jaxckpt.jaxprs import sub_jaxprs
+
 __all__ = ["FlopCount", "count_flops", "jaxpr_flops"]
 
 
@@ -342,15 +344,6 @@ def _fori_trip_count(eqn: Any) -> int | None:
   return None
 
 
-def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
-  """Every Jaxpr / ClosedJaxpr in a params dict (also inside lists/tuples)."""
-  for value in params.values():
-    items = value if isinstance(value, (list, tuple)) else (value,)
-    for item in items:
-      if isinstance(item, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
-        yield item
-
-
 def _mesh_devices(eqn: Any) -> int:
   """Devices a ``shard_map`` body runs on (product of manual axis sizes)."""
   p = eqn.params
@@ -471,7 +464,7 @@ class _Counter:
         return
     if name in ("reduce", "reduce_window"):
       # Generic reductions carry the scalar combiner as a jaxpr.
-      combiner = next(_sub_jaxprs(params), None)
+      combiner = next(sub_jaxprs(eqn), None)
       per_step = self.jaxpr(combiner).total if combiner is not None else 1
       if name == "reduce":
         steps = _size(eqn.invars[0].aval) - _size(eqn.outvars[0].aval)
@@ -482,7 +475,7 @@ class _Counter:
       return
 
     # --- anything else that carries jaxprs (jit, remat2, closed_call, ...) --
-    subs = list(_sub_jaxprs(params))
+    subs = list(sub_jaxprs(eqn))
     if subs:
       for sub in subs:
         tally.add(self.jaxpr(sub))

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.extend.core as jex_core
 
 __all__ = ["iter_eqns", "sub_jaxprs", "uses_remat", "emitted_checkpoint_names"]
 
@@ -16,7 +17,7 @@ def sub_jaxprs(eqn: Any) -> Iterator[Any]:
   """Yields the (closed) jaxprs held in an equation's params (scan/while bodies, cond branches, remat, pjit…)."""
   for value in eqn.params.values():
     for sub in value if isinstance(value, (tuple, list)) else (value,):
-      if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+      if isinstance(sub, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
         yield sub
 
 

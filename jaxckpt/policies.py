@@ -203,10 +203,12 @@ class PolicySpec:
   Attributes:
     default: policy of every block type not in ``blocks``.
     blocks: ``(block_type, policy)`` pairs, in the order given.
+    text: the string it was parsed from (for error messages; not compared).
   """
 
   default: Policy = NO_REMAT
   blocks: tuple[tuple[str, Policy], ...] = ()
+  text: str = dataclasses.field(default="", compare=False, repr=False)
 
   def for_block(self, block_type: str) -> Policy:
     """Returns the policy of ``block_type`` (its own, else the default)."""
@@ -231,7 +233,7 @@ class PolicySpec:
       PolicySpecError: a block type in the map that the model does not have, or a checkpoint name in a policy that
         the blocks it applies to never emit (that policy would silently save nothing it was meant to).
     """
-    spec = str(self)
+    spec = self.text or str(self)
     for block, policy in self.blocks:
       if block not in block_types:
         raise PolicySpecError.unknown("block type", block, [*block_types, DEFAULT_BLOCK], spec=spec)
@@ -320,7 +322,7 @@ def _parse_one(text: str, spec: str) -> Policy:
         f"policy {name!r} takes SAVE_NAMES/OFFLOAD_NAMES (one '/'), got {args!r} in policy spec {spec!r} "
         f"(e.g. {example})",
         spec=spec,
-        bad=args,
+        bad=args or text,
     )
   save, offload = _parse_names(save_text, spec), _parse_names(offload_text, spec)
   if not save and not offload:
@@ -381,7 +383,7 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
           spec=spec,
           bad=text,
       )
-    return PolicySpec(default=_parse_one(text, spec))
+    return PolicySpec(default=_parse_one(text, spec), text=spec)
   default = NO_REMAT
   blocks: dict[str, Policy] = {}
   seen: set[str] = set()
@@ -402,4 +404,4 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
       default = policy
     else:
       blocks[block] = policy
-  return PolicySpec(default=default, blocks=tuple(blocks.items()))
+  return PolicySpec(default=default, blocks=tuple(blocks.items()), text=spec)

@@ -1,0 +1,161 @@
+"""The classifier experiment end to end: training reaches accuracy, metrics.json, resume, and bad input → exit 2."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from experiments import classifier
+from experiments.classifier import ClassifierConfig, main, train
+from jaxckpt.schema import MEMORY_KEYS, METRICS_KEYS
+
+TINY = ClassifierConfig(preset="tiny", epochs=3, batch_size=64, progress=False)
+
+
+def quiet(*_):
+  pass
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+  return train(dataclasses.replace(TINY, epochs=8, policy="attn=dots_saveable,mlp=full"), log=quiet)
+
+
+def test_tiny_vit_learns_the_digits(tiny_run):
+  metrics = tiny_run.metrics
+  assert metrics["test_accuracy"] >= 0.85, metrics["test_accuracy"]
+  assert len(metrics["train_loss"]) == 8 and metrics["train_loss"][-1] < metrics["train_loss"][0] / 3
+
+
+def test_metrics_schema(tiny_run, tmp_path):
+  metrics = tiny_run.metrics
+  assert set(METRICS_KEYS) <= set(metrics)
+  assert set(metrics["memory"]) == set(MEMORY_KEYS)
+  assert metrics["policy"] == "attn=dots_saveable,mlp=nothing_saveable"
+  assert metrics["policy_per_block"] == {"attn": "dots_saveable", "mlp": "nothing_saveable"}
+  assert metrics["memory"]["temp_bytes"] > 0 and metrics["step_time_s"] > 0
+  assert metrics["versions"]["jax"] == jax.__version__
+  json.dumps(metrics)  # serialisable
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_other_models_learn(model):
+  result = train(dataclasses.replace(TINY, model=model, epochs=10, policy="full"), log=quiet)
+  assert result.metrics["test_accuracy"] >= 0.85, result.metrics["test_accuracy"]
+
+
+class Interrupt(Exception):
+  pass
+
+
+def test_resume_after_interruption_is_bit_identical(tmp_path):
+  config = dataclasses.replace(TINY, epochs=3, policy="nothing_saveable", ckpt_every=10)
+  straight = train(config, log=quiet)
+
+  def interrupt_in_epoch_2(line):
+    if line.startswith("epoch 2/"):
+      raise Interrupt  # like a kill after step 44: the last checkpoint is step 40
+
+  ckpt = str(tmp_path / "ckpt")
+  with pytest.raises(Interrupt):
+    train(dataclasses.replace(config, ckpt_dir=ckpt), log=interrupt_in_epoch_2)
+  assert sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())[-1] == 40
+  lines = []
+  resumed = train(dataclasses.replace(config, ckpt_dir=ckpt, resume=True), log=lines.append)
+  assert any("resumed from step 40" in line for line in lines)
+  assert int(resumed.state.step) == int(straight.state.step) == 3 * (1437 // 64)
+  chex.assert_trees_all_equal(resumed.state.params, straight.state.params)
+  assert resumed.metrics["train_loss"] == straight.metrics["train_loss"]
+
+
+def test_existing_run_is_never_overwritten(tmp_path, capsys):
+  ckpt = str(tmp_path / "ckpt")
+  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
+  assert main(["--preset", "tiny", "--epochs", "1", "--ckpt-dir", ckpt, "--no-progress"]) == 2
+  assert "pass --resume" in capsys.readouterr().err
+  # A different run (other seed) in the same directory is refused, naming the difference.
+  assert main(["--preset", "tiny", "--epochs", "1", "--ckpt-dir", ckpt, "--resume", "--seed", "1",
+               "--no-progress"]) == 2
+  assert "seed: saved 0 vs now 1" in capsys.readouterr().err
+
+
+def write_npz(path, **arrays):
+  np.savez(path, **arrays)
+  return str(path)
+
+
+def bad_inputs(tmp_path):
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=(20, 6, 6)).astype(np.float32), np.arange(20) % 3
+  empty = tmp_path / "empty.npz"
+  empty.write_bytes(b"")
+  return {
+      "policy": (["--policy", "dots_savable"], ["dots_saveable", "did you mean"]),
+      "block type": (["--policy", "atn=full"], ["'atn'", "attn, default, mlp", "did you mean 'attn'"]),
+      "name": (["--policy", "save_only_these_names:qvk"], ["'qvk'", "qkv", "would save nothing"]),
+      "name for model": (["--model", "cnn", "--policy", "save_only_these_names:qkv"], ["conv_hidden, conv_out"]),
+      "model": (["--model", "resnet"], ["invalid choice", "'vit', 'mlp', 'cnn'"]),
+      "preset": (["--preset", "huge"], ["'huge'", "tiny, small"]),
+      "dtype": (["--compute-dtype", "float16"], ["invalid choice", "bfloat16"]),
+      "epochs": (["--epochs", "0"], ["--epochs must be ≥ 1"]),
+      "resume": (["--resume"], ["--resume needs --ckpt-dir"]),
+      "missing file": (["--data", str(tmp_path / "nope.npz")], ["no such file"]),
+      "empty file": (["--data", str(empty)], ["not a readable .npz"]),
+      "missing y": (["--data", write_npz(tmp_path / "a.npz", x=x)], ["missing array(s) y"]),
+      "bad rank": (["--data", write_npz(tmp_path / "b.npz", x=x[:, 0], y=y)], ["x has shape (20, 6)"]),
+      "length": (["--data", write_npz(tmp_path / "c.npz", x=x, y=y[:5])], ["20 examples but y has 5"]),
+      "labels": (["--data", write_npz(tmp_path / "d.npz", x=x, y=y - 1)], ["labels must be in 0..K-1"]),
+      "float labels": (["--data", write_npz(tmp_path / "e.npz", x=x, y=y.astype(float))], ["need [N] integers"]),
+      "no examples": (["--data", write_npz(tmp_path / "f.npz", x=x[:0], y=y[:0])], ["no examples"]),
+      "one class": (["--data", write_npz(tmp_path / "g.npz", x=x, y=y * 0)], ["need at least 2"]),
+      "nan": (["--data", write_npz(tmp_path / "h.npz", x=x * np.nan, y=y)], ["NaN or Inf"]),
+  }
+
+
+def test_bad_input_exits_2_with_one_line_naming_valid_choices(tmp_path, capsys):
+  for case, (argv, fragments) in bad_inputs(tmp_path).items():
+    try:
+      code = main(["--preset", "tiny", "--epochs", "1", "--no-progress", *argv])
+    except SystemExit as exit_:  # argparse's own errors
+      code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, (case, err)
+    assert err.count("\n") == 1 and "Traceback" not in err, (case, err)
+    for fragment in fragments:
+      assert fragment in err, (case, fragment, err)
+
+
+def test_user_npz_data_trains(tmp_path):
+  digits_like = np.load(write_npz(tmp_path / "d.npz", x=np.tile(np.eye(6, dtype=np.float32), (60, 1, 1)),
+                                  y=np.arange(60) % 2))
+  del digits_like
+  result = train(dataclasses.replace(TINY, model="mlp", epochs=1, batch_size=16, data=str(tmp_path / "d.npz")),
+                 log=quiet)
+  assert result.metrics["data"].endswith("d.npz")
+
+
+def test_cli_smoke(tmp_path):
+  out = tmp_path / "out"
+  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  ok = subprocess.run([sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "1",
+                       "--policy", "dots_saveable", "--out", str(out)], capture_output=True, text=True, env=env)
+  assert ok.returncode == 0, ok.stderr
+  assert "compiled train step memory" in ok.stdout and "temp" in ok.stdout and "test accuracy" in ok.stdout
+  assert json.loads((out / "metrics.json").read_text())["policy"] == "dots_saveable"
+  bad = subprocess.run([sys.executable, "-m", "experiments.classifier", "--policy", "dots_savable"],
+                       capture_output=True, text=True, env=env)
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr and "did you mean 'dots_saveable'" in bad.stderr
+
+
+def test_help_lists_block_types_and_grammar(capsys):
+  with pytest.raises(SystemExit):
+    main(["--help"])
+  out = capsys.readouterr().out
+  assert "vit: attn, mlp" in out and "cnn: conv" in out and "block_map" in out
+  assert classifier.build_parser().prog.startswith("python -m experiments.classifier")
