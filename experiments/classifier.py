@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -28,11 +29,13 @@ from tqdm.auto import tqdm
 
 import jaxckpt
 from experiments.data import eval_batches, load_dataset, train_batch
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, NonFiniteLossError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
 from jaxckpt.render import memory_table, policy_summary
 
-__all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]
+__all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser", "NAN_POLICIES"]
+
+NAN_POLICIES = ("stop", "skip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,8 @@ class ClassifierConfig:
   ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
   ckpt_every: int = 100  # Save every this many steps (and at the end).
   resume: bool = False  # Continue from the latest checkpoint in ckpt_dir.
+  allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
+  nan_policy: str = "stop"  # On a NaN/Inf loss or gradient: "stop" (keep the last good checkpoint) or "skip" the update.
   progress: bool = True  # Show a progress bar.
 
 
@@ -84,6 +89,8 @@ def _check(config: ClassifierConfig) -> None:
     raise JaxckptError(f"--layers must be ≥ 1, got {config.num_layers}")
   if not config.learning_rate > 0:
     raise JaxckptError(f"--learning-rate must be > 0, got {config.learning_rate}")
+  if config.nan_policy not in NAN_POLICIES:
+    raise JaxckptError(f"unknown NaN policy {config.nan_policy!r}; valid: {', '.join(NAN_POLICIES)}")
   if config.resume and config.ckpt_dir is None:
     raise JaxckptError("--resume needs --ckpt-dir")
 
@@ -101,7 +108,8 @@ def model_config(config: ClassifierConfig) -> Any:
 def _run_identity(config: ClassifierConfig, model_cfg: Any, source: str) -> dict[str, Any]:
   """The config fields a resumed run must share with the saved one (the policy may change: remat keeps numbers)."""
   identity = {k: v for k, v in dataclasses.asdict(config).items()
-              if k not in ("policy", "scan", "out", "ckpt_dir", "ckpt_every", "resume", "progress", "data")}
+              if k not in ("policy", "scan", "out", "ckpt_dir", "ckpt_every", "resume", "progress", "data",
+                            "allow_config_change", "nan_policy")}
   identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k != "scan"}
   identity["data"] = source
   return identity
@@ -154,7 +162,9 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     started = time.perf_counter()
-    step_fn = jaxckpt.compile_train_step(jaxckpt.make_train_step(graphdef, tx), state, example)
+    step_fn = jaxckpt.compile_train_step(
+        jaxckpt.make_train_step(graphdef, tx, skip_nonfinite=config.nan_policy == "skip"), state, example
+    )
     compile_s = time.perf_counter() - started
   run_warnings = [str(w.message) for w in caught]
   for message in run_warnings:
@@ -175,8 +185,12 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   epoch_losses_restored: list[float] = []
   if config.ckpt_dir is not None:
     checkpointer = jaxckpt.Checkpointer(config.ckpt_dir, config=_run_identity(config, model_cfg, data.source),
-                                        save_every=config.ckpt_every, resume=config.resume)
+                                        save_every=config.ckpt_every, resume=config.resume,
+                                        allow_config_change=config.allow_config_change)
     state, meta = checkpointer.restore(state)
+    for message in checkpointer.warnings:
+      log(f"warning: {message}")
+      run_warnings.append(message)
     history.update({k: list(meta[k]) for k in history if k in meta})
     epoch_losses_restored = list(meta.get("epoch_losses", []))
     if checkpointer.latest_step is not None:
@@ -186,6 +200,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
 
   start = int(jax.device_get(state.step))
   step_times: list[float] = []
+  skipped: list[int] = []
   epoch_losses: list[float] = epoch_losses_restored
   bar = tqdm(total=total_steps, initial=start, disable=not config.progress, unit="step", leave=False)
   try:
@@ -195,6 +210,11 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       state, metrics = step_fn(state, batch)
       loss = float(metrics["loss"])  # waits for the step: the timing covers its compute
       step_times.append(time.perf_counter() - began)
+      if not bool(metrics["finite"]):
+        if config.nan_policy == "stop":
+          raise NonFiniteLossError(_nonfinite_message(config, step, loss, checkpointer), step=step)
+        skipped.append(step)
+        (bar.write if config.progress else log)(f"warning: non-finite loss or gradient at step {step}: update skipped")
       epoch_losses.append(loss)
       bar.update(1)
       bar.set_postfix(loss=f"{loss:.4f}")
@@ -238,6 +258,8 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       "compiler_options": jaxckpt.remat_compiler_options(),
       "versions": jaxckpt.versions(),
       "warnings": run_warnings,
+      "skipped_steps": skipped,
+      "params_sha256": params_digest(state.params),
       "data": data.source,
       "config": dataclasses.asdict(config),
   }
@@ -250,6 +272,25 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       json.dump(metrics_out, f, indent=2)
     log(f"wrote {path}")
   return ClassifierResult(metrics_out, state)
+
+
+def params_digest(params: Any) -> str:
+  """SHA-256 of every parameter's bytes, in tree order: equal digests = bit-identical parameters."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(jax.device_get(params)):
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return digest.hexdigest()
+
+
+def _nonfinite_message(config: ClassifierConfig, step: int, loss: float, checkpointer) -> str:
+  kept = "no checkpoint was written (no --ckpt-dir)"
+  if checkpointer is not None:
+    latest = checkpointer.latest_saved_step()
+    kept = (f"the last good checkpoint (step {latest}) is kept in {checkpointer.directory}" if latest is not None
+            else f"no checkpoint had been saved yet in {checkpointer.directory}")
+  return (f"non-finite loss or gradient at step {step} (loss {loss}); likely causes: a learning rate too high "
+          f"(--learning-rate {config.learning_rate}), bfloat16 overflow (--compute-dtype {config.compute_dtype}; "
+          f"try float32), or extreme values in the data; {kept}; --nan-policy skip drops such updates instead")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -300,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--ckpt-dir", default=None, help="orbax checkpoint directory")
   parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="save every N steps")
   parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --ckpt-dir")
+  parser.add_argument("--allow-config-change", action="store_true",
+                      help="resume even if the checkpoint's run config differs (the differences are printed)")
+  parser.add_argument("--nan-policy", choices=NAN_POLICIES, default=defaults.nan_policy,
+                      help="on a NaN/Inf loss: stop (default; the last good checkpoint is kept) or skip the update")
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
   return parser
 
@@ -311,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   config = ClassifierConfig(**vars(args))
   try:
     train(config)
+  except NonFiniteLossError as err:  # a failed run, not bad input
+    print(f"{parser.prog}: error: {err}", file=sys.stderr)
+    return 1
   except JaxckptError as err:
     print(f"{parser.prog}: error: {err}", file=sys.stderr)
     return 2

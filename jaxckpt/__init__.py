@@ -10,7 +10,7 @@
 
 from jaxckpt import names
 from jaxckpt.checkpointing import Checkpointer
-from jaxckpt.errors import CheckpointError, DataError, JaxckptError, PolicySpecError
+from jaxckpt.errors import CheckpointError, DataError, JaxckptError, NonFiniteLossError, PolicySpecError
 from jaxckpt.layers import (
     AttentionBlock,
     ConvBlock,
@@ -58,6 +58,7 @@ __all__ = [
     "CheckpointError",
     "DataError",
     "JaxckptError",
+    "NonFiniteLossError",
     "PolicySpecError",
     "AttentionBlock",
     "ConvBlock",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "closest"]
+__all__ = ["JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "closest"]
 
 
 def closest(bad: str, valid: Iterable[str]) -> str | None:
@@ -68,3 +68,15 @@ class DataError(JaxckptError):
 
 class CheckpointError(JaxckptError):
   """A checkpoint directory cannot be used: foreign config, corrupt, or would overwrite an existing run."""
+
+
+class NonFiniteLossError(JaxckptError):
+  """Training produced a NaN/Inf loss or gradient and the NaN policy is ``stop``.
+
+  Attributes:
+    step: the 0-based index of the step whose loss or gradients were not finite.
+  """
+
+  def __init__(self, message: str, *, step: int):
+    self.step = step
+    super().__init__(message)

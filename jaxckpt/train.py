@@ -122,7 +122,11 @@ def classification_loss(
 
 
 def make_train_step(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn = classification_loss
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    loss_fn: LossFn = classification_loss,
+    *,
+    skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
   """Builds ``step(state, batch) -> (new_state, metrics)``: value_and_grad of ``loss_fn`` and one optimizer update.
 
@@ -130,6 +134,8 @@ def make_train_step(
     graphdef: the model's graphdef (static; it carries the policy spec).
     tx: the optax optimizer.
     loss_fn: see :data:`LossFn`.
+    skip_nonfinite: when the loss or a gradient is NaN/Inf, keep the parameters and optimizer state unchanged
+      (the step counter still advances, so the next step sees the next batch). ``metrics["finite"]`` (bool) tells.
 
   Returns:
     A pure function, to be compiled with :func:`compile_train_step` (or :func:`jaxckpt.jit`, donating the state).
@@ -143,11 +149,15 @@ def make_train_step(
       value, metrics = loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)
       return value, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
 
-    (_, (metrics, other)), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+    (value, (metrics, other)), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(value) & jnp.all(jnp.array([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+    if skip_nonfinite:
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+      params, opt_state, other = keep(params, state.params), keep(opt_state, state.opt_state), keep(other, state.other)
     new_state = state.replace(step=state.step + 1, params=params, other=other, opt_state=opt_state)
-    return new_state, metrics
+    return new_state, {**metrics, "finite": finite}
 
   return step
 
