@@ -1,0 +1,145 @@
+"""The memory report as a Python API: compile (and optionally run) a target under many policies, collect one row each.
+
+Example::
+
+    >>> from jaxckpt.report import build_report, shipped_target, write_outputs
+    >>> report = build_report(shipped_target("vit", "tiny", batch_size=8), ["none", "dots_saveable", "full"])
+    >>> [row["temp_bytes"] for row in report.rows]  # bytes, compiled, nothing allocated
+    >>> write_outputs(report, html="report.html")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import optax
+from tqdm.auto import tqdm
+
+from jaxckpt.policies import PolicySpec
+from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
+from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
+from jaxckpt.report.measure import measure_policy
+from jaxckpt.report.policies import expand_policies
+from jaxckpt.report.steps import default_optimizer, target_block_types, target_structure
+from jaxckpt.report.targets import Target
+from jaxckpt.schema import SCHEMA_VERSION, versions
+
+__all__ = ["Report", "build_report", "saving_warnings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """A finished report: ``data`` is exactly what ``--json`` writes (keys :data:`jaxckpt.report.keys.REPORT_KEYS`)."""
+
+  data: dict[str, Any]
+
+  @property
+  def rows(self) -> list[dict[str, Any]]:
+    """One dict per policy (keys :data:`jaxckpt.report.keys.ROW_KEYS`)."""
+    return self.data["rows"]
+
+  def row(self, policy: str) -> dict[str, Any]:
+    """The row of a canonical policy string.
+
+    Raises:
+      KeyError: no such row; the message lists the rows.
+    """
+    for row in self.rows:
+      if row["policy"] == policy:
+        return row
+    raise KeyError(f"no row for policy {policy!r}; rows: {', '.join(r['policy'] for r in self.rows)}")
+
+  @property
+  def ok(self) -> bool:
+    """Whether any row succeeded (the CLI exits 0 then, else 1)."""
+    return any(r["status"] == STATUS_OK for r in self.rows)
+
+
+def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+  """One warning per remat policy whose compiled ``temp_bytes`` is not below ``none``'s (it saves nothing)."""
+  base = next((r for r in rows if r["policy"] == "none" and r["status"] == STATUS_OK), None)
+  if base is None or base["temp_bytes"] is None:
+    return []
+  out = []
+  for row in rows:
+    if row["policy"] != "none" and row["status"] == STATUS_OK and row["temp_bytes"] is not None \
+        and row["temp_bytes"] >= base["temp_bytes"]:
+      out.append(f"policy {row['policy']!r} saves no memory: temp {row['temp_bytes']} bytes ≥ none's "
+                 f"{base['temp_bytes']} bytes")
+  return out
+
+
+def build_report(
+    target: Target,
+    policies: Sequence[str | PolicySpec] = ("all",),
+    *,
+    measure: bool = False,
+    steps: int = 5,
+    warmup: int = 2,
+    xla_dump: str | None = None,
+    jobs: int = 1,
+    residuals: bool = True,
+    compiler_options: Mapping[str, Any] | None = None,
+    tx: optax.GradientTransformation | None = None,
+    progress: bool = True,
+) -> Report:
+  """Compiles ``target``'s train step under every policy and reports memory, FLOPs, residuals (and measurements).
+
+  Args:
+    target: :func:`~jaxckpt.report.shipped_target`, :func:`~jaxckpt.report.load_target` or your own
+      :class:`~jaxckpt.report.ModelTarget` / :class:`~jaxckpt.report.LossTarget`.
+    policies: spec strings in :func:`jaxckpt.parse_policy`'s grammar or parsed specs; ``"all"`` expands to ``none``,
+      every zero-argument canonical policy and ``save_only_these_names:<name>`` per emitted name (offload
+      policies on GPU/TPU only). Repeats are dropped.
+    measure: also run each policy: median step time and measured peak memory (:mod:`jaxckpt.report.measure`).
+    steps: timed steps per policy when measuring (≥ 1).
+    warmup: untimed steps before them (≥ 1).
+    xla_dump: directory for XLA's memory reports, one subdirectory per policy; ``None`` = none.
+    jobs: XLA compilations at once (threads).
+    residuals: run the residual analysis.
+    compiler_options: extra XLA options for every compile (merged with the CPU remat fix).
+    tx: the optimizer (default ``optax.adamw(1e-3)``).
+    progress: tqdm bars on stderr.
+
+  Returns:
+    The :class:`Report`. Policies invalid for the target, failing to compile or to run are error rows (with a
+    warning for invalid ones); the others complete.
+
+  Raises:
+    PolicySpecError: a spec that does not parse.
+  """
+  tx = tx or default_optimizer()
+  specs = expand_policies(policies, target_block_types(target))
+  rows, warnings = compile_rows(target, specs, tx=tx, jobs=jobs, xla_dump_dir=xla_dump,
+                                compiler_options=compiler_options, residuals=residuals, progress=progress)
+  warnings += saving_warnings(rows)
+  if measure:
+    todo = [r for r in rows if r["status"] == STATUS_OK]
+    if target.ref is None and todo:
+      warnings.append("target has no ref (a Python object): measured in this process, less exactly than in a "
+                      "fresh one per policy")
+    for row in tqdm(todo, desc="measuring policies", unit="policy", disable=not progress, leave=False):
+      try:
+        result = measure_policy(target, row["policy"], steps=steps, warmup=warmup, compiler_options=compiler_options)
+        row["step_time_s"] = result["step_time_s"]
+        row["peak_bytes_measured"] = result["peak_bytes_measured"]
+      except Exception as err:  # noqa: BLE001 - a policy that fails to run (e.g. out of memory) is an error row
+        row.update(status=STATUS_ERROR, error=one_line(err))
+  data = {
+      "schema_version": SCHEMA_VERSION,
+      "model": target.name,
+      "preset": target.preset,
+      "backend": jax.default_backend(),
+      "device_count": jax.device_count(),
+      "mesh": None,
+      "structure": target_structure(target),
+      "versions": versions(),
+      "compiler_options": report_compiler_options(compiler_options),
+      "warnings": warnings,
+      "rows": rows,
+  }
+  assert tuple(data) == REPORT_KEYS  # internal invariant, not user input
+  return Report(data)

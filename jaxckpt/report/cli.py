@@ -1,0 +1,119 @@
+"""``python -m jaxckpt.report`` / ``jaxckpt-report``: compare remat policies on a model's full train step.
+
+The CLI only parses flags, builds a target and calls :func:`jaxckpt.report.build_report`; exit status 0 if any policy
+row succeeded, 1 if none did, 2 for bad arguments (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import jax
+
+from jaxckpt import names
+from jaxckpt.errors import JaxckptError
+from jaxckpt.models import COMPUTE_DTYPES, MODELS
+from jaxckpt.policies import POLICY_NAMES
+from jaxckpt.report.build import build_report
+from jaxckpt.report.outputs import to_table, write_outputs
+from jaxckpt.report.policies import ALL, expand_policies
+from jaxckpt.report.targets import DEFAULT_BATCH_SIZE, load_target, shipped_target
+
+__all__ = ["build_parser", "main"]
+
+PROG = "jaxckpt-report"
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse with one-line errors (exit 2, no usage dump)."""
+
+  def error(self, message: str):
+    self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser."""
+  presets = "; ".join(f"{name}: {', '.join(entry.presets)}" for name, entry in MODELS.items())
+  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items())
+  parser = _Parser(
+      prog=PROG,
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=(
+          f"presets per model: {presets}\n"
+          f"block types per model: {blocks}\n"
+          f"policies: {ALL}, {', '.join(POLICY_NAMES)}\n"
+          f"checkpoint names: {', '.join(names.ALL_NAMES)}\n"
+          "policy grammar: block=policy pairs joined by ',' (attn=dots_saveable,mlp=full) or one policy;\n"
+          "  name-taking policies: save_only_these_names:qkv+mlp_hidden\n"
+          "--target package.module:function: function() returns a jaxckpt.report.ModelTarget or LossTarget\n"
+          "  (see jaxckpt/report/targets.py)\n"
+          "examples:\n"
+          f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
+          f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
+          f"  {PROG} --target mypkg.targets:target --policies none full --json report.json"
+      ),
+  )
+  what = parser.add_mutually_exclusive_group()
+  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(MODELS)} (default vit)")
+  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss (see below)")
+  parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
+  parser.add_argument("--batch-size", type=int, default=None, help=f"examples per step (default {DEFAULT_BATCH_SIZE})")
+  parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
+  parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
+  parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
+                      help="scan over layers or --no-scan to unroll them (default: the preset's)")
+  parser.add_argument("--policies", nargs="+", default=[ALL], metavar="SPEC", help="policy specs (default all)")
+  parser.add_argument("--measure", action="store_true", help="also run each policy: step time and measured peak")
+  parser.add_argument("--steps", type=int, default=5, help="timed steps per policy with --measure (default 5)")
+  parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
+  parser.add_argument("--jobs", type=int, default=1, help="XLA compilations at once (default 1)")
+  parser.add_argument("--no-residuals", dest="residuals", action="store_false", help="skip the residual analysis")
+  parser.add_argument("--xla-dump", default=None, metavar="DIR", help="keep XLA's memory reports per policy in DIR")
+  parser.add_argument("--json", default=None, metavar="FILE")
+  parser.add_argument("--csv", default=None, metavar="FILE")
+  parser.add_argument("--markdown", default=None, metavar="FILE")
+  parser.add_argument("--html", default=None, metavar="FILE", help="one self-contained page, plots embedded")
+  parser.add_argument("--plot", default=None, metavar="FILE.png", help="Pareto chart (memory vs FLOPs / time)")
+  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+  return parser
+
+
+def _target(args: argparse.Namespace):
+  if args.target is not None:
+    given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan")
+             if getattr(args, f) is not None]
+    if given:
+      flags = ", ".join("--" + f.replace("num_layers", "layers").replace("_", "-") for f in given)
+      raise JaxckptError(f"{flags} apply to --model only; a --target sets its own shapes")
+    return load_target(args.target)
+  return shipped_target(
+      args.model or "vit", args.preset or "tiny",
+      batch_size=DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size,
+      seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (0 some row ok, 1 none, 2 bad arguments)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    for flag in ("steps", "warmup", "jobs"):
+      if getattr(args, flag) < 1:
+        raise JaxckptError(f"--{flag} must be ≥ 1, got {getattr(args, flag)}")
+    target = _target(args)
+    expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
+  except JaxckptError as err:
+    print(f"{parser.prog}: error: {err}", file=sys.stderr)
+    return 2
+  report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
+                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress)
+  print(to_table(report))
+  for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
+                            html_path=args.html, plot_path=args.plot):
+    print(f"wrote {os.path.abspath(path)}")
+  return 0 if report.ok else 1

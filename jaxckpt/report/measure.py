@@ -1,0 +1,169 @@
+"""Measured step time and peak memory of a policy's train step (``--measure``), each in a fresh process.
+
+Per policy a child process (``python -m jaxckpt.report.measure``, request as JSON on stdin, result as JSON on the
+last stdout line) rebuilds the target from its ``ref``, compiles the step exactly as the report does, and:
+
+1. allocates real inputs and runs ``warmup`` steps (compiles, first-touch, allocator caches);
+2. on CPU: frees them, reads the resident set size (``VmRSS``) as the *baseline* (runtime, compiled code, caches),
+   allocates fresh inputs, resets the kernel's peak-RSS counter (writes ``5`` to ``/proc/self/clear_refs``), runs
+   ``steps`` steps and reads ``VmHWM``. ``peak_bytes_measured = VmHWM − baseline``: the inputs (arguments) plus
+   what the steps allocate (temps, outputs not aliased), i.e. the quantity ``footprint_bytes`` (argument + output
+   + temp − alias) predicts. The child runs with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed buffers return to the
+   OS and the baseline does not keep them;
+3. on GPU/TPU: ``device.memory_stats()["peak_bytes_in_use"]`` of the fresh process (inputs, steps, and the input
+   initialisation's temporaries);
+4. ``step_time_s`` = median wall seconds of the ``steps`` steps (each waited for with ``block_until_ready``).
+
+Below ~100 MiB the process's own noise (allocator pages, thread stacks) is of the same order as the step: compare
+small measured peaks by their order only. Targets without a ``ref`` (Python objects) are measured in this process,
+which is less exact (its baseline keeps whatever the process freed).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from jaxckpt.policies import parse_policy
+from jaxckpt.report.steps import concrete_inputs, default_optimizer, policy_step
+from jaxckpt.report.targets import Target, rebuild_target
+from jaxckpt.xla import compile_step
+
+__all__ = ["measure_policy", "measure_in_process", "child_env", "MALLOC_ENV"]
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+"""glibc settings of the measuring child: buffers ≥ 64 KiB are mmapped, so freeing them lowers the RSS."""
+
+
+def _status_kib(field: str) -> int | None:
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    return None
+  return None
+
+
+def _reset_peak() -> bool:
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: int = 2,
+                       compiler_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """Compiles and runs the step of ``target`` under ``policy`` here; see the module docstring for what is measured.
+
+  Args:
+    target: the target.
+    policy: a policy spec string.
+    steps: timed steps k ≥ 1.
+    warmup: untimed steps before them, ≥ 1.
+    compiler_options: extra XLA options (merged with the remat fix).
+
+  Returns:
+    ``{"step_time_s": float seconds, "peak_bytes_measured": int bytes | None, "baseline_bytes": int | None,
+    "method": str}``.
+
+  Raises:
+    PolicySpecError: an invalid spec; any error of compiling or running the step (e.g. out of memory).
+  """
+  tx = default_optimizer()
+  step = policy_step(target, parse_policy(policy), tx)
+  compiled = compile_step(step.step, step.state, step.batch, donate_argnums=0, compiler_options=compiler_options)
+  make_inputs = concrete_inputs(target, tx)
+  state, batch = make_inputs()
+  for _ in range(max(1, warmup)):
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+  cpu = jax.default_backend() == "cpu"
+  baseline = None
+  if cpu:
+    del state, batch, metrics
+    gc.collect()
+    baseline = _status_kib("VmRSS")
+    state, batch = jax.block_until_ready(make_inputs())
+    reset = _reset_peak()
+  times = []
+  for _ in range(max(1, steps)):
+    started = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - started)
+  if cpu:
+    hwm = _status_kib("VmHWM")
+    peak = hwm - baseline if reset and hwm is not None and baseline is not None else None
+    method = "VmHWM - VmRSS baseline (after clear_refs)" if peak is not None else "unavailable (/proc not writable)"
+  else:
+    stats = jax.local_devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    method = "device peak_bytes_in_use"
+  return {"step_time_s": statistics.median(times), "peak_bytes_measured": None if peak is None else int(peak),
+          "baseline_bytes": baseline, "method": method}
+
+
+def child_env() -> dict[str, str]:
+  """The measuring child's environment: ours (``XLA_FLAGS`` untouched), :data:`MALLOC_ENV`, and our ``sys.path``."""
+  env = dict(os.environ)
+  for key, value in MALLOC_ENV.items():
+    env.setdefault(key, value)
+  paths = [p for p in sys.path if p and os.path.isdir(p)]
+  env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+  return env
+
+
+def measure_policy(target: Target, policy: str, *, steps: int = 5, warmup: int = 2,
+                   compiler_options: Mapping[str, Any] | None = None, timeout_s: float = 900.0) -> dict[str, Any]:
+  """Measures one policy in a fresh process (in this one if the target has no ``ref``).
+
+  Returns:
+    As :func:`measure_in_process`, plus ``"in_process": bool``.
+
+  Raises:
+    RuntimeError: the child failed (its last error line is the message), timed out, or printed no result.
+  """
+  if target.ref is None:
+    return {**measure_in_process(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options),
+            "in_process": True}
+  request = {"ref": dict(target.ref), "policy": policy, "steps": steps, "warmup": warmup,
+             "compiler_options": dict(compiler_options or {})}
+  try:
+    done = subprocess.run([sys.executable, "-m", "jaxckpt.report.measure"], input=json.dumps(request),
+                          capture_output=True, text=True, env=child_env(), timeout=timeout_s, check=False)
+  except subprocess.TimeoutExpired as err:
+    raise RuntimeError(f"measuring {policy!r} timed out after {timeout_s:.0f} s") from err
+  lines = done.stdout.strip().splitlines()
+  if done.returncode != 0 or not lines:
+    errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    reason = errors[-1] if errors else f"exit status {done.returncode}"
+    if done.returncode < 0:
+      reason = f"killed by signal {-done.returncode} (out of memory?)"
+    raise RuntimeError(f"measuring {policy!r} failed: {reason}")
+  return {**json.loads(lines[-1]), "in_process": False}
+
+
+def _child() -> int:
+  request = json.loads(sys.stdin.read())
+  target = rebuild_target(request["ref"])
+  result = measure_in_process(target, request["policy"], steps=request["steps"], warmup=request["warmup"],
+                              compiler_options=request.get("compiler_options"))
+  print(json.dumps(result), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(_child())

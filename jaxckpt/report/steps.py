@@ -1,0 +1,161 @@
+"""The train step of a target under one policy: abstract inputs for compiling, concrete ones for measuring.
+
+The step is the full training step jaxckpt's experiments run: ``jax.value_and_grad`` of the loss w.r.t. the params
+and one ``optax.adamw`` update, with the state donated (:func:`jaxckpt.make_train_step` for model targets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
+from jaxckpt.layers import Stack, block_types, set_policy
+from jaxckpt.policies import PolicySpec
+from jaxckpt.report.targets import LossTarget, ModelTarget, Target
+from jaxckpt.train import abstract_train_state, create_train_state, make_train_step
+
+__all__ = ["PolicyStep", "default_optimizer", "target_block_types", "target_structure", "policy_step",
+           "concrete_inputs"]
+
+
+def default_optimizer() -> optax.GradientTransformation:
+  """``optax.adamw(1e-3)``: the optimizer of the report's train step (its state is part of the footprint)."""
+  return optax.adamw(1e-3)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyStep:
+  """One target's train step under one policy.
+
+  Attributes:
+    spec: the validated policy spec.
+    step: ``step(state, batch) -> (state, metrics)``; compile with the state (argument 0) donated.
+    state: the state as a pytree of ``jax.ShapeDtypeStruct``.
+    batch: the batch as a pytree of ``jax.ShapeDtypeStruct``.
+    loss_of_params: ``(params, batch, dropout_key) -> scalar loss`` with layers unrolled (same params): what the
+      residual analysis differentiates w.r.t. ``params``.
+    params: ``state``'s params (abstract).
+  """
+
+  spec: PolicySpec
+  step: Callable[..., Any]
+  state: Any
+  batch: Any
+  loss_of_params: Callable[..., jax.Array]
+  params: Any
+
+
+def _stacks(model: nnx.Module) -> list[Stack]:
+  return [m for _, m in nnx.iter_modules(model) if isinstance(m, Stack)]
+
+
+def target_block_types(target: Target) -> dict[str, frozenset[str]]:
+  """Block type -> checkpoint names its blocks emit (for validating specs and expanding ``all``)."""
+  if isinstance(target, ModelTarget):
+    return block_types(nnx.eval_shape(target.make_model))
+  if target.block_types is not None:
+    return {k: frozenset(v) for k, v in target.block_types.items()}
+  loss = lambda p, b: target.loss(p, b, policy=PolicySpec())  # noqa: E731
+  return {"default": emitted_checkpoint_names(loss, target.params, target.batch)}
+
+
+def target_structure(target: Target) -> str:
+  """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``."""
+  if isinstance(target, ModelTarget):
+    return "scan" if any(s.scan for s in _stacks(nnx.eval_shape(target.make_model))) else "unrolled"
+  jaxpr = jax.make_jaxpr(lambda p, b: target.loss(p, b, policy=PolicySpec()))(target.params, target.batch)
+  return "scan" if any(e.primitive.name == "scan" for e in iter_eqns(jaxpr)) else "unrolled"
+
+
+def _model_with_policy(target: ModelTarget, spec: PolicySpec) -> nnx.Module:
+  model = target.make_model()
+  set_policy(model, spec)
+  return model
+
+
+def _loss_step(target: LossTarget, spec: PolicySpec, tx: optax.GradientTransformation):
+  def step(state, batch):
+    loss, grads = jax.value_and_grad(lambda p: target.loss(p, batch, policy=spec))(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+    return new, {"loss": loss}
+
+  return step
+
+
+def _loss_state(params: Any, tx: optax.GradientTransformation) -> dict[str, Any]:
+  return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+
+def policy_step(target: Target, spec: PolicySpec, tx: optax.GradientTransformation) -> PolicyStep:
+  """Builds the train step of ``target`` under ``spec`` from shapes only (nothing is allocated).
+
+  Args:
+    target: a :class:`ModelTarget` or :class:`LossTarget`.
+    spec: a parsed policy spec.
+    tx: the optimizer.
+
+  Returns:
+    The :class:`PolicyStep`.
+
+  Raises:
+    PolicySpecError: the spec names a block type or checkpoint name the target does not have.
+  """
+  if isinstance(target, ModelTarget):
+    spec.validate(target_block_types(target))
+    graphdef, state = abstract_train_state(lambda: _model_with_policy(target, spec), tx)
+    step = make_train_step(graphdef, tx, target.loss_fn)
+    # The unrolled twin: same parameter tree, every Stack unrolled, so checkpoint names survive the analysis.
+    twin = nnx.eval_shape(lambda: _model_with_policy(target, spec))
+    for stack in _stacks(twin):
+      stack.scan = False
+    twin_def, _, twin_other = nnx.split(twin, nnx.Param, ...)
+
+    def loss_of_params(params, batch, dropout_key):
+      model = nnx.merge(twin_def, params, twin_other)
+      return target.loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)[0]
+
+    return PolicyStep(spec, step, state, target.batch, loss_of_params, state.params)
+  spec.validate(target_block_types(target))
+  state = jax.eval_shape(lambda p: _loss_state(p, tx), target.params)
+  unrolled = target.unrolled_loss or target.loss
+  return PolicyStep(spec, _loss_step(target, spec, tx), state, target.batch,
+                    lambda params, batch, _key: unrolled(params, batch, policy=spec), state["params"])
+
+
+def concrete_inputs(target: Target, tx: optax.GradientTransformation, *, seed: int = 0) -> Callable[[], tuple[Any, Any]]:
+  """A jitted ``() -> (state, batch)`` that allocates real inputs for the step (for ``--measure``).
+
+  Call it once to compile it, again for fresh buffers (the step donates the state). Params are the model's
+  initialisation (model targets) or ``0.02 · normal`` (loss targets); the batch is zeros (memory and time do not
+  depend on its values).
+  """
+  zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
+  if isinstance(target, ModelTarget):
+    def init_state():
+      return create_train_state(target.make_model(), tx, seed=seed)[1]
+  else:
+    def init_state():
+      leaves, treedef = jax.tree.flatten(target.params)
+      keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+      params = treedef.unflatten([0.02 * jax.random.normal(k, s.shape, s.dtype) for k, s in zip(keys, leaves)])
+      return _loss_state(params, tx)
+
+  return jax.jit(lambda: (init_state(), zeros(target.batch)))
+
+
+def dropout_key_struct() -> jax.ShapeDtypeStruct:
+  """The abstract typed PRNG key the train step derives its dropout key from."""
+  return jax.eval_shape(lambda: jax.random.key(0))
+
+
+def abstract_inputs_of(step: PolicyStep) -> Mapping[str, Any]:
+  """``{"params", "batch", "dropout_key"}`` abstract arguments of ``step.loss_of_params``."""
+  return {"params": step.params, "batch": step.batch, "dropout_key": dropout_key_struct()}

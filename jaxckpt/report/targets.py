@@ -1,0 +1,236 @@
+"""What the memory report compiles: a shipped model with a preset, or the user's own NNX model or loss function.
+
+A *target* is one of two frozen dataclasses, all shapes given as ``jax.ShapeDtypeStruct`` (nothing is allocated):
+
+- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.layers`), a loss ``loss_fn(model,
+  batch, *, dropout_key, deterministic) -> (scalar loss, metrics)`` (default :func:`jaxckpt.classification_loss`)
+  and an example batch. The report sets each policy on the model with :func:`jaxckpt.set_policy`.
+- :class:`LossTarget`: a pure loss ``loss(params, batch, *, policy) -> scalar`` that wraps its own blocks with
+  :func:`jaxckpt.checkpoint` (``policy`` is a parsed :class:`jaxckpt.PolicySpec`), example params and batch.
+
+The ``--target package.module:function`` protocol: ``function()`` takes no arguments and returns a
+:class:`ModelTarget` or a :class:`LossTarget`. Example (``mypkg/report_target.py``)::
+
+    import jax, jax.numpy as jnp
+    from jaxckpt.report import LossTarget
+    import jaxckpt
+
+    def target():
+      def loss(params, batch, *, policy):
+        block = jaxckpt.checkpoint(lambda w, x: jnp.tanh(x @ w), policy, block_type="mlp")
+        h = batch["x"]                                   # [B, D] float32
+        for w in params["w"]:                            # L × [D, D] float32
+          h = block(w, h)
+        return jnp.mean(h ** 2)
+      d = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+      return LossTarget(loss, params={"w": [d] * 4}, batch={"x": jax.ShapeDtypeStruct((64, 512), jnp.float32)},
+                        block_types={"mlp": set()}, name="my-mlp")
+
+then ``jaxckpt-report --target mypkg.report_target:target --policies none full``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
+from jaxckpt.train import LossFn, classification_loss
+
+__all__ = [
+    "ModelTarget",
+    "LossTarget",
+    "Target",
+    "shipped_target",
+    "load_target",
+    "rebuild_target",
+    "IMAGE_SHAPE",
+    "NUM_CLASSES",
+    "DEFAULT_BATCH_SIZE",
+]
+
+IMAGE_SHAPE: tuple[int, int, int] = (8, 8, 1)
+"""``(H, W, C)`` of the shipped image models' inputs: scikit-learn's digits, as the classifier experiment uses."""
+NUM_CLASSES = 10
+"""Classes of the shipped image models (digits)."""
+DEFAULT_BATCH_SIZE = 64
+"""Examples per step of a shipped target: the classifier's default, so report rows join its ``metrics.json``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTarget:
+  """An NNX model, its loss and an example batch.
+
+  Attributes:
+    make_model: ``() -> nnx.Module`` built from jaxckpt blocks; run under ``nnx.eval_shape`` (never allocated) for
+      compiled stats, and under ``jax.jit`` for ``--measure``.
+    batch: pytree of ``jax.ShapeDtypeStruct``, e.g. ``{"x": [B, H, W, C] float32, "y": [B] int32}``.
+    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar float32 loss, {metric: scalar})``.
+    name: shown as the report's ``model``.
+    preset: shown as the report's ``preset`` (``None`` for user targets).
+    ref: how a fresh process rebuilds this target (for ``--measure``): ``{"model": ..., "preset": ..., ...}`` or
+      ``{"target": "package.module:function"}``; ``None`` = not rebuildable (measured in this process instead).
+  """
+
+  make_model: Callable[[], nnx.Module]
+  batch: Any
+  loss_fn: LossFn = classification_loss
+  name: str = "custom"
+  preset: str | None = None
+  ref: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTarget:
+  """A pure loss function of parameters and a batch that applies a remat policy itself.
+
+  Attributes:
+    loss: ``loss(params, batch, *, policy: PolicySpec) -> scalar float32``; wrap blocks with
+      ``jaxckpt.checkpoint(fn, policy, block_type=...)``.
+    params: pytree of float ``jax.ShapeDtypeStruct`` (what is differentiated and updated by AdamW).
+    batch: pytree of ``jax.ShapeDtypeStruct``.
+    block_types: block type -> checkpoint names it emits, to validate specs and expand ``all``; ``None`` = one
+      block type ``default`` emitting every checkpoint name found in the traced loss.
+    unrolled_loss: the same loss with layers unrolled (same params), used for the residual analysis when ``loss``
+      scans over layers (a scan hides checkpoint names); ``None`` = use ``loss``.
+    name, preset, ref: as in :class:`ModelTarget`.
+  """
+
+  loss: Callable[..., jax.Array]
+  params: Any
+  batch: Any
+  block_types: Mapping[str, Collection[str]] | None = None
+  unrolled_loss: Callable[..., jax.Array] | None = None
+  name: str = "custom"
+  preset: str | None = None
+  ref: Mapping[str, Any] | None = None
+
+
+Target = ModelTarget | LossTarget
+
+
+def shipped_target(
+    model: str,
+    preset: str = "tiny",
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seq_len: int | None = None,
+    num_layers: int | None = None,
+    compute_dtype: str | None = None,
+    scan: bool | None = None,
+) -> ModelTarget:
+  """A shipped model (:data:`jaxckpt.MODELS`) with a preset and overrides, on the digits' image shape.
+
+  Args:
+    model: a key of :data:`jaxckpt.MODELS` (``vit``, ``mlp``, ``cnn``).
+    preset: a preset of that model (``tiny``, ``small``).
+    batch_size: examples per step B ≥ 1; the batch is ``{"x": [B, 8, 8, 1] float32, "y": [B] int32}``.
+    seq_len: tokens per example, for sequence models only (their config has a ``seq_len`` field).
+    num_layers: overrides the preset's depth (≥ 1).
+    compute_dtype: ``float32`` or ``bfloat16`` (parameters stay float32); ``None`` keeps the preset's.
+    scan: scan over layers or unroll them; ``None`` keeps the preset's.
+
+  Returns:
+    The :class:`ModelTarget` (rebuildable in a fresh process through its ``ref``).
+
+  Raises:
+    JaxckptError: unknown model, preset or compute dtype; ``seq_len`` for an image model; values < 1.
+
+  Example::
+
+    >>> target = shipped_target("vit", "tiny", batch_size=8, scan=False)
+  """
+  if model not in MODELS:
+    raise JaxckptError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
+  entry = MODELS[model]
+  if preset not in entry.presets:
+    raise JaxckptError(f"unknown preset {preset!r} for model {model}; valid presets: {', '.join(entry.presets)}")
+  config = entry.presets[preset]
+  fields = {f.name for f in dataclasses.fields(config)}
+  if batch_size < 1:
+    raise JaxckptError(f"--batch-size must be ≥ 1, got {batch_size}")
+  overrides: dict[str, Any] = {}
+  if seq_len is not None:
+    if "seq_len" not in fields:
+      sequence_models = [n for n, e in MODELS.items() if "seq_len" in {f.name for f in dataclasses.fields(e.config_cls)}]
+      raise JaxckptError(
+          f"--seq-len applies to sequence models only ({', '.join(sequence_models) or 'none shipped yet'}); model "
+          f"{model} takes images of shape {IMAGE_SHAPE}: drop --seq-len")
+    if seq_len < 1:
+      raise JaxckptError(f"--seq-len must be ≥ 1, got {seq_len}")
+    overrides["seq_len"] = seq_len
+  if num_layers is not None:
+    if num_layers < 1:
+      raise JaxckptError(f"--layers must be ≥ 1, got {num_layers}")
+    overrides["num_layers"] = num_layers
+  if compute_dtype is not None:
+    if compute_dtype not in COMPUTE_DTYPES:
+      raise JaxckptError(f"unknown compute dtype {compute_dtype!r}; valid: {', '.join(COMPUTE_DTYPES)}")
+    overrides["compute_dtype"] = compute_dtype
+  if scan is not None:
+    overrides["scan"] = scan
+  config = dataclasses.replace(config, **overrides)
+  batch = {
+      "x": jax.ShapeDtypeStruct((batch_size, *IMAGE_SHAPE), jnp.float32),
+      "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
+  }
+  ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
+         "compute_dtype": compute_dtype, "scan": scan}
+  return ModelTarget(
+      make_model=lambda: build_model(model, config, image_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES),
+      batch=batch,
+      name=model,
+      preset=preset,
+      ref=ref,
+  )
+
+
+def load_target(spec: str) -> Target:
+  """Imports ``package.module:function`` and calls ``function()`` to get a target (protocol in the module docstring).
+
+  Args:
+    spec: ``"package.module:function"``; the module must be importable (on ``sys.path``).
+
+  Returns:
+    The :class:`ModelTarget` or :class:`LossTarget` it returned, with ``ref`` set so ``--measure`` can rebuild it.
+
+  Raises:
+    JaxckptError: malformed spec, module not importable, no such function, or it returned something else.
+  """
+  module_name, sep, function_name = spec.partition(":")
+  if not sep or not module_name or not function_name.isidentifier():
+    raise JaxckptError(f"bad --target {spec!r}: write package.module:function (e.g. mypkg.targets:vit_target)")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as err:
+    raise JaxckptError(f"bad --target {spec!r}: cannot import module {module_name!r} ({err})") from err
+  function = getattr(module, function_name, None)
+  if not callable(function):
+    found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+    raise JaxckptError(f"bad --target {spec!r}: module {module_name} has no function {function_name!r}; "
+                       f"its functions: {', '.join(found) or '(none)'}")
+  target = function()
+  if not isinstance(target, (ModelTarget, LossTarget)):
+    raise JaxckptError(f"bad --target {spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
+                       "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
+  return dataclasses.replace(target, ref={"target": spec})
+
+
+def rebuild_target(ref: Mapping[str, Any]) -> Target:
+  """Rebuilds a target from its ``ref`` (in a fresh process, for ``--measure``).
+
+  Raises:
+    JaxckptError: a ref of neither form.
+  """
+  if "target" in ref:
+    return load_target(ref["target"])
+  if "model" in ref:
+    return shipped_target(**ref)
+  raise JaxckptError(f"cannot rebuild a target from {dict(ref)!r}: need a 'model' or 'target' key")
