@@ -15,6 +15,7 @@ import pytest
 import jaxckpt
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
+from experiments.loop import params_digest
 from jaxckpt.checkpointing import TMP_MARKER
 
 TINY = ClassifierConfig(preset="tiny", epochs=2, batch_size=64, progress=False, ckpt_every=10)
@@ -92,7 +93,7 @@ def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
   resumed = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt), resume=True), log=lines.append)
   assert any("step 44" in line and "cannot be read" in line for line in lines), lines
   assert any("resumed from step 40" in line for line in lines)
-  assert classifier.params_digest(resumed.state.params) == classifier.params_digest(straight.state.params)
+  assert params_digest(resumed.state.params) == params_digest(straight.state.params)
 
 
 def test_all_steps_corrupt_is_a_clear_error(tmp_path, capsys):

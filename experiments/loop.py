@@ -1,0 +1,322 @@
+"""What every experiment shares: compile-and-describe the train step, the training loop, metrics and CLI plumbing.
+
+The loop is deterministic by step (the caller's ``batch_at(step)`` and the train step's ``fold_in(key, step)``), saves
+orbax checkpoints through :class:`jaxckpt.Checkpointer` with the metric history beside them, resumes bit-identically,
+and handles non-finite losses by ``nan_policy``. Experiments (``classifier``, ``lm``) add their data, model and
+evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+import jaxckpt
+from jaxckpt.errors import JaxckptError, NonFiniteLossError
+from jaxckpt.render import memory_table, policy_summary
+
+__all__ = [
+    "NAN_POLICIES",
+    "RunOptions",
+    "CompiledStep",
+    "LoopResult",
+    "compile_and_describe",
+    "train_loop",
+    "run_metrics",
+    "write_metrics",
+    "params_digest",
+    "CLIParser",
+    "add_run_flags",
+    "run_cli",
+]
+
+NAN_POLICIES = ("stop", "skip")
+"""What to do on a NaN/Inf loss or gradient: stop (keep the last good checkpoint) or skip that update."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+  """Flags every experiment has, beyond its model and data."""
+
+  out: str | None = None  # Directory for metrics.json.
+  ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
+  ckpt_every: int = 100  # Save every this many steps (and at the end).
+  resume: bool = False  # Continue from the latest checkpoint in ckpt_dir.
+  allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
+  nan_policy: str = "stop"  # "stop" or "skip" (see NAN_POLICIES).
+  progress: bool = True  # Show a progress bar.
+
+  def check(self) -> None:
+    """Raises :class:`JaxckptError` for values out of range, naming the flag."""
+    if self.ckpt_every < 1:
+      raise JaxckptError(f"--ckpt-every must be ≥ 1, got {self.ckpt_every}")
+    if self.nan_policy not in NAN_POLICIES:
+      raise JaxckptError(f"unknown NaN policy {self.nan_policy!r}; valid: {', '.join(NAN_POLICIES)}")
+    if self.resume and self.ckpt_dir is None:
+      raise JaxckptError("--resume needs --ckpt-dir")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  """A compiled train step and what was learnt compiling it (memory in bytes, seconds, warnings)."""
+
+  fn: jax.stages.Compiled
+  memory: dict[str, int | None]
+  compile_s: float
+  warnings: list[str]
+  block_types: dict[str, frozenset[str]]
+
+
+def compile_and_describe(
+    step: Callable, state: Any, example: Any, *, graphdef: Any, spec: jaxckpt.PolicySpec, headline: str, log
+) -> CompiledStep:
+  """Compiles the train step once (state donated, CPU remat fix) and logs the policy and compiled memory stats.
+
+  Args:
+    step: from :func:`jaxckpt.make_train_step`.
+    state: the train state (its shapes fix the compiled signature).
+    example: one batch (shapes only matter).
+    graphdef: the model's graphdef (to list its block types).
+    spec: the policy spec in use.
+    headline: first line to log (model, data).
+    log: where lines go.
+  """
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    started = time.perf_counter()
+    fn = jaxckpt.compile_train_step(step, state, example)
+    compile_s = time.perf_counter() - started
+  messages = [str(w.message) for w in caught]
+  from flax import nnx
+
+  types = jaxckpt.block_types(nnx.merge(graphdef, state.params, state.other))
+  memory = jaxckpt.memory_stats(fn)
+  log(headline)
+  for message in messages:
+    log(f"warning: {message}")
+  log(f"policy {spec}: {policy_summary(spec, types)}")
+  log(memory_table(memory))
+  log(f"compiled in {compile_s:.1f} s on {jax.default_backend()} "
+      f"(compiler options {jaxckpt.remat_compiler_options() or 'none'})")
+  return CompiledStep(fn, memory, compile_s, messages, types)
+
+
+@dataclasses.dataclass
+class LoopResult:
+  """The state after training and what the loop recorded.
+
+  Attributes:
+    state: final train state.
+    history: ``{"train_loss": [...], <eval metric>: [...]}``, one entry per evaluation period.
+    step_times: seconds per step run in this process (each waits for its step to finish).
+    skipped: steps whose update was dropped (``nan_policy="skip"``).
+    warnings: lines the user should hear about (checkpoint clean-ups, skipped steps…).
+  """
+
+  state: Any
+  history: dict[str, list[float]]
+  step_times: list[float]
+  skipped: list[int]
+  warnings: list[str]
+
+  @property
+  def median_step_time(self) -> float | None:
+    """Median seconds per step, excluding the first step of this process (warm-up)."""
+    timed = self.step_times[1:] or self.step_times
+    return float(np.median(timed)) if timed else None
+
+
+def _nonfinite_message(step: int, loss: float, hints: str, checkpointer) -> str:
+  kept = "no checkpoint was written (no --ckpt-dir)"
+  if checkpointer is not None:
+    latest = checkpointer.latest_saved_step()
+    kept = (f"the last good checkpoint (step {latest}) is kept in {checkpointer.directory}" if latest is not None
+            else f"no checkpoint had been saved yet in {checkpointer.directory}")
+  return (f"non-finite loss or gradient at step {step} (loss {loss}); likely causes: {hints}; {kept}; "
+          "--nan-policy skip drops such updates instead")
+
+
+def train_loop(
+    step_fn: Callable,
+    state: Any,
+    *,
+    batch_at: Callable[[int], Any],
+    total_steps: int,
+    eval_every: int,
+    evaluate: Callable[[Any], Mapping[str, float]],
+    identity: Mapping[str, Any],
+    options: RunOptions,
+    nan_hints: str,
+    period: str = "epoch",
+    log=print,
+) -> LoopResult:
+  """Runs steps ``state.step .. total_steps - 1``, evaluating every ``eval_every`` steps and checkpointing.
+
+  Args:
+    step_fn: compiled ``(state, batch) -> (state, metrics)``; metrics hold ``loss`` and ``finite``.
+    state: the fresh train state (replaced by the latest checkpoint when resuming).
+    batch_at: ``step -> batch``, a pure function of the step (bit-identical resumes depend on it).
+    total_steps: steps of the whole run.
+    eval_every: steps per evaluation period (an epoch for the classifier).
+    evaluate: ``state -> {metric: float}``, appended to the history each period.
+    identity: the run-defining config stored with checkpoints; a resume with another identity is refused.
+    options: the shared run flags.
+    nan_hints: likely causes of a NaN for this experiment, for the error message.
+    period: name of an evaluation period in log lines.
+    log: where lines go.
+
+  Returns:
+    :class:`LoopResult`.
+
+  Raises:
+    NonFiniteLossError: a NaN/Inf loss or gradient with ``nan_policy="stop"`` (checkpoints before it are kept).
+    CheckpointError: the checkpoint directory holds another run, would be overwritten, or cannot be read.
+  """
+  history: dict[str, list[float]] = {"train_loss": []}
+  notes: list[str] = []
+  period_losses: list[float] = []
+  checkpointer = None
+  if options.ckpt_dir is not None:
+    checkpointer = jaxckpt.Checkpointer(options.ckpt_dir, config=identity, save_every=options.ckpt_every,
+                                        resume=options.resume, allow_config_change=options.allow_config_change)
+    state, meta = checkpointer.restore(state)
+    for message in checkpointer.warnings:
+      log(f"warning: {message}")
+      notes.append(message)
+    history.update({k: list(v) for k, v in meta.items() if k != "period_losses"})
+    period_losses = list(meta.get("period_losses", []))
+    if checkpointer.latest_step is not None:
+      log(f"resumed from step {checkpointer.latest_step} in {checkpointer.directory}")
+    elif options.resume:
+      log(f"no checkpoint in {checkpointer.directory}: starting a new run")
+
+  start = int(jax.device_get(state.step))
+  result = LoopResult(state, history, [], [], notes)
+  periods = -(-total_steps // eval_every)
+  bar = tqdm(total=total_steps, initial=start, disable=not options.progress, unit="step", leave=False)
+  say = bar.write if options.progress else log
+  try:
+    for step in range(start, total_steps):
+      batch = batch_at(step)
+      began = time.perf_counter()
+      state, metrics = step_fn(state, batch)
+      loss = float(metrics["loss"])  # waits for the step: the timing covers its compute
+      result.step_times.append(time.perf_counter() - began)
+      if not bool(metrics["finite"]):
+        if options.nan_policy == "stop":
+          raise NonFiniteLossError(_nonfinite_message(step, loss, nan_hints, checkpointer), step=step)
+        result.skipped.append(step)
+        say(f"warning: non-finite loss or gradient at step {step}: update skipped")
+      else:
+        period_losses.append(loss)
+      bar.update(1)
+      bar.set_postfix(loss=f"{loss:.4f}")
+      if (step + 1) % eval_every == 0 or step + 1 == total_steps:
+        scores = evaluate(state)
+        history["train_loss"].append(float(np.mean(period_losses)) if period_losses else float("nan"))
+        for key, value in scores.items():
+          history.setdefault(key, []).append(float(value))
+        period_losses = []
+        shown = ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items())
+        say(f"{period} {-(-(step + 1) // eval_every)}/{periods}: train loss {history['train_loss'][-1]:.4f}, {shown}")
+      if checkpointer is not None:
+        # The partial period's losses travel with the checkpoint, so a resumed run reports the same means.
+        checkpointer.maybe_save(step + 1, state, meta={**history, "period_losses": period_losses},
+                                force=step + 1 == total_steps)
+  finally:
+    bar.close()
+    if checkpointer is not None:
+      checkpointer.close()
+  result.state = state
+  if result.skipped:
+    result.warnings.append(f"skipped the updates of {len(result.skipped)} step(s) with a non-finite loss or gradient")
+  return result
+
+
+def params_digest(params: Any) -> str:
+  """SHA-256 of every parameter's bytes, in tree order: equal digests = bit-identical parameters."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(jax.device_get(params)):
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return digest.hexdigest()
+
+
+def run_metrics(
+    *, spec: jaxckpt.PolicySpec, compiled: CompiledStep, loop: LoopResult, total_steps: int, **extra: Any
+) -> dict[str, Any]:
+  """The metrics.json record: the shared keys of :data:`jaxckpt.schema.METRICS_KEYS` plus ``extra``."""
+  return {
+      "schema_version": jaxckpt.SCHEMA_VERSION,
+      "policy": str(spec),
+      "policy_per_block": {block: str(spec.for_block(block)) for block in compiled.block_types},
+      **extra,
+      "train_loss": loop.history["train_loss"],
+      "step_time_s": loop.median_step_time,
+      "compile_s": compiled.compile_s,
+      "steps": total_steps,
+      "memory": compiled.memory,
+      "backend": jax.default_backend(),
+      "compiler_options": jaxckpt.remat_compiler_options(),
+      "versions": jaxckpt.versions(),
+      "warnings": compiled.warnings + loop.warnings,
+      "skipped_steps": loop.skipped,
+      "params_sha256": params_digest(loop.state.params),
+  }
+
+
+def write_metrics(out: str | None, metrics: Mapping[str, Any], log=print) -> None:
+  """Writes ``out/metrics.json`` (no-op without ``out``)."""
+  if out is None:
+    return
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, "metrics.json")
+  with open(path, "w") as f:
+    json.dump(metrics, f, indent=2)
+  log(f"wrote {path}")
+
+
+class CLIParser(argparse.ArgumentParser):
+  """argparse with one-line errors (exit 2, no usage dump)."""
+
+  def error(self, message: str):
+    self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions) -> None:
+  """Adds the flags of :class:`RunOptions` to an experiment's parser."""
+  parser.add_argument("--out", default=None, help="directory for metrics.json")
+  parser.add_argument("--ckpt-dir", default=None, help="orbax checkpoint directory")
+  parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="save every N steps")
+  parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --ckpt-dir")
+  parser.add_argument("--allow-config-change", action="store_true",
+                      help="resume even if the checkpoint's run config differs (the differences are printed)")
+  parser.add_argument("--nan-policy", choices=NAN_POLICIES, default=defaults.nan_policy,
+                      help="on a NaN/Inf loss: stop (default; the last good checkpoint is kept) or skip the update")
+  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run_cli(parser: argparse.ArgumentParser, make_config: Callable[[argparse.Namespace], Any],
+            train: Callable[[Any], Any], argv: Sequence[str] | None) -> int:
+  """Parses flags, trains, and maps errors to exit codes: 2 bad input (one line), 1 non-finite loss, 0 success."""
+  args = parser.parse_args(argv)
+  try:
+    train(make_config(args))
+  except NonFiniteLossError as err:  # a failed run, not bad input
+    print(f"{parser.prog}: error: {err}", file=sys.stderr)
+    return 1
+  except JaxckptError as err:
+    print(f"{parser.prog}: error: {err}", file=sys.stderr)
+    return 2
+  return 0
