@@ -41,6 +41,9 @@ __all__ = [
 
 PolicyLike = "str | Policy | PolicySpec | None"
 
+ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product_attention")
+"""``AttentionBlock(attention=...)`` choices: einsum + softmax, or ``jax.nn.dot_product_attention``."""
+
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None, deterministic: bool) -> jax.Array:
   """Inverted dropout with an explicit key (same key → same mask, as the recomputation needs)."""
@@ -97,13 +100,18 @@ class AttentionBlock(RematBlock):
   """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
 
   Emits ``qkv`` ``[B, T, 3, H, K]``, ``attn_weights`` ``[B, H, T, T]``, ``attn_context`` ``[B, T, H, K]`` and
-  ``attn_out`` ``[B, T, D]``. Attention is written with ``einsum`` (``dot_general``), so dots policies see it.
+  ``attn_out`` ``[B, T, D]``. With ``attention="xla"`` attention is written with ``einsum`` (``dot_general``), so dots
+  policies see it. With ``attention="dot_product_attention"`` the core is ``jax.nn.dot_product_attention`` (cuDNN
+  flash attention on GPU): it is not a ``dot_general`` to the policy, so dots policies do not save it and there are no
+  ``attn_weights``; its output is tagged ``attn_context`` — save it with ``save_only_these_names:attn_context``.
+  Dropout on the attention weights needs ``attention="xla"``.
 
   Args:
     dim: model width D.
     num_heads: heads H; must divide ``dim``.
-    dropout_rate: dropout on the attention weights and on the output, in [0, 1).
+    dropout_rate: dropout on the attention weights (xla attention only) and on the output, in [0, 1).
     causal: mask future tokens (decoders).
+    attention: ``"xla"`` (einsum + softmax) or ``"dot_product_attention"``.
     dtype: compute dtype (parameters stay float32).
     policy: policy spec (the ``attn`` entry applies).
     rngs: parameter initialisation keys (keyword-only).
@@ -122,6 +130,7 @@ class AttentionBlock(RematBlock):
       *,
       dropout_rate: float = 0.0,
       causal: bool = False,
+      attention: str = "xla",
       dtype: jnp.dtype = jnp.float32,
       policy: PolicyLike = None,
       rngs: nnx.Rngs,
@@ -131,7 +140,12 @@ class AttentionBlock(RematBlock):
       raise JaxckptError(f"num_heads={num_heads} must be a positive divisor of dim={dim}")
     if not 0.0 <= dropout_rate < 1.0:
       raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+      raise JaxckptError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     self.num_heads, self.causal, self.dropout_rate, self.dtype = num_heads, causal, dropout_rate, dtype
+    self.attention = attention
+    if attention == "dot_product_attention":
+      self.checkpoint_names = (names.QKV, names.ATTN_CONTEXT, names.ATTN_OUT)
     self.norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
     self.qkv = nnx.Linear(dim, 3 * dim, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(dim, dim, dtype=dtype, rngs=rngs)
@@ -143,6 +157,10 @@ class AttentionBlock(RematBlock):
     key_w, key_o = _split(dropout_key, 2)
     qkv = checkpoint_name(self.qkv(self.norm(x)).reshape(batch, tokens, 3, heads, dim // heads), names.QKV)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, H, K]
+    if self.attention == "dot_product_attention":
+      context = checkpoint_name(jax.nn.dot_product_attention(q, k, v, is_causal=self.causal), names.ATTN_CONTEXT)
+      out = checkpoint_name(self.out(context.reshape(batch, tokens, dim)), names.ATTN_OUT)
+      return x + _dropout(out, self.dropout_rate, key_o, deterministic).astype(x.dtype)
     logits = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) / math.sqrt(dim // heads)
     if self.causal:
       logits = jnp.where(jnp.tril(jnp.ones((tokens, tokens), bool)), logits, -jnp.inf)
@@ -250,6 +268,7 @@ class TransformerBlock(nnx.Module):
     mlp_dim: MLP hidden width F.
     dropout_rate: dropout in both sublayers, in [0, 1).
     causal: causal attention mask.
+    attention: ``"xla"`` or ``"dot_product_attention"`` (see :class:`AttentionBlock`).
     dtype: compute dtype (parameters stay float32).
     policy: policy spec with block types ``attn`` and ``mlp``.
     rngs: parameter initialisation keys (keyword-only).
@@ -263,12 +282,14 @@ class TransformerBlock(nnx.Module):
       *,
       dropout_rate: float = 0.0,
       causal: bool = False,
+      attention: str = "xla",
       dtype: jnp.dtype = jnp.float32,
       policy: PolicyLike = None,
       rngs: nnx.Rngs,
   ):
     self.attn = AttentionBlock(
-        dim, num_heads, dropout_rate=dropout_rate, causal=causal, dtype=dtype, policy=policy, rngs=rngs
+        dim, num_heads, dropout_rate=dropout_rate, causal=causal, attention=attention, dtype=dtype, policy=policy,
+        rngs=rngs,
     )
     self.mlp = MLPBlock(dim, mlp_dim, dropout_rate=dropout_rate, dtype=dtype, policy=policy, rngs=rngs)
 
