@@ -33,6 +33,7 @@ from experiments.loop import (
 )
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
+from jaxckpt.structure import parse_structure
 
 __all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]
 
@@ -45,10 +46,12 @@ class ClassifierConfig:
   preset: str = "small"  # A preset of that model: tiny (seconds, for tests) or small.
   policy: str = "none"  # Policy spec (jaxckpt.parse_policy grammar).
   scan: bool | None = None  # Scan over layers (True) or unroll (False); None keeps the preset's (scan).
+  structure: str = "block"  # Checkpoint structure of the layer stack: block, every:K, nested, nested:D.
   num_layers: int | None = None  # Overrides the preset's depth.
   compute_dtype: str = "float32"  # float32 or bfloat16 (parameters stay float32).
   epochs: int = 30
   batch_size: int = 64  # Examples per step; the last partial training batch of an epoch is dropped.
+  grad_accum_steps: int = 1  # Micro-batches per step (gradients averaged, one update); must divide batch_size.
   learning_rate: float = 2e-3  # Peak AdamW learning rate (warmup then cosine decay).
   weight_decay: float = 1e-4
   warmup_epochs: float = 2.0
@@ -81,9 +84,11 @@ def _check(config: ClassifierConfig) -> None:
     )
   if config.compute_dtype not in COMPUTE_DTYPES:
     raise JaxckptError(f"unknown compute dtype {config.compute_dtype!r}; valid: {', '.join(COMPUTE_DTYPES)}")
-  for name in ("epochs", "batch_size"):
+  for name in ("epochs", "batch_size", "grad_accum_steps"):
     if getattr(config, name) < 1:
       raise JaxckptError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(config, name)}")
+  if config.batch_size % config.grad_accum_steps:
+    raise JaxckptError(f"--grad-accum-steps {config.grad_accum_steps} must divide --batch-size {config.batch_size}")
   if config.num_layers is not None and config.num_layers < 1:
     raise JaxckptError(f"--layers must be ≥ 1, got {config.num_layers}")
   if not config.learning_rate > 0:
@@ -92,7 +97,8 @@ def _check(config: ClassifierConfig) -> None:
 
 def model_config(config: ClassifierConfig) -> Any:
   """The model config: the preset with this run's overrides (depth, scan, compute dtype)."""
-  overrides: dict[str, Any] = {"compute_dtype": config.compute_dtype}
+  overrides: dict[str, Any] = {"compute_dtype": config.compute_dtype,
+                               "structure": str(parse_structure(config.structure))}
   if config.scan is not None:
     overrides["scan"] = config.scan
   if config.num_layers is not None:
@@ -103,9 +109,9 @@ def model_config(config: ClassifierConfig) -> Any:
 def _run_identity(config: ClassifierConfig, model_cfg: Any, source: str) -> dict[str, Any]:
   """The config fields a resumed run must share with the saved one (the policy may change: remat keeps numbers)."""
   identity = {k: v for k, v in dataclasses.asdict(config).items()
-              if k not in ("policy", "scan", "out", "ckpt_dir", "ckpt_every", "resume", "progress", "data",
+              if k not in ("policy", "scan", "structure", "out", "ckpt_dir", "ckpt_every", "resume", "progress", "data",
                             "allow_config_change", "nan_policy")}
-  identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k != "scan"}
+  identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
   identity["data"] = source
   return identity
 
@@ -163,9 +169,12 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
 
   batch_at = functools.partial(_train_batch, data, batch_size=config.batch_size, seed=config.seed)
   compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, tx, skip_nonfinite=config.nan_policy == "skip"), state, batch_at(0),
+      jaxckpt.make_train_step(graphdef, tx, skip_nonfinite=config.nan_policy == "skip",
+                              grad_accum_steps=config.grad_accum_steps),
+      state, batch_at(0),
       graphdef=graphdef, spec=spec, log=log,
       headline=(f"model {config.model} ({config.preset}, {'scanned' if model_cfg.scan else 'unrolled'} layers, "
+                f"structure {model_cfg.structure}, "
                 f"{model_cfg.compute_dtype}); data {data.source}: {len(data.y_train)} train / {len(data.y_test)} "
                 f"test, {data.num_classes} classes"),
   )
@@ -180,7 +189,8 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   accuracy = evaluate(loop.state)["test_accuracy"]
   metrics = run_metrics(
       spec=spec, compiled=compiled, loop=loop, total_steps=total_steps,
-      model=config.model, preset=config.preset, scan=model_cfg.scan, compute_dtype=model_cfg.compute_dtype,
+      model=config.model, preset=config.preset, scan=model_cfg.scan, structure=model_cfg.structure,
+      compute_dtype=model_cfg.compute_dtype,
       test_accuracy=accuracy, test_accuracy_per_epoch=loop.history.get("test_accuracy", []),
       data=data.source, config=dataclasses.asdict(config),
   )
@@ -223,10 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--policy", default=defaults.policy, help="remat policy spec (grammar below; default none)")
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers (default) or --no-scan to unroll them")
+  parser.add_argument("--structure", default=defaults.structure,
+                      help="checkpoint structure of the layer stack: block (default), every:K, nested, nested:D")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
   parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype)
   parser.add_argument("--epochs", type=int, default=defaults.epochs)
   parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+  parser.add_argument("--grad-accum-steps", type=int, default=defaults.grad_accum_steps,
+                      help="split each batch into N micro-batches, one update (must divide --batch-size)")
   parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
   parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
   parser.add_argument("--seed", type=int, default=defaults.seed)

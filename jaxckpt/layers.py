@@ -14,6 +14,7 @@ Static flags (``deterministic``) are closed over, never traced.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import ClassVar
@@ -27,6 +28,7 @@ from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import Policy, PolicySpec, parse_policy
 from jaxckpt.remat import module_call
+from jaxckpt.structure import Structure, parse_structure
 
 __all__ = [
     "RematBlock",
@@ -308,22 +310,35 @@ class Stack(nnx.Module):
   a Python loop over the same stacked parameters (same parameter tree, so checkpoints and gradients compare
   one-to-one); on XLA:CPU compile it with :func:`jaxckpt.jit` for remat to save memory.
 
-  Non-parameter state of the blocks (e.g. batch statistics) is carried out of the loop and written back.
+  ``structure`` groups the blocks (:mod:`jaxckpt.structure`): ``every:K`` rematerializes groups of K blocks,
+  ``nested[:D]`` nests D levels of groups (√N memory for D = 2), each group under ``jax.checkpoint(nothing_saveable)``
+  with the blocks' own policies inside. Non-parameter state of the blocks (e.g. batch statistics) is carried out of
+  the loops and written back.
 
   Args:
     make_block: ``rngs -> block``; the block is called as ``block(x, dropout_key=..., deterministic=...)``.
     num_layers: N ≥ 1.
-    scan: scan over layers (``True``) or unroll (``False``).
+    scan: scan over layers (and groups) (``True``) or unroll (``False``).
+    structure: ``"block"`` (default), ``"every:K"``, ``"nested"`` or ``"nested:D"``.
     rngs: initialisation keys, split into one per layer (keyword-only).
 
   Raises:
-    JaxckptError: ``num_layers`` < 1.
+    JaxckptError: ``num_layers`` < 1 or a malformed ``structure``.
   """
 
-  def __init__(self, make_block: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *, scan: bool = True, rngs: nnx.Rngs):
+  def __init__(
+      self,
+      make_block: Callable[[nnx.Rngs], nnx.Module],
+      num_layers: int,
+      *,
+      scan: bool = True,
+      structure: "str | Structure" = "block",
+      rngs: nnx.Rngs,
+  ):
     if num_layers < 1:
       raise JaxckptError(f"num_layers={num_layers} must be ≥ 1")
     self.num_layers, self.scan = num_layers, scan
+    self.structure = parse_structure(structure)
 
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -346,22 +361,40 @@ class Stack(nnx.Module):
     graphdef, params, other = nnx.split(self.layers, nnx.Param, ...)
     keys = None if dropout_key is None else jax.random.split(dropout_key, self.num_layers)
 
-    def apply(h, layer_params, layer_other, key):
-      layer = nnx.merge(graphdef, layer_params, layer_other)
-      h = layer(h, dropout_key=key, deterministic=deterministic)
-      return h, nnx.state(layer, nnx.Not(nnx.Param))
+    def apply_block(h, layer):
+      layer_params, layer_other, key = layer
+      block = nnx.merge(graphdef, layer_params, layer_other)
+      h = block(h, dropout_key=key, deterministic=deterministic)
+      return h, nnx.state(block, nnx.Not(nnx.Param))
 
-    if self.scan:
-      x, new_other = jax.lax.scan(lambda h, xs: apply(h, *xs), x, (params, other, keys))
-    else:
-      outs = []
-      for i in range(self.num_layers):
-        layer_i = jax.tree.map(lambda a: a[i], (params, other, keys))
-        x, out = apply(x, *layer_i)
-        outs.append(out)
-      new_other = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    def apply_range(h, layers, n: int, level: int):
+      """Applies ``n`` blocks (leaves of ``layers`` have a leading axis n) at nesting ``level``."""
+      if level == self.structure.levels - 1:
+        return self._loop(apply_block, h, layers, n)
+      outs, offset = [], 0
+      for count, size in self.structure.groups(n, level):
+        part = jax.tree.map(lambda a: a[offset:offset + count * size].reshape(count, size, *a.shape[1:]), layers)
+        group = jax.checkpoint(
+            functools.partial(apply_range, n=size, level=level + 1), policy=jax.checkpoint_policies.nothing_saveable
+        )
+        h, out = self._loop(group, h, part, count)
+        outs.append(jax.tree.map(lambda a: a.reshape(count * size, *a.shape[2:]), out))
+        offset += count * size
+      return h, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+
+    x, new_other = apply_range(x, (params, other, keys), self.num_layers, 0)
     nnx.update(self.layers, new_other)
     return x
+
+  def _loop(self, fn: Callable, h: jax.Array, layers, n: int):
+    """``fn(h, layer_i) -> (h, out_i)`` over the leading axis of ``layers``: ``lax.scan`` or a Python loop."""
+    if self.scan:
+      return jax.lax.scan(fn, h, layers)
+    outs = []
+    for i in range(n):
+      h, out = fn(h, jax.tree.map(lambda a: a[i], layers))
+      outs.append(out)
+    return h, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
 
 def _remat_blocks(module: nnx.Module) -> list[RematBlock]:

@@ -57,6 +57,7 @@ class ViTConfig:
   patch_size: int = 2  # Side of the square patch (pixels) each token covers after the stem; tokens = (H/p)·(W/p).
   dropout_rate: float = 0.1  # Dropout in every sublayer.
   scan: bool = True  # Scan over layers (True) or unroll them.
+  structure: str = "block"  # Checkpoint structure of the layer stack: block, every:K, nested[:D] (jaxckpt.structure).
   compute_dtype: str = "float32"  # "float32" or "bfloat16".
 
 
@@ -69,6 +70,7 @@ class MLPConfig:
   hidden_dim: int = 512  # Hidden width F.
   dropout_rate: float = 0.1
   scan: bool = True
+  structure: str = "block"
   compute_dtype: str = "float32"
 
 
@@ -81,6 +83,7 @@ class CNNConfig:
   kernel_size: int = 3  # Kernel side (pixels).
   dropout_rate: float = 0.1
   scan: bool = True
+  structure: str = "block"
   compute_dtype: str = "float32"
 
 
@@ -115,6 +118,7 @@ class ViT(nnx.Module):
         ),
         config.num_layers,
         scan=config.scan,
+        structure=config.structure,
         rngs=rngs,
     )
     self.norm = nnx.LayerNorm(config.dim, dtype=dtype, rngs=rngs)
@@ -147,6 +151,7 @@ class ResidualMLP(nnx.Module):
         lambda r: MLPBlock(config.dim, config.hidden_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r),
         config.num_layers,
         scan=config.scan,
+        structure=config.structure,
         rngs=rngs,
     )
     self.norm = nnx.LayerNorm(config.dim, dtype=dtype, rngs=rngs)
@@ -180,6 +185,7 @@ class ResidualCNN(nnx.Module):
         ),
         config.num_layers,
         scan=config.scan,
+        structure=config.structure,
         rngs=rngs,
     )
     self.norm = nnx.LayerNorm(config.channels, dtype=dtype, rngs=rngs)

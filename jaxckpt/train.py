@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from jaxckpt.errors import JaxckptError
 from jaxckpt.xla import compile_step
 
 __all__ = [
@@ -127,6 +128,7 @@ def make_train_step(
     loss_fn: LossFn = classification_loss,
     *,
     skip_nonfinite: bool = False,
+    grad_accum_steps: int = 1,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
   """Builds ``step(state, batch) -> (new_state, metrics)``: value_and_grad of ``loss_fn`` and one optimizer update.
 
@@ -136,20 +138,53 @@ def make_train_step(
     loss_fn: see :data:`LossFn`.
     skip_nonfinite: when the loss or a gradient is NaN/Inf, keep the parameters and optimizer state unchanged
       (the step counter still advances, so the next step sees the next batch). ``metrics["finite"]`` (bool) tells.
+    grad_accum_steps: split each batch into this many micro-batches along axis 0 and ``lax.scan`` over them,
+      averaging gradients before one optimizer update: the step's activations are those of one micro-batch (the
+      other memory lever besides remat). Micro-batch i uses dropout key ``fold_in(step_key, i)``; metrics are means
+      over micro-batches. The batch size must be divisible by it.
 
   Returns:
     A pure function, to be compiled with :func:`compile_train_step` (or :func:`jaxckpt.jit`, donating the state).
+
+  Raises:
+    JaxckptError: ``grad_accum_steps`` < 1, or (when traced) a batch size it does not divide.
   """
+  if grad_accum_steps < 1:
+    raise JaxckptError(f"grad_accum_steps must be ≥ 1, got {grad_accum_steps}")
 
-  def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-    dropout_key = jax.random.fold_in(state.key, state.step)
-
+  def grad_fn(params, other, batch, dropout_key):
     def loss(params):
-      model = nnx.merge(graphdef, params, state.other)
+      model = nnx.merge(graphdef, params, other)
       value, metrics = loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)
       return value, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
 
-    (value, (metrics, other)), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+    (value, (metrics, other)), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, metrics, other, grads
+
+  def accumulated(params, other, batch, dropout_key):
+    sizes = {a.shape[0] for a in jax.tree.leaves(batch)}
+    if any(size % grad_accum_steps for size in sizes):
+      raise JaxckptError(f"batch size {sorted(sizes)} is not divisible by grad_accum_steps={grad_accum_steps}")
+    micro = jax.tree.map(lambda a: a.reshape(grad_accum_steps, a.shape[0] // grad_accum_steps, *a.shape[1:]), batch)
+
+    def body(carry, xs):
+      other, total = carry
+      i, micro_batch = xs
+      value, metrics, other, grads = grad_fn(params, other, micro_batch, jax.random.fold_in(dropout_key, i))
+      total = jax.tree.map(jnp.add, total, (value, metrics, grads))
+      return (other, total), None
+
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, other, jax.tree.map(lambda a: a[0], micro),
+                                                         dropout_key))
+    (other, total), _ = jax.lax.scan(body, (other, (zeros[0], zeros[1], zeros[3])),
+                                     (jnp.arange(grad_accum_steps), micro))
+    value, metrics, grads = jax.tree.map(lambda t: t / grad_accum_steps, total)
+    return value, metrics, other, grads
+
+  def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    dropout_key = jax.random.fold_in(state.key, state.step)
+    compute = grad_fn if grad_accum_steps == 1 else accumulated
+    value, metrics, other, grads = compute(state.params, state.other, batch, dropout_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(value) & jnp.all(jnp.array([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))

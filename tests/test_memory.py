@@ -65,3 +65,41 @@ def test_no_remat_compiles_without_warning():
   with warnings.catch_warnings():
     warnings.simplefilter("error", jaxckpt.RematIneffectiveWarning)
     compiled_train_step("none", scan=False, remat_fix=False, preset="tiny")
+
+
+def _accum_step(grad_accum_steps: int, tx):
+  config = dataclasses.replace(MODELS["vit"].presets["tiny"], dropout_rate=0.0)
+  model = jaxckpt.build_model("vit", config, image_shape=(8, 8, 1), num_classes=10, policy="full")
+  graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
+  step = jaxckpt.make_train_step(graphdef, tx, grad_accum_steps=grad_accum_steps)
+  return step, state
+
+
+def test_grad_accumulation_gives_the_full_batch_update():
+  rng = np.random.default_rng(0)
+  batch = {"x": rng.normal(size=(16, 8, 8, 1)).astype(np.float32), "y": rng.integers(0, 10, 16).astype(np.int32)}
+  tx = optax.sgd(0.1)
+  results = []
+  for n in (1, 4):
+    step, state = _accum_step(n, tx)
+    new_state, metrics = jaxckpt.jit(step)(state, batch)
+    results.append((new_state.params, metrics["loss"]))
+  import chex
+
+  chex.assert_trees_all_close(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+
+def test_grad_accumulation_lowers_temp_and_checks_divisibility():
+  tx = optax.adamw(1e-3)
+  temps = {}
+  for n in (1, 4):
+    step, state = _accum_step(n, tx)
+    batch = {"x": jax.ShapeDtypeStruct((BATCH, 8, 8, 1), np.float32), "y": jax.ShapeDtypeStruct((BATCH,), np.int32)}
+    temps[n] = jaxckpt.memory_stats(jaxckpt.compile_train_step(step, state, batch))["temp_bytes"]
+  assert temps[4] < temps[1], temps
+  step, state = _accum_step(3, tx)
+  with pytest.raises(jaxckpt.JaxckptError, match="not divisible by grad_accum_steps=3"):
+    jax.eval_shape(step, state, {"x": jax.ShapeDtypeStruct((BATCH, 8, 8, 1), np.float32),
+                                 "y": jax.ShapeDtypeStruct((BATCH,), np.int32)})
+  with pytest.raises(jaxckpt.JaxckptError, match="must be ≥ 1"):
+    jaxckpt.make_train_step(None, tx, grad_accum_steps=0)
