@@ -9,6 +9,7 @@
 """
 
 from jaxckpt import names
+from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.checkpointing import Checkpointer
 from jaxckpt.errors import CheckpointError, DataError, JaxckptError, NonFiniteLossError, PolicySpecError
 from jaxckpt.layers import (
@@ -54,6 +55,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "names",
+    "RematPolicyWarning",
+    "policy_warnings",
+    "warn_policy",
     "Checkpointer",
     "CheckpointError",
     "DataError",

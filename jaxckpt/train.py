@@ -154,7 +154,7 @@ def make_train_step(
 
   def grad_fn(params, other, batch, dropout_key):
     def loss(params):
-      model = nnx.merge(graphdef, params, other)
+      model = nnx.merge(graphdef, params, other, copy=True)  # copies: the step updates non-param state
       value, metrics = loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)
       return value, (metrics, nnx.state(model, nnx.Not(nnx.Param)))
 
