@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 

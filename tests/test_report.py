@@ -291,3 +291,30 @@ def test_measured_peak_matches_compiled_footprint():
   assert [r["policy"] for r in by_compiled] == [r["policy"] for r in by_measured]
   assert max(r["peak_bytes_measured"] for r in small) < big[0]["peak_bytes_measured"]
   check_report_schema(report.data)
+
+
+def test_policy_killed_while_measuring_is_an_error_row(tmp_path, monkeypatch):
+  """A measuring child killed by SIGKILL, as the kernel's OOM killer does, is an error row with the reason; the other
+  policy is measured and every file is still written."""
+  import subprocess
+
+  from jaxckpt.report import measure
+
+  real_run = subprocess.run
+
+  def oom_killed_for_none(cmd, *args, input=None, **kwargs):  # noqa: A002 - subprocess.run's own keyword
+    if input is not None and json.loads(input)["policy"] == "none":
+      cmd = ["bash", "-c", "kill -9 $$"]
+    return real_run(cmd, *args, input=input, **kwargs)
+
+  monkeypatch.setattr(measure.subprocess, "run", oom_killed_for_none)
+  report = build_report(shipped_target("mlp", "tiny", batch_size=BATCH), ["none", "full"], measure=True, steps=1,
+                        warmup=1, progress=False, residuals=False)
+  none, full = report.row("none"), report.row("nothing_saveable")
+  assert none["status"] == "error" and "killed by signal 9 (out of memory?)" in none["error"], none["error"]
+  assert full["status"] == "ok" and full["peak_bytes_measured"] > 0
+  paths = write_outputs(report, json_path=str(tmp_path / "r.json"), html_path=str(tmp_path / "r.html"),
+                        csv_path=str(tmp_path / "r.csv"), markdown_path=str(tmp_path / "r.md"),
+                        plot_path=str(tmp_path / "r.png"))
+  assert len(paths) == 5 and all(os.path.getsize(p) > 0 for p in paths)
+  assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["status"] == "error"

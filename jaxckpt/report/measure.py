@@ -142,7 +142,7 @@ def measure_policy(target: Target, policy: str, *, steps: int = 5, warmup: int =
   request = {"ref": dict(target.ref), "policy": policy, "steps": steps, "warmup": warmup,
              "compiler_options": dict(compiler_options or {})}
   try:
-    done = subprocess.run([sys.executable, "-m", "jaxckpt.report.measure"], input=json.dumps(request),
+    done = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(request),
                           capture_output=True, text=True, env=child_env(), timeout=timeout_s, check=False)
   except subprocess.TimeoutExpired as err:
     raise RuntimeError(f"measuring {policy!r} timed out after {timeout_s:.0f} s") from err
@@ -154,6 +154,9 @@ def measure_policy(target: Target, policy: str, *, steps: int = 5, warmup: int =
       reason = f"killed by signal {-done.returncode} (out of memory?)"
     raise RuntimeError(f"measuring {policy!r} failed: {reason}")
   return {**json.loads(lines[-1]), "in_process": False}
+
+
+_CHILD = "import sys; from jaxckpt.report.measure import _child; sys.exit(_child())"
 
 
 def _child() -> int:
