@@ -71,13 +71,20 @@ class RematBlock(nnx.Module):
     block_type: class constant, e.g. ``"mlp"``.
     checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
     policy: the :class:`~jaxckpt.PolicySpec` in use (static; change it with :func:`set_policy`).
+    dropout_rate: the block's dropout rate, in [0, 1).
+
+  Raises:
+    JaxckptError: a dropout rate outside [0, 1).
   """
 
   block_type: ClassVar[str]
   checkpoint_names: ClassVar[tuple[str, ...]]
 
-  def __init__(self, policy: PolicyLike = None):
+  def __init__(self, policy: PolicyLike = None, dropout_rate: float = 0.0):
+    if not 0.0 <= dropout_rate < 1.0:
+      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
     self.policy = parse_policy(policy)
+    self.dropout_rate = dropout_rate
 
   def forward(self, x: jax.Array, dropout_key: jax.Array | None, *, deterministic: bool) -> jax.Array:
     raise NotImplementedError
@@ -137,14 +144,12 @@ class AttentionBlock(RematBlock):
       policy: PolicyLike = None,
       rngs: nnx.Rngs,
   ):
-    super().__init__(policy)
+    super().__init__(policy, dropout_rate)
     if num_heads <= 0 or dim % num_heads:
       raise JaxckptError(f"num_heads={num_heads} must be a positive divisor of dim={dim}")
-    if not 0.0 <= dropout_rate < 1.0:
-      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
     if attention not in ATTENTION_IMPLEMENTATIONS:
       raise JaxckptError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION_IMPLEMENTATIONS)}")
-    self.num_heads, self.causal, self.dropout_rate, self.dtype = num_heads, causal, dropout_rate, dtype
+    self.num_heads, self.causal, self.dtype = num_heads, causal, dtype
     self.attention = attention
     if attention == "dot_product_attention":
       self.checkpoint_names = (names.QKV, names.ATTN_CONTEXT, names.ATTN_OUT)
@@ -200,10 +205,7 @@ class MLPBlock(RematBlock):
       policy: PolicyLike = None,
       rngs: nnx.Rngs,
   ):
-    super().__init__(policy)
-    if not 0.0 <= dropout_rate < 1.0:
-      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
-    self.dropout_rate = dropout_rate
+    super().__init__(policy, dropout_rate)
     self.norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
     self.fc1 = nnx.Linear(dim, hidden_dim, dtype=dtype, rngs=rngs)
     self.fc2 = nnx.Linear(hidden_dim, dim, dtype=dtype, rngs=rngs)
@@ -242,10 +244,7 @@ class ConvBlock(RematBlock):
       policy: PolicyLike = None,
       rngs: nnx.Rngs,
   ):
-    super().__init__(policy)
-    if not 0.0 <= dropout_rate < 1.0:
-      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
-    self.dropout_rate = dropout_rate
+    super().__init__(policy, dropout_rate)
     kernel = (kernel_size, kernel_size)
     self.norm = nnx.LayerNorm(channels, dtype=dtype, rngs=rngs)
     self.conv1 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
