@@ -11,6 +11,7 @@
 from jaxckpt import names
 from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.checkpointing import Checkpointer
+from jaxckpt.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
 from jaxckpt.errors import CheckpointError, DataError, JaxckptError, NonFiniteLossError, PolicySpecError
 from jaxckpt.layers import (
     AttentionBlock,
@@ -55,6 +56,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "names",
+    "GPT",
+    "GPT_PRESETS",
+    "GPTConfig",
+    "build_gpt",
+    "lm_loss",
     "RematPolicyWarning",
     "policy_warnings",
     "warn_policy",

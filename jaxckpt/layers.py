@@ -110,9 +110,11 @@ class AttentionBlock(RematBlock):
 
   Emits ``qkv`` ``[B, T, 3, H, K]``, ``attn_weights`` ``[B, H, T, T]``, ``attn_context`` ``[B, T, H, K]`` and
   ``attn_out`` ``[B, T, D]``. With ``attention="xla"`` attention is written with ``einsum`` (``dot_general``), so dots
-  policies see it. With ``attention="dot_product_attention"`` the core is ``jax.nn.dot_product_attention`` (cuDNN
-  flash attention on GPU): it is not a ``dot_general`` to the policy, so dots policies do not save it and there are no
-  ``attn_weights``; its output is tagged ``attn_context`` — save it with ``save_only_these_names:attn_context``.
+  policies see it. With ``attention="dot_product_attention"`` the core is ``jax.nn.dot_product_attention``: there
+  are no ``attn_weights``, and its output is tagged ``attn_context`` — save it with
+  ``save_only_these_names:attn_context``. Where it runs cuDNN flash attention (GPU, bf16/fp16) it is a custom call,
+  not a ``dot_general``, so dots policies do not save it; elsewhere (CPU, float32) JAX's fallback is einsums, which
+  they do.
   Dropout on the attention weights needs ``attention="xla"``.
 
   Args:

@@ -15,12 +15,13 @@ import jax
 
 from jaxckpt import names
 from jaxckpt.errors import JaxckptError
+from jaxckpt.gpt import GPT_BLOCK_TYPES
 from jaxckpt.models import COMPUTE_DTYPES, MODELS
 from jaxckpt.policies import POLICY_NAMES
 from jaxckpt.report.build import build_report
 from jaxckpt.report.outputs import to_table, write_outputs
 from jaxckpt.report.policies import ALL, expand_policies
-from jaxckpt.report.targets import DEFAULT_BATCH_SIZE, load_target, shipped_target
+from jaxckpt.report.targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, load_target, shipped_target
 
 __all__ = ["build_parser", "main"]
 
@@ -36,8 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
-  presets = "; ".join(f"{name}: {', '.join(entry.presets)}" for name, entry in MODELS.items())
-  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items())
+  presets = "; ".join(f"{name}: {', '.join(names_)}" for name, names_ in SHIPPED_MODELS.items())
+  blocks = "; ".join([*(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items()),
+                      f"gpt: {', '.join(GPT_BLOCK_TYPES)}"])
   parser = _Parser(
       prog=PROG,
       description=__doc__.split("\n\n")[0],
@@ -54,14 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
           "examples:\n"
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
+          f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
           f"  {PROG} --target mypkg.targets:target --policies none full --json report.json"
       ),
   )
   what = parser.add_mutually_exclusive_group()
-  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(MODELS)} (default vit)")
+  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
   what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss (see below)")
   parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
-  parser.add_argument("--batch-size", type=int, default=None, help=f"examples per step (default {DEFAULT_BATCH_SIZE})")
+  parser.add_argument("--batch-size", type=int, default=None,
+                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
   parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
   parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
@@ -93,7 +97,7 @@ def _target(args: argparse.Namespace):
     return load_target(args.target)
   return shipped_target(
       args.model or "vit", args.preset or "tiny",
-      batch_size=DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size,
+      batch_size=args.batch_size,
       seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan)
 
 

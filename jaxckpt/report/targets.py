@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
 from jaxckpt.train import LossFn, classification_loss
 
@@ -54,6 +55,7 @@ __all__ = [
     "IMAGE_SHAPE",
     "NUM_CLASSES",
     "DEFAULT_BATCH_SIZE",
+    "SHIPPED_MODELS",
 ]
 
 IMAGE_SHAPE: tuple[int, int, int] = (8, 8, 1)
@@ -61,7 +63,13 @@ IMAGE_SHAPE: tuple[int, int, int] = (8, 8, 1)
 NUM_CLASSES = 10
 """Classes of the shipped image models (digits)."""
 DEFAULT_BATCH_SIZE = 64
-"""Examples per step of a shipped target: the classifier's default, so report rows join its ``metrics.json``."""
+"""Examples per step of a shipped image target: the classifier's default, so report rows join its ``metrics.json``.
+The ``gpt`` target's default is its preset's batch size (the LM experiment's)."""
+
+SHIPPED_MODELS: dict[str, tuple[str, ...]] = {**{name: tuple(e.presets) for name, e in MODELS.items()},
+                                              "gpt": tuple(GPT_PRESETS)}
+"""Every ``--model`` of the report -> its presets: the image models of :data:`jaxckpt.MODELS` and ``gpt``
+(:mod:`jaxckpt.gpt`, block types ``attn``, ``mlp``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,19 +128,21 @@ def shipped_target(
     model: str,
     preset: str = "tiny",
     *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_size: int | None = None,
     seq_len: int | None = None,
     num_layers: int | None = None,
     compute_dtype: str | None = None,
     scan: bool | None = None,
 ) -> ModelTarget:
-  """A shipped model (:data:`jaxckpt.MODELS`) with a preset and overrides, on the digits' image shape.
+  """A shipped model (:data:`SHIPPED_MODELS`) with a preset and overrides: an image model on the digits' image shape,
+  or the ``gpt`` decoder on byte/BPE tokens with :func:`jaxckpt.gpt.lm_loss`.
 
   Args:
-    model: a key of :data:`jaxckpt.MODELS` (``vit``, ``mlp``, ``cnn``).
-    preset: a preset of that model (``tiny``, ``small``).
-    batch_size: examples per step B ≥ 1; the batch is ``{"x": [B, 8, 8, 1] float32, "y": [B] int32}``.
-    seq_len: tokens per example, for sequence models only (their config has a ``seq_len`` field).
+    model: ``vit``, ``mlp``, ``cnn`` (:data:`jaxckpt.MODELS`) or ``gpt`` (:data:`jaxckpt.gpt.GPT_PRESETS`).
+    preset: a preset of that model (``tiny``, ``small``; ``gpt`` also ``gpt2-small``).
+    batch_size: examples per step B ≥ 1; image batches are ``{"x": [B, 8, 8, 1] float32, "y": [B] int32}``, gpt
+      batches ``{"tokens": [B, T+1] int32}``. ``None``: :data:`DEFAULT_BATCH_SIZE` for images, the preset's for gpt.
+    seq_len: tokens per example T, for sequence models only (their config has a ``seq_len`` field).
     num_layers: overrides the preset's depth (≥ 1).
     compute_dtype: ``float32`` or ``bfloat16`` (parameters stay float32); ``None`` keeps the preset's.
     scan: scan over layers or unroll them; ``None`` keeps the preset's.
@@ -147,19 +157,22 @@ def shipped_target(
 
     >>> target = shipped_target("vit", "tiny", batch_size=8, scan=False)
   """
-  if model not in MODELS:
-    raise JaxckptError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
-  entry = MODELS[model]
-  if preset not in entry.presets:
-    raise JaxckptError(f"unknown preset {preset!r} for model {model}; valid presets: {', '.join(entry.presets)}")
-  config = entry.presets[preset]
+  if model not in SHIPPED_MODELS:
+    raise JaxckptError(f"unknown model {model!r}; valid models: {', '.join(SHIPPED_MODELS)}")
+  presets = GPT_PRESETS if model == "gpt" else MODELS[model].presets
+  if preset not in presets:
+    raise JaxckptError(f"unknown preset {preset!r} for model {model}; valid presets: {', '.join(presets)}")
+  config = presets[preset]
   fields = {f.name for f in dataclasses.fields(config)}
+  if batch_size is None:
+    batch_size = config.batch_size if model == "gpt" else DEFAULT_BATCH_SIZE
   if batch_size < 1:
     raise JaxckptError(f"--batch-size must be ≥ 1, got {batch_size}")
   overrides: dict[str, Any] = {}
   if seq_len is not None:
     if "seq_len" not in fields:
       sequence_models = [n for n, e in MODELS.items() if "seq_len" in {f.name for f in dataclasses.fields(e.config_cls)}]
+      sequence_models.append("gpt")  # not in MODELS: it takes tokens, not images (jaxckpt.gpt)
       raise JaxckptError(
           f"--seq-len applies to sequence models only ({', '.join(sequence_models) or 'none shipped yet'}); model "
           f"{model} takes images of shape {IMAGE_SHAPE}: drop --seq-len")
@@ -177,12 +190,16 @@ def shipped_target(
   if scan is not None:
     overrides["scan"] = scan
   config = dataclasses.replace(config, **overrides)
+  ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
+         "compute_dtype": compute_dtype, "scan": scan}
+  if model == "gpt":
+    config = dataclasses.replace(config, batch_size=batch_size)
+    return ModelTarget(make_model=lambda: build_gpt(config), batch=lm_batch_struct(batch_size, config.seq_len),
+                       loss_fn=lm_loss, name=model, preset=preset, ref=ref)
   batch = {
       "x": jax.ShapeDtypeStruct((batch_size, *IMAGE_SHAPE), jnp.float32),
       "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
   }
-  ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
-         "compute_dtype": compute_dtype, "scan": scan}
   return ModelTarget(
       make_model=lambda: build_model(model, config, image_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES),
       batch=batch,

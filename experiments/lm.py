@@ -1,0 +1,287 @@
+"""Train a GPT-style byte-level language model with a remat policy: ``python -m experiments.lm``.
+
+Trains :class:`jaxckpt.gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
+``tiny``, ``small``, ``gpt2-small``) on real text found locally: by default the ``.py`` files of this Python's
+standard library (first 4 MiB in sorted path order), or ``--corpus PATH`` (a text file or folder). Before training
+it prints the compiled memory stats of the train step; during training a progress bar; after each evaluation the
+train loss, eval loss (nats/byte) and perplexity; at the end the eval loss against the corpus's unigram (byte
+frequency) entropy, the loss of a model that ignores context. ``--out DIR`` writes ``DIR/metrics.json``.
+
+The CLI only parses flags into an :class:`LMConfig` and calls :func:`train`, which tests call directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import jaxckpt
+from experiments import text
+from experiments.loop import (
+    CLIParser,
+    RunOptions,
+    add_run_flags,
+    compile_and_describe,
+    run_cli,
+    run_metrics,
+    train_loop,
+    write_metrics,
+)
+from jaxckpt.errors import JaxckptError
+from jaxckpt.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
+from jaxckpt.layers import ATTENTION_IMPLEMENTATIONS
+from jaxckpt.models import COMPUTE_DTYPES
+
+__all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """One LM run. Model fields left ``None`` come from the preset."""
+
+  preset: str = "tiny"  # A key of jaxckpt.gpt.GPT_PRESETS: tiny, small, gpt2-small.
+  policy: str = "none"  # Policy spec (jaxckpt.parse_policy grammar); block types attn, mlp.
+  structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
+  max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
+  attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).
+  batch_size: int | None = None  # Sequences per step B; None keeps the preset's.
+  grad_accum_steps: int = 1  # Micro-batches per step (gradients averaged, one update); must divide B.
+  num_layers: int | None = None  # Overrides the preset's depth.
+  tie_embeddings: bool | None = None  # Tied (True) or untied (False) output head; None keeps the preset's (tied).
+  scan: bool | None = None  # Scan over layers (True) or unroll (False); None keeps the preset's (scan).
+  compute_dtype: str = "float32"  # float32 or bfloat16 (parameters stay float32).
+  steps: int = 600  # Optimizer steps.
+  eval_every: int = 100  # Steps between evaluations.
+  eval_batches: int = 8  # Fixed evaluation batches of B sequences each.
+  learning_rate: float = 3e-3  # Peak AdamW learning rate (linear warmup, then cosine decay to 0).
+  warmup_steps: int = 50  # Warmup steps (capped at half the run).
+  weight_decay: float = 0.01
+  seed: int = 0  # Initialisation, batch windows and dropout.
+  split_seed: int = 0  # The fixed train/eval split of the corpus.
+  corpus: str | None = None  # A text file or folder; None = the stdlib's .py files.
+  corpus_max_mib: float = text.DEFAULT_MAX_BYTES / 2**20  # Read at most this many MiB of the corpus.
+  out: str | None = None  # Directory for metrics.json.
+  ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
+  ckpt_every: int = 100  # Save every this many steps (and at the end).
+  resume: bool = False  # Continue from the latest checkpoint in ckpt_dir.
+  allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
+  nan_policy: str = "stop"  # On a NaN/Inf loss or gradient: "stop" (keep the last good checkpoint) or "skip".
+  progress: bool = True  # Show a progress bar.
+
+
+@dataclasses.dataclass(frozen=True)
+class LMResult:
+  """What :func:`train` returns: the metrics (as written to metrics.json) and the final train state."""
+
+  metrics: dict[str, Any]
+  state: jaxckpt.TrainState
+
+
+def _check(config: LMConfig) -> None:
+  if config.preset not in GPT_PRESETS:
+    raise JaxckptError(f"unknown preset {config.preset!r} for model gpt; valid presets: {', '.join(GPT_PRESETS)}")
+  if config.compute_dtype not in COMPUTE_DTYPES:
+    raise JaxckptError(f"unknown compute dtype {config.compute_dtype!r}; valid: {', '.join(COMPUTE_DTYPES)}")
+  if config.attention is not None and config.attention not in ATTENTION_IMPLEMENTATIONS:
+    raise JaxckptError(f"unknown attention {config.attention!r}; valid: {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+  for name, flag in (("steps", "steps"), ("eval_every", "eval-every"), ("eval_batches", "eval-batches"),
+                     ("batch_size", "batch-size"), ("num_layers", "layers"), ("max_seq_length", "max-seq-length")):
+    value = getattr(config, name)
+    if value is not None and value < 1:
+      raise JaxckptError(f"--{flag} must be ≥ 1, got {value}")
+  if config.grad_accum_steps < 1:
+    raise JaxckptError(f"--grad-accum-steps must be ≥ 1, got {config.grad_accum_steps}")
+  if config.warmup_steps < 0:
+    raise JaxckptError(f"--warmup-steps must be ≥ 0, got {config.warmup_steps}")
+  if not config.learning_rate > 0:
+    raise JaxckptError(f"--learning-rate must be > 0, got {config.learning_rate}")
+  if not config.corpus_max_mib > 0:
+    raise JaxckptError(f"--corpus-max-mib must be > 0, got {config.corpus_max_mib}")
+
+
+def model_config(config: LMConfig) -> GPTConfig:
+  """The GPT config: the preset with this run's overrides (T, B, depth, attention, head, scan, structure, dtype)."""
+  overrides: dict[str, Any] = {"compute_dtype": config.compute_dtype, "structure": config.structure}
+  for field, value in (("seq_len", config.max_seq_length), ("batch_size", config.batch_size),
+                       ("num_layers", config.num_layers), ("attention", config.attention),
+                       ("tie_embeddings", config.tie_embeddings), ("scan", config.scan)):
+    if value is not None:
+      overrides[field] = value
+  return dataclasses.replace(GPT_PRESETS[config.preset], **overrides)
+
+
+def run_options(config: LMConfig) -> RunOptions:
+  """The shared run flags of an LM config."""
+  return RunOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(RunOptions)})
+
+
+def _run_identity(config: LMConfig, model_cfg: GPTConfig, corpus: text.TextCorpus) -> dict[str, Any]:
+  """The config fields a resumed run must share with the saved one (remat choices may change: they keep numbers)."""
+  identity = {k: v for k, v in dataclasses.asdict(config).items()
+              if k not in ("policy", "structure", "scan", "out", "ckpt_dir", "ckpt_every", "resume", "progress",
+                           "corpus", "allow_config_change", "nan_policy", "eval_every", "eval_batches")}
+  identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
+  identity["corpus"] = {"source": corpus.source, "sha256": corpus.sha256}
+  return identity
+
+
+def _evaluate(eval_step, state, *, batches) -> dict[str, float]:
+  """Mean loss over the fixed eval batches (equal sizes, so the mean of means is the mean per token)."""
+  results = [jax.device_get(eval_step(state, batch)) for batch in batches]
+  loss = float(np.mean([float(r["loss"]) for r in results]))
+  accuracy = float(np.mean([float(r["accuracy"]) for r in results]))
+  return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "eval_accuracy": accuracy}
+
+
+def train(config: LMConfig, *, log=print) -> LMResult:
+  """Trains and evaluates one LM run.
+
+  Args:
+    config: the run.
+    log: where progress lines go (``print`` on the CLI).
+
+  Returns:
+    :class:`LMResult` with ``metrics`` = the contents of metrics.json: the shared keys (``schema_version``,
+    ``policy``, ``model`` = ``"gpt"``, ``preset``, ``scan``, ``compute_dtype``, ``test_accuracy`` (next-byte
+    accuracy on the eval stream, 0–1), ``train_loss`` (one mean per eval period), ``step_time_s``, ``memory``
+    (bytes), ``backend``, ``versions``, ``warnings``, …) and ``eval_loss`` (nats/byte), ``perplexity``,
+    ``eval_loss_history``, ``unigram_entropy`` (nats/byte), ``corpus`` (source, files, bytes, split sizes,
+    sha256), ``model_config``, ``tokens_per_step``, ``config``.
+
+  Raises:
+    JaxckptError: bad config values; PolicySpecError for a bad policy; DataError for a bad ``--corpus``;
+      CheckpointError for a checkpoint directory that holds another run or would be overwritten;
+      NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
+  """
+  _check(config)
+  options = run_options(config)
+  options.check()
+  spec = jaxckpt.parse_policy(config.policy)
+  model_cfg = model_config(config)
+  if model_cfg.vocab_size < text.VOCAB_SIZE:
+    raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
+  model = build_gpt(model_cfg, policy=spec, seed=config.seed)  # validates the config and the policy first
+  corpus = text.load_corpus(config.corpus, max_bytes=int(config.corpus_max_mib * 2**20),
+                            min_window=model_cfg.seq_len + 1, split_seed=config.split_seed)
+  batch_size, seq_len = model_cfg.batch_size, model_cfg.seq_len
+  if batch_size % config.grad_accum_steps:
+    raise JaxckptError(f"--grad-accum-steps {config.grad_accum_steps} must divide the batch size {batch_size}")
+  total_steps = config.steps
+  warmup = min(config.warmup_steps, total_steps // 2)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, total_steps + 1)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
+  graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
+  del model
+
+  batch_at = functools.partial(text.train_batch, corpus, batch_size=batch_size, seq_len=seq_len, seed=config.seed)
+  compiled = compile_and_describe(
+      jaxckpt.make_train_step(graphdef, tx, lm_loss, skip_nonfinite=config.nan_policy == "skip",
+                              grad_accum_steps=config.grad_accum_steps), state,
+      batch_at(0), graphdef=graphdef, spec=spec, log=log,
+      headline=(f"model gpt ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} H={model_cfg.num_heads} "
+                f"T={seq_len} B={batch_size}, {model_cfg.attention} attention, "
+                f"{'tied' if model_cfg.tie_embeddings else 'untied'} embeddings, "
+                f"{'scanned' if model_cfg.scan else 'unrolled'} layers, structure {model_cfg.structure}, "
+                f"{model_cfg.compute_dtype}); corpus {corpus.source}: {corpus.files} files, {corpus.num_bytes} bytes "
+                f"({corpus.train.size} train / {corpus.eval.size} eval), unigram entropy "
+                f"{corpus.unigram_entropy:.4f} nats/byte"),
+  )
+  eval_step = jax.jit(jaxckpt.make_eval_step(graphdef, lm_loss))
+  batches = text.eval_batches(corpus, batch_size=batch_size, seq_len=seq_len, num_batches=config.eval_batches)
+  evaluate = functools.partial(_evaluate, eval_step, batches=batches)
+  loop = train_loop(
+      compiled.fn, state, batch_at=batch_at, total_steps=total_steps, eval_every=config.eval_every,
+      evaluate=evaluate, identity=_run_identity(config, model_cfg, corpus), options=options, log=log, period="eval",
+      nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
+                 f"(--compute-dtype {config.compute_dtype}; try float32)"),
+  )
+  final = evaluate(loop.state)
+  metrics = run_metrics(
+      spec=spec, compiled=compiled, loop=loop, total_steps=total_steps,
+      model="gpt", preset=config.preset, scan=model_cfg.scan, compute_dtype=model_cfg.compute_dtype,
+      test_accuracy=final["eval_accuracy"], eval_loss=final["eval_loss"], perplexity=final["perplexity"],
+      eval_loss_history=loop.history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
+      corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
+      model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len,
+      config=dataclasses.asdict(config),
+  )
+  step_time = metrics["step_time_s"]
+  verdict = "below" if final["eval_loss"] < corpus.unigram_entropy else "NOT below"
+  log(f"eval loss {final['eval_loss']:.4f} nats/byte (perplexity {final['perplexity']:.3f}), {verdict} the "
+      f"unigram entropy {corpus.unigram_entropy:.4f}; median step time "
+      f"{'n/a' if step_time is None else f'{step_time * 1e3:.1f} ms'} over {max(len(loop.step_times) - 1, 1)} steps")
+  write_metrics(config.out, metrics, log)
+  return LMResult(metrics, loop.state)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser (flags map one-to-one onto :class:`LMConfig` fields)."""
+  defaults = LMConfig()
+  presets = "; ".join(f"{name}: L={c.num_layers} d={c.dim} H={c.num_heads} T={c.seq_len} B={c.batch_size} "
+                      f"V={c.vocab_size}" for name, c in GPT_PRESETS.items())
+  parser = CLIParser(
+      prog="python -m experiments.lm",
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=(
+          f"presets: {presets}\n"
+          f"block types: {', '.join(GPT_BLOCK_TYPES)}; checkpoint names: qkv, attn_weights (xla attention only), "
+          "attn_context, attn_out, mlp_hidden, mlp_out\n"
+          f"policies: {', '.join(jaxckpt.POLICY_NAMES)}\n"
+          "policy grammar: block=policy pairs joined by ',' (attn=dots_saveable,mlp=full) or one policy;\n"
+          "  name-taking policies: save_only_these_names:qkv+mlp_hidden\n"
+          "--attention dot_product_attention uses jax.nn.dot_product_attention (cuDNN flash attention on GPU with\n"
+          "  --compute-dtype bfloat16): that is not a dot_general, so dots policies do not save it; its output is\n"
+          "  tagged attn_context (save it with save_only_these_names:attn_context). On CPU JAX's fallback is einsum.\n"
+          "examples:\n"
+          "  python -m experiments.lm --preset small --policy dots_saveable --max-seq-length 512\n"
+          "  python -m experiments.lm --policy attn=save_only_these_names:qkv,mlp=full --corpus notes/ --out run1"
+      ),
+  )
+  parser.add_argument("--preset", default=defaults.preset,
+                      help=f"model preset: {', '.join(GPT_PRESETS)} (default %(default)s)")
+  parser.add_argument("--policy", default=defaults.policy, help="remat policy spec (grammar below; default none)")
+  parser.add_argument("--grad-accum-steps", type=int, default=defaults.grad_accum_steps,
+                      help="split each batch into N micro-batches, one update (must divide the batch size)")
+  parser.add_argument("--structure", default=defaults.structure,
+                      help="remat structure of the layer stack: block, every:K, nested, nested:D (default block)")
+  parser.add_argument("--max-seq-length", type=int, default=None, help="context length T (overrides the preset's)")
+  parser.add_argument("--attention", choices=list(ATTENTION_IMPLEMENTATIONS), default=None,
+                      help="attention implementation (default: the preset's, xla)")
+  parser.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
+  parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
+  parser.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                      help="output head tied to the token embedding (default) or --no-tie-embeddings")
+  parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
+                      help="scan over layers (default) or --no-scan to unroll them")
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype)
+  parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (default %(default)s)")
+  parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between evaluations")
+  parser.add_argument("--eval-batches", type=int, default=defaults.eval_batches, help="fixed eval batches")
+  parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+  parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+  parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+  parser.add_argument("--seed", type=int, default=defaults.seed)
+  parser.add_argument("--split-seed", type=int, default=defaults.split_seed, help="seed of the train/eval split")
+  parser.add_argument("--corpus", default=None, help="a text file or folder (default: the stdlib's .py files)")
+  parser.add_argument("--corpus-max-mib", type=float, default=defaults.corpus_max_mib,
+                      help="read at most this many MiB of the corpus (default %(default)s)")
+  add_run_flags(parser, run_options(defaults))
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (2 bad input, 1 non-finite loss, each with a one-line message)."""
+  return run_cli(build_parser(), lambda args: LMConfig(**vars(args)), train, argv)
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
