@@ -8,7 +8,7 @@
 - Train steps and checkpoints: :mod:`jaxckpt.train`, :class:`Checkpointer`.
 """
 
-from jaxckpt import names
+from jaxckpt import linen, names
 from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.checkpointing import Checkpointer
 from jaxckpt.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
@@ -55,6 +55,7 @@ from jaxckpt.xla import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "linen",
     "names",
     "GPT",
     "GPT_PRESETS",

@@ -109,7 +109,7 @@ class Remat(nnx.Module):
     if not isinstance(module, nnx.Module):
       raise JaxckptError(
           f"Remat wraps an flax.nnx.Module, got {type(module).__name__}; for a plain function use "
-          "jaxckpt.checkpoint(fn, policy), for a Linen module use flax.linen.remat"
+          "jaxckpt.checkpoint(fn, policy), for Linen use the blocks of jaxckpt.linen"
       )
     if not callable(module):
       raise JaxckptError(

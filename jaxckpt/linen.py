@@ -1,0 +1,538 @@
+"""Flax Linen counterparts of :mod:`jaxckpt.layers`: the same blocks, math, parameter trees and policy strings.
+
+For codebases that have not moved to NNX. Each block is one *block type* (``attn``, ``mlp``, ``conv``) whose forward
+pass runs under ``nn.remat(policy=...)`` with the policy of its block type from a jaxckpt policy spec
+(:func:`jaxckpt.parse_policy`; ``none`` = no remat), and tags the same intermediates with the same checkpoint names
+(:mod:`jaxckpt.names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
+remat'd on its own. :class:`Stack` applies N copies of a block with ``nn.scan`` over a leading layer axis (the remat
+inside the scan body) or unrolled over the same stacked parameters.
+
+Parameter trees equal the NNX ones leaf for leaf (``norm``/``qkv``/``out``, ``norm``/``fc1``/``fc2``,
+``norm``/``conv1``/``conv2``, ``attn``/``mlp``, ``layers`` with a leading layer axis), so
+:func:`linen_params_from_nnx` and :func:`nnx_update_from_linen` move weights either way.
+
+Two Flax traps are handled here, so users never meet them:
+
+- ``nn.remat(..., static_argnums=...)`` counts ``self`` as argument 0 (Flax subtracts one before calling
+  ``jax.checkpoint``). The remat'd function is ``forward(self, x, dropout_key, deterministic)``, so the static flag is
+  ``static_argnums=(3,)``. Counting from ``x`` (``(2,)``) makes the dropout key static instead and leaves
+  ``deterministic`` traced: ``TracerBoolConversionError`` at ``if deterministic`` (checked on Flax 0.12).
+- ``deterministic`` must be a Python bool. A traced bool would hit ``if deterministic`` and raise
+  ``TracerBoolConversionError``; jaxckpt checks it up front and says how to fix it (``static_argnames`` in ``jax.jit``).
+
+Dropout uses an explicit ``dropout_key`` exactly as the NNX blocks do (same key → same masks as NNX, and the
+recomputation draws the masks of the forward pass). If no key is given and dropout is on, one key is drawn from the
+Linen ``'dropout'`` RNG stream (``module.apply(variables, x, rngs={'dropout': key}, deterministic=False)``) by the
+outermost jaxckpt module and split as with an explicit key.
+
+Example::
+
+  >>> block = TransformerBlock(64, 4, 256, dropout_rate=0.1, policy="attn=dots_saveable,mlp=full")
+  >>> model = Stack(block, num_layers=6)                                  # nn.scan over 6 layers
+  >>> variables = model.init(jax.random.key(0), jnp.ones((2, 16, 64)))
+  >>> y = model.apply(variables, x, dropout_key=jax.random.key(1), deterministic=False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxckpt import names
+from jaxckpt.errors import JaxckptError
+from jaxckpt.layers import _dropout, _split  # the NNX blocks' dropout: same key, same mask
+from jaxckpt.policies import PolicySpec, parse_policy
+
+__all__ = [
+    "RematBlock",
+    "AttentionBlock",
+    "MLPBlock",
+    "ConvBlock",
+    "TransformerBlock",
+    "Stack",
+    "block_types",
+    "with_policy",
+    "linen_params_from_nnx",
+    "nnx_update_from_linen",
+]
+
+PolicyLike = "str | Policy | PolicySpec | None"
+
+_FORWARD_STATIC_ARGNUMS = (3,)
+"""``forward(self, x, dropout_key, deterministic)``: ``nn.remat`` counts ``self`` as 0, so ``deterministic`` is 3."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _CheckedSpec(PolicySpec):
+  """A spec a parent module already validated against *its* block types; sub-blocks do not re-validate it.
+
+  (A sub-block sees only its own block type: ``attn=full,mlp=full`` or ``save_only_these_names:qkv+mlp_hidden`` are
+  valid for a Transformer layer but would fail against the attention sub-block alone.)
+  """
+
+
+def _checked(spec: PolicySpec) -> _CheckedSpec:
+  return _CheckedSpec(default=spec.default, blocks=spec.blocks, text=spec.text)
+
+
+def _static_flag(name: str, value: Any) -> bool:
+  """Returns ``value`` as a Python bool, or raises a fix-it error for a traced/array flag."""
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  raise JaxckptError(
+      f"{name} must be a Python bool (it selects code paths at trace time), got {type(value).__name__}: {value!r}; "
+      f"under jax.jit pass it as a static argument (jax.jit(f, static_argnames='{name}')) or close over it"
+  )
+
+
+def _check_rate(rate: float) -> None:
+  if not 0.0 <= rate < 1.0:
+    raise JaxckptError(f"dropout_rate={rate} must be in [0, 1)")
+
+
+def _dropout_key(module: nn.Module, key: jax.Array | None, deterministic: bool) -> jax.Array | None:
+  """The explicit key if given, else (dropout on) one drawn from the ``'dropout'`` RNG stream if there is one."""
+  if key is None and not deterministic and module.has_rng("dropout"):
+    return module.make_rng("dropout")
+  return key
+
+
+def _missing_key_error(module: nn.Module) -> JaxckptError:
+  return JaxckptError(
+      f"dropout is on in {type(module).__name__} (deterministic=False, dropout_rate > 0) but no dropout_key was given "
+      "and no 'dropout' RNG stream: pass dropout_key=jax.random.key(...) or apply(..., rngs={'dropout': key})"
+  )
+
+
+class _Validating(nn.Module):
+  """Validates ``policy`` against the module's block types at construction (unless a parent already did)."""
+
+  def __post_init__(self):
+    super().__post_init__()
+    spec = parse_policy(self.policy)  # raises PolicySpecError for a malformed spec
+    if not isinstance(spec, _CheckedSpec):
+      spec.validate(self.block_types)
+
+  @property
+  def spec(self) -> PolicySpec:
+    """The parsed :class:`~jaxckpt.PolicySpec` of ``policy``."""
+    return parse_policy(self.policy)
+
+
+class RematBlock(_Validating):
+  """Base of the Linen residual blocks: a block type, the checkpoint names it emits, and a policy spec.
+
+  Subclasses define :meth:`forward`; :meth:`__call__` runs it under ``nn.remat`` with the policy of
+  :attr:`block_type` (no remat for ``none``), ``deterministic`` static.
+
+  Attributes:
+    block_type: class constant, e.g. ``"mlp"``.
+    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
+  """
+
+  block_type: ClassVar[str]
+  checkpoint_names: ClassVar[tuple[str, ...]]
+
+  @property
+  def block_types(self) -> dict[str, frozenset[str]]:
+    """``{block_type: checkpoint names}``, the argument of :meth:`jaxckpt.PolicySpec.validate`."""
+    return {self.block_type: frozenset(self.checkpoint_names)}
+
+  def forward(self, x: jax.Array, dropout_key: jax.Array | None, deterministic: bool) -> jax.Array:
+    raise NotImplementedError
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """Applies the block (remat'd with its policy).
+
+    Args:
+      x: input activations (shape per subclass), float32 or bfloat16.
+      dropout_key: PRNG key for dropout (same key → same masks as the NNX block); if ``None`` and dropout is on, one
+        is drawn from the ``'dropout'`` RNG stream.
+      deterministic: Python bool; ``True`` turns dropout off (evaluation).
+
+    Returns:
+      Output of the same shape and dtype as ``x``.
+
+    Raises:
+      JaxckptError: ``deterministic`` is not a Python bool, or dropout is on without any key.
+    """
+    deterministic = _static_flag("deterministic", deterministic)
+    dropout_key = _dropout_key(self, dropout_key, deterministic)
+    if dropout_key is None and not deterministic and self.dropout_rate > 0:
+      raise _missing_key_error(self)
+    policy = self.spec.for_block(self.block_type)
+    forward = type(self).forward
+    if policy.remat:
+      forward = nn.remat(forward, policy=policy.to_jax(), prevent_cse=True, static_argnums=_FORWARD_STATIC_ARGNUMS)
+    return forward(self, x, dropout_key, deterministic)
+
+
+class AttentionBlock(RematBlock):
+  """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
+
+  Linen twin of :class:`jaxckpt.layers.AttentionBlock` (same math, parameters ``norm``/``qkv``/``out`` of the same
+  shapes, same checkpoint names ``qkv``, ``attn_weights``, ``attn_context``, ``attn_out``). ``x: [B, T, D]``.
+
+  Attributes:
+    dim: model width D.
+    num_heads: heads H; must divide ``dim``.
+    dropout_rate: dropout on the attention weights and on the output, in [0, 1).
+    causal: mask future tokens (decoders).
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec (the ``attn`` entry applies).
+
+  Raises:
+    JaxckptError: ``num_heads`` does not divide ``dim``, or a rate outside [0, 1).
+    PolicySpecError: a spec invalid for this block (e.g. ``mlp=full``).
+  """
+
+  dim: int
+  num_heads: int
+  dropout_rate: float = 0.0
+  causal: bool = False
+  dtype: Any = jnp.float32
+  policy: Any = None
+
+  block_type = "attn"
+  checkpoint_names = (names.QKV, names.ATTN_WEIGHTS, names.ATTN_CONTEXT, names.ATTN_OUT)
+
+  def __post_init__(self):
+    if self.num_heads <= 0 or self.dim % self.num_heads:
+      raise JaxckptError(f"num_heads={self.num_heads} must be a positive divisor of dim={self.dim}")
+    _check_rate(self.dropout_rate)
+    super().__post_init__()
+
+  def setup(self):
+    self.norm = nn.LayerNorm(dtype=self.dtype)
+    self.qkv = nn.Dense(3 * self.dim, dtype=self.dtype)
+    self.out = nn.Dense(self.dim, dtype=self.dtype)
+
+  def forward(self, x, dropout_key, deterministic):
+    """``x: [B, T, D]`` -> ``[B, T, D]``."""
+    batch, tokens, dim = x.shape
+    heads = self.num_heads
+    key_w, key_o = _split(dropout_key, 2)
+    qkv = checkpoint_name(self.qkv(self.norm(x)).reshape(batch, tokens, 3, heads, dim // heads), names.QKV)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, H, K]
+    logits = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) / math.sqrt(dim // heads)
+    if self.causal:
+      logits = jnp.where(jnp.tril(jnp.ones((tokens, tokens), bool)), logits, -jnp.inf)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)  # [B, H, T, T]
+    weights = checkpoint_name(_dropout(weights, self.dropout_rate, key_w, deterministic), names.ATTN_WEIGHTS)
+    context = checkpoint_name(jnp.einsum("bhts,bshk->bthk", weights, v), names.ATTN_CONTEXT)
+    out = checkpoint_name(self.out(context.reshape(batch, tokens, dim)), names.ATTN_OUT)
+    return x + _dropout(out, self.dropout_rate, key_o, deterministic).astype(x.dtype)
+
+
+class MLPBlock(RematBlock):
+  """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
+
+  Linen twin of :class:`jaxckpt.layers.MLPBlock` (parameters ``norm``/``fc1``/``fc2``; names ``mlp_hidden``
+  ``[..., F]`` and ``mlp_out`` ``[..., D]``). ``x: [..., D]``.
+
+  Attributes:
+    dim: width D.
+    hidden_dim: hidden width F.
+    dropout_rate: dropout on the output, in [0, 1).
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec (the ``mlp`` entry applies).
+  """
+
+  dim: int
+  hidden_dim: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  policy: Any = None
+
+  block_type = "mlp"
+  checkpoint_names = (names.MLP_HIDDEN, names.MLP_OUT)
+
+  def __post_init__(self):
+    _check_rate(self.dropout_rate)
+    super().__post_init__()
+
+  def setup(self):
+    self.norm = nn.LayerNorm(dtype=self.dtype)
+    self.fc1 = nn.Dense(self.hidden_dim, dtype=self.dtype)
+    self.fc2 = nn.Dense(self.dim, dtype=self.dtype)
+
+  def forward(self, x, dropout_key, deterministic):
+    """``x: [..., D]`` -> ``[..., D]``."""
+    hidden = checkpoint_name(jax.nn.gelu(self.fc1(self.norm(x))), names.MLP_HIDDEN)
+    out = checkpoint_name(self.fc2(hidden), names.MLP_OUT)
+    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
+
+
+class ConvBlock(RematBlock):
+  """Pre-norm residual conv block: ``x + Dropout(conv(gelu(conv(LN(x)))))``; block type ``conv``.
+
+  Linen twin of :class:`jaxckpt.layers.ConvBlock` (parameters ``norm``/``conv1``/``conv2``, kernels
+  ``[k, k, C, C]``; names ``conv_hidden`` and ``conv_out``, both ``[B, h, w, C]``). ``x: [B, h, w, C]``.
+
+  Attributes:
+    channels: channels C ('SAME' padding, stride 1).
+    kernel_size: square kernel side (pixels).
+    dropout_rate: dropout on the output, in [0, 1).
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec (the ``conv`` entry applies).
+  """
+
+  channels: int
+  kernel_size: int = 3
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  policy: Any = None
+
+  block_type = "conv"
+  checkpoint_names = (names.CONV_HIDDEN, names.CONV_OUT)
+
+  def __post_init__(self):
+    _check_rate(self.dropout_rate)
+    super().__post_init__()
+
+  def setup(self):
+    kernel = (self.kernel_size, self.kernel_size)
+    self.norm = nn.LayerNorm(dtype=self.dtype)
+    self.conv1 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
+    self.conv2 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
+
+  def forward(self, x, dropout_key, deterministic):
+    """``x: [B, h, w, C]`` -> ``[B, h, w, C]``."""
+    hidden = checkpoint_name(jax.nn.gelu(self.conv1(self.norm(x))), names.CONV_HIDDEN)
+    out = checkpoint_name(self.conv2(hidden), names.CONV_OUT)
+    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
+
+
+class TransformerBlock(_Validating):
+  """Pre-LN Transformer encoder layer: an ``attn`` block then an ``mlp`` block, each remat'd with its own policy.
+
+  Linen twin of :class:`jaxckpt.layers.TransformerBlock` (parameters ``attn``, ``mlp``). ``x: [B, T, D]``.
+  ``dropout_key`` is split in two, one per sublayer, as in NNX.
+
+  Attributes:
+    dim: model width D.
+    num_heads: attention heads H (divides D).
+    mlp_dim: MLP hidden width F.
+    dropout_rate: dropout in both sublayers, in [0, 1).
+    causal: causal attention mask.
+    dtype: compute dtype (parameters stay float32).
+    policy: policy spec with block types ``attn`` and ``mlp``.
+  """
+
+  dim: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  causal: bool = False
+  dtype: Any = jnp.float32
+  policy: Any = None
+
+  @property
+  def block_types(self) -> dict[str, frozenset[str]]:
+    """``{"attn": ..., "mlp": ...}`` with the checkpoint names of each."""
+    return {"attn": frozenset(AttentionBlock.checkpoint_names), "mlp": frozenset(MLPBlock.checkpoint_names)}
+
+  def setup(self):
+    spec = _checked(self.spec)
+    self.attn = AttentionBlock(
+        self.dim, self.num_heads, dropout_rate=self.dropout_rate, causal=self.causal, dtype=self.dtype, policy=spec
+    )
+    self.mlp = MLPBlock(self.dim, self.mlp_dim, dropout_rate=self.dropout_rate, dtype=self.dtype, policy=spec)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, T, D]`` -> ``[B, T, D]``; arguments as in :meth:`RematBlock.__call__`."""
+    deterministic = _static_flag("deterministic", deterministic)
+    key_attn, key_mlp = _split(_dropout_key(self, dropout_key, deterministic), 2)
+    x = self.attn(x, dropout_key=key_attn, deterministic=deterministic)
+    return self.mlp(x, dropout_key=key_mlp, deterministic=deterministic)
+
+
+class Stack(nn.Module):
+  """N copies of a block with parameters stacked on a leading layer axis, applied by ``nn.scan`` or unrolled.
+
+  Linen twin of :class:`jaxckpt.layers.Stack`. Parameters: ``{"layers": <block's tree, each leaf [N, ...]>}`` in both
+  modes (and equal to the NNX stack's), so scanned and unrolled stacks share checkpoints.
+
+  - Scanned (default): ``nn.scan(variable_axes={'params': 0}, split_rngs={'params': True}, length=N)`` with the
+    block's own ``nn.remat`` inside the scan body, so the backward loop recomputes one layer at a time (remat works
+    on every backend; one layer is compiled).
+  - Unrolled (``scan=False``): a Python loop over layer ``i``'s slice of the same stacked parameters. Initialisation
+    runs the scanned path, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
+    XLA:CPU compile with :func:`jaxckpt.jit` for remat to save memory.
+
+  Layer ``i`` gets ``jax.random.split(dropout_key, N)[i]``, as in NNX. Only the ``params`` collection is supported
+  (jaxckpt's blocks have no other state).
+
+  Attributes:
+    block: an unbound block *template*, e.g. ``TransformerBlock(64, 4, 256, policy="full")``, called as
+      ``block(x, dropout_key=..., deterministic=...)``; its ``policy`` is the stack's.
+    num_layers: N ≥ 1.
+    scan: scan over layers (``True``) or unroll (``False``).
+
+  Raises:
+    JaxckptError: ``num_layers`` < 1, or a ``block`` without ``block_types`` (not a jaxckpt Linen block).
+  """
+
+  block: nn.Module
+  num_layers: int
+  scan: bool = True
+
+  def __post_init__(self):
+    if self.num_layers < 1:
+      raise JaxckptError(f"num_layers={self.num_layers} must be ≥ 1")
+    if not hasattr(type(self.block), "block_types"):
+      raise JaxckptError(
+          f"Stack needs a jaxckpt.linen block (AttentionBlock, MLPBlock, ConvBlock, TransformerBlock or Stack), got "
+          f"{type(self.block).__name__}"
+      )
+    super().__post_init__()
+
+  @property
+  def block_types(self) -> dict[str, frozenset[str]]:
+    """The block types of ``block``."""
+    return self.block.block_types
+
+  @property
+  def policy(self) -> Any:
+    """The block's policy."""
+    return self.block.policy
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """Applies the N blocks in order; layer i gets ``jax.random.split(dropout_key, N)[i]``.
+
+    Args:
+      x: input of the first block (any shape the block takes).
+      dropout_key: PRNG key, or ``None`` (then drawn from the ``'dropout'`` stream if dropout is on).
+      deterministic: Python bool; ``True`` turns dropout off.
+
+    Returns:
+      Output of the last block, shaped like ``x``.
+    """
+    deterministic = _static_flag("deterministic", deterministic)
+    dropout_key = _dropout_key(self, dropout_key, deterministic)
+    keys = None if dropout_key is None else jax.random.split(dropout_key, self.num_layers)
+    if self.scan or self.is_initializing():
+
+      def body(layer, h, key):
+        return layer(h, dropout_key=key, deterministic=deterministic), None
+
+      scan = nn.scan(
+          body, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=0, length=self.num_layers
+      )
+      x, _ = scan(self.block.clone(parent=self, name="layers"), x, keys)
+      return x
+    stacked = self.variables["params"]["layers"]
+    layer = self.block.clone(parent=None, name=None)
+    for i in range(self.num_layers):
+      params_i = jax.tree.map(lambda a: a[i], stacked)
+      key_i = None if keys is None else keys[i]
+      x = layer.apply({"params": params_i}, x, dropout_key=key_i, deterministic=deterministic)
+    return x
+
+
+def block_types(module: nn.Module) -> dict[str, frozenset[str]]:
+  """Returns the block types of a jaxckpt Linen module and the checkpoint names each emits.
+
+  Args:
+    module: a block, :class:`TransformerBlock` or :class:`Stack` from this module (bound or not).
+
+  Returns:
+    ``{block_type: frozenset(checkpoint names)}``, sorted by block type, for :meth:`jaxckpt.PolicySpec.validate`.
+
+  Raises:
+    JaxckptError: ``module`` is not a jaxckpt Linen module.
+  """
+  types = getattr(module, "block_types", None)
+  if not isinstance(types, Mapping):
+    raise JaxckptError(
+        f"{type(module).__name__} declares no block types; use a jaxckpt.linen block (AttentionBlock, MLPBlock, "
+        "ConvBlock, TransformerBlock or Stack)"
+    )
+  return dict(sorted(types.items()))
+
+
+def with_policy(module: nn.Module, policy: PolicyLike) -> nn.Module:
+  """Returns a copy of an (unbound) jaxckpt Linen module with another policy spec, validated against it.
+
+  Linen modules are immutable; this is the Linen counterpart of :func:`jaxckpt.set_policy`. Parameters are unchanged
+  (a policy does not change the parameter tree), so the same variables apply.
+
+  Args:
+    module: a block, :class:`TransformerBlock` or :class:`Stack`.
+    policy: the policy spec.
+
+  Returns:
+    The new module.
+
+  Raises:
+    PolicySpecError: malformed spec, a block type the module does not have, or a checkpoint name it never emits.
+  """
+  spec = parse_policy(policy).validate(block_types(module))
+  if isinstance(module, Stack):
+    return module.clone(block=with_policy(module.block, spec))
+  return module.clone(policy=spec)
+
+
+def _pure(tree: Any) -> Any:
+  """A nested plain ``dict`` (Flax may hand out ``FrozenDict``s or ``State``s)."""
+  return {k: _pure(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
+
+
+def linen_params_from_nnx(module: nnx.Module) -> dict[str, Any]:
+  """Returns the Linen ``params`` of an NNX jaxckpt block/stack: its ``nnx.Param`` values as a nested dict.
+
+  The Linen twin of a :mod:`jaxckpt.layers` module has the same parameter tree, so
+  ``linen_twin.apply({"params": linen_params_from_nnx(nnx_module)}, x)`` computes what ``nnx_module(x)`` does.
+
+  Args:
+    module: an NNX module (e.g. :class:`jaxckpt.layers.TransformerBlock` or :class:`jaxckpt.layers.Stack`).
+
+  Returns:
+    ``{name: {...: array}}`` (the arrays themselves, not copies).
+
+  Example::
+
+    >>> nnx_block = jaxckpt.TransformerBlock(64, 4, 256, rngs=nnx.Rngs(0))
+    >>> y = TransformerBlock(64, 4, 256).apply({"params": linen_params_from_nnx(nnx_block)}, x)
+  """
+  return _pure(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
+
+
+def nnx_update_from_linen(module: nnx.Module, params: Mapping[str, Any]) -> nnx.Module:
+  """Writes Linen ``params`` (e.g. ``variables["params"]``) into the NNX twin, in place (migrating to NNX).
+
+  Args:
+    module: the NNX module with the same parameter tree.
+    params: the Linen parameters.
+
+  Returns:
+    ``module``, updated.
+
+  Raises:
+    JaxckptError: the trees differ (names or shapes), naming the first mismatch.
+  """
+  state = nnx.state(module, nnx.Param)
+  want = jax.tree_util.tree_flatten_with_path(_pure(nnx.to_pure_dict(state)))[0]
+  got = dict(jax.tree_util.tree_flatten_with_path(_pure(params))[0])
+  for path, leaf in want:
+    where = jax.tree_util.keystr(path)
+    if path not in got:
+      raise JaxckptError(f"Linen params lack {where} that {type(module).__name__} has; is it the same block type?")
+    if got[path].shape != leaf.shape:
+      raise JaxckptError(f"shape mismatch at {where}: Linen {got[path].shape} vs NNX {leaf.shape}")
+  if len(got) != len(want):
+    extra = sorted(set(got) - {p for p, _ in want}, key=str)
+    raise JaxckptError(f"Linen params have {jax.tree_util.keystr(extra[0])} that {type(module).__name__} lacks")
+  nnx.replace_by_pure_dict(state, _pure(params))
+  nnx.update(module, state)
+  return module
