@@ -28,7 +28,8 @@ def check_report_schema(data):
   assert data["schema_version"] == SCHEMA_VERSION
   assert isinstance(data["model"], str) and (data["preset"] is None or isinstance(data["preset"], str))
   assert data["backend"] in ("cpu", "gpu", "tpu") and isinstance(data["device_count"], int)
-  assert data["mesh"] is None and data["structure"] in ("scan", "unrolled")
+  assert data["mesh"] is None and data["structure"].split(", ")[0] in ("scan", "unrolled")
+  assert data["grad_accum_steps"] >= 1
   assert isinstance(data["versions"], dict) and "jax" in data["versions"]
   assert isinstance(data["compiler_options"], dict)
   assert all(isinstance(w, str) for w in data["warnings"])
@@ -318,3 +319,19 @@ def test_policy_killed_while_measuring_is_an_error_row(tmp_path, monkeypatch):
                         plot_path=str(tmp_path / "r.png"))
   assert len(paths) == 5 and all(os.path.getsize(p) > 0 for p in paths)
   assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["status"] == "error"
+
+
+def test_structure_and_grad_accumulation_targets():
+  """"B=64 with remat" vs "4×16 accumulated": both lower temp than B=64 without remat; structure is reported."""
+  plain = build_report(shipped_target("vit", "small", batch_size=64), ["none", "full"], progress=False,
+                       residuals=False)
+  accumulated = build_report(shipped_target("vit", "small", batch_size=64, grad_accum_steps=4), ["none"],
+                             progress=False, residuals=False)
+  nested = build_report(shipped_target("mlp", "small", batch_size=64, structure="nested"), ["full"],
+                        progress=False, residuals=False)
+  temp = lambda r, p: r.row(p)["temp_bytes"]  # noqa: E731
+  assert temp(accumulated, "none") < temp(plain, "none") and temp(plain, "nothing_saveable") < temp(plain, "none")
+  assert accumulated.data["grad_accum_steps"] == 4 and plain.data["grad_accum_steps"] == 1
+  assert nested.data["structure"] == "scan, nested:2" and nested.row("nothing_saveable")["status"] == "ok"
+  with pytest.raises(jaxckpt.JaxckptError, match="must be ≥ 1 and divide the batch size 64"):
+    shipped_target("mlp", "small", batch_size=64, grad_accum_steps=3)

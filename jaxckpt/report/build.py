@@ -136,6 +136,7 @@ def build_report(
       "device_count": jax.device_count(),
       "mesh": None,
       "structure": target_structure(target),
+      "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),
       "compiler_options": report_compiler_options(compiler_options),
       "warnings": warnings,

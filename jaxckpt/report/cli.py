@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers or --no-scan to unroll them (default: the preset's)")
+  parser.add_argument("--structure", default=None,
+                      help="checkpoint structure of the layer stack: block, every:K, nested, nested:D (default block)")
+  parser.add_argument("--grad-accum-steps", type=int, default=1,
+                      help="micro-batches per step, gradients averaged (compare B with remat vs N×B/N accumulated)")
   parser.add_argument("--policies", nargs="+", default=[ALL], metavar="SPEC", help="policy specs (default all)")
   parser.add_argument("--measure", action="store_true", help="also run each policy: step time and measured peak")
   parser.add_argument("--steps", type=int, default=5, help="timed steps per policy with --measure (default 5)")
@@ -89,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _target(args: argparse.Namespace):
   if args.target is not None:
-    given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan")
+    given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan", "structure")
              if getattr(args, f) is not None]
+    if args.grad_accum_steps != 1:
+      given.append("grad_accum_steps")
     if given:
       flags = ", ".join("--" + f.replace("num_layers", "layers").replace("_", "-") for f in given)
       raise JaxckptError(f"{flags} apply to --model only; a --target sets its own shapes")
@@ -98,7 +104,8 @@ def _target(args: argparse.Namespace):
   return shipped_target(
       args.model or "vit", args.preset or "tiny",
       batch_size=args.batch_size,
-      seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan)
+      seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
+      structure=args.structure, grad_accum_steps=args.grad_accum_steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

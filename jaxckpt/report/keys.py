@@ -13,7 +13,8 @@ __all__ = ["REPORT_KEYS", "ROW_KEYS", "STATUS_OK", "STATUS_ERROR", "STRUCTURES",
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STRUCTURES = ("scan", "unrolled")
-"""Values of the report's ``structure``: layers stacked with ``scan`` or unrolled."""
+"""How the report's ``structure`` starts: layers stacked with ``scan`` or unrolled (then ", every:K" / ", nested:D"
+when the stacks group their blocks, see :mod:`jaxckpt.structure`)."""
 
 REPORT_KEYS: tuple[str, ...] = (
     "schema_version",  # jaxckpt.schema.SCHEMA_VERSION.
@@ -22,7 +23,8 @@ REPORT_KEYS: tuple[str, ...] = (
     "backend",  # jax.default_backend(): cpu, gpu, tpu.
     "device_count",  # jax.device_count().
     "mesh",  # Device mesh of a sharded step; None (unsharded) for now.
-    "structure",  # "scan" or "unrolled".
+    "structure",  # "scan" or "unrolled", then ", <checkpoint structure>" unless block (e.g. "scan, nested:2").
+    "grad_accum_steps",  # Micro-batches per train step (1 = no gradient accumulation).
     "versions",  # jaxckpt.schema.versions().
     "compiler_options",  # XLA options every policy was compiled with (the CPU remat fix; dump options excluded).
     "warnings",  # One line each: invalid specs, policies that save nothing, measurement caveats.

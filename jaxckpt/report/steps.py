@@ -67,9 +67,13 @@ def target_block_types(target: Target) -> dict[str, frozenset[str]]:
 
 
 def target_structure(target: Target) -> str:
-  """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``."""
+  """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``, then the stacks' checkpoint structure
+  when it is not ``block`` (e.g. ``"scan, nested:2"``)."""
   if isinstance(target, ModelTarget):
-    return "scan" if any(s.scan for s in _stacks(nnx.eval_shape(target.make_model))) else "unrolled"
+    stacks = _stacks(nnx.eval_shape(target.make_model))
+    loop = "scan" if any(s.scan for s in stacks) else "unrolled"
+    structures = sorted({str(s.structure) for s in stacks} - {"block"})
+    return ", ".join([loop, *structures])
   jaxpr = jax.make_jaxpr(lambda p, b: target.loss(p, b, policy=PolicySpec()))(target.params, target.batch)
   return "scan" if any(e.primitive.name == "scan" for e in iter_eqns(jaxpr)) else "unrolled"
 
@@ -111,7 +115,7 @@ def policy_step(target: Target, spec: PolicySpec, tx: optax.GradientTransformati
   if isinstance(target, ModelTarget):
     spec.validate(target_block_types(target))
     graphdef, state = abstract_train_state(lambda: _model_with_policy(target, spec), tx)
-    step = make_train_step(graphdef, tx, target.loss_fn)
+    step = make_train_step(graphdef, tx, target.loss_fn, grad_accum_steps=target.grad_accum_steps)
     # The unrolled twin: same parameter tree, every Stack unrolled, so checkpoint names survive the analysis.
     twin = nnx.eval_shape(lambda: _model_with_policy(target, spec))
     for stack in _stacks(twin):

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.structure import parse_structure
 from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
 from jaxckpt.train import LossFn, classification_loss
@@ -85,6 +86,7 @@ class ModelTarget:
     preset: shown as the report's ``preset`` (``None`` for user targets).
     ref: how a fresh process rebuilds this target (for ``--measure``): ``{"model": ..., "preset": ..., ...}`` or
       ``{"target": "package.module:function"}``; ``None`` = not rebuildable (measured in this process instead).
+    grad_accum_steps: micro-batches per train step (:func:`jaxckpt.make_train_step`); must divide the batch size.
   """
 
   make_model: Callable[[], nnx.Module]
@@ -93,6 +95,7 @@ class ModelTarget:
   name: str = "custom"
   preset: str | None = None
   ref: Mapping[str, Any] | None = None
+  grad_accum_steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +136,8 @@ def shipped_target(
     num_layers: int | None = None,
     compute_dtype: str | None = None,
     scan: bool | None = None,
+    structure: str | None = None,
+    grad_accum_steps: int = 1,
 ) -> ModelTarget:
   """A shipped model (:data:`SHIPPED_MODELS`) with a preset and overrides: an image model on the digits' image shape,
   or the ``gpt`` decoder on byte/BPE tokens with :func:`jaxckpt.gpt.lm_loss`.
@@ -146,6 +151,9 @@ def shipped_target(
     num_layers: overrides the preset's depth (≥ 1).
     compute_dtype: ``float32`` or ``bfloat16`` (parameters stay float32); ``None`` keeps the preset's.
     scan: scan over layers or unroll them; ``None`` keeps the preset's.
+    structure: checkpoint structure of the layer stack (``block``, ``every:K``, ``nested[:D]``); ``None`` keeps the
+      preset's (``block``).
+    grad_accum_steps: micro-batches per step, gradients averaged (must divide ``batch_size``).
 
   Returns:
     The :class:`ModelTarget` (rebuildable in a fresh process through its ``ref``).
@@ -189,13 +197,17 @@ def shipped_target(
     overrides["compute_dtype"] = compute_dtype
   if scan is not None:
     overrides["scan"] = scan
+  if structure is not None:
+    overrides["structure"] = str(parse_structure(structure))
+  if grad_accum_steps < 1 or batch_size % grad_accum_steps:
+    raise JaxckptError(f"--grad-accum-steps {grad_accum_steps} must be ≥ 1 and divide the batch size {batch_size}")
   config = dataclasses.replace(config, **overrides)
   ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
-         "compute_dtype": compute_dtype, "scan": scan}
+         "compute_dtype": compute_dtype, "scan": scan, "structure": structure, "grad_accum_steps": grad_accum_steps}
   if model == "gpt":
     config = dataclasses.replace(config, batch_size=batch_size)
     return ModelTarget(make_model=lambda: build_gpt(config), batch=lm_batch_struct(batch_size, config.seq_len),
-                       loss_fn=lm_loss, name=model, preset=preset, ref=ref)
+                       loss_fn=lm_loss, name=model, preset=preset, ref=ref, grad_accum_steps=grad_accum_steps)
   batch = {
       "x": jax.ShapeDtypeStruct((batch_size, *IMAGE_SHAPE), jnp.float32),
       "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
@@ -206,6 +218,7 @@ def shipped_target(
       name=model,
       preset=preset,
       ref=ref,
+      grad_accum_steps=grad_accum_steps,
   )
 
 
