@@ -24,8 +24,10 @@ from experiments.data import eval_batches, load_dataset, train_batch
 from experiments.loop import (
     CLIParser,
     RunOptions,
+    add_policy_flags,
     add_run_flags,
     compile_and_describe,
+    resolve_policy,
     run_cli,
     run_metrics,
     train_loop,
@@ -44,7 +46,8 @@ class ClassifierConfig:
 
   model: str = "vit"  # A key of jaxckpt.models.MODELS: vit, mlp, cnn.
   preset: str = "small"  # A preset of that model: tiny (seconds, for tests) or small.
-  policy: str = "none"  # Policy spec (jaxckpt.parse_policy grammar).
+  policy: str | None = None  # Policy spec (jaxckpt.parse_policy grammar).
+  gradient_checkpointing: bool | None = None  # Hugging Face-style switch: True = policy full, False = none.
   scan: bool | None = None  # Scan over layers (True) or unroll (False); None keeps the preset's (scan).
   structure: str = "block"  # Checkpoint structure of the layer stack: block, every:K, nested, nested:D.
   num_layers: int | None = None  # Overrides the preset's depth.
@@ -109,8 +112,8 @@ def model_config(config: ClassifierConfig) -> Any:
 def _run_identity(config: ClassifierConfig, model_cfg: Any, source: str) -> dict[str, Any]:
   """The config fields a resumed run must share with the saved one (the policy may change: remat keeps numbers)."""
   identity = {k: v for k, v in dataclasses.asdict(config).items()
-              if k not in ("policy", "scan", "structure", "out", "ckpt_dir", "ckpt_every", "resume", "progress", "data",
-                            "allow_config_change", "nan_policy")}
+              if k not in ("policy", "gradient_checkpointing", "scan", "structure", "out", "ckpt_dir", "ckpt_every",
+                           "resume", "progress", "data", "allow_config_change", "nan_policy")}
   identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
   identity["data"] = source
   return identity
@@ -152,7 +155,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   _check(config)
   options = run_options(config)
   options.check()
-  spec = jaxckpt.parse_policy(config.policy)
+  spec = resolve_policy(config.policy, config.gradient_checkpointing)
   data = load_dataset(config.data, split_seed=config.split_seed)
   model_cfg = model_config(config)
   steps_per_epoch = len(data.y_train) // config.batch_size
@@ -230,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument("--model", choices=list(MODELS), default=defaults.model, help="model (default %(default)s)")
   parser.add_argument("--preset", default=defaults.preset, help="model preset: tiny or small (default %(default)s)")
-  parser.add_argument("--policy", default=defaults.policy, help="remat policy spec (grammar below; default none)")
+  add_policy_flags(parser)
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers (default) or --no-scan to unroll them")
   parser.add_argument("--structure", default=defaults.structure,

@@ -28,8 +28,10 @@ from experiments import text
 from experiments.loop import (
     CLIParser,
     RunOptions,
+    add_policy_flags,
     add_run_flags,
     compile_and_describe,
+    resolve_policy,
     run_cli,
     run_metrics,
     train_loop,
@@ -48,7 +50,8 @@ class LMConfig:
   """One LM run. Model fields left ``None`` come from the preset."""
 
   preset: str = "tiny"  # A key of jaxckpt.gpt.GPT_PRESETS: tiny, small, gpt2-small.
-  policy: str = "none"  # Policy spec (jaxckpt.parse_policy grammar); block types attn, mlp.
+  policy: str | None = None  # Policy spec (jaxckpt.parse_policy grammar); block types attn, mlp.
+  gradient_checkpointing: bool | None = None  # Hugging Face-style switch: True = policy full, False = none.
   structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
   max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
   attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).
@@ -126,7 +129,8 @@ def run_options(config: LMConfig) -> RunOptions:
 def _run_identity(config: LMConfig, model_cfg: GPTConfig, corpus: text.TextCorpus) -> dict[str, Any]:
   """The config fields a resumed run must share with the saved one (remat choices may change: they keep numbers)."""
   identity = {k: v for k, v in dataclasses.asdict(config).items()
-              if k not in ("policy", "structure", "scan", "out", "ckpt_dir", "ckpt_every", "resume", "progress",
+              if k not in ("policy", "gradient_checkpointing", "structure", "scan", "out", "ckpt_dir", "ckpt_every",
+                           "resume", "progress",
                            "corpus", "allow_config_change", "nan_policy", "eval_every", "eval_batches")}
   identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
   identity["corpus"] = {"source": corpus.source, "sha256": corpus.sha256}
@@ -164,7 +168,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   _check(config)
   options = run_options(config)
   options.check()
-  spec = jaxckpt.parse_policy(config.policy)
+  spec = resolve_policy(config.policy, config.gradient_checkpointing)
   model_cfg = model_config(config)
   if model_cfg.vocab_size < text.VOCAB_SIZE:
     raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
@@ -248,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument("--preset", default=defaults.preset,
                       help=f"model preset: {', '.join(GPT_PRESETS)} (default %(default)s)")
-  parser.add_argument("--policy", default=defaults.policy, help="remat policy spec (grammar below; default none)")
+  add_policy_flags(parser)
   parser.add_argument("--grad-accum-steps", type=int, default=defaults.grad_accum_steps,
                       help="split each batch into N micro-batches, one update (must divide the batch size)")
   parser.add_argument("--structure", default=defaults.structure,

@@ -39,6 +39,8 @@ __all__ = [
     "params_digest",
     "CLIParser",
     "add_run_flags",
+    "add_policy_flags",
+    "resolve_policy",
     "run_cli",
 ]
 
@@ -99,6 +101,9 @@ def compile_and_describe(
     fn = jaxckpt.compile_train_step(step, state, example)
     compile_s = time.perf_counter() - started
   messages = [str(w.message) for w in caught]
+  offload = jaxckpt.xla.offload_warning(spec)
+  if offload is not None:
+    messages.append(offload)
   from flax import nnx
 
   types = jaxckpt.block_types(nnx.merge(graphdef, state.params, state.other))
@@ -292,6 +297,34 @@ class CLIParser(argparse.ArgumentParser):
 
   def error(self, message: str):
     self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.PolicySpec:
+  """The run's policy spec from ``--policy`` and the Hugging Face-style ``--(no-)gradient-checkpointing`` switch.
+
+  ``gradient_checkpointing=True`` means ``--policy full`` and ``False`` means ``--policy none``, as
+  ``TrainingArguments(gradient_checkpointing=True)`` recomputes every block. Neither given: ``none``.
+
+  Raises:
+    JaxckptError: the switch and an explicit ``--policy`` that disagree with each other.
+    PolicySpecError: a malformed ``--policy``.
+  """
+  spec = jaxckpt.parse_policy(policy if policy is not None else "none")
+  if gradient_checkpointing is None:
+    return spec
+  switch = "--gradient-checkpointing" if gradient_checkpointing else "--no-gradient-checkpointing"
+  wanted = jaxckpt.parse_policy("full" if gradient_checkpointing else "none")
+  if policy is not None and spec != wanted:
+    raise JaxckptError(f"{switch} means --policy {wanted}, which conflicts with --policy {policy}; give one of them")
+  return wanted
+
+
+def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds ``--policy`` and the Hugging Face-style ``--gradient-checkpointing/--no-gradient-checkpointing``."""
+  parser.add_argument("--policy", default=None, help="remat policy spec (grammar below; default none)")
+  parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                      help="Hugging Face-style switch: on = --policy full, off = --policy none (not with another "
+                           "--policy)")
 
 
 def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions) -> None:

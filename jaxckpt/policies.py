@@ -176,6 +176,11 @@ class Policy:
     return self.name != "none"
 
   @property
+  def offloads(self) -> bool:
+    """Whether the policy moves saved values to host memory (``pinned_host``)."""
+    return self.name == "offload_dot_with_no_batch_dims" or bool(self.offload_names)
+
+  @property
   def checkpoint_names(self) -> frozenset[str]:
     """Every checkpoint name the policy refers to."""
     return frozenset(self.names) | frozenset(self.offload_names)
@@ -218,6 +223,11 @@ class PolicySpec:
   def remat(self) -> bool:
     """Whether any block type is wrapped in ``jax.checkpoint``."""
     return self.default.remat or any(p.remat for _, p in self.blocks)
+
+  @property
+  def offloads(self) -> bool:
+    """Whether any block type's policy offloads saved values to host memory."""
+    return self.default.offloads or any(p.offloads for _, p in self.blocks)
 
   def validate(self, block_types: Mapping[str, Collection[str]]) -> "PolicySpec":
     """Checks the spec against a model's block types and the checkpoint names each emits.

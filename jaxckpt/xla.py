@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from jaxckpt.jaxprs import uses_remat
+from jaxckpt.policies import PolicySpec
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "jit",
     "compile_step",
     "memory_stats",
+    "offload_warning",
 ]
 
 CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
@@ -110,6 +112,21 @@ def compile_step(
         stacklevel=2,
     )
   return traced.lower().compile(compiler_options=options or None)
+
+
+def offload_warning(spec: "PolicySpec", backend: str | None = None) -> str | None:
+  """A warning when ``spec`` offloads residuals to host on a backend whose host and device memory are one (CPU).
+
+  Offloading (``save_and_offload_only_these_names``, ``offload_dot_with_no_batch_dims``) moves saved values to
+  ``pinned_host`` memory. On CPU that is the same RAM, so no memory is saved, whatever the compiled stats say.
+
+  Returns:
+    One line, or ``None`` when there is nothing to warn about.
+  """
+  if not spec.offloads or _backend(backend) != "cpu":
+    return None
+  return (f"policy {spec} offloads saved values to pinned_host, but on CPU host and device memory are the same RAM: "
+          "offloading saves no memory here (it does on GPU/TPU)")
 
 
 def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int | None]:

@@ -104,6 +104,9 @@ def bad_inputs(tmp_path):
       "preset": (["--preset", "huge"], ["'huge'", "tiny, small"]),
       "dtype": (["--compute-dtype", "float16"], ["invalid choice", "bfloat16"]),
       "epochs": (["--epochs", "0"], ["--epochs must be ≥ 1"]),
+      "switch": (["--gradient-checkpointing", "--policy", "dots_saveable"], ["conflicts with --policy dots_saveable"]),
+      "structure": (["--structure", "nestd"], ["did you mean 'nested'"]),
+      "accumulation": (["--grad-accum-steps", "3"], ["must divide --batch-size 64"]),
       "resume": (["--resume"], ["--resume needs --ckpt-dir"]),
       "missing file": (["--data", str(tmp_path / "nope.npz")], ["no such file"]),
       "empty file": (["--data", str(empty)], ["not a readable .npz"]),
@@ -159,3 +162,19 @@ def test_help_lists_block_types_and_grammar(capsys):
   out = capsys.readouterr().out
   assert "vit: attn, mlp" in out and "cnn: conv" in out and "block_map" in out
   assert classifier.build_parser().prog.startswith("python -m experiments.classifier")
+
+
+def test_gradient_checkpointing_switch_means_full_remat():
+  on = train(dataclasses.replace(TINY, epochs=1, policy=None, gradient_checkpointing=True), log=quiet)
+  off = train(dataclasses.replace(TINY, epochs=1, policy=None, gradient_checkpointing=False), log=quiet)
+  assert on.metrics["policy"] == "nothing_saveable" and off.metrics["policy"] == "none"
+  assert on.metrics["memory"]["temp_bytes"] < off.metrics["memory"]["temp_bytes"]
+  # Remat recomputes the same values; XLA may fuse the recomputation differently, so compare to rounding.
+  np.testing.assert_allclose(on.metrics["train_loss"], off.metrics["train_loss"], rtol=1e-4)
+
+
+def test_offload_policy_on_cpu_says_it_saves_nothing():
+  if jax.default_backend() != "cpu":
+    pytest.skip("host and device memory differ off CPU")
+  result = train(dataclasses.replace(TINY, epochs=1, policy="offload_dot_with_no_batch_dims"), log=quiet)
+  assert any("offloading saves no memory here" in w for w in result.metrics["warnings"])

@@ -26,6 +26,7 @@ from jaxckpt.report.policies import expand_policies
 from jaxckpt.report.steps import default_optimizer, target_block_types, target_structure
 from jaxckpt.report.targets import Target
 from jaxckpt.schema import SCHEMA_VERSION, versions
+from jaxckpt.xla import offload_warning
 
 __all__ = ["Report", "build_report", "saving_warnings"]
 
@@ -116,6 +117,7 @@ def build_report(
   rows, warnings = compile_rows(target, specs, tx=tx, jobs=jobs, xla_dump_dir=xla_dump,
                                 compiler_options=compiler_options, residuals=residuals, progress=progress)
   warnings += saving_warnings(rows)
+  warnings += [w for w in map(offload_warning, specs) if w is not None]
   if measure:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:
