@@ -24,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
+from jaxckpt.cli import CLIParser
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
 from jaxckpt.render import memory_table, policy_summary
 
@@ -290,13 +291,6 @@ def write_metrics(out: str | None, metrics: Mapping[str, Any], log=print) -> Non
   with open(path, "w") as f:
     json.dump(metrics, f, indent=2)
   log(f"wrote {path}")
-
-
-class CLIParser(argparse.ArgumentParser):
-  """argparse with one-line errors (exit 2, no usage dump)."""
-
-  def error(self, message: str):
-    self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.PolicySpec:

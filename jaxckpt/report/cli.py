@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import jax
 
 from jaxckpt import names
+from jaxckpt.cli import CLIParser
 from jaxckpt.errors import JaxckptError
 from jaxckpt.gpt import GPT_BLOCK_TYPES
 from jaxckpt.models import COMPUTE_DTYPES, MODELS
@@ -28,19 +29,12 @@ __all__ = ["build_parser", "main"]
 PROG = "jaxckpt-report"
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse with one-line errors (exit 2, no usage dump)."""
-
-  def error(self, message: str):
-    self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
   presets = "; ".join(f"{name}: {', '.join(names_)}" for name, names_ in SHIPPED_MODELS.items())
   blocks = "; ".join([*(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items()),
                       f"gpt: {', '.join(GPT_BLOCK_TYPES)}"])
-  parser = _Parser(
+  parser = CLIParser(
       prog=PROG,
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
