@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -51,6 +52,7 @@ from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 from jaxckpt.layers import _dropout, _split  # the NNX blocks' dropout: same key, same mask
 from jaxckpt.policies import PolicySpec, parse_policy
+from jaxckpt.structure import Structure, parse_structure
 
 __all__ = [
     "RematBlock",
@@ -369,6 +371,12 @@ class Stack(nn.Module):
     runs the scanned path, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
     XLA:CPU compile with :func:`jaxckpt.jit` for remat to save memory.
 
+  ``structure`` groups the blocks exactly as the NNX stack does (:mod:`jaxckpt.structure`): ``every:K``
+  rematerializes groups of K blocks, ``nested[:D]`` nests D levels of groups, each group under
+  ``jax.checkpoint(nothing_saveable)`` with the blocks' own policies inside; runs of equal-size groups are scanned
+  (or looped with ``scan=False``). A non-``block`` structure applies the block functionally over layer slices of the
+  same stacked parameters (initialisation still runs the scanned path), so the parameter tree is unchanged.
+
   Layer ``i`` gets ``jax.random.split(dropout_key, N)[i]``, as in NNX. Only the ``params`` collection is supported
   (jaxckpt's blocks have no other state).
 
@@ -376,19 +384,24 @@ class Stack(nn.Module):
     block: an unbound block *template*, e.g. ``TransformerBlock(64, 4, 256, policy="full")``, called as
       ``block(x, dropout_key=..., deterministic=...)``; its ``policy`` is the stack's.
     num_layers: N ≥ 1.
-    scan: scan over layers (``True``) or unroll (``False``).
+    scan: scan over layers (and groups) (``True``) or unroll (``False``).
+    structure: ``"block"`` (default), ``"every:K"``, ``"nested"`` or ``"nested:D"`` (or a
+      :class:`~jaxckpt.structure.Structure`).
 
   Raises:
-    JaxckptError: ``num_layers`` < 1, or a ``block`` without ``block_types`` (not a jaxckpt Linen block).
+    JaxckptError: ``num_layers`` < 1, a malformed ``structure``, or a ``block`` without ``block_types`` (not a
+      jaxckpt Linen block).
   """
 
   block: nn.Module
   num_layers: int
   scan: bool = True
+  structure: Any = "block"
 
   def __post_init__(self):
     if self.num_layers < 1:
       raise JaxckptError(f"num_layers={self.num_layers} must be ≥ 1")
+    parse_structure(self.structure)  # raises JaxckptError (with a did-you-mean) for a malformed structure
     if not hasattr(type(self.block), "block_types"):
       raise JaxckptError(
           f"Stack needs a jaxckpt.linen block (AttentionBlock, MLPBlock, ConvBlock, TransformerBlock or Stack), got "
@@ -421,6 +434,9 @@ class Stack(nn.Module):
     deterministic = _static_flag("deterministic", deterministic)
     dropout_key = _dropout_key(self, dropout_key, deterministic)
     keys = None if dropout_key is None else jax.random.split(dropout_key, self.num_layers)
+    structure = parse_structure(self.structure)
+    if structure.kind != "block" and not self.is_initializing():
+      return self._grouped(structure, x, keys, deterministic)
     if self.scan or self.is_initializing():
 
       def body(layer, h, key):
@@ -438,6 +454,40 @@ class Stack(nn.Module):
       key_i = None if keys is None else keys[i]
       x = layer.apply({"params": params_i}, x, dropout_key=key_i, deterministic=deterministic)
     return x
+
+  def _grouped(self, structure: Structure, x: jax.Array, keys: jax.Array | None, deterministic: bool) -> jax.Array:
+    """Applies the blocks with the grouping of ``structure``, as :meth:`jaxckpt.layers.Stack.__call__` does."""
+    stacked = self.variables["params"]["layers"]
+    layer = self.block.clone(parent=None, name=None)
+
+    def apply_block(h, layer_i):
+      params_i, key_i = layer_i
+      return layer.apply({"params": params_i}, h, dropout_key=key_i, deterministic=deterministic), None
+
+    def apply_range(h, layers, n: int, level: int):
+      """Applies ``n`` blocks (leaves of ``layers`` have a leading axis n) at nesting ``level``."""
+      if level == structure.levels - 1:
+        return self._loop(apply_block, h, layers, n)
+      offset = 0
+      for count, size in structure.groups(n, level):
+        part = jax.tree.map(lambda a: a[offset:offset + count * size].reshape(count, size, *a.shape[1:]), layers)
+        group = jax.checkpoint(
+            functools.partial(apply_range, n=size, level=level + 1), policy=jax.checkpoint_policies.nothing_saveable
+        )
+        h, _ = self._loop(group, h, part, count)
+        offset += count * size
+      return h, None
+
+    x, _ = apply_range(x, (stacked, keys), self.num_layers, 0)
+    return x
+
+  def _loop(self, fn, h: jax.Array, layers, n: int):
+    """``fn(h, layer_i) -> (h, None)`` over the leading axis of ``layers``: ``lax.scan`` or a Python loop."""
+    if self.scan:
+      return jax.lax.scan(fn, h, layers)
+    for i in range(n):
+      h, _ = fn(h, jax.tree.map(lambda a: a[i], layers))
+    return h, None
 
 
 def block_types(module: nn.Module) -> dict[str, frozenset[str]]:

@@ -286,3 +286,61 @@ def test_nnx_update_from_linen_migrates_weights():
   bad["mlp"]["fc1"]["bias"] = jnp.zeros(3)
   with pytest.raises(JaxckptError, match="shape mismatch"):
     L.nnx_update_from_linen(nnx_module, bad)
+
+
+GROUPED = [(s, True, ("none", "full")) for s in ("every:1", "every:3", "nested", "nested:3")]
+GROUPED += [("nested:3", False, ("full",))]
+DEPTH = 7
+
+
+def _mlp_stack(policy, scan=True, structure="block"):
+  return L.Stack(L.MLPBlock(8, 16, dropout_rate=RATE, policy=policy), DEPTH, scan=scan, structure=structure)
+
+
+@pytest.fixture(scope="module")
+def block_structure_grads():
+  """Parameters, inputs and the no-remat, block-structure loss and gradients of the 7-layer MLP stack (dropout on)."""
+  module = _mlp_stack("none")
+  x, key = _x(SEQ), _key(11)
+  params = _params(module, SEQ)
+  grad = jax.jit(jax.value_and_grad(_linen_loss(module), argnums=(0, 1), has_aux=True), compiler_options=FAST)
+  return params, x, key, grad(params, x, key)
+
+
+@pytest.mark.parametrize(
+    "structure,scan,policies", GROUPED, ids=[f"{s}-{'scan' if sc else 'unrolled'}" for s, sc, _ in GROUPED]
+)
+def test_structure_gradients_equal_block_structure_and_nnx(block_structure_grads, structure, scan, policies):
+  params, x, key, ref = block_structure_grads
+  linens, nnx_losses, nnx_params = [], [], []
+  for policy in policies:
+    linens.append(_mlp_stack(policy, scan, structure))
+    make = lambda rr, policy=policy: layers.MLPBlock(8, 16, dropout_rate=RATE, policy=policy, rngs=rr)  # noqa: E731
+    nnx_stack = nnx.eval_shape(lambda: layers.Stack(make, DEPTH, scan=scan, structure=structure, rngs=nnx.Rngs(0)))
+    graphdef, n_params, other = nnx.split(L.nnx_update_from_linen(nnx_stack, params), nnx.Param, ...)
+    nnx_losses.append(_loss(lambda p, x, key, g=graphdef, o=other: nnx.merge(g, p, o)(
+        x, dropout_key=key, deterministic=False)))
+    nnx_params.append(n_params)
+
+  @functools.partial(jax.jit, compiler_options=FAST)
+  def run(params, nnx_params, x, key):  # one compile for the Linen and NNX stacks under each policy
+    grad = lambda f, p: jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(p, x, key)  # noqa: E731
+    return [grad(_linen_loss(m), params) for m in linens], [grad(f, p) for f, p in zip(nnx_losses, nnx_params)]
+
+  linen_out, nnx_out = run(params, nnx_params, x, key)
+  for policy, got, ((n_loss, n_y), (n_gp, n_gx)) in zip(policies, linen_out, nnx_out):
+    chex.assert_trees_all_close(got, ref, **TOL, custom_message=f"Linen {structure} {policy}")
+    chex.assert_trees_all_close(((n_loss, n_y), (nnx.to_pure_dict(n_gp), n_gx)), ref, **TOL,
+                                custom_message=f"NNX {structure} {policy}")
+  jaxpr = jax.make_jaxpr(jax.grad(_linen_loss(linens[0]), has_aux=True))(params, x, key)
+  assert uses_remat(jaxpr)  # the groups are remat'd even when the blocks' policy is 'none'
+
+
+def test_bad_structure_raises():
+  with pytest.raises(JaxckptError, match="did you mean 'nested'"):
+    _mlp_stack("none", structure="nestd")
+  with pytest.raises(JaxckptError, match="every:4"):
+    _mlp_stack("none", structure="every")
+  with pytest.raises(JaxckptError, match="D ≥ 2"):
+    _mlp_stack("none", structure="nested:1")
+  assert L.with_policy(_mlp_stack("none", structure="every:2"), "full").structure == "every:2"
