@@ -26,6 +26,7 @@ from experiments.loop import (
     RunOptions,
     add_policy_flags,
     add_run_flags,
+    check_seed,
     compile_and_describe,
     resolve_policy,
     run_cli,
@@ -33,7 +34,7 @@ from experiments.loop import (
     train_loop,
     write_metrics,
 )
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
 from jaxckpt.structure import parse_structure
 
@@ -76,6 +77,11 @@ class ClassifierResult:
 
   metrics: dict[str, Any]
   state: jaxckpt.TrainState
+
+
+def _check_seeds(config) -> None:
+  check_seed("--seed", config.seed)
+  check_seed("--split-seed", config.split_seed)
 
 
 def _check(config: ClassifierConfig) -> None:
@@ -153,6 +159,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
   """
   _check(config)
+  _check_seeds(config)
   options = run_options(config)
   options.check()
   spec = resolve_policy(config.policy, config.gradient_checkpointing)
@@ -162,6 +169,10 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   if steps_per_epoch < 1:
     raise JaxckptError(f"--batch-size {config.batch_size} is larger than the {len(data.y_train)} training examples")
   total_steps = steps_per_epoch * config.epochs
+  patch = getattr(model_cfg, "patch_size", 1)
+  if data.image_shape[0] % patch or data.image_shape[1] % patch:
+    raise DataError(f"images of {data.source} are {data.image_shape[0]}×{data.image_shape[1]}, but the vit's "
+                    f"{patch}×{patch} patches need both sides divisible by {patch}: use --model mlp or cnn, or pad them")
   model = build_model(config.model, model_cfg, image_shape=data.image_shape, num_classes=data.num_classes,
                       policy=spec, seed=config.seed)
   warmup = min(int(config.warmup_epochs * steps_per_epoch), total_steps // 2)

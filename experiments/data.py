@@ -81,10 +81,22 @@ def load_npz(path: str, *, split_seed: int = 0, test_fraction: float = 0.2) -> I
     DataError: the file is missing, unreadable or empty, lacks ``x`` or ``y``, has wrong ranks, dtypes or lengths,
       non-finite pixels, negative labels, fewer than 2 classes, or too few examples to split.
   """
+  if os.path.isdir(path):
+    raise DataError(f"--data {path} is a directory; give an .npz file")
   if not os.path.isfile(path):
     raise DataError(f"--data {path}: no such file")
   try:
-    with np.load(path, allow_pickle=False) as npz:
+    loaded = np.load(path, allow_pickle=False)
+  except ValueError as err:  # pickled objects (or not numpy at all): never unpickled
+    raise DataError(f"--data {path}: not a readable .npz file of plain arrays (jaxckpt never loads pickled data); "
+                    "write it with numpy.savez(path, x=..., y=...)") from err
+  except (OSError, zipfile.BadZipFile, EOFError) as err:
+    raise DataError(f"--data {path}: not a readable .npz file ({err})") from err
+  if not isinstance(loaded, np.lib.npyio.NpzFile):
+    raise DataError(f"--data {path}: a single .npy array, not an .npz archive; write it with "
+                    "numpy.savez(path, x=..., y=...)")
+  try:
+    with loaded as npz:
       arrays = {k: npz[k] for k in npz.files}
   except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
     raise DataError(f"--data {path}: not a readable .npz file ({err})") from err
@@ -115,6 +127,9 @@ def load_npz(path: str, *, split_seed: int = 0, test_fraction: float = 0.2) -> I
   num_classes = int(y.max()) + 1
   if num_classes < 2:
     raise DataError(f"--data {path}: labels have {num_classes} class; need at least 2")
+  if num_classes > len(y):
+    raise DataError(f"--data {path}: labels go up to {num_classes - 1} but there are only {len(y)} examples "
+                    "(K is inferred as max(y) + 1); renumber the labels 0..K-1")
   if round(x.shape[0] * test_fraction) < 1 or x.shape[0] - round(x.shape[0] * test_fraction) < 1:
     raise DataError(f"--data {path}: {x.shape[0]} example(s) are too few to split into train and test")
   try:

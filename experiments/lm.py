@@ -30,6 +30,7 @@ from experiments.loop import (
     RunOptions,
     add_policy_flags,
     add_run_flags,
+    check_seed,
     compile_and_describe,
     resolve_policy,
     run_cli,
@@ -86,6 +87,11 @@ class LMResult:
 
   metrics: dict[str, Any]
   state: jaxckpt.TrainState
+
+
+def _check_seeds(config) -> None:
+  check_seed("--seed", config.seed)
+  check_seed("--split-seed", config.split_seed)
 
 
 def _check(config: LMConfig) -> None:
@@ -166,6 +172,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
       NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
   """
   _check(config)
+  _check_seeds(config)
   options = run_options(config)
   options.check()
   spec = resolve_policy(config.policy, config.gradient_checkpointing)

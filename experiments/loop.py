@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
-from jaxckpt.cli import CLIParser
+from jaxckpt.cli import CLIParser, check_output_dir
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
 from jaxckpt.render import memory_table, policy_summary
 
@@ -42,6 +42,7 @@ __all__ = [
     "add_run_flags",
     "add_policy_flags",
     "resolve_policy",
+    "check_seed",
     "run_cli",
 ]
 
@@ -62,7 +63,8 @@ class RunOptions:
   progress: bool = True  # Show a progress bar.
 
   def check(self) -> None:
-    """Raises :class:`JaxckptError` for values out of range, naming the flag."""
+    """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``, naming the flag."""
+    check_output_dir("--out", self.out)
     if self.ckpt_every < 1:
       raise JaxckptError(f"--ckpt-every must be ≥ 1, got {self.ckpt_every}")
     if self.nan_policy not in NAN_POLICIES:
@@ -291,6 +293,12 @@ def write_metrics(out: str | None, metrics: Mapping[str, Any], log=print) -> Non
   with open(path, "w") as f:
     json.dump(metrics, f, indent=2)
   log(f"wrote {path}")
+
+
+def check_seed(flag: str, value: int) -> None:
+  """Seeds are unsigned 32-bit (numpy, scikit-learn and JAX all take them): raises :class:`JaxckptError` otherwise."""
+  if not 0 <= value < 2**32:
+    raise JaxckptError(f"{flag} must be in 0..{2**32 - 1}, got {value}")
 
 
 def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.PolicySpec:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "closest"]
+__all__ = [
+    "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "closest", "shorten",
+]
 
 
 def closest(bad: str, valid: Iterable[str]) -> str | None:
@@ -19,13 +21,18 @@ def closest(bad: str, valid: Iterable[str]) -> str | None:
   return matches[0] if matches else None
 
 
+def shorten(text: str, limit: int = 80) -> str:
+  """``text`` cut to ``limit`` characters with ``...``, so a huge bad value cannot flood an error line."""
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _plural(word: str) -> str:
   return word[:-1] + "ies" if word.endswith("y") else word + "s"
 
 
 def _choices_message(what: str, bad: str, valid: Iterable[str], context: str = "") -> str:
   valid = sorted(set(valid))
-  message = f"unknown {what} {bad!r}{context}; valid {_plural(what)}: {', '.join(valid) if valid else '(none)'}"
+  message = f"unknown {what} {shorten(bad)!r}{context}; valid {_plural(what)}: {', '.join(valid) if valid else '(none)'}"
   suggestion = closest(bad, valid)
   if suggestion is not None:
     message += f"; did you mean {suggestion!r}?"
@@ -58,7 +65,8 @@ class PolicySpecError(JaxckptError):
     """Builds the 'unknown <what> <bad>; valid <what>s: ...; did you mean ...?' error."""
     valid = tuple(valid)
     return cls(
-        _choices_message(what, bad, valid, f"{context} in policy spec {spec!r}"), spec=spec, bad=bad, valid=valid
+        _choices_message(what, bad, valid, f"{context} in policy spec {shorten(spec)!r}"), spec=spec, bad=bad,
+        valid=valid
     )
 
 

@@ -48,7 +48,7 @@ from typing import Literal
 
 import jax
 
-from jaxckpt.errors import PolicySpecError
+from jaxckpt.errors import PolicySpecError, shorten
 
 __all__ = [
     "Policy",
@@ -279,14 +279,14 @@ def _parse_names(text: str, spec: str) -> tuple[str, ...]:
   for name in names:
     if not _NAME_RE.match(name):
       raise PolicySpecError(
-          f"malformed checkpoint name {name!r} in policy spec {spec!r}: names are letters, digits, '_', '-', '.' "
+          f"malformed checkpoint name {shorten(name)!r} in policy spec {shorten(spec)!r}: names are letters, digits, '_', '-', '.' "
           "joined by '+' (e.g. save_only_these_names:qkv+mlp_hidden)",
           spec=spec,
           bad=name,
       )
   if len(set(names)) != len(names):
     dup = next(n for n in names if names.count(n) > 1)
-    raise PolicySpecError(f"checkpoint name {dup!r} given twice in policy spec {spec!r}", spec=spec, bad=dup)
+    raise PolicySpecError(f"checkpoint name {dup!r} given twice in policy spec {shorten(spec)!r}", spec=spec, bad=dup)
   return names
 
 
@@ -294,7 +294,7 @@ def _parse_one(text: str, spec: str) -> Policy:
   name, sep, args = (part.strip() for part in text.partition(":"))
   if not name:
     raise PolicySpecError(
-        f"empty policy name in policy spec {spec!r}; valid policies: {', '.join(POLICY_NAMES)}",
+        f"empty policy name in policy spec {shorten(spec)!r}; valid policies: {', '.join(POLICY_NAMES)}",
         spec=spec,
         bad=text,
         valid=POLICY_NAMES,
@@ -306,14 +306,14 @@ def _parse_one(text: str, spec: str) -> Policy:
   if kind.arity == "none":
     if sep:
       raise PolicySpecError(
-          f"policy {name!r} takes no arguments, got {args!r} in policy spec {spec!r}", spec=spec, bad=text
+          f"policy {name!r} takes no arguments, got {shorten(args)!r} in policy spec {shorten(spec)!r}", spec=spec, bad=text
       )
     return Policy(canonical)
   example = kind.doc.rsplit(": ", 1)[-1]
   if kind.arity == "names":
     if "/" in args:
       raise PolicySpecError(
-          f"policy {name!r} takes one '+'-joined list of checkpoint names, got {args!r} in policy spec {spec!r} "
+          f"policy {name!r} takes one '+'-joined list of checkpoint names, got {shorten(args)!r} in policy spec {shorten(spec)!r} "
           f"(e.g. {example})",
           spec=spec,
           bad=args,
@@ -321,7 +321,7 @@ def _parse_one(text: str, spec: str) -> Policy:
     names = _parse_names(args, spec)
     if not names:
       raise PolicySpecError(
-          f"policy {name!r} needs at least one checkpoint name in policy spec {spec!r} (e.g. {example})",
+          f"policy {name!r} needs at least one checkpoint name in policy spec {shorten(spec)!r} (e.g. {example})",
           spec=spec,
           bad=text,
       )
@@ -329,7 +329,7 @@ def _parse_one(text: str, spec: str) -> Policy:
   save_text, slash, offload_text = args.partition("/")
   if not slash or "/" in offload_text:
     raise PolicySpecError(
-        f"policy {name!r} takes SAVE_NAMES/OFFLOAD_NAMES (one '/'), got {args!r} in policy spec {spec!r} "
+        f"policy {name!r} takes SAVE_NAMES/OFFLOAD_NAMES (one '/'), got {shorten(args)!r} in policy spec {shorten(spec)!r} "
         f"(e.g. {example})",
         spec=spec,
         bad=args or text,
@@ -337,7 +337,7 @@ def _parse_one(text: str, spec: str) -> Policy:
   save, offload = _parse_names(save_text, spec), _parse_names(offload_text, spec)
   if not save and not offload:
     raise PolicySpecError(
-        f"policy {name!r} needs at least one checkpoint name in policy spec {spec!r} (e.g. {example})",
+        f"policy {name!r} needs at least one checkpoint name in policy spec {shorten(spec)!r} (e.g. {example})",
         spec=spec,
         bad=text,
     )
@@ -345,7 +345,7 @@ def _parse_one(text: str, spec: str) -> Policy:
   if both:
     bad = sorted(both)[0]
     raise PolicySpecError(
-        f"checkpoint name {bad!r} is both saved and offloaded in policy spec {spec!r}; list it on one side of '/'",
+        f"checkpoint name {bad!r} is both saved and offloaded in policy spec {shorten(spec)!r}; list it on one side of '/'",
         spec=spec,
         bad=bad,
     )
@@ -376,7 +376,7 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
     return PolicySpec(default=spec)
   if not isinstance(spec, str):
     raise PolicySpecError(
-        f"a policy spec must be a string, Policy or PolicySpec, got {type(spec).__name__}: {spec!r}",
+        f"a policy spec must be a string, Policy or PolicySpec, got {type(spec).__name__}: {shorten(spec)!r}",
         spec=repr(spec),
         bad=repr(spec),
     )
@@ -388,7 +388,7 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
   if "=" not in text:
     if "," in text:
       raise PolicySpecError(
-          f"policy spec {spec!r} lists several policies without block types; write block=policy pairs, "
+          f"policy spec {shorten(spec)!r} lists several policies without block types; write block=policy pairs, "
           "e.g. attn=dots_saveable,mlp=full",
           spec=spec,
           bad=text,
@@ -401,13 +401,13 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
     block, eq, policy_text = (part.strip() for part in item.partition("="))
     if not eq or not block or not _NAME_RE.match(block):
       raise PolicySpecError(
-          f"malformed entry {item.strip()!r} in policy spec {spec!r}: a block map is block=policy pairs joined by ',' "
+          f"malformed entry {shorten(item.strip())!r} in policy spec {shorten(spec)!r}: a block map is block=policy pairs joined by ',' "
           "(e.g. attn=dots_saveable,mlp=full,default=none)",
           spec=spec,
           bad=item.strip(),
       )
     if block in seen:
-      raise PolicySpecError(f"block type {block!r} given twice in policy spec {spec!r}", spec=spec, bad=block)
+      raise PolicySpecError(f"block type {shorten(block)!r} given twice in policy spec {shorten(spec)!r}", spec=spec, bad=block)
     seen.add(block)
     policy = _parse_one(policy_text, spec)
     if block == DEFAULT_BLOCK:

@@ -335,3 +335,8 @@ def test_structure_and_grad_accumulation_targets():
   assert nested.data["structure"] == "scan, nested:2" and nested.row("nothing_saveable")["status"] == "ok"
   with pytest.raises(jaxckpt.JaxckptError, match="must be ≥ 1 and divide the batch size 64"):
     shipped_target("mlp", "small", batch_size=64, grad_accum_steps=3)
+
+
+def test_cli_unwritable_output_is_refused_before_compiling(tmp_path, capsys):
+  assert main(["--model", "mlp", "--policies", "none", "--json", str(tmp_path)]) == 2
+  assert "is a directory" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import jax
 
 from jaxckpt import names
-from jaxckpt.cli import CLIParser
+from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.gpt import GPT_BLOCK_TYPES
 from jaxckpt.models import COMPUTE_DTYPES, MODELS
@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in ("steps", "warmup", "jobs"):
       if getattr(args, flag) < 1:
         raise JaxckptError(f"--{flag} must be ≥ 1, got {getattr(args, flag)}")
+    for flag in ("json", "csv", "markdown", "html", "plot"):
+      check_output_file(f"--{flag}", getattr(args, flag))
     target = _target(args)
     expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
   except JaxckptError as err:

@@ -245,7 +245,7 @@ def load_target(spec: str) -> Target:
   if not callable(function):
     found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
     raise JaxckptError(f"bad --target {spec!r}: module {module_name} has no function {function_name!r}; "
-                       f"its functions: {', '.join(found) or '(none)'}")
+                       f"its functions: {', '.join(found[:20]) or '(none)'}{', ...' if len(found) > 20 else ''}")
   target = function()
   if not isinstance(target, (ModelTarget, LossTarget)):
     raise JaxckptError(f"bad --target {spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
