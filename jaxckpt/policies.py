@@ -376,7 +376,7 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
     return PolicySpec(default=spec)
   if not isinstance(spec, str):
     raise PolicySpecError(
-        f"a policy spec must be a string, Policy or PolicySpec, got {type(spec).__name__}: {shorten(spec)!r}",
+        f"a policy spec must be a string, Policy or PolicySpec, got {type(spec).__name__}: {shorten(repr(spec))}",
         spec=repr(spec),
         bad=repr(spec),
     )
