@@ -26,7 +26,7 @@ from experiments.loop import (
     RunOptions,
     add_policy_flags,
     add_run_flags,
-    check_seed,
+    check_seeds,
     compile_and_describe,
     resolve_policy,
     run_cli,
@@ -77,11 +77,6 @@ class ClassifierResult:
 
   metrics: dict[str, Any]
   state: jaxckpt.TrainState
-
-
-def _check_seeds(config) -> None:
-  check_seed("--seed", config.seed)
-  check_seed("--split-seed", config.split_seed)
 
 
 def _check(config: ClassifierConfig) -> None:
@@ -135,11 +130,6 @@ def _evaluate(eval_step, state, *, data, batch_size: int) -> dict[str, float]:
   return {"test_loss": loss_sum / count, "test_accuracy": correct / count}
 
 
-def run_options(config: ClassifierConfig) -> RunOptions:
-  """The shared run flags of a classifier config."""
-  return RunOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(RunOptions)})
-
-
 def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   """Trains and evaluates one classifier run.
 
@@ -159,8 +149,8 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
   """
   _check(config)
-  _check_seeds(config)
-  options = run_options(config)
+  check_seeds(config)
+  options = RunOptions.of(config)
   options.check()
   spec = resolve_policy(config.policy, config.gradient_checkpointing)
   data = load_dataset(config.data, split_seed=config.split_seed)
@@ -260,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--seed", type=int, default=defaults.seed)
   parser.add_argument("--split-seed", type=int, default=defaults.split_seed, help="seed of the train/test split")
   parser.add_argument("--data", default=None, help="FILE.npz with x: [N,H,W(,C)] float, y: [N] int (default digits)")
-  add_run_flags(parser, run_options(defaults))
+  add_run_flags(parser, RunOptions.of(defaults))
   return parser
 
 

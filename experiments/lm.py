@@ -30,7 +30,7 @@ from experiments.loop import (
     RunOptions,
     add_policy_flags,
     add_run_flags,
-    check_seed,
+    check_seeds,
     compile_and_describe,
     resolve_policy,
     run_cli,
@@ -89,11 +89,6 @@ class LMResult:
   state: jaxckpt.TrainState
 
 
-def _check_seeds(config) -> None:
-  check_seed("--seed", config.seed)
-  check_seed("--split-seed", config.split_seed)
-
-
 def _check(config: LMConfig) -> None:
   if config.preset not in GPT_PRESETS:
     raise JaxckptError(f"unknown preset {config.preset!r} for model gpt; valid presets: {', '.join(GPT_PRESETS)}")
@@ -125,11 +120,6 @@ def model_config(config: LMConfig) -> GPTConfig:
     if value is not None:
       overrides[field] = value
   return dataclasses.replace(GPT_PRESETS[config.preset], **overrides)
-
-
-def run_options(config: LMConfig) -> RunOptions:
-  """The shared run flags of an LM config."""
-  return RunOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(RunOptions)})
 
 
 def _run_identity(config: LMConfig, model_cfg: GPTConfig, corpus: text.TextCorpus) -> dict[str, Any]:
@@ -172,8 +162,8 @@ def train(config: LMConfig, *, log=print) -> LMResult:
       NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
   """
   _check(config)
-  _check_seeds(config)
-  options = run_options(config)
+  check_seeds(config)
+  options = RunOptions.of(config)
   options.check()
   spec = resolve_policy(config.policy, config.gradient_checkpointing)
   model_cfg = model_config(config)
@@ -285,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--corpus", default=None, help="a text file or folder (default: the stdlib's .py files)")
   parser.add_argument("--corpus-max-mib", type=float, default=defaults.corpus_max_mib,
                       help="read at most this many MiB of the corpus (default %(default)s)")
-  add_run_flags(parser, run_options(defaults))
+  add_run_flags(parser, RunOptions.of(defaults))
   return parser
 
 

@@ -42,7 +42,7 @@ __all__ = [
     "add_run_flags",
     "add_policy_flags",
     "resolve_policy",
-    "check_seed",
+    "check_seeds",
     "run_cli",
 ]
 
@@ -61,6 +61,11 @@ class RunOptions:
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
   nan_policy: str = "stop"  # "stop" or "skip" (see NAN_POLICIES).
   progress: bool = True  # Show a progress bar.
+
+  @classmethod
+  def of(cls, config: Any) -> "RunOptions":
+    """The run flags of an experiment config that has the same field names (flat, for ``dataclasses.replace``)."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
   def check(self) -> None:
     """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``, naming the flag."""
@@ -295,10 +300,15 @@ def write_metrics(out: str | None, metrics: Mapping[str, Any], log=print) -> Non
   log(f"wrote {path}")
 
 
-def check_seed(flag: str, value: int) -> None:
-  """Seeds are unsigned 32-bit (numpy, scikit-learn and JAX all take them): raises :class:`JaxckptError` otherwise."""
-  if not 0 <= value < 2**32:
-    raise JaxckptError(f"{flag} must be in 0..{2**32 - 1}, got {value}")
+def check_seeds(config: Any) -> None:
+  """``--seed`` and ``--split-seed`` are unsigned 32-bit (numpy, scikit-learn and JAX all take them).
+
+  Raises:
+    JaxckptError: a seed outside 0..2**32 - 1, naming the flag.
+  """
+  for flag, value in (("--seed", config.seed), ("--split-seed", config.split_seed)):
+    if not 0 <= value < 2**32:
+      raise JaxckptError(f"{flag} must be in 0..{2**32 - 1}, got {value}")
 
 
 def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.PolicySpec:
