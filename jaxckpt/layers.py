@@ -14,6 +14,8 @@ Static flags (``deterministic``) are closed over, never traced.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -26,7 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt import names
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import Policy, PolicySpec, parse_policy
+from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.remat import module_call
 from jaxckpt.structure import Structure, parse_structure
 
@@ -55,6 +57,22 @@ def _dropout(x: jax.Array, rate: float, key: jax.Array | None, deterministic: bo
     raise JaxckptError("dropout is on (deterministic=False, rate > 0) but no dropout_key was given")
   keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
   return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+_STACK_INPUTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("jaxckpt_stack_inputs", default=None)
+
+
+@contextlib.contextmanager
+def record_stack_inputs():
+  """Within this context every :class:`Stack` call appends ``(stack, jax.ShapeDtypeStruct of its input)`` to the list
+  it yields: how :mod:`jaxckpt.planner` learns a layer's input shape from a traced train step (micro-batching
+  included). Only shapes are kept, so it works under ``jax.eval_shape``."""
+  found: list = []
+  token = _STACK_INPUTS.set(found)
+  try:
+    yield found
+  finally:
+    _STACK_INPUTS.reset(token)
 
 
 def _split(key: jax.Array | None, n: int) -> list[jax.Array | None]:
@@ -316,6 +334,10 @@ class Stack(nnx.Module):
   with the blocks' own policies inside. Non-parameter state of the blocks (e.g. batch statistics) is carried out of
   the loops and written back.
 
+  A :class:`~jaxckpt.policies.LayeredPolicy` set by :func:`set_policy` (attribute ``layered``) splits the layers into
+  consecutive ranges, each its own scan (or unrolled run) with its blocks under that range's spec: the mixed plans of
+  :mod:`jaxckpt.planner`. It needs ``structure="block"``.
+
   Args:
     make_block: ``rngs -> block``; the block is called as ``block(x, dropout_key=..., deterministic=...)``.
     num_layers: N ≥ 1.
@@ -340,6 +362,7 @@ class Stack(nnx.Module):
       raise JaxckptError(f"num_layers={num_layers} must be ≥ 1")
     self.num_layers, self.scan = num_layers, scan
     self.structure = parse_structure(structure)
+    self.layered: LayeredPolicy | None = None
 
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -359,12 +382,18 @@ class Stack(nnx.Module):
     Returns:
       Output of the last block, shaped like ``x``.
     """
+    recorded = _STACK_INPUTS.get()
+    if recorded is not None:
+      recorded.append((self, jax.ShapeDtypeStruct(x.shape, x.dtype)))
     graphdef, params, other = nnx.split(self.layers, nnx.Param, ...)
     keys = None if dropout_key is None else jax.random.split(dropout_key, self.num_layers)
 
-    def apply_block(h, layer):
+    def apply_block(h, layer, spec: PolicySpec | None = None):
       layer_params, layer_other, key = layer
       block = nnx.merge(graphdef, layer_params, layer_other)
+      if spec is not None:  # a range of a LayeredPolicy: its spec, validated by set_policy
+        for sub in _remat_blocks(block):
+          sub.policy = spec
       h = block(h, dropout_key=key, deterministic=deterministic)
       return h, nnx.state(block, nnx.Not(nnx.Param))
 
@@ -383,7 +412,17 @@ class Stack(nnx.Module):
         offset += count * size
       return h, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
 
-    x, new_other = apply_range(x, (params, other, keys), self.num_layers, 0)
+    layers = (params, other, keys)
+    if self.layered is None:
+      x, new_other = apply_range(x, layers, self.num_layers, 0)
+    else:
+      outs, offset = [], 0
+      for count, spec in self.layered.segments:
+        part = jax.tree.map(lambda a: a[offset:offset + count], layers)
+        x, out = self._loop(functools.partial(apply_block, spec=spec), x, part, count)
+        outs.append(out)
+        offset += count
+      new_other = jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
     nnx.update(self.layers, new_other)
     return x
 
@@ -417,25 +456,49 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
   return {k: frozenset(v) for k, v in sorted(found.items())}
 
 
-def set_policy(module: nnx.Module, policy: PolicyLike) -> PolicySpec:
-  """Sets the policy spec of every jaxckpt block inside ``module``, after validating it against them.
+def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> PolicySpec | LayeredPolicy:
+  """Sets the policy of every jaxckpt block inside ``module``, after validating it against them.
 
   Parameters are untouched, so one model can be compiled under several policies.
 
   Args:
     module: an NNX module containing jaxckpt blocks.
-    policy: the policy spec.
+    policy: a policy spec (:func:`jaxckpt.parse_policy`), or a per-layer-range policy
+      (:class:`~jaxckpt.policies.LayeredPolicy`, text ``0-3:dots_saveable;4-11:full``) for the model's
+      :class:`Stack`\ s: every stack must have that many layers and ``structure="block"``; blocks outside stacks
+      get the first range's spec. A :class:`~jaxckpt.policies.Budget` must be planned first
+      (:func:`jaxckpt.planner.plan_policy`).
 
   Returns:
-    The parsed and validated spec.
+    The parsed and validated spec or layered policy.
 
   Raises:
-    PolicySpecError: malformed spec, a block type the model does not have, or a checkpoint name its blocks never emit.
+    PolicySpecError: malformed spec, a block type the model does not have, or a checkpoint name its blocks never
+      emit.
+    JaxckptError: a layered policy for a model without stacks, or whose layer count or structure does not fit a
+      stack; a budget (not yet planned).
   """
-  spec = parse_policy(policy).validate(block_types(module))
+  parsed = parse_model_policy(policy)
+  if isinstance(parsed, Budget):
+    raise JaxckptError(f"policy {str(parsed)!r} is a memory budget: plan it for the model first with "
+                       "jaxckpt.planner.plan_policy(...), then set the plan it returns")
+  parsed = parsed.validate(block_types(module))
+  stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
+  if isinstance(parsed, LayeredPolicy):
+    if not stacks:
+      raise JaxckptError(f"layered policy {str(parsed)!r} needs a model with a jaxckpt Stack; this one has none")
+    for stack in stacks:
+      if stack.num_layers != parsed.num_layers:
+        raise JaxckptError(f"layered policy {str(parsed)!r} covers {parsed.num_layers} layers but the model's stack "
+                           f"has {stack.num_layers}: ranges must cover 0-{stack.num_layers - 1}")
+      if stack.structure.levels != 1:
+        raise JaxckptError(f"layered policy {str(parsed)!r} needs structure block, the stack has {stack.structure}")
+  spec = parsed.segments[0][1] if isinstance(parsed, LayeredPolicy) else parsed
   for block in _remat_blocks(module):
     block.policy = spec
-  return spec
+  for stack in stacks:
+    stack.layered = parsed if isinstance(parsed, LayeredPolicy) else None
+  return parsed
 
 
 def describe_block_types(types: Mapping[str, frozenset[str]]) -> str:

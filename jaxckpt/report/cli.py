@@ -24,7 +24,7 @@ from jaxckpt.report.outputs import to_table, write_outputs
 from jaxckpt.report.policies import ALL, expand_policies
 from jaxckpt.report.targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, load_target, shipped_target
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "add_target_flags", "target_from_args", "main"]
 
 PROG = "jaxckpt-report"
 
@@ -54,21 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
           f"  {PROG} --target mypkg.targets:target --policies none full --json report.json"
       ),
   )
-  what = parser.add_mutually_exclusive_group()
-  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
-  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss (see below)")
-  parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
-  parser.add_argument("--batch-size", type=int, default=None,
-                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
-  parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
-  parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
-  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
-  parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
-                      help="scan over layers or --no-scan to unroll them (default: the preset's)")
-  parser.add_argument("--structure", default=None,
-                      help="checkpoint structure of the layer stack: block, every:K, nested, nested:D (default block)")
-  parser.add_argument("--grad-accum-steps", type=int, default=1,
-                      help="micro-batches per step, gradients averaged (compare B with remat vs N×B/N accumulated)")
+  add_target_flags(parser)
   parser.add_argument("--policies", nargs="+", default=[ALL], metavar="SPEC", help="policy specs (default all)")
   parser.add_argument("--measure", action="store_true", help="also run each policy: step time and measured peak")
   parser.add_argument("--steps", type=int, default=5, help="timed steps per policy with --measure (default 5)")
@@ -85,7 +71,31 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _target(args: argparse.Namespace):
+def add_target_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds the flags that choose what to compile: ``--model``/``--target``, ``--preset`` and the shape overrides."""
+  what = parser.add_mutually_exclusive_group()
+  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
+  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss (see below)")
+  parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
+  parser.add_argument("--batch-size", type=int, default=None,
+                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
+  parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
+  parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
+  parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
+                      help="scan over layers or --no-scan to unroll them (default: the preset's)")
+  parser.add_argument("--structure", default=None,
+                      help="checkpoint structure of the layer stack: block, every:K, nested, nested:D (default block)")
+  parser.add_argument("--grad-accum-steps", type=int, default=1,
+                      help="micro-batches per step, gradients averaged (compare B with remat vs N×B/N accumulated)")
+
+
+def target_from_args(args: argparse.Namespace):
+  """The target the flags of :func:`add_target_flags` describe.
+
+  Raises:
+    JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
+  """
   if args.target is not None:
     given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan", "structure")
              if getattr(args, f) is not None]
@@ -112,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise JaxckptError(f"--{flag} must be ≥ 1, got {getattr(args, flag)}")
     for flag in ("json", "csv", "markdown", "html", "plot"):
       check_output_file(f"--{flag}", getattr(args, flag))
-    target = _target(args)
+    target = target_from_args(args)
     expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
   except JaxckptError as err:
     print(f"{parser.prog}: error: {err}", file=sys.stderr)

@@ -1,0 +1,43 @@
+"""Automatic remat policies under a memory budget: ``budget:1.5GiB``, ``budget:40%``, ``auto``.
+
+Give the memory you have; get the per-layer policy with the least recomputation that fits, verified by compiling
+the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX code (:func:`export_code`).
+
+Example::
+
+    >>> from jaxckpt.report import shipped_target
+    >>> from jaxckpt.planner import plan_policy
+    >>> plan = plan_policy(shipped_target("gpt", "small"), "budget:50%")
+    >>> print(plan.explain())
+    >>> model = ...; jaxckpt.set_policy(model, plan.policy)
+"""
+
+from jaxckpt.planner.candidates import LayerCandidate, block_options, layer_candidates, pareto_front
+from jaxckpt.planner.export import export_code
+from jaxckpt.planner.plan import (
+    MAX_ROUNDS,
+    CompiledPoint,
+    InfeasibleBudgetError,
+    Plan,
+    device_memory_bytes,
+    plan_policy,
+)
+from jaxckpt.planner.solve import Assignment, exhaustive, pareto_totals, solve
+
+__all__ = [
+    "Assignment",
+    "CompiledPoint",
+    "InfeasibleBudgetError",
+    "LayerCandidate",
+    "MAX_ROUNDS",
+    "Plan",
+    "block_options",
+    "device_memory_bytes",
+    "exhaustive",
+    "export_code",
+    "layer_candidates",
+    "pareto_front",
+    "pareto_totals",
+    "plan_policy",
+    "solve",
+]

@@ -1,0 +1,203 @@
+"""Per-layer candidate policies of a budget plan, each with its saved bytes and recompute FLOPs, measured by JAX.
+
+One layer of the model's :class:`~jaxckpt.Stack` (the scan body) is traced on its real input shape, under each
+candidate spec:
+
+- **saved bytes**: JAX's saved-residual analysis (:func:`jaxckpt.residuals.saved_residuals`) of the layer w.r.t. its
+  parameters and input, arguments excluded (the scan keeps each layer's input anyway);
+- **FLOPs**: :func:`jaxckpt.flops.count_flops` of the layer's forward + backward (``jax.vjp`` and its pullback), so
+  the recomputation of a remat'd block is counted; *recompute FLOPs* are those minus the ``none`` candidate's.
+
+The candidate space per block type is ``none``, ``full`` (``nothing_saveable``), ``dots_saveable``,
+``dots_with_no_batch_dims_saveable`` and ``save_only_these_names:S`` for every non-empty subset S of the names that
+block emits (pairs at most when it emits more than :data:`MAX_SUBSET_NAMES`). A layer candidate picks one option
+per block type. Measuring every combination would take one trace each, so it is done in two stages: each block
+type's options are measured with the other block types at ``full`` and combined additively; then the combinations on
+that estimate's Pareto front, and the uniform (built-in) ones, are traced as whole layers and only those exact
+figures are used. The same measured list is what the solver and the tests' exhaustive search see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxckpt.flops import count_flops
+from jaxckpt.layers import Stack, _remat_blocks
+from jaxckpt.policies import Policy, PolicySpec
+from jaxckpt.residuals import saved_residuals
+
+__all__ = ["LayerCandidate", "block_options", "LayerProbe", "layer_candidates", "pareto_front", "MAX_SUBSET_NAMES"]
+
+MAX_SUBSET_NAMES = 5
+"""Block types emitting at most this many checkpoint names get every subset as a candidate; more get singletons and
+pairs only (the subset count grows as 2^n)."""
+
+_FIXED_OPTIONS = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCandidate:
+  """One layer's policy spec and what it costs.
+
+  Attributes:
+    spec: the per-block-type spec of the layer.
+    saved_bytes: bytes one layer saves for the backward pass (residuals, arguments excluded).
+    flops: FLOPs of one layer's forward + backward pass (recomputation included).
+    recompute_flops: ``flops`` minus the ``none`` candidate's (≥ 0 up to counting noise).
+    exact: measured as a whole layer (``True``) or estimated from per-block measurements (``False``).
+  """
+
+  spec: PolicySpec
+  saved_bytes: int
+  flops: int
+  recompute_flops: int
+  exact: bool = True
+
+  @property
+  def saved_names(self) -> dict[str, tuple[str, ...]]:
+    """Block type -> the checkpoint names its policy saves (``save_only_these_names``), for explaining a plan."""
+    pairs = self.spec.blocks or (("*", self.spec.default),)
+    return {block: policy.names for block, policy in pairs if policy.name == "save_only_these_names"}
+
+
+def block_options(names: Sequence[str]) -> list[Policy]:
+  """The candidate policies of one block type that emits ``names``.
+
+  Returns:
+    ``none``, ``nothing_saveable``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``, then
+    ``save_only_these_names:S`` for each non-empty subset S (sizes ≤ 2 when ``len(names)`` >
+    :data:`MAX_SUBSET_NAMES`), in a fixed order.
+  """
+  names = sorted(names)
+  sizes = range(1, len(names) + 1) if len(names) <= MAX_SUBSET_NAMES else range(1, 3)
+  subsets = [combo for k in sizes for combo in itertools.combinations(names, k)]
+  return [Policy(name) for name in _FIXED_OPTIONS] + [Policy("save_only_these_names", s) for s in subsets]
+
+
+def _spec(pairs: Sequence[tuple[str, Policy]]) -> PolicySpec:
+  """A layer spec from (block type, policy) pairs; one policy for every block type is written as that policy."""
+  policies = {p for _, p in pairs}
+  return PolicySpec(default=policies.pop()) if len(policies) == 1 else PolicySpec(blocks=tuple(pairs))
+
+
+def _uniform(policy: Policy, blocks: Sequence[str]) -> PolicySpec:
+  return _spec([(b, policy) for b in blocks])
+
+
+@dataclasses.dataclass
+class LayerProbe:
+  """Traces one layer of a stack under a spec and measures it (see the module docstring).
+
+  Args:
+    stack: the model's :class:`~jaxckpt.Stack` (abstract, from ``nnx.eval_shape``, is enough).
+    x: the stack's input, a ``jax.ShapeDtypeStruct`` (e.g. ``[B, T, D] float32``).
+    dropout: run the layer with dropout on (as the train step does), its key an argument.
+  """
+
+  stack: Stack
+  x: jax.ShapeDtypeStruct
+  dropout: bool = True
+
+  def __post_init__(self):
+    graphdef, params, other = nnx.split(self.stack.layers, nnx.Param, ...)
+    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731 - drop the layer axis
+    self._graphdef = graphdef
+    self._params = jax.tree.map(one, params)
+    self._other = jax.tree.map(one, other)
+    self.traces = 0
+
+  def measure(self, spec: PolicySpec) -> tuple[int, int]:
+    """``(saved_bytes, flops)`` of one layer under ``spec`` (bytes, FLOPs of forward + backward)."""
+    found: dict[str, int] = {}
+    graphdef = self._graphdef
+
+    def outer(other, key):
+      # other and key are tracers of this trace: the inner analyses see them as constants, not inputs.
+      def layer(params, x):
+        block = nnx.merge(graphdef, params, other, copy=True)
+        for sub in _remat_blocks(block):
+          sub.policy = spec
+        return block(x, dropout_key=key if self.dropout else None, deterministic=not self.dropout)
+
+      residuals = saved_residuals(layer, self._params, self.x)
+      found["bytes"] = sum(r.bytes for r in residuals if r.kind != "argument")
+      pullback = lambda p, x, ct: jax.vjp(layer, p, x)[1](ct)  # noqa: E731
+      found["flops"] = count_flops(pullback, self._params, self.x, self.x).total
+      return 0
+
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    jax.make_jaxpr(outer)(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._other), key)
+    self.traces += 1
+    return found["bytes"], found["flops"]
+
+
+def pareto_front(candidates: Sequence[LayerCandidate]) -> list[LayerCandidate]:
+  """The candidates no other beats on both saved bytes and recompute FLOPs, by increasing bytes.
+
+  Ties on both keep the first given (so uniform built-ins, listed first, win).
+  """
+  front: list[LayerCandidate] = []
+  for cand in sorted(candidates, key=lambda c: (c.saved_bytes, c.recompute_flops)):
+    if not front or cand.recompute_flops < front[-1].recompute_flops:
+      front.append(cand)
+  return front
+
+
+def layer_candidates(probe: LayerProbe, block_types: Mapping[str, Sequence[str]]) -> list[LayerCandidate]:
+  """Measures the layer candidates of a stack (two stages, see the module docstring).
+
+  Args:
+    probe: the :class:`LayerProbe` of the stack.
+    block_types: block type -> checkpoint names it emits (:func:`jaxckpt.block_types` of the model).
+
+  Returns:
+    Exactly measured candidates: every uniform built-in (``none``, ``full``, the dots policies) and every
+    combination on the estimated Pareto front, uniform ones first, no two with the same spec.
+  """
+  blocks = sorted(block_types)
+  options = {b: block_options(block_types[b]) for b in blocks}
+  full = Policy("nothing_saveable")
+  base_bytes, base_flops = probe.measure(_uniform(full, blocks))
+  none_bytes, none_flops = probe.measure(_uniform(Policy("none"), blocks))
+  # Stage 1: each block type's options, the others at full; combinations add their deltas.
+  delta: dict[str, list[tuple[Policy, int, int]]] = {}
+  for b in blocks:
+    delta[b] = []
+    for policy in options[b]:
+      spec = _spec([(o, policy if o == b else full) for o in blocks])
+      nbytes, flops = (base_bytes, base_flops) if policy == full else probe.measure(spec)
+      delta[b].append((policy, nbytes - base_bytes, flops - base_flops))
+  estimates = []
+  for combo in itertools.product(*(delta[b] for b in blocks)):
+    spec = _spec(list(zip(blocks, (c[0] for c in combo))))
+    nbytes = base_bytes + sum(c[1] for c in combo)
+    flops = base_flops + sum(c[2] for c in combo)
+    estimates.append(LayerCandidate(spec, nbytes, flops, flops - none_flops, exact=False))
+  # Stage 2: trace the uniform built-ins and the estimated front as whole layers.
+  uniform = [_uniform(Policy(name), blocks) for name in _FIXED_OPTIONS]
+  todo = uniform + [c.spec for c in pareto_front(estimates) if c.spec not in uniform]
+  measured = []
+  for spec in todo:
+    if spec == uniform[0]:
+      nbytes, flops = none_bytes, none_flops
+    elif spec == _uniform(full, blocks):
+      nbytes, flops = base_bytes, base_flops
+    else:
+      nbytes, flops = probe.measure(spec)
+    measured.append(LayerCandidate(spec, nbytes, flops, flops - none_flops))
+  return measured
+
+
+def candidate_table(candidates: Sequence[LayerCandidate], front: Sequence[LayerCandidate]) -> list[dict[str, Any]]:
+  """Rows for ``--explain``: ``{"spec", "saved_bytes", "recompute_flops", "pareto"}`` per candidate, by bytes."""
+  on_front = {str(c.spec) for c in front}
+  return [{"spec": str(c.spec), "saved_bytes": c.saved_bytes, "recompute_flops": c.recompute_flops,
+           "pareto": str(c.spec) in on_front}
+          for c in sorted(candidates, key=lambda c: (c.saved_bytes, c.recompute_flops))]

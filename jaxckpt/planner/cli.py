@@ -1,0 +1,89 @@
+"""``python -m jaxckpt.planner`` / ``jaxckpt-plan``: the least-recompute remat plan that fits a memory budget.
+
+Prints the plan (ranges of layers, what each saves, predicted vs compiled bytes, recompute FLOPs, compiles taken);
+``--explain`` adds the candidate table, ``--export`` prints the plan as plain JAX code, ``--json`` writes it all.
+Exit status 0 with a plan, 2 for bad arguments or a budget no plan meets (one line on stderr, stating the least
+memory reachable and the plan reaching it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from jaxckpt.cli import CLIParser, check_output_file
+from jaxckpt.errors import JaxckptError
+from jaxckpt.planner.export import export_code
+from jaxckpt.planner.plan import MAX_ROUNDS, plan_policy
+from jaxckpt.policies import Budget, parse_model_policy
+from jaxckpt.report.cli import add_target_flags, target_from_args
+from jaxckpt.report.steps import target_block_types
+
+__all__ = ["build_parser", "main"]
+
+PROG = "jaxckpt-plan"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser."""
+  parser = CLIParser(
+      prog=PROG,
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=(
+          "budgets: budget:<size> (compiled footprint = argument + output + temp − alias ≤ size; binary units B, KiB,\n"
+          "  MiB, GiB, TiB), budget:<p>% (compiled temp ≤ p% of no-remat temp), auto or auto:margin=<p>% (footprint\n"
+          "  ≤ this device's memory − margin; CPU: available RAM)\n"
+          "use the plan: --policy '<printed policy>' in the experiments, or jaxckpt.set_policy(model, plan.policy)\n"
+          "examples:\n"
+          f"  {PROG} --model gpt --preset small --budget 50% --explain\n"
+          f"  {PROG} --model vit --preset small --budget 8MiB --export\n"
+          f"  {PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json"
+      ),
+  )
+  add_target_flags(parser)
+  parser.add_argument("--budget", required=True, metavar="BUDGET",
+                      help="budget:<size> | budget:<p>% | auto[:margin=<p>%] (the 'budget:' prefix may be left out)")
+  parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
+  parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
+  parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
+                      help=f"verification compiles after the none/full anchors (default {MAX_ROUNDS})")
+  parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its compiles and candidates")
+  return parser
+
+
+def _budget(text: str) -> Budget:
+  spec = text if text.split(":")[0].strip() in ("budget", "auto") else f"budget:{text}"
+  parsed = parse_model_policy(spec)
+  if not isinstance(parsed, Budget):  # unreachable: the prefix makes it a budget
+    raise JaxckptError(f"--budget {text!r} is not a budget")
+  return parsed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (0 a plan, 2 bad arguments or an infeasible budget)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    if args.max_rounds < 1:
+      raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
+    check_output_file("--json", args.json)
+    budget = _budget(args.budget)
+    target = target_from_args(args)
+    plan = plan_policy(target, budget, max_rounds=args.max_rounds)
+  except JaxckptError as err:
+    print(f"{parser.prog}: error: {err}", file=sys.stderr)
+    return 2
+  print(plan.explain(candidates=args.explain))
+  print(f"policy: {plan.policy}")
+  if args.export:
+    print()
+    print(export_code(plan, tuple(target_block_types(target))), end="")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"model": target.name, "preset": target.preset, **plan.to_json()}, f, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}")
+  return 0

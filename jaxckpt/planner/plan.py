@@ -1,0 +1,412 @@
+"""Budget plans: the least-recompute policy per layer range whose compiled train step fits a memory budget.
+
+Steps of :func:`plan_policy`:
+
+1. **Candidates** (:mod:`jaxckpt.planner.candidates`): per-layer specs with their saved bytes and recompute FLOPs,
+   measured on one layer of the model's stack.
+2. **Anchors**: the train step compiled under ``none`` and ``full``. Predicted and compiled bytes differ (XLA fuses
+   some residuals away and adds temporaries of its own), so compiled temp bytes are predicted from the plan's total
+   saved bytes S by interpolating between compiled points (S, temp), starting from these two.
+3. **Solve** (:mod:`jaxckpt.planner.solve`) for the largest S the prediction lets fit, exactly.
+4. **Verify** by compiling the plan; the point joins the interpolation and, if the plan did not fit or the
+   prediction moved, solve again: at most ``max_rounds`` verification compiles. The answer is the least-recompute
+   compiled plan that fits, so a plan is never returned on a prediction alone.
+
+A budget no plan meets raises :class:`InfeasibleBudgetError`, stating the least memory reached and by which plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.flops import jaxpr_flops
+from jaxckpt.layers import Stack, record_stack_inputs
+from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
+from jaxckpt.planner.solve import Assignment, solve
+from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy
+from jaxckpt.units import format_bytes
+
+__all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "device_memory_bytes", "MAX_ROUNDS"]
+
+MAX_ROUNDS = 3
+"""Default cap on verification compiles (after the two anchors): five compiles at most."""
+
+
+class InfeasibleBudgetError(JaxckptError):
+  """No plan fits the budget.
+
+  Attributes:
+    budget: the :class:`~jaxckpt.policies.Budget`.
+    limit_bytes: the budget in bytes of ``key``.
+    key: ``"temp_bytes"`` (percentage budgets) or ``"footprint_bytes"`` (sizes, ``auto``).
+    minimum_bytes: the least compiled ``key`` bytes any candidate plan reached.
+    policy: the plan that reached it (text).
+  """
+
+  def __init__(self, message: str, *, budget: Budget, limit_bytes: int, key: str, minimum_bytes: int, policy: str):
+    super().__init__(message)
+    self.budget, self.limit_bytes, self.key = budget, limit_bytes, key
+    self.minimum_bytes, self.policy = minimum_bytes, policy
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPoint:
+  """One compiled train step of the planning.
+
+  Attributes:
+    policy: the spec or layered policy compiled.
+    saved_bytes: predicted bytes the plan's layers save (Σ candidate ``saved_bytes``).
+    memory: compiled memory stats (keys of :data:`jaxckpt.schema.MEMORY_KEYS`, bytes).
+    flops: FLOPs of the whole step from its jaxpr.
+    compile_s: seconds to trace, lower and compile.
+  """
+
+  policy: PolicySpec | LayeredPolicy
+  saved_bytes: int
+  memory: Mapping[str, int | None]
+  flops: int
+  compile_s: float
+
+  @property
+  def temp_bytes(self) -> int:
+    return self.memory["temp_bytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A verified budget plan.
+
+  Attributes:
+    budget: what was asked.
+    policy: the plan: a :class:`~jaxckpt.PolicySpec` (one spec for every layer) or a
+      :class:`~jaxckpt.policies.LayeredPolicy`; pass it to :func:`jaxckpt.set_policy` or as ``--policy``.
+    key: the compiled stat the budget bounds, ``"temp_bytes"`` or ``"footprint_bytes"``.
+    limit_bytes: the budget in bytes of ``key``.
+    predicted_temp_bytes: temp bytes predicted for the plan before its compile.
+    compiled: the plan's compiled point (``compiled.memory[key] ≤ limit_bytes``).
+    none: the ``none`` anchor (no remat), for ratios.
+    assignment: layers per candidate.
+    candidates: every measured layer candidate (``--explain``).
+    history: every compile, anchors first.
+    num_layers: layers of the stack.
+    seconds: wall seconds of the whole planning.
+    memory_source: for ``auto``, where the memory size came from; else ``None``.
+  """
+
+  budget: Budget
+  policy: PolicySpec | LayeredPolicy
+  key: str
+  limit_bytes: int
+  predicted_temp_bytes: int
+  compiled: CompiledPoint
+  none: CompiledPoint
+  assignment: Assignment
+  candidates: tuple[LayerCandidate, ...]
+  history: tuple[CompiledPoint, ...]
+  num_layers: int
+  seconds: float
+  memory_source: str | None = None
+
+  @property
+  def rounds(self) -> int:
+    """Verification compiles (after the two anchors)."""
+    return max(0, len(self.history) - 2)
+
+  @property
+  def flops_ratio(self) -> float:
+    """Step FLOPs relative to ``none`` (1.0 = no recompute)."""
+    return self.compiled.flops / self.none.flops
+
+  def layer_ranges(self) -> list[tuple[int, int, PolicySpec]]:
+    """``(first, last, spec)`` per range of layers (inclusive)."""
+    segments = self.policy.segments if isinstance(self.policy, LayeredPolicy) else ((self.num_layers, self.policy),)
+    out, first = [], 0
+    for count, spec in segments:
+      out.append((first, first + count - 1, spec))
+      first += count
+    return out
+
+  def explain(self, *, candidates: bool = False) -> str:
+    """The plan in words: ranges and the tensors they save, predicted vs compiled bytes, recompute FLOPs, rounds;
+    with ``candidates`` the candidate table too."""
+    limit = format_bytes(self.limit_bytes)
+    if self.key == "temp_bytes":
+      limit += f" ({self.budget.fraction * 100:g}% of none's temp {format_bytes(self.none.temp_bytes)})"
+    lines = [f"plan for {self.budget}: {self.key.replace('_bytes', '')} ≤ {limit}"
+             + (f" [{self.memory_source}]" if self.memory_source else "")]
+    saved = {str(c.spec): c for c in self.candidates}
+    for first, last, spec in self.layer_ranges():
+      names = saved[str(spec)].saved_names if str(spec) in saved else {}
+      what = "; ".join(f"{b}: {'+'.join(n)}" for b, n in names.items()) or _saves(spec)
+      where = f"layers {first}-{last}" if last > first else f"layer {first}"
+      lines.append(f"  {where}: {spec}   saves {what}")
+    memory = self.compiled.memory
+    lines.append(f"  temp: predicted {format_bytes(self.predicted_temp_bytes)}, compiled {format_bytes(memory['temp_bytes'])}"
+                 f" ({memory['temp_bytes'] / self.none.temp_bytes:.2f}× none); footprint {format_bytes(memory['footprint_bytes'])}")
+    lines.append(f"  FLOPs: {self.flops_ratio:.3f}× none (+{self.compiled.flops - self.none.flops:.3e} recompute)")
+    lines.append(f"  {len(self.history)} compiles (none, full + {self.rounds} verification), {self.seconds:.1f} s")
+    if candidates:
+      front = pareto_front(self.candidates)
+      lines.append("  candidates per layer (saved bytes, recompute FLOPs; * = Pareto front):")
+      for row in candidate_table(self.candidates, front):
+        lines.append(f"    {'*' if row['pareto'] else ' '} {format_bytes(row['saved_bytes']):>11}  "
+                     f"{row['recompute_flops']:>12.4g}  {row['spec']}")
+    return "\n".join(lines)
+
+  def to_json(self) -> dict[str, Any]:
+    """JSON-able summary: policy, budget, bytes, FLOPs, ranges, history and candidates."""
+    return {
+        "budget": str(self.budget),
+        "policy": str(self.policy),
+        "key": self.key,
+        "limit_bytes": self.limit_bytes,
+        "predicted_temp_bytes": self.predicted_temp_bytes,
+        "compiled": dict(self.compiled.memory),
+        "flops": self.compiled.flops,
+        "flops_none": self.none.flops,
+        "ranges": [{"first": f, "last": l, "spec": str(s)} for f, l, s in self.layer_ranges()],
+        "rounds": self.rounds,
+        "compiles": len(self.history),
+        "seconds": self.seconds,
+        "memory_source": self.memory_source,
+        "history": [{"policy": str(p.policy), "saved_bytes": p.saved_bytes, "temp_bytes": p.temp_bytes,
+                     "footprint_bytes": p.memory["footprint_bytes"], "flops": p.flops, "compile_s": p.compile_s}
+                    for p in self.history],
+        "candidates": candidate_table(self.candidates, pareto_front(self.candidates)),
+    }
+
+
+def _saves(spec: PolicySpec) -> str:
+  pairs = spec.blocks or (("all blocks", spec.default),)
+  return "; ".join(f"{b}: {'everything (no remat)' if p.name == 'none' else p}" for b, p in pairs)
+
+
+def device_memory_bytes() -> tuple[int, str]:
+  """Memory ``auto`` plans for: ``(bytes, source)``.
+
+  GPU/TPU: the first device's ``memory_stats()["bytes_limit"]``; CPU (or a device without stats): the RAM
+  available now (``psutil.virtual_memory().available``).
+  """
+  device = jax.devices()[0]
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    if stats.get("bytes_limit"):
+      return int(stats["bytes_limit"]), f"{device.device_kind} bytes_limit"
+  import psutil  # noqa: PLC0415 - only auto needs it
+
+  return int(psutil.virtual_memory().available), "available RAM"
+
+
+def _only_stack(model: nnx.Module) -> Stack:
+  stacks = [m for _, m in nnx.iter_modules(model) if isinstance(m, Stack)]
+  if len(stacks) != 1:
+    raise JaxckptError(f"budget plans need a model with exactly one jaxckpt Stack (the layers they plan); this one "
+                       f"has {len(stacks)}")
+  if stacks[0].structure.levels != 1:
+    raise JaxckptError(f"budget plans need the stack's structure to be block, not {stacks[0].structure} (a plan "
+                       "gives each layer range its own policy)")
+  return stacks[0]
+
+
+def _policy_of(assignment: Assignment) -> PolicySpec | LayeredPolicy:
+  segments = [(n, c.spec) for c, n in assignment.counts]
+  return segments[0][1] if len(segments) == 1 else LayeredPolicy(tuple(segments))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Predictor:
+  """Compiled temp bytes of a plan from its saved bytes S, calibrated on compiled points.
+
+  Base: ``temp(full) + (S − S_full)`` (a scanned stack stores its residuals as they are), plus ``range_bytes`` when
+  the plan has several layer ranges (each range slices the stacked parameters, which XLA materialises: measured
+  + the stack's parameter bytes on XLA:CPU). Correction: the error of that base at every compiled point (``none``,
+  ``full`` and each verified plan), interpolated linearly in S: ``none`` pulls predictions near no-remat down
+  (XLA fuses some residuals away), each verified plan pins its neighbourhood.
+  """
+
+  full_saved: int
+  full_temp: int
+  range_bytes: int
+  points: tuple[tuple[int, bool, int], ...]  # (saved, layered, compiled temp)
+
+  def base(self, saved: float, layered: bool) -> float:
+    return self.full_temp + (saved - self.full_saved) + (self.range_bytes if layered else 0)
+
+  def __call__(self, saved: float, layered: bool) -> float:
+    errors = sorted((s, t - self.base(s, l)) for s, l, t in self.points)
+    xs = [s for s, _ in errors]
+    i = min(max(bisect.bisect_left(xs, saved), 1), len(errors) - 1)
+    (s0, e0), (s1, e1) = errors[i - 1], errors[i]
+    error = e0 + (saved - s0) * (e1 - e0) / (s1 - s0) if s1 != s0 else max(e0, e1)
+    return self.base(saved, layered) + error
+
+  def cap(self, limit: float, layered: bool, high: float) -> float:
+    """The largest S in [0, high] predicted to fit ``limit`` (bisection; ``-1`` if none does)."""
+    if self(0, layered) > limit:
+      return -1.0
+    lo, hi = 0.0, float(high)
+    if self(hi, layered) <= limit:
+      return hi
+    for _ in range(60):
+      mid = (lo + hi) / 2
+      lo, hi = (mid, hi) if self(mid, layered) <= limit else (lo, mid)
+    return lo
+
+
+def plan_policy(
+    target: Any,
+    budget: "Budget | str",
+    *,
+    tx: optax.GradientTransformation | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+    max_rounds: int = MAX_ROUNDS,
+    cache: MutableMapping[str, CompiledPoint] | None = None,
+    candidates: Sequence[LayerCandidate] | None = None,
+) -> Plan:
+  """Finds the least-recompute per-layer policy whose compiled train step fits ``budget`` (module docstring).
+
+  Args:
+    target: a :class:`jaxckpt.report.ModelTarget` whose model has one :class:`~jaxckpt.Stack` (structure
+      ``block``), e.g. ``shipped_target("gpt", "small")``.
+    budget: ``budget:<size>`` (compiled ``footprint_bytes`` ≤ size), ``budget:<p>%`` (compiled ``temp_bytes`` ≤ p%
+      of ``none``'s), ``auto`` / ``auto:margin=<p>%`` (footprint ≤ :func:`device_memory_bytes` × (1 − margin)), or
+      the parsed :class:`~jaxckpt.policies.Budget`.
+    tx: the optimizer of the step (default ``optax.adamw(1e-3)``; its state counts in the footprint).
+    compiler_options: extra XLA options (merged with the CPU remat fix).
+    max_rounds: verification compiles after the two anchors (≥ 1).
+    cache: compiled points by policy text, shared between calls (the report plans several budgets with it).
+    candidates: measured layer candidates to reuse (from an earlier plan's ``candidates``).
+
+  Returns:
+    The verified :class:`Plan`.
+
+  Raises:
+    InfeasibleBudgetError: even the least-memory plan (``full`` on every layer) exceeds the budget; the message
+      gives its compiled bytes.
+    JaxckptError: a target that is not a model with one block-structured stack, ``max_rounds`` < 1, a spec that is
+      not a budget.
+  """
+  from jaxckpt.report.compile import report_compiler_options  # noqa: PLC0415 - report imports the planner lazily
+  from jaxckpt.report.steps import default_optimizer, policy_step, target_block_types  # noqa: PLC0415
+  from jaxckpt.report.targets import ModelTarget  # noqa: PLC0415
+  from jaxckpt.xla import memory_stats  # noqa: PLC0415
+
+  started = time.perf_counter()
+  parsed = parse_model_policy(budget)
+  if not isinstance(parsed, Budget):
+    raise JaxckptError(f"{str(parsed)!r} is not a budget; write budget:<size>, budget:<percent>% or auto")
+  if max_rounds < 1:
+    raise JaxckptError(f"max_rounds must be ≥ 1, got {max_rounds}")
+  if not isinstance(target, ModelTarget):
+    raise JaxckptError(f"budget plans need a model target (jaxckpt.report.ModelTarget with a Stack), got "
+                       f"{type(target).__name__}")
+  tx = tx or default_optimizer()
+  cache = {} if cache is None else cache
+  options = report_compiler_options(compiler_options)
+  types = target_block_types(target)
+  stack = _only_stack(nnx.eval_shape(target.make_model))
+  num_layers = stack.num_layers
+
+  probe_step = policy_step(target, PolicySpec(), tx)
+  with record_stack_inputs() as seen:
+    jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
+  if candidates is None:
+    candidates = layer_candidates(LayerProbe(stack, seen[0][1]), types)
+  by_spec = {str(c.spec): c for c in candidates}
+
+  def compile_point(policy, saved: int) -> CompiledPoint:
+    text = str(policy)
+    if text not in cache:
+      t0 = time.perf_counter()
+      step = policy_step(target, policy, tx)
+      traced = jax.jit(step.step, donate_argnums=0).trace(step.state, step.batch)
+      compiled = traced.lower().compile(compiler_options=options)
+      cache[text] = CompiledPoint(policy, saved, memory_stats(compiled), jaxpr_flops(traced.jaxpr).total,
+                                  time.perf_counter() - t0)
+    return dataclasses.replace(cache[text], saved_bytes=saved)
+
+  none_spec, full_spec = PolicySpec(), PolicySpec(default=Policy("nothing_saveable"))
+  none_cand, full_cand = by_spec[str(none_spec)], by_spec[str(full_spec)]
+  none = compile_point(none_spec, none_cand.saved_bytes * num_layers)
+  full = compile_point(full_spec, full_cand.saved_bytes * num_layers)
+  history = [none, full]
+  for point in history:
+    if point.temp_bytes is None or point.memory["footprint_bytes"] is None:
+      raise JaxckptError(f"the backend ({jax.default_backend()}) reports no compiled memory stats; budget plans need them")
+
+  memory_source = None
+  if parsed.fraction is not None:
+    key, limit = "temp_bytes", int(parsed.fraction * none.temp_bytes)
+  else:
+    key = "footprint_bytes"
+    if parsed.auto:
+      available, memory_source = device_memory_bytes()
+      limit = int(available * (1 - parsed.margin))
+      memory_source = f"{memory_source} {format_bytes(available)} − {parsed.margin * 100:g}% margin"
+    else:
+      limit = parsed.bytes
+  overhead = none.memory[key] - none.temp_bytes  # argument + output − alias: the same for every plan
+  temp_limit = limit - overhead
+
+  def fits(point: CompiledPoint) -> bool:
+    return point.memory[key] <= limit
+
+  def make(point: CompiledPoint, assignment: Assignment, predicted: int) -> Plan:
+    return Plan(parsed, point.policy, key, limit, predicted, point, none, assignment, tuple(candidates),
+                tuple(history), num_layers, time.perf_counter() - started, memory_source)
+
+  uniform = lambda cand: Assignment(((cand, num_layers),), cand.saved_bytes * num_layers,  # noqa: E731
+                                    cand.recompute_flops * num_layers)
+  if fits(none):
+    return make(none, uniform(none_cand), none.temp_bytes)
+  if not fits(full):
+    least = min(history, key=lambda p: p.memory[key])
+    what = f"{key.replace('_bytes', '')} {format_bytes(least.memory[key])}"
+    if key == "temp_bytes":
+      what += f" ({least.temp_bytes / none.temp_bytes:.0%} of none's)"
+    raise InfeasibleBudgetError(
+        f"no plan fits {parsed} ({key.replace('_bytes', '')} ≤ {format_bytes(limit)}): the least memory any plan "
+        f"reaches is {what}, with policy {least.policy} on every layer (footprint "
+        f"{format_bytes(least.memory['footprint_bytes'])}); to go lower use --structure nested, a smaller batch or "
+        "--grad-accum-steps", budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key],
+        policy=str(least.policy))
+
+  params = nnx.state(stack.layers, nnx.Param)
+  range_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+  best, best_assignment, best_predicted = full, uniform(full_cand), full.temp_bytes
+  points = [(none.saved_bytes, False, none.temp_bytes), (full.saved_bytes, False, full.temp_bytes)]
+  tried: set[str] = {str(none_spec), str(full_spec)}
+  for _ in range(max_rounds):
+    predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
+    # One layer range (a uniform plan) or several (each range slicing the stacked parameters): solve both ways.
+    choices = []
+    for layered in (False, True):
+      cap = predictor.cap(temp_limit, layered, none.saved_bytes)
+      pool = candidates if layered else [c for c in candidates if c.saved_bytes * num_layers <= cap]
+      found = solve(candidates, num_layers, cap) if layered else (
+          uniform(min(pool, key=lambda c: (c.recompute_flops, c.saved_bytes))) if pool else None)
+      if found is not None:
+        choices.append(found)
+    if not choices:
+      break
+    assignment = min(choices, key=lambda a: (a.recompute_flops, a.saved_bytes))
+    policy = _policy_of(assignment)
+    if str(policy) in tried:
+      break
+    tried.add(str(policy))
+    predicted = int(predictor(assignment.saved_bytes, len(assignment.counts) > 1))
+    point = compile_point(policy, assignment.saved_bytes)
+    history.append(point)
+    points.append((point.saved_bytes, len(assignment.counts) > 1, point.temp_bytes))
+    if fits(point) and point.flops < best.flops:
+      best, best_assignment, best_predicted = point, assignment, predicted
+  return make(best, best_assignment, best_predicted)
