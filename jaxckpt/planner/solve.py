@@ -24,8 +24,9 @@ class Assignment:
   """How many layers use each candidate.
 
   Attributes:
-    counts: ``(candidate, layers)`` pairs with layers ≥ 1, most saved bytes first (those layers come first in
-      the stack).
+    counts: ``(candidate, layers)`` pairs with layers ≥ 1, least saved bytes first: the layers nearest the loss,
+      whose residuals the backward pass reads first, save the most (on XLA:CPU a plan ordered this way compiled
+      to less temp than the reverse order, e.g. 290 vs 332 MiB for GPT small at 50%).
     saved_bytes: Σ layers × candidate saved bytes.
     recompute_flops: Σ layers × candidate recompute FLOPs.
   """
@@ -36,7 +37,7 @@ class Assignment:
 
 
 def _assignment(candidates: Sequence[LayerCandidate], counts: Sequence[int]) -> Assignment:
-  pairs = sorted(((c, n) for c, n in zip(candidates, counts) if n), key=lambda p: -p[0].saved_bytes)
+  pairs = sorted(((c, n) for c, n in zip(candidates, counts) if n), key=lambda p: p[0].saved_bytes)
   return Assignment(tuple(pairs), sum(c.saved_bytes * n for c, n in pairs),
                     sum(c.recompute_flops * n for c, n in pairs))
 

@@ -18,7 +18,7 @@ import jax
 import optax
 from tqdm.auto import tqdm
 
-from jaxckpt.policies import PolicySpec
+from jaxckpt.policies import Budget, ModelPolicy
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
@@ -75,7 +75,7 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def build_report(
     target: Target,
-    policies: Sequence[str | PolicySpec] = ("all",),
+    policies: Sequence[str | ModelPolicy] = ("all",),
     *,
     measure: bool = False,
     steps: int = 5,
@@ -92,9 +92,10 @@ def build_report(
   Args:
     target: :func:`~jaxckpt.report.shipped_target`, :func:`~jaxckpt.report.load_target` or your own
       :class:`~jaxckpt.report.ModelTarget` / :class:`~jaxckpt.report.LossTarget`.
-    policies: spec strings in :func:`jaxckpt.parse_policy`'s grammar or parsed specs; ``"all"`` expands to ``none``,
-      every zero-argument canonical policy and ``save_only_these_names:<name>`` per emitted name (offload
-      policies on GPU/TPU only). Repeats are dropped.
+    policies: spec strings in :func:`jaxckpt.policies.parse_model_policy`'s grammar or parsed ones; ``"all"``
+      expands to ``none``, every zero-argument canonical policy and ``save_only_these_names:<name>`` per emitted
+      name (offload policies on GPU/TPU only). Budgets (``budget:40%``, ``budget:1GiB``, ``auto``) are planned
+      (:mod:`jaxckpt.planner`) and their rows carry the plan. Repeats are dropped.
     measure: also run each policy: median step time and measured peak memory (:mod:`jaxckpt.report.measure`).
     steps: timed steps per policy when measuring (≥ 1).
     warmup: untimed steps before them (≥ 1).
@@ -117,7 +118,7 @@ def build_report(
   rows, warnings = compile_rows(target, specs, tx=tx, jobs=jobs, xla_dump_dir=xla_dump,
                                 compiler_options=compiler_options, residuals=residuals, progress=progress)
   warnings += saving_warnings(rows)
-  warnings += [w for w in map(offload_warning, specs) if w is not None]
+  warnings += [w for w in map(offload_warning, [s for s in specs if not isinstance(s, Budget)]) if w is not None]
   if measure:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:
@@ -125,7 +126,8 @@ def build_report(
                       "fresh one per policy")
     for row in tqdm(todo, desc="measuring policies", unit="policy", disable=not progress, leave=False):
       try:
-        result = measure_policy(target, row["policy"], steps=steps, warmup=warmup, compiler_options=compiler_options)
+        policy = row["plan"]["policy"] if row["plan"] is not None else row["policy"]
+        result = measure_policy(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options)
         row["step_time_s"] = result["step_time_s"]
         row["peak_bytes_measured"] = result["peak_bytes_measured"]
       except Exception as err:  # noqa: BLE001 - a policy that fails to run (e.g. out of memory) is an error row

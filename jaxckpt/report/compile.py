@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.flops import jaxpr_flops
-from jaxckpt.policies import PolicySpec
+from jaxckpt.policies import Budget, ModelPolicy
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.report.residuals import analyse_residuals
 from jaxckpt.report.steps import policy_step
@@ -71,9 +71,34 @@ def _compile(lowered, options: dict[str, Any]) -> tuple[jax.stages.Compiled, flo
   return compiled, time.perf_counter() - started
 
 
+def _plan_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[dict[str, Any]], warnings: list[str], *,
+                  tx: optax.GradientTransformation, compiler_options: Mapping[str, Any] | None) -> list[Any]:
+  """Replaces each budget by its plan's policy (``None`` where planning failed: an error row and a warning)."""
+  from jaxckpt.planner import plan_policy  # noqa: PLC0415 - the planner builds on this package
+
+  cache: dict[str, Any] = {}
+  candidates = None
+  resolved: list[Any] = []
+  for i, spec in enumerate(specs):
+    if not isinstance(spec, Budget):
+      resolved.append(spec)
+      continue
+    try:
+      plan = plan_policy(target, spec, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates)
+    except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
+      rows[i].update(status=STATUS_ERROR, error=one_line(err))
+      warnings.append(f"policy {rows[i]['policy']!r}: {one_line(err)}")
+      resolved.append(None)
+      continue
+    candidates = plan.candidates
+    rows[i]["plan"] = {k: v for k, v in plan.to_json().items() if k != "candidates"}
+    resolved.append(plan.policy)
+  return resolved
+
+
 def compile_rows(
     target: Target,
-    specs: Sequence[PolicySpec],
+    specs: Sequence[ModelPolicy],
     *,
     tx: optax.GradientTransformation,
     jobs: int = 1,
@@ -87,7 +112,9 @@ def compile_rows(
 
   Args:
     target: what to compile.
-    specs: parsed policy specs (validated against the target here).
+    specs: parsed policies (validated against the target here); a :class:`~jaxckpt.policies.Budget` is first
+      planned (:func:`jaxckpt.planner.plan_policy`, sharing compiled anchors between budgets), its row keeping
+      the budget as ``policy`` and the plan under ``plan``; an infeasible budget is an error row.
     tx: the optimizer of the step.
     jobs: XLA compilations running at once (threads), ≥ 1.
     xla_dump_dir: if set, XLA's dumps of policy ``i`` go to ``xla_dump_dir/<ii>-<policy>/`` (text files only).
@@ -124,8 +151,12 @@ def compile_rows(
       fail(i, err)
     bar.update(1)
 
+  resolved = _plan_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options)
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(resolved):
+      if spec is None:  # a budget that could not be planned: already an error row
+        bar.update(1)
+        continue
       started = time.perf_counter()
       try:
         step = policy_step(target, spec, tx)

@@ -33,7 +33,7 @@ REPORT_KEYS: tuple[str, ...] = (
 """Top-level keys of the report JSON, in order."""
 
 ROW_KEYS: tuple[str, ...] = (
-    "policy",  # Canonical policy spec (str(parse_policy(...))).
+    "policy",  # Canonical policy spec (str(parse_model_policy(...))); for a budget the budget (plan in "plan").
     "status",  # "ok" or "error".
     "error",  # One-line message when status is "error", else None.
     *MEMORY_KEYS,  # XLA's CompiledMemoryStats under the schema's names (bytes), footprint_bytes last.
@@ -45,6 +45,7 @@ ROW_KEYS: tuple[str, ...] = (
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
+    "plan",  # Budget rows (budget:40%, auto): jaxckpt.planner.Plan.to_json() without candidates; else None.
 )
 """Keys of every report row, in order."""
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 
-from jaxckpt.policies import parse_policy
+from jaxckpt.policies import parse_model_policy
 from jaxckpt.report.steps import concrete_inputs, default_optimizer, policy_step
 from jaxckpt.report.targets import Target, rebuild_target
 from jaxckpt.xla import compile_step
@@ -70,7 +70,7 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
 
   Args:
     target: the target.
-    policy: a policy spec string.
+    policy: a policy spec string (per block or layered, :func:`jaxckpt.policies.parse_model_policy`).
     steps: timed steps k ≥ 1.
     warmup: untimed steps before them, ≥ 1.
     compiler_options: extra XLA options (merged with the remat fix).
@@ -83,7 +83,7 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     PolicySpecError: an invalid spec; any error of compiling or running the step (e.g. out of memory).
   """
   tx = default_optimizer()
-  step = policy_step(target, parse_policy(policy), tx)
+  step = policy_step(target, parse_model_policy(policy), tx)
   compiled = compile_step(step.step, step.state, step.batch, donate_argnums=0, compiler_options=compiler_options)
   make_inputs = concrete_inputs(target, tx)
   state, batch = make_inputs()

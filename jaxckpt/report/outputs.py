@@ -96,6 +96,12 @@ def _title(report: Report) -> str:
           f"× {d['device_count']}")
 
 
+def _plan_lines(report: Report) -> list[str]:
+  """One line per budget row: the plan it compiled to."""
+  return [f"{r['policy']} = {r['plan']['policy']} ({r['plan']['compiles']} compiles, {r['plan']['seconds']:.1f} s)"
+          for r in report.rows if r.get("plan")]
+
+
 def to_table(report: Report) -> str:
   """An aligned plain-text table for the terminal, with the warnings under it."""
   headers, rows = table_rows(report)
@@ -104,6 +110,7 @@ def to_table(report: Report) -> str:
   lines = [_title(report), fmt(headers), fmt(["-" * w for w in widths]), *map(fmt, rows)]
   lines.append("* = best of the column; ×none = ratio to the none row; FLOPs from the jaxpr (scan × length), "
                "XLA's raw count counts a loop body once")
+  lines += _plan_lines(report)
   lines += [f"warning: {w}" for w in report.data["warnings"]]
   return "\n".join(lines)
 
@@ -116,6 +123,7 @@ def to_markdown(report: Report) -> str:
            "|" + "---|" * len(headers)]
   lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
   lines += ["", "`*` = best of the column; ×none = ratio to the `none` row."]
+  lines += [f"- `{line.split(' = ', 1)[0]}` = `{line.split(' = ', 1)[1]}`" for line in _plan_lines(report)]
   lines += [f"- warning: {w}" for w in report.data["warnings"]]
   return "\n".join(lines) + "\n"
 
@@ -156,7 +164,8 @@ def _pareto(points: Sequence[tuple[float, float]]) -> list[int]:
 def plot_pareto(report: Report, path: str | None = None) -> bytes:
   """Pareto charts (matplotlib, Agg): footprint and temp bytes vs FLOPs, and vs step time when measured.
 
-  One labelled point per successful policy; the front (no other policy is better on both axes) is drawn.
+  One labelled point per successful policy (budget plans as orange diamonds); the front (no other policy is
+  better on both axes) is drawn.
 
   Args:
     report: the report.
@@ -179,11 +188,15 @@ def plot_pareto(report: Report, path: str | None = None) -> bytes:
   for col, (xkey, xlabel, xscale, xunit) in enumerate(x_axes):
     for row_i, (ykey, ylabel) in enumerate(y_axes):
       ax = axes[row_i][col]
-      pts = [(r[xkey] / xscale, r[ykey] / 2**20, r["policy"]) for r in ok
+      pts = [(r[xkey] / xscale, r[ykey] / 2**20, r["policy"], r.get("plan") is not None) for r in ok
              if r.get(xkey) is not None and r.get(ykey) is not None]
       if pts:
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:blue", zorder=3)
-        for x, y, label in pts:
+        for budget, style in ((False, {"color": "tab:blue", "marker": "o", "label": "fixed policies"}),
+                              (True, {"color": "tab:orange", "marker": "D", "label": "budget plans"})):
+          chosen = [p for p in pts if p[3] == budget]
+          if chosen:
+            ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], zorder=3, **style)
+        for x, y, label, _ in pts:
           ax.annotate(label, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
         front = [pts[i] for i in _pareto([(p[0], p[1]) for p in pts])]
         ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", lw=1.2, zorder=2,

@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 import jax
 
-from jaxckpt.policies import REGISTRY, Policy, PolicySpec, parse_policy
+from jaxckpt.policies import REGISTRY, ModelPolicy, Policy, PolicySpec, parse_model_policy
 
 __all__ = ["ALL", "OFFLOAD_POLICIES", "all_policies", "expand_policies"]
 
@@ -36,12 +36,13 @@ def all_policies(block_types: Mapping[str, Collection[str]], *, backend: str | N
   return specs
 
 
-def expand_policies(specs: Iterable[str | PolicySpec], block_types: Mapping[str, Collection[str]], *,
-                    backend: str | None = None) -> list[PolicySpec]:
+def expand_policies(specs: Iterable[str | ModelPolicy], block_types: Mapping[str, Collection[str]], *,
+                    backend: str | None = None) -> list[ModelPolicy]:
   """Parses every spec (``all`` expands in place) and drops repeats, keeping the first.
 
   Args:
-    specs: spec strings in :func:`jaxckpt.parse_policy`'s grammar, ``"all"``, or parsed specs.
+    specs: spec strings in :func:`jaxckpt.policies.parse_model_policy`'s grammar (per-block specs, layered
+      ``0-3:...;4-11:...`` policies, budgets ``budget:40%`` / ``auto``), ``"all"``, or parsed ones.
     block_types: the target's block types and names (for ``all``).
     backend: for ``all`` (see :func:`all_policies`).
 
@@ -51,10 +52,10 @@ def expand_policies(specs: Iterable[str | PolicySpec], block_types: Mapping[str,
   Raises:
     PolicySpecError: a spec that does not parse (unknown policy name, bad grammar).
   """
-  out: list[PolicySpec] = []
+  out: list[ModelPolicy] = []
   seen: set[str] = set()
   for spec in specs:
-    parsed = all_policies(block_types, backend=backend) if spec == ALL else [parse_policy(spec)]
+    parsed = all_policies(block_types, backend=backend) if spec == ALL else [parse_model_policy(spec)]
     for item in parsed:
       if str(item) not in seen:
         seen.add(str(item))
