@@ -28,6 +28,7 @@ from experiments.loop import (
     add_run_flags,
     check_seeds,
     compile_and_describe,
+    plan_budget,
     resolve_policy,
     run_cli,
     run_metrics,
@@ -163,15 +164,19 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   if data.image_shape[0] % patch or data.image_shape[1] % patch:
     raise DataError(f"images of {data.source} are {data.image_shape[0]}×{data.image_shape[1]}, but the vit's "
                     f"{patch}×{patch} patches need both sides divisible by {patch}: use --model mlp or cnn, or pad them")
-  model = build_model(config.model, model_cfg, image_shape=data.image_shape, num_classes=data.num_classes,
-                      policy=spec, seed=config.seed)
+  make_model = functools.partial(build_model, config.model, model_cfg, image_shape=data.image_shape,
+                                 num_classes=data.num_classes, seed=config.seed)
+  model = make_model(policy=None if isinstance(spec, jaxckpt.policies.Budget) else spec)
   warmup = min(int(config.warmup_epochs * steps_per_epoch), total_steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, total_steps + 1)
   tx = optax.adamw(schedule, weight_decay=config.weight_decay)
+  batch_at = functools.partial(_train_batch, data, batch_size=config.batch_size, seed=config.seed)
+  spec, plan = plan_budget(spec, make_model=make_model, batch=batch_at(0), loss_fn=jaxckpt.classification_loss, tx=tx,
+                           grad_accum_steps=config.grad_accum_steps, name=config.model, preset=config.preset, log=log)
+  jaxckpt.set_policy(model, spec)
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
   del model
 
-  batch_at = functools.partial(_train_batch, data, batch_size=config.batch_size, seed=config.seed)
   compiled = compile_and_describe(
       jaxckpt.make_train_step(graphdef, tx, skip_nonfinite=config.nan_policy == "skip",
                               grad_accum_steps=config.grad_accum_steps),
@@ -196,7 +201,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       model=config.model, preset=config.preset, scan=model_cfg.scan, structure=model_cfg.structure,
       compute_dtype=model_cfg.compute_dtype,
       test_accuracy=accuracy, test_accuracy_per_epoch=loop.history.get("test_accuracy", []),
-      data=data.source, config=dataclasses.asdict(config),
+      data=data.source, config=dataclasses.asdict(config), plan=plan,
   )
   step_time = metrics["step_time_s"]
   log(f"test accuracy {accuracy:.4f}; median step time "

@@ -32,6 +32,7 @@ from experiments.loop import (
     add_run_flags,
     check_seeds,
     compile_and_describe,
+    plan_budget,
     resolve_policy,
     run_cli,
     run_metrics,
@@ -169,7 +170,8 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   model_cfg = model_config(config)
   if model_cfg.vocab_size < text.VOCAB_SIZE:
     raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
-  model = build_gpt(model_cfg, policy=spec, seed=config.seed)  # validates the config and the policy first
+  budget = isinstance(spec, jaxckpt.policies.Budget)
+  model = build_gpt(model_cfg, policy=None if budget else spec, seed=config.seed)  # validates config and policy
   corpus = text.load_corpus(config.corpus, max_bytes=int(config.corpus_max_mib * 2**20),
                             min_window=model_cfg.seq_len + 1, split_seed=config.split_seed)
   batch_size, seq_len = model_cfg.batch_size, model_cfg.seq_len
@@ -179,10 +181,14 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   warmup = min(config.warmup_steps, total_steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, total_steps + 1)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
+  batch_at = functools.partial(text.train_batch, corpus, batch_size=batch_size, seq_len=seq_len, seed=config.seed)
+  spec, plan = plan_budget(spec, make_model=lambda: build_gpt(model_cfg, seed=config.seed), batch=batch_at(0),
+                           loss_fn=lm_loss, tx=tx, grad_accum_steps=config.grad_accum_steps, name="gpt",
+                           preset=config.preset, log=log)
+  jaxckpt.set_policy(model, spec)
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
   del model
 
-  batch_at = functools.partial(text.train_batch, corpus, batch_size=batch_size, seq_len=seq_len, seed=config.seed)
   compiled = compile_and_describe(
       jaxckpt.make_train_step(graphdef, tx, lm_loss, skip_nonfinite=config.nan_policy == "skip",
                               grad_accum_steps=config.grad_accum_steps), state,
@@ -212,7 +218,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
       eval_loss_history=loop.history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
       corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
       model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len,
-      config=dataclasses.asdict(config),
+      config=dataclasses.asdict(config), plan=plan,
   )
   step_time = metrics["step_time_s"]
   verdict = "below" if final["eval_loss"] < corpus.unigram_entropy else "NOT below"

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -42,6 +42,8 @@ __all__ = [
     "add_run_flags",
     "add_policy_flags",
     "resolve_policy",
+    "plan_budget",
+    "policy_per_block",
     "check_seeds",
     "run_cli",
 ]
@@ -273,7 +275,7 @@ def run_metrics(
   return {
       "schema_version": jaxckpt.SCHEMA_VERSION,
       "policy": str(spec),
-      "policy_per_block": {block: str(spec.for_block(block)) for block in compiled.block_types},
+      "policy_per_block": policy_per_block(spec, compiled.block_types),
       **extra,
       "train_loss": loop.history["train_loss"],
       "step_time_s": loop.median_step_time,
@@ -311,17 +313,21 @@ def check_seeds(config: Any) -> None:
       raise JaxckptError(f"{flag} must be in 0..{2**32 - 1}, got {value}")
 
 
-def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.PolicySpec:
-  """The run's policy spec from ``--policy`` and the Hugging Face-style ``--(no-)gradient-checkpointing`` switch.
+def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.policies.ModelPolicy:
+  """The run's policy from ``--policy`` and the Hugging Face-style ``--(no-)gradient-checkpointing`` switch.
 
   ``gradient_checkpointing=True`` means ``--policy full`` and ``False`` means ``--policy none``, as
   ``TrainingArguments(gradient_checkpointing=True)`` recomputes every block. Neither given: ``none``.
+
+  Returns:
+    A per-block spec, a layered policy (``0-3:dots_saveable;4-5:full``) or a budget (``budget:40%``, ``auto``;
+    plan it with :func:`plan_budget` once the model and optimizer exist).
 
   Raises:
     JaxckptError: the switch and an explicit ``--policy`` that disagree with each other.
     PolicySpecError: a malformed ``--policy``.
   """
-  spec = jaxckpt.parse_policy(policy if policy is not None else "none")
+  spec = jaxckpt.policies.parse_model_policy(policy if policy is not None else "none")
   if gradient_checkpointing is None:
     return spec
   switch = "--gradient-checkpointing" if gradient_checkpointing else "--no-gradient-checkpointing"
@@ -331,9 +337,57 @@ def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> j
   return wanted
 
 
+def plan_budget(spec: jaxckpt.policies.ModelPolicy, *, make_model: Callable[[], Any], batch: Any, loss_fn: Callable,
+                tx: Any, grad_accum_steps: int, name: str, preset: str | None, log) -> tuple[Any, dict | None]:
+  """Turns a budget ``--policy`` into the least-recompute plan for this run's model, batch and optimizer.
+
+  Args:
+    spec: from :func:`resolve_policy`; anything but a budget is returned unchanged.
+    make_model: ``() -> nnx.Module``, the run's model (built abstractly here, never allocated).
+    batch: one batch (arrays or ``jax.ShapeDtypeStruct``; only shapes are used).
+    loss_fn: the run's loss (:data:`jaxckpt.train.LossFn`).
+    tx: the run's optimizer (its state counts in the footprint).
+    grad_accum_steps: micro-batches per step.
+    name, preset: shown in the plan.
+    log: where the plan's explanation goes.
+
+  Returns:
+    ``(policy, plan_json)``: the policy to train with and :meth:`jaxckpt.planner.Plan.to_json` without the
+    candidate table (``None`` when ``spec`` was not a budget).
+
+  Raises:
+    InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
+  """
+  if not isinstance(spec, jaxckpt.policies.Budget):
+    return spec, None
+  from jaxckpt.planner import plan_policy  # noqa: PLC0415 - only budget runs need the planner
+  from jaxckpt.report.targets import ModelTarget  # noqa: PLC0415
+
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), batch)
+  target = ModelTarget(make_model=make_model, batch=abstract, loss_fn=loss_fn, name=name, preset=preset,
+                       grad_accum_steps=grad_accum_steps)
+  plan = plan_policy(target, spec, tx=tx)
+  log(plan.explain())
+  return plan.policy, {k: v for k, v in plan.to_json().items() if k != "candidates"}
+
+
+def policy_per_block(spec: Any, block_types: Collection[str]) -> dict[str, Any]:
+  """``{block type: policy}`` of a per-block spec; for a layered policy ``{"first-last": {block type: policy}}``."""
+  if isinstance(spec, jaxckpt.policies.LayeredPolicy):
+    out, first = {}, 0
+    for count, sub in spec.segments:
+      out[f"{first}-{first + count - 1}"] = {block: str(sub.for_block(block)) for block in block_types}
+      first += count
+    return out
+  return {block: str(spec.for_block(block)) for block in block_types}
+
+
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
   """Adds ``--policy`` and the Hugging Face-style ``--gradient-checkpointing/--no-gradient-checkpointing``."""
-  parser.add_argument("--policy", default=None, help="remat policy spec (grammar below; default none)")
+  parser.add_argument("--policy", default=None,
+                      help="remat policy spec (grammar below; default none), a layered policy 0-3:SPEC;4-5:SPEC, or a "
+                           "memory budget planned for this run: budget:1GiB (footprint), budget:40%% (of no-remat "
+                           "temp), auto")
   parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                       help="Hugging Face-style switch: on = --policy full, off = --policy none (not with another "
                            "--policy)")

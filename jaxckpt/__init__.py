@@ -27,8 +27,11 @@ from jaxckpt.models import MODELS, build_model
 from jaxckpt.policies import (
     CANONICAL_POLICIES,
     POLICY_NAMES,
+    Budget,
+    LayeredPolicy,
     Policy,
     PolicySpec,
+    parse_model_policy,
     parse_policy,
 )
 from jaxckpt.remat import Remat, checkpoint, remat
@@ -85,7 +88,10 @@ __all__ = [
     "POLICY_NAMES",
     "Policy",
     "PolicySpec",
+    "LayeredPolicy",
+    "Budget",
     "parse_policy",
+    "parse_model_policy",
     "Remat",
     "checkpoint",
     "remat",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jaxckpt.policies import PolicySpec
+from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.units import format_bytes
 
 __all__ = ["memory_table", "policy_summary"]
@@ -30,6 +30,13 @@ def memory_table(memory: Mapping[str, int | None], *, title: str = "compiled tra
   return "\n".join(lines)
 
 
-def policy_summary(spec: PolicySpec, block_types: Mapping[str, object]) -> str:
-  """Renders the policy each block type of a model gets, e.g. ``'attn -> dots_saveable, mlp -> nothing_saveable'``."""
+def policy_summary(spec: "PolicySpec | LayeredPolicy", block_types: Mapping[str, object]) -> str:
+  """Renders the policy each block type of a model gets, e.g. ``'attn -> dots_saveable, mlp -> nothing_saveable'``;
+  for a layered policy one such list per layer range (``'layers 0-3: ...; layers 4-5: ...'``)."""
+  if isinstance(spec, LayeredPolicy):
+    parts, first = [], 0
+    for count, sub in spec.segments:
+      parts.append(f"layers {first}-{first + count - 1}: {policy_summary(sub, block_types)}")
+      first += count
+    return "; ".join(parts)
   return ", ".join(f"{block} -> {spec.for_block(block)}" for block in block_types) or str(spec)
