@@ -465,7 +465,7 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
     module: an NNX module containing jaxckpt blocks.
     policy: a policy spec (:func:`jaxckpt.parse_policy`), or a per-layer-range policy
       (:class:`~jaxckpt.policies.LayeredPolicy`, text ``0-3:dots_saveable;4-11:full``) for the model's
-      :class:`Stack`\ s: every stack must have that many layers and ``structure="block"``; blocks outside stacks
+      stacks (:class:`Stack`): every stack must have that many layers and ``structure="block"``; blocks outside stacks
       get the first range's spec. A :class:`~jaxckpt.policies.Budget` must be planned first
       (:func:`jaxckpt.planner.plan_policy`).
 

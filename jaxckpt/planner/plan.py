@@ -100,6 +100,11 @@ class Plan:
     num_layers: layers of the stack.
     seconds: wall seconds of the whole planning.
     memory_source: for ``auto``, where the memory size came from; else ``None``.
+    temp_limit_bytes: the budget as temp bytes (``limit_bytes`` minus argument + output − alias for footprints).
+    predictor: the calibrated temp predictor after the last compile, ``predictor(saved_bytes, layered) -> bytes``
+      (``None`` when ``none`` fit at once).
+    converged: the last solve chose a plan already compiled (else ``max_rounds`` ran out first); then the plan
+      is optimal over the candidates for the final predictor.
   """
 
   budget: Budget
@@ -115,6 +120,9 @@ class Plan:
   num_layers: int
   seconds: float
   memory_source: str | None = None
+  temp_limit_bytes: int | None = None
+  predictor: Any = dataclasses.field(default=None, repr=False, compare=False)
+  converged: bool = True
 
   @property
   def rounds(self) -> int:
@@ -175,6 +183,7 @@ class Plan:
         "flops_none": self.none.flops,
         "ranges": [{"first": f, "last": l, "spec": str(s)} for f, l, s in self.layer_ranges()],
         "rounds": self.rounds,
+        "converged": self.converged,
         "compiles": len(self.history),
         "seconds": self.seconds,
         "memory_source": self.memory_source,
@@ -260,6 +269,25 @@ class _Predictor:
       mid = (lo + hi) / 2
       lo, hi = (mid, hi) if self(mid, layered) <= limit else (lo, mid)
     return lo
+
+
+def _choose(predictor: _Predictor, candidates: Sequence[LayerCandidate], num_layers: int, temp_limit: int,
+            high: int) -> Assignment | None:
+  """The least-recompute assignment predicted to fit: one candidate for every layer (one range) or a mix (several
+  ranges, each slicing the stacked parameters), whichever recomputes less."""
+  choices = []
+  for layered in (False, True):
+    cap = predictor.cap(temp_limit, layered, high)
+    if layered:
+      found = solve(candidates, num_layers, cap)
+    else:
+      pool = [c for c in candidates if c.saved_bytes * num_layers <= cap]
+      best = min(pool, key=lambda c: (c.recompute_flops, c.saved_bytes)) if pool else None
+      found = None if best is None else Assignment(((best, num_layers),), best.saved_bytes * num_layers,
+                                                    best.recompute_flops * num_layers)
+    if found is not None:
+      choices.append(found)
+  return min(choices, key=lambda a: (a.recompute_flops, a.saved_bytes)) if choices else None
 
 
 def plan_policy(
@@ -360,9 +388,10 @@ def plan_policy(
   def fits(point: CompiledPoint) -> bool:
     return point.memory[key] <= limit
 
-  def make(point: CompiledPoint, assignment: Assignment, predicted: int) -> Plan:
+  def make(point: CompiledPoint, assignment: Assignment, predicted: int, predictor=None, converged=True) -> Plan:
     return Plan(parsed, point.policy, key, limit, predicted, point, none, assignment, tuple(candidates),
-                tuple(history), num_layers, time.perf_counter() - started, memory_source)
+                tuple(history), num_layers, time.perf_counter() - started, memory_source, temp_limit, predictor,
+                converged)
 
   uniform = lambda cand: Assignment(((cand, num_layers),), cand.saved_bytes * num_layers,  # noqa: E731
                                     cand.recompute_flops * num_layers)
@@ -386,27 +415,21 @@ def plan_policy(
   points = [(none.saved_bytes, False, none.temp_bytes), (full.saved_bytes, False, full.temp_bytes)]
   tried: set[str] = {str(none_spec), str(full_spec)}
   for _ in range(max_rounds):
-    predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
-    # One layer range (a uniform plan) or several (each range slicing the stacked parameters): solve both ways.
-    choices = []
-    for layered in (False, True):
-      cap = predictor.cap(temp_limit, layered, none.saved_bytes)
-      pool = candidates if layered else [c for c in candidates if c.saved_bytes * num_layers <= cap]
-      found = solve(candidates, num_layers, cap) if layered else (
-          uniform(min(pool, key=lambda c: (c.recompute_flops, c.saved_bytes))) if pool else None)
-      if found is not None:
-        choices.append(found)
-    if not choices:
+    assignment = _choose(_Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points)), candidates,
+                         num_layers, temp_limit, none.saved_bytes)
+    if assignment is None or str(_policy_of(assignment)) in tried:
       break
-    assignment = min(choices, key=lambda a: (a.recompute_flops, a.saved_bytes))
     policy = _policy_of(assignment)
-    if str(policy) in tried:
-      break
     tried.add(str(policy))
-    predicted = int(predictor(assignment.saved_bytes, len(assignment.counts) > 1))
+    layered = len(assignment.counts) > 1
+    predicted = int(_Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))(
+        assignment.saved_bytes, layered))
     point = compile_point(policy, assignment.saved_bytes)
     history.append(point)
-    points.append((point.saved_bytes, len(assignment.counts) > 1, point.temp_bytes))
+    points.append((point.saved_bytes, layered, point.temp_bytes))
     if fits(point) and point.flops < best.flops:
       best, best_assignment, best_predicted = point, assignment, predicted
-  return make(best, best_assignment, best_predicted)
+  predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
+  final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
+  converged = final is None or str(_policy_of(final)) in tried
+  return make(best, best_assignment, best_predicted, predictor, converged)
