@@ -1,0 +1,129 @@
+"""Benchmark: budget plans vs the best fixed built-in policy that fits, on the GPT ``small`` preset (compile only).
+
+Usage: ``python benchmarks/budget_plans.py [--preset small] [--budgets 10 20 ... 100] [--out benchmarks/results]``.
+
+For each budget p% of no-remat temp: the plan (:func:`jaxckpt.planner.plan_policy`, planned from scratch, no shared
+cache), its compiled temp and step FLOPs relative to ``none``, and the fixed built-in policies (``none``, ``full``,
+the dots policies, ``save_only_these_names:<name>`` per name: the report's ``all``) that fit the same budget, with
+the least-FLOPs one among them. Planning time is given in units of one compile of the step (the ``none`` compile
+of the built-in sweep), the issue's "at most 6 compiles" target. Writes ``budget_plans_<preset>.json`` and a PNG
+Pareto chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+
+from jaxckpt.planner import InfeasibleBudgetError, plan_policy
+from jaxckpt.report import build_report, shipped_target
+from jaxckpt.schema import versions
+
+
+def main(argv: list[str] | None = None) -> dict:
+  """Runs the benchmark; returns what it writes as JSON (bytes, FLOPs, seconds)."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model", default="gpt")
+  parser.add_argument("--preset", default="small")
+  parser.add_argument("--budgets", type=float, nargs="+", default=[10, 20, 30, 40, 50, 60, 70, 80, 90, 100],
+                      help="percent of no-remat temp")
+  parser.add_argument("--out", default="benchmarks/results")
+  parser.add_argument("--no-plot", dest="plot", action="store_false")
+  args = parser.parse_args(argv)
+  target = shipped_target(args.model, args.preset)
+  fixed = build_report(target, ["all"], residuals=False, progress=False)
+  rows = [r for r in fixed.rows if r["status"] == "ok"]
+  none = fixed.row("none")
+  compile_s = none["compile_s"]
+  results = []
+  for pct in args.budgets:
+    limit = int(pct / 100 * none["temp_bytes"])
+    fits = [r for r in rows if r["temp_bytes"] <= limit]
+    best_fixed = min(fits, key=lambda r: (r["flops"], r["temp_bytes"])) if fits else None
+    entry = {"budget_percent": pct, "limit_bytes": limit,
+             "best_fixed": None if best_fixed is None else {
+                 "policy": best_fixed["policy"], "temp_bytes": best_fixed["temp_bytes"],
+                 "flops_ratio": best_fixed["flops"] / none["flops"]}}
+    try:
+      plan = plan_policy(target, f"budget:{pct:g}%")
+    except InfeasibleBudgetError as err:
+      entry.update(feasible=False, error=str(err), minimum_bytes=err.minimum_bytes)
+    else:
+      entry.update(feasible=True, policy=str(plan.policy), temp_bytes=plan.compiled.temp_bytes,
+                   predicted_temp_bytes=plan.predicted_temp_bytes, flops_ratio=plan.flops_ratio,
+                   compiles=len(plan.history), converged=plan.converged, seconds=plan.seconds,
+                   seconds_in_compiles=plan.seconds / compile_s)
+    results.append(entry)
+    status = (f"{entry['policy']}  temp {entry['temp_bytes'] / 2**20:.1f} MiB  FLOPs ×{entry['flops_ratio']:.4f}  "
+              f"{entry['compiles']} compiles  {entry['seconds']:.1f} s = {entry['seconds_in_compiles']:.1f} compiles"
+              if entry["feasible"] else f"infeasible (least temp {entry['minimum_bytes'] / 2**20:.1f} MiB)")
+    print(f"budget {pct:g}% (temp ≤ {limit / 2**20:.1f} MiB): {status}", flush=True)
+  print()
+  print("| budget (temp ≤) | plan | compiled temp | FLOPs × none | best fixed that fits | its FLOPs × none | "
+        "plan time (compiles) |")
+  print("|---|---|---|---|---|---|---|")
+  for e in results:
+    fixed_text = ("none fits" if e["best_fixed"] is None else
+                  f"`{e['best_fixed']['policy']}` | {e['best_fixed']['flops_ratio']:.4f}")
+    if e["feasible"]:
+      print(f"| {e['budget_percent']:g}% ({e['limit_bytes'] / 2**20:.1f} MiB) | `{e['policy']}` | "
+            f"{e['temp_bytes'] / 2**20:.1f} MiB | {e['flops_ratio']:.4f} | {fixed_text} | "
+            f"{e['seconds']:.1f} s ({e['seconds_in_compiles']:.1f}) |")
+    else:
+      print(f"| {e['budget_percent']:g}% ({e['limit_bytes'] / 2**20:.1f} MiB) | infeasible: least temp "
+            f"{e['minimum_bytes'] / 2**20:.1f} MiB | — | — | {fixed_text} | — |")
+  data = {
+      "model": args.model, "preset": args.preset, "date": datetime.date.today().isoformat(),
+      "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "platform": platform.platform()},
+      "versions": versions(), "none": {"temp_bytes": none["temp_bytes"], "flops": none["flops"],
+                                       "compile_s": compile_s},
+      "median_fixed_compile_s": statistics.median(r["compile_s"] for r in rows),
+      "fixed": [{"policy": r["policy"], "temp_bytes": r["temp_bytes"], "flops_ratio": r["flops"] / none["flops"]}
+                for r in rows],
+      "budgets": results,
+  }
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, f"budget_plans_{args.preset}.json")
+  with open(path, "w") as f:
+    json.dump(data, f, indent=1)
+  print(f"wrote {path}")
+  if args.plot:
+    plot_path = os.path.join(args.out, f"budget_plans_{args.preset}.png")
+    _plot(data, plot_path)
+    print(f"wrote {plot_path}")
+  return data
+
+
+def _plot(data: dict, path: str) -> None:
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # noqa: PLC0415
+
+  none_temp = data["none"]["temp_bytes"]
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  fixed = data["fixed"]
+  ax.scatter([f["flops_ratio"] for f in fixed], [f["temp_bytes"] / none_temp for f in fixed], color="tab:blue",
+             label="fixed built-in policies", zorder=3)
+  plans = [b for b in data["budgets"] if b["feasible"]]
+  ax.scatter([b["flops_ratio"] for b in plans], [b["temp_bytes"] / none_temp for b in plans], color="tab:orange",
+             marker="D", label="budget plans", zorder=4)
+  for b in plans:
+    ax.annotate(f"{b['budget_percent']:g}%", (b["flops_ratio"], b["temp_bytes"] / none_temp), fontsize=7,
+                xytext=(4, 3), textcoords="offset points")
+  ax.set_xlabel("train-step FLOPs / none")
+  ax.set_ylabel("compiled temp / none")
+  ax.set_title(f"{data['model']} ({data['preset']}): budget plans vs fixed policies", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  main()
