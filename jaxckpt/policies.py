@@ -385,6 +385,12 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
     raise PolicySpecError(
         f"empty policy spec; valid policies: {', '.join(POLICY_NAMES)}", spec=spec, bad=spec, valid=POLICY_NAMES
     )
+  word = text.partition(":")[0].strip()
+  if word in ("budget", "auto") or text[:1].isdigit():
+    raise PolicySpecError(
+        f"policy spec {shorten(spec)!r} is a model-level policy (a memory budget or layer ranges), not a per-block "
+        "spec: give it where a whole model's policy is set (set_policy, --policy, --policies, jaxckpt-plan; see "
+        "parse_model_policy)", spec=spec, bad=text)
   if "=" not in text:
     if "," in text:
       raise PolicySpecError(

@@ -151,10 +151,8 @@ class Plan:
       limit += f" ({self.budget.fraction * 100:g}% of none's temp {format_bytes(self.none.temp_bytes)})"
     lines = [f"plan for {self.budget}: {self.key.replace('_bytes', '')} ≤ {limit}"
              + (f" [{self.memory_source}]" if self.memory_source else "")]
-    saved = {str(c.spec): c for c in self.candidates}
     for first, last, spec in self.layer_ranges():
-      names = saved[str(spec)].saved_names if str(spec) in saved else {}
-      what = "; ".join(f"{b}: {'+'.join(n)}" for b, n in names.items()) or _saves(spec)
+      what = _saves(spec)
       where = f"layers {first}-{last}" if last > first else f"layer {first}"
       lines.append(f"  {where}: {spec}   saves {what}")
     memory = self.compiled.memory
@@ -194,9 +192,14 @@ class Plan:
     }
 
 
+_SAVES = {"none": "everything (no remat)", "nothing_saveable": "nothing (recomputed from the layer input)",
+          "everything_saveable": "everything", "dots_saveable": "matmul outputs",
+          "dots_with_no_batch_dims_saveable": "weight-matmul outputs"}
+
+
 def _saves(spec: PolicySpec) -> str:
   pairs = spec.blocks or (("all blocks", spec.default),)
-  return "; ".join(f"{b}: {'everything (no remat)' if p.name == 'none' else p}" for b, p in pairs)
+  return "; ".join(f"{b}: {'+'.join(p.names) if p.names else _SAVES.get(p.name, p.name)}" for b, p in pairs)
 
 
 def device_memory_bytes() -> tuple[int, str]:
