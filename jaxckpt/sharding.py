@@ -278,7 +278,8 @@ def batch_shardings(batch: Any, mesh: Mesh) -> Any:
   return jax.tree.map(lambda a: batch_sharding(mesh, len(a.shape)), batch)
 
 
-def step_shardings(state: Any, batch: Any, mesh: Mesh, *, model: nnx.Module | None = None) -> dict[str, Any]:
+def step_shardings(state: Any, batch: Any, mesh: Mesh, *, model: nnx.Module | None = None,
+                   params: Any = None) -> dict[str, Any]:
   """``jax.jit`` keyword arguments that shard a train step ``step(state, batch) -> (state, metrics)`` over ``mesh``.
 
   Args:
@@ -286,6 +287,7 @@ def step_shardings(state: Any, batch: Any, mesh: Mesh, *, model: nnx.Module | No
     batch: one batch (arrays or ``ShapeDtypeStruct``s), axis 0 = examples.
     mesh: the device mesh.
     model: the model the state comes from (finds the scanned layer axes); see :func:`state_shardings`.
+    params: the parameter subtree of ``state`` (default ``state.params``; e.g. ``state["params"]`` for a dict).
 
   Returns:
     ``{"in_shardings": (state, batch), "out_shardings": (state, metrics replicated)}``: the new state keeps the
@@ -295,7 +297,7 @@ def step_shardings(state: Any, batch: Any, mesh: Mesh, *, model: nnx.Module | No
 
     >>> compiled = jaxckpt.compile_train_step(step, state, batch, **step_shardings(state, batch, mesh, model=model))
   """
-  states = state_shardings(state, mesh, model=model)
+  states = state_shardings(state, mesh, model=model, params=params)
   return {"in_shardings": (states, batch_shardings(batch, mesh)),
           "out_shardings": (states, NamedSharding(mesh, PartitionSpec()))}
 

@@ -25,7 +25,8 @@ from jaxckpt.policies import PolicySpec
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.report.residuals import analyse_residuals
 from jaxckpt.report.steps import policy_step
-from jaxckpt.report.targets import Target
+from jaxckpt.report.targets import ModelTarget, Target
+from jaxckpt import sharding
 from jaxckpt.report import xla_dump
 from jaxckpt.xla import memory_stats, remat_compiler_options
 
@@ -82,6 +83,7 @@ def compile_rows(
     residuals: bool = True,
     stats_only: bool = True,
     progress: bool = True,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
   """Compiles the train step of ``target`` under each spec and collects its statistics.
 
@@ -95,6 +97,9 @@ def compile_rows(
     residuals: run the residual analysis (``residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
+    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
+      parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
+      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded.
 
   Returns:
     ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report.keys.ROW_KEYS`, memory in bytes,
@@ -124,12 +129,21 @@ def compile_rows(
       fail(i, err)
     bar.update(1)
 
+  model = None
+  if mesh is not None and isinstance(target, ModelTarget):
+    from flax import nnx
+
+    model = nnx.eval_shape(target.make_model)  # where the scanned layer axes are (never split by FSDP)
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
     for i, spec in enumerate(specs):
       started = time.perf_counter()
       try:
         step = policy_step(target, spec, tx)
-        traced = jax.jit(step.step, donate_argnums=0).trace(step.state, step.batch)
+        shardings = {}
+        if mesh is not None:
+          shardings = sharding.step_shardings(step.state, step.batch, mesh, model=model,
+                                              params=step.params)
+        traced = jax.jit(step.step, donate_argnums=0, **shardings).trace(step.state, step.batch)
         lowered = traced.lower()
       except Exception as err:  # noqa: BLE001 - invalid spec for this target, or a tracing error: an error row
         fail(i, err)
