@@ -169,3 +169,49 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
+
+
+TWO_PROCESS_RUN = dict(model="mlp", preset="tiny", epochs=2, batch_size=64, policy="full", aux_task="parity",
+                       mesh="data=4,fsdp=2", ckpt_every=10, progress=False)
+
+
+def run_two_processes(config: dict, tmp_path) -> list[dict]:
+  port = free_port()
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+  procs = []
+  for pid in range(2):
+    request = {**config, "coordinator": f"localhost:{port}", "num_processes": 2, "process_id": pid}
+    procs.append(subprocess.Popen([sys.executable, HELPER, "train", json.dumps(request)], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  results = []
+  try:
+    for proc in procs:
+      out, err = proc.communicate(timeout=300)
+      assert proc.returncode == 0, err[-3000:]
+      results.append(json.loads(out.strip().splitlines()[-1]))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  return results
+
+
+def test_two_processes_match_one_process_and_resume(tmp_path):
+  """2 processes × 4 CPU devices (gloo) = the 1-process 8-device run's loss curve, also across a resume."""
+  one = run_helper("train", json.dumps(TWO_PROCESS_RUN))
+  assert one["mesh"] == {"data": 4, "fsdp": 2} and one["device_count"] == 8 and one["process_count"] == 1
+
+  ckpt = str(tmp_path / "ckpt")
+  first = run_two_processes({**TWO_PROCESS_RUN, "ckpt_dir": ckpt, "interrupt_at": "epoch 1/"}, tmp_path)
+  assert all(r["interrupted"] for r in first)  # both stopped after epoch 1 (step 22); last checkpoint: step 20
+  assert sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())[-1] == 20
+
+  resumed = run_two_processes({**TWO_PROCESS_RUN, "ckpt_dir": ckpt, "resume": True}, tmp_path)
+  for r in resumed:
+    assert not r["interrupted"] and any("resumed from step 20" in line for line in r["lines"])
+    assert r["device_count"] == 8 and r["process_count"] == 2 and r["mesh"] == {"data": 4, "fsdp": 2}
+    np.testing.assert_allclose(r["train_loss"], one["train_loss"], rtol=1e-5)  # the same loss curve
+    assert len(r["train_loss"]) == 2 and r["train_loss"][1] < r["train_loss"][0]
+    assert abs(r["test_accuracy"] - one["test_accuracy"]) <= 1 / 360  # at most one test example flips
+    assert r["test_aux_accuracy"] is not None
+  assert resumed[0]["params_sha256"] == resumed[1]["params_sha256"]  # both processes hold the same model
