@@ -215,3 +215,46 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
     assert abs(r["test_accuracy"] - one["test_accuracy"]) <= 1 / 360  # at most one test example flips
     assert r["test_aux_accuracy"] is not None
   assert resumed[0]["params_sha256"] == resumed[1]["params_sha256"]  # both processes hold the same model
+
+
+# --- the experiments' flags, one device, in process ---
+
+def test_aux_task_run_writes_its_metrics(tmp_path):
+  import dataclasses
+
+  from experiments.classifier import ClassifierConfig, train
+  from jaxckpt.schema import AUX_TASK_KEYS, METRICS_KEYS, PLACEMENT_KEYS
+
+  config = ClassifierConfig(model="mlp", preset="tiny", epochs=2, policy="full", aux_task="parity", aux_weight=0.5,
+                            progress=False, out=str(tmp_path))
+  metrics = train(config, log=lambda *_: None).metrics
+  assert set(METRICS_KEYS) | set(PLACEMENT_KEYS) | set(AUX_TASK_KEYS) <= set(metrics)
+  assert metrics["aux_task"] == "parity" and metrics["aux_weight"] == 0.5
+  assert metrics["test_aux_accuracy"] >= 0.75  # parity of the digit, learnt from the shared features
+  assert metrics["mesh"] is None and metrics["device_count"] == 1 and metrics["process_count"] == 1
+  assert json.load(open(tmp_path / "metrics.json"))["test_aux_accuracy"] == metrics["test_aux_accuracy"]
+  single = train(dataclasses.replace(config, aux_task=None, out=None), log=lambda *_: None).metrics
+  assert single["aux_task"] is None and single["test_aux_accuracy"] is None
+  assert single["train_loss"][0] < metrics["train_loss"][0]  # the total loss adds λ·CE_aux
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--mesh", "data=3"], ["covers 3 device(s) but there are 1"]),
+    (["--mesh", "gpu=1"], ["unknown mesh axis 'gpu'", "valid axes: data, fsdp"]),
+    (["--coordinator", "localhost:1234"], ["--coordinator needs --mesh"]),
+    (["--num-processes", "2"], ["need --coordinator"]),
+    (["--aux-weight", "-1", "--aux-task", "parity"], ["--aux-weight must be ≥ 0"]),
+    (["--aux-task", "colour"], ["invalid choice: 'colour'"]),
+])
+def test_experiment_flags_errors_exit_2(argv, words, capsys):
+  from experiments.classifier import main
+
+  try:
+    status = main(["--preset", "tiny", "--no-progress", *argv])
+  except SystemExit as exit_:  # argparse's own errors (CLIParser: one line, status 2)
+    status = exit_.code
+  assert status == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  for word in words:
+    assert word in err, err
