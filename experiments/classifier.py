@@ -203,7 +203,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   shardings = placement.step_kwargs(state, example, model)
   del model
   compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, tx, loss_fn, skip_nonfinite=config.nan_policy == "skip",
+      jaxckpt.make_train_step(graphdef, tx, placement.loss(loss_fn), skip_nonfinite=config.nan_policy == "skip",
                               grad_accum_steps=config.grad_accum_steps),
       state, example, shardings=shardings,
       graphdef=graphdef, spec=spec, log=log,

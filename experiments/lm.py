@@ -198,7 +198,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   shardings = placement.step_kwargs(state, example, model)
   del model
   compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, tx, lm_loss, skip_nonfinite=config.nan_policy == "skip",
+      jaxckpt.make_train_step(graphdef, tx, placement.loss(lm_loss), skip_nonfinite=config.nan_policy == "skip",
                               grad_accum_steps=config.grad_accum_steps), state,
       example, shardings=shardings, graphdef=graphdef, spec=spec, log=log,
       headline=(f"model gpt ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} H={model_cfg.num_heads} "

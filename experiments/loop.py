@@ -113,6 +113,11 @@ class Placement:
     size = jax.tree.leaves(batch)[0].shape[0]
     return sharding.shard_batch(batch, self.mesh, global_batch_size=size)
 
+  def loss(self, loss_fn: Callable) -> Callable:
+    """``loss_fn`` computing with the parameters all-gathered over ``fsdp`` (:func:`jaxckpt.sharding.gathered_params`);
+    itself without a mesh."""
+    return sharding.gather_params_in_loss(loss_fn, self.mesh)
+
   def step_kwargs(self, state: Any, batch: Any, model: Any) -> dict[str, Any]:
     """``in_shardings``/``out_shardings`` of the train step (none without a mesh)."""
     return {} if self.mesh is None else sharding.step_shardings(state, batch, self.mesh, model=model)

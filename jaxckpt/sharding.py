@@ -60,6 +60,8 @@ __all__ = [
     "batch_sharding",
     "batch_shardings",
     "step_shardings",
+    "gathered_params",
+    "gather_params_in_loss",
     "check_batch_size",
     "shard_state",
     "process_rows",
@@ -300,6 +302,50 @@ def step_shardings(state: Any, batch: Any, mesh: Mesh, *, model: nnx.Module | No
   states = state_shardings(state, mesh, model=model, params=params)
   return {"in_shardings": (states, batch_shardings(batch, mesh)),
           "out_shardings": (states, NamedSharding(mesh, PartitionSpec()))}
+
+
+def gathered_params(params: Any, mesh: Mesh) -> Any:
+  """The parameters as the step computes with them: all-gathered over ``fsdp`` (replicated), by a sharding
+  constraint — XLA inserts the all-gather, and its transpose, a reduce-scatter of the gradients, itself.
+
+  Why: with only the inputs' shardings given, XLA's sharding propagation lets the FSDP-split weight dimension
+  spread into the activations (a matmul of a batch-split ``x`` by an ``F``-split ``W`` must give up one of the two),
+  and parts of the model then run on the whole batch on every device. Measured on the GPT ``small`` train step
+  under ``fsdp=8``: temp 286.6 MiB per device without the constraint, 119.0 MiB with it (``data=8``: 100.7 MiB).
+  Parameters and optimizer state stay split at rest (arguments 1/8); during the step each device holds the full
+  parameters and their gradients transiently: one FSDP unit wrapping the whole model (PyTorch FSDP without an
+  auto-wrap policy). A no-op for a ``data``-only mesh, whose parameters are replicated anyway.
+
+  Args:
+    params: pytree of arrays (e.g. an ``nnx.State`` of parameters), inside a jitted function.
+    mesh: the device mesh.
+  """
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, replicated), params)
+
+
+def gather_params_in_loss(loss_fn: Callable[..., Any], mesh: Mesh | None) -> Callable[..., Any]:
+  """Wraps a :data:`jaxckpt.train.LossFn` so the model computes with :func:`gathered_params` under ``mesh``.
+
+  Args:
+    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (loss, metrics)``.
+    mesh: the device mesh; ``None`` returns ``loss_fn`` itself.
+
+  Returns:
+    The same loss (same value, same gradients) whose parameters are all-gathered before use; non-parameter state
+    the loss updates is written back to ``model``.
+  """
+  if mesh is None:
+    return loss_fn
+
+  def loss(model, batch, **kwargs):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    gathered = nnx.merge(graphdef, gathered_params(params, mesh), rest)
+    out = loss_fn(gathered, batch, **kwargs)
+    nnx.update(model, nnx.state(gathered, nnx.Not(nnx.Param)))
+    return out
+
+  return loss
 
 
 def check_batch_size(batch_size: int, mesh: Mesh | Mapping[str, int], *, flag: str = "--batch-size") -> None:

@@ -4,6 +4,7 @@ Usage (the device count must be set before JAX starts, so the test runs this fil
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py equivalence
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py bytes
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py equivalence+bytes
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding_helper.py train '{"mesh": ...}'
 
 The last stdout line is the JSON result.
@@ -36,7 +37,7 @@ def _record_grads():
                                       lambda updates, state, params=None: (updates, updates))
 
 
-def _multitask_setup(policy: str):
+def _multitask_setup(policy: str, mesh=None):
   import optax
   from flax import nnx
 
@@ -48,7 +49,8 @@ def _multitask_setup(policy: str):
   model = jaxckpt.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
   tx = optax.chain(_record_grads(), optax.adamw(1e-2))
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
-  step = jaxckpt.make_train_step(graphdef, tx, jaxckpt.multitask_loss("parity", 0.5))
+  loss_fn = jaxckpt.sharding.gather_params_in_loss(jaxckpt.multitask_loss("parity", 0.5), mesh)  # as the experiments
+  step = jaxckpt.make_train_step(graphdef, tx, loss_fn)
   return model, state, step
 
 
@@ -83,7 +85,7 @@ def equivalence() -> dict:
   for mesh_spec in MESHES:
     mesh = sharding.make_mesh(mesh_spec)
     for policy in POLICIES:
-      model, state, step = _multitask_setup(policy)
+      model, state, step = _multitask_setup(policy, mesh)
       kwargs = sharding.step_shardings(state, batches[0], mesh, model=model)
       state = sharding.shard_state(state, kwargs["in_shardings"][0])  # same seed: the reference's initial values
       put = lambda b: sharding.shard_batch(b, mesh, global_batch_size=BATCH)  # noqa: E731
@@ -114,7 +116,9 @@ def report_bytes() -> dict:
   target = shipped_target("gpt", "tiny")
   out = {"device_count": jax.device_count()}
   for mesh in (None, "fsdp=8", "data=8"):
-    report = build_report(target, ["none", "full"], mesh=mesh, residuals=False, progress=False)
+    policies = ["none"] if mesh is None else ["none", "full"]
+    report = build_report(target, policies, mesh=mesh, residuals=False, progress=False,
+                          compiler_options=FAST)
     out[str(mesh)] = {"mesh": report.data["mesh"], "rows": {r["policy"]: {k: r[k] for k in (
         "status", "error", "argument_bytes", "temp_bytes", "output_bytes", "alias_bytes")} for r in report.rows}}
   return out
@@ -152,10 +156,12 @@ if __name__ == "__main__":
   mode = sys.argv[1]
   if mode == "equivalence":
     result = equivalence()
+  elif mode == "equivalence+bytes":  # one process start for both
+    result = {**equivalence(), "bytes": report_bytes()}
   elif mode == "bytes":
     result = report_bytes()
   elif mode == "train":
     result = train(json.loads(sys.argv[2]))
   else:
-    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train")
+    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, equivalence+bytes, train")
   print(json.dumps(result))

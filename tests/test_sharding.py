@@ -123,7 +123,7 @@ def test_report_cli_mesh_errors_exit_2(capsys):
 
 @pytest.fixture(scope="module")
 def equivalence():
-  return run_helper("equivalence")
+  return run_helper("equivalence+bytes")  # one 8-device process for both tests below
 
 
 def test_every_mesh_and_policy_matches_single_device_no_remat(equivalence):
@@ -148,13 +148,13 @@ def test_every_mesh_and_policy_matches_single_device_no_remat(equivalence):
       assert r["min_replicas"] == 4 and r["fsdp_sharded_leaves"] == r["param_leaves"], where
 
 
-def test_fsdp_shards_parameters_and_optimizer_state():
+def test_fsdp_shards_parameters_and_optimizer_state(equivalence):
   """Per-device argument bytes (parameters + AdamW state + batch) under fsdp=8 ≤ 1/4 of one unsharded device's."""
-  result = run_helper("bytes")
+  result = equivalence["bytes"]
   single, fsdp, data = result["None"], result["fsdp=8"], result["data=8"]
   assert single["mesh"] is None and fsdp["mesh"] == {"fsdp": 8} and data["mesh"] == {"data": 8}
   for policy in ("none", "nothing_saveable"):
-    one, sharded, replicated = (r["rows"][policy] for r in (single, fsdp, data))
+    one, sharded, replicated = (r["rows"].get(policy, r["rows"]["none"]) for r in (single, fsdp, data))
     assert one["status"] == sharded["status"] == replicated["status"] == "ok"
     assert sharded["argument_bytes"] <= one["argument_bytes"] / 4, (sharded, one)
     assert replicated["argument_bytes"] > 0.9 * one["argument_bytes"]  # data parallel keeps a full copy
@@ -220,22 +220,44 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
 # --- the experiments' flags, one device, in process ---
 
 def test_aux_task_run_writes_its_metrics(tmp_path):
-  import dataclasses
-
   from experiments.classifier import ClassifierConfig, train
   from jaxckpt.schema import AUX_TASK_KEYS, METRICS_KEYS, PLACEMENT_KEYS
 
   config = ClassifierConfig(model="mlp", preset="tiny", epochs=2, policy="full", aux_task="parity", aux_weight=0.5,
                             progress=False, out=str(tmp_path))
-  metrics = train(config, log=lambda *_: None).metrics
+  lines = []
+  metrics = train(config, log=lines.append).metrics
   assert set(METRICS_KEYS) | set(PLACEMENT_KEYS) | set(AUX_TASK_KEYS) <= set(metrics)
   assert metrics["aux_task"] == "parity" and metrics["aux_weight"] == 0.5
   assert metrics["test_aux_accuracy"] >= 0.75  # parity of the digit, learnt from the shared features
   assert metrics["mesh"] is None and metrics["device_count"] == 1 and metrics["process_count"] == 1
   assert json.load(open(tmp_path / "metrics.json"))["test_aux_accuracy"] == metrics["test_aux_accuracy"]
-  single = train(dataclasses.replace(config, aux_task=None, out=None), log=lambda *_: None).metrics
-  assert single["aux_task"] is None and single["test_aux_accuracy"] is None
-  assert single["train_loss"][0] < metrics["train_loss"][0]  # the total loss adds λ·CE_aux
+  assert any(line.startswith("auxiliary task parity: test accuracy") for line in lines)
+
+
+def test_multitask_loss_is_main_plus_weighted_aux():
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax import nnx
+
+  from jaxckpt.models import MODELS, build_model
+
+  backbone = build_model("mlp", MODELS["mlp"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
+  model = jaxckpt.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
+  x = jax.random.normal(jax.random.key(0), (6, 8, 8, 1))
+  y = jnp.array([0, 1, 2, 3, 4, 9])
+  batch = {"x": x, "y": y, "mask": jnp.array([True] * 5 + [False])}
+  loss, metrics = jaxckpt.multitask_loss("parity", 0.25)(model, batch, dropout_key=None, deterministic=True)
+  main, aux = model.both(x)
+  ce = lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(logits[:5], labels[:5]).mean()  # noqa
+  np.testing.assert_allclose(metrics["main_loss"], ce(main, y), rtol=1e-6)
+  np.testing.assert_allclose(metrics["aux_loss"], ce(aux, y % 2), rtol=1e-6)
+  np.testing.assert_allclose(loss, ce(main, y) + 0.25 * ce(aux, y % 2), rtol=1e-6)
+  np.testing.assert_array_equal(model(x), main)  # model(x) is the main head
+  assert metrics["count"] == 5
+  with pytest.raises(jaxckpt.JaxckptError, match="valid: parity"):
+    jaxckpt.multitask_loss("colour")
 
 
 @pytest.mark.parametrize("argv, words", [

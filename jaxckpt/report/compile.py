@@ -9,6 +9,7 @@ analyses residuals. A policy that fails anywhere becomes an error row; the other
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import re
 import time
@@ -130,10 +131,17 @@ def compile_rows(
     bar.update(1)
 
   model = None
-  if mesh is not None and isinstance(target, ModelTarget):
-    from flax import nnx
+  if mesh is not None:  # the step computes with the parameters all-gathered over fsdp (sharding.gathered_params)
+    if isinstance(target, ModelTarget):
+      from flax import nnx
 
-    model = nnx.eval_shape(target.make_model)  # where the scanned layer axes are (never split by FSDP)
+      model = nnx.eval_shape(target.make_model)  # where the scanned layer axes are (never split by FSDP)
+      target = dataclasses.replace(target, loss_fn=sharding.gather_params_in_loss(target.loss_fn, mesh))
+    else:
+      loss = target.loss
+      target = dataclasses.replace(
+          target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch,
+                                                             policy=policy))
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
     for i, spec in enumerate(specs):
       started = time.perf_counter()
