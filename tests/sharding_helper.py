@@ -4,7 +4,7 @@ Usage (the device count must be set before JAX starts, so the test runs this fil
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py equivalence
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py bytes
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py equivalence+bytes
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py all '{"mesh": ...}'
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding_helper.py train '{"mesh": ...}'
 
 The last stdout line is the JSON result.
@@ -156,12 +156,12 @@ if __name__ == "__main__":
   mode = sys.argv[1]
   if mode == "equivalence":
     result = equivalence()
-  elif mode == "equivalence+bytes":  # one process start for both
-    result = {**equivalence(), "bytes": report_bytes()}
+  elif mode == "all":  # one process start for the three: equivalence, bytes, and a classifier run (JSON config)
+    result = {**equivalence(), "bytes": report_bytes(), "train": train(json.loads(sys.argv[2]))}
   elif mode == "bytes":
     result = report_bytes()
   elif mode == "train":
     result = train(json.loads(sys.argv[2]))
   else:
-    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, equivalence+bytes, train")
+    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all")
   print(json.dumps(result))

@@ -121,9 +121,16 @@ def test_report_cli_mesh_errors_exit_2(capsys):
 
 # --- 8 fake devices, in a subprocess ---
 
+TWO_PROCESS_RUN = dict(model="mlp", preset="tiny", epochs=2, batch_size=64, policy="full", aux_task="parity",
+                       mesh="data=4,fsdp=2", ckpt_every=10, progress=False)
+"""The classifier run of the two-process test (multi-task, remat'd, data and FSDP axes)."""
+
+
 @pytest.fixture(scope="module")
 def equivalence():
-  return run_helper("equivalence+bytes")  # one 8-device process for both tests below
+  # One 8-device process (starting one costs seconds) for the checks below and the 1-process reference run of the
+  # two-process test.
+  return run_helper("all", json.dumps(TWO_PROCESS_RUN))
 
 
 def test_every_mesh_and_policy_matches_single_device_no_remat(equivalence):
@@ -171,10 +178,6 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-TWO_PROCESS_RUN = dict(model="mlp", preset="tiny", epochs=2, batch_size=64, policy="full", aux_task="parity",
-                       mesh="data=4,fsdp=2", ckpt_every=10, progress=False)
-
-
 def run_two_processes(config: dict, tmp_path) -> list[dict]:
   port = free_port()
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
@@ -196,9 +199,9 @@ def run_two_processes(config: dict, tmp_path) -> list[dict]:
   return results
 
 
-def test_two_processes_match_one_process_and_resume(tmp_path):
+def test_two_processes_match_one_process_and_resume(tmp_path, equivalence):
   """2 processes × 4 CPU devices (gloo) = the 1-process 8-device run's loss curve, also across a resume."""
-  one = run_helper("train", json.dumps(TWO_PROCESS_RUN))
+  one = equivalence["train"]
   assert one["mesh"] == {"data": 4, "fsdp": 2} and one["device_count"] == 8 and one["process_count"] == 1
 
   ckpt = str(tmp_path / "ckpt")
