@@ -21,7 +21,9 @@ the ``fsdp`` axis size** (ties: the last such dimension), **never the scanned la
 parameters of a :class:`jaxckpt.layers.Stack`: ``scan`` slices it one layer per iteration, so sharding it would
 move whole layers between devices each step). Arrays with no such dimension (scalars, odd sizes) are replicated.
 Adam's moments get the sharding of the parameter they belong to; every other leaf (step counter, PRNG key,
-optimizer counters) is replicated.
+optimizer counters) is replicated. Inside the step the model computes with the parameters all-gathered over
+``fsdp`` (:func:`gathered_params`, a sharding constraint): the batch stays split over every axis and XLA
+reduce-scatters the gradients back to the parameters' sharding.
 
 Memory: ``compiled.memory_analysis()`` of a step compiled under a mesh describes the SPMD-partitioned program, which
 is what *each device* runs: its argument / output / temp bytes are per device (checked in

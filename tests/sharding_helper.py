@@ -12,7 +12,6 @@ The last stdout line is the JSON result.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys

@@ -200,7 +200,8 @@ def run_two_processes(config: dict, tmp_path) -> list[dict]:
 
 
 def test_two_processes_match_one_process_and_resume(tmp_path, equivalence):
-  """2 processes × 4 CPU devices (gloo) = the 1-process 8-device run's loss curve, also across a resume."""
+  """2 processes × 4 CPU devices (gloo) = the 1-process 8-device run's loss curve, also across a resume from the
+  orbax checkpoint onto another mesh."""
   one = equivalence["train"]
   assert one["mesh"] == {"data": 4, "fsdp": 2} and one["device_count"] == 8 and one["process_count"] == 1
 
@@ -209,10 +210,11 @@ def test_two_processes_match_one_process_and_resume(tmp_path, equivalence):
   assert all(r["interrupted"] for r in first)  # both stopped after epoch 1 (step 22); last checkpoint: step 20
   assert sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())[-1] == 20
 
-  resumed = run_two_processes({**TWO_PROCESS_RUN, "ckpt_dir": ckpt, "resume": True}, tmp_path)
+  # Resumed onto another mesh: parameters and Adam state now split 8 ways across both processes (orbax reshards).
+  resumed = run_two_processes({**TWO_PROCESS_RUN, "ckpt_dir": ckpt, "resume": True, "mesh": "fsdp=8"}, tmp_path)
   for r in resumed:
     assert not r["interrupted"] and any("resumed from step 20" in line for line in r["lines"])
-    assert r["device_count"] == 8 and r["process_count"] == 2 and r["mesh"] == {"data": 4, "fsdp": 2}
+    assert r["device_count"] == 8 and r["process_count"] == 2 and r["mesh"] == {"fsdp": 8}
     np.testing.assert_allclose(r["train_loss"], one["train_loss"], rtol=1e-5)  # the same loss curve
     assert len(r["train_loss"]) == 2 and r["train_loss"][1] < r["train_loss"][0]
     assert abs(r["test_accuracy"] - one["test_accuracy"]) <= 1 / 360  # at most one test example flips
