@@ -127,17 +127,17 @@ TWO_PROCESS_RUN = dict(model="mlp", preset="tiny", epochs=2, batch_size=64, poli
 
 
 @pytest.fixture(scope="module")
-def equivalence():
+def eight_devices():
   # One 8-device process (starting one costs seconds) for the checks below and the 1-process reference run of the
   # two-process test.
   return run_helper("all", json.dumps(TWO_PROCESS_RUN))
 
 
-def test_every_mesh_and_policy_matches_single_device_no_remat(equivalence):
+def test_every_mesh_and_policy_matches_single_device_no_remat(eight_devices):
   """The seed's DDP bug (remat + multi-task loss broke gradient sync): here loss, gradients and the loss curve of the
   multi-task model equal the single-device no-remat run on every mesh and policy, and replicas never diverge."""
-  results = equivalence["results"]
-  assert equivalence["device_count"] == 8
+  results = eight_devices["results"]
+  assert eight_devices["device_count"] == 8
   assert {(r["mesh"], r["policy"]) for r in results} == {(m, p) for m in ("data=8", "fsdp=8", "data=4,fsdp=2")
                                                        for p in ("none", "nothing_saveable", "dots_saveable",
                                                                  "attn=dots_saveable,mlp=nothing_saveable")}
@@ -155,9 +155,9 @@ def test_every_mesh_and_policy_matches_single_device_no_remat(equivalence):
       assert r["min_replicas"] == 4 and r["fsdp_sharded_leaves"] == r["param_leaves"], where
 
 
-def test_fsdp_shards_parameters_and_optimizer_state(equivalence):
+def test_fsdp_shards_parameters_and_optimizer_state(eight_devices):
   """Per-device argument bytes (parameters + AdamW state + batch) under fsdp=8 ≤ 1/4 of one unsharded device's."""
-  result = equivalence["bytes"]
+  result = eight_devices["bytes"]
   single, fsdp, data = result["None"], result["fsdp=8"], result["data=8"]
   assert single["mesh"] is None and fsdp["mesh"] == {"fsdp": 8} and data["mesh"] == {"data": 8}
   for policy in ("none", "nothing_saveable"):
@@ -199,10 +199,10 @@ def run_two_processes(config: dict, tmp_path) -> list[dict]:
   return results
 
 
-def test_two_processes_match_one_process_and_resume(tmp_path, equivalence):
+def test_two_processes_match_one_process_and_resume(tmp_path, eight_devices):
   """2 processes × 4 CPU devices (gloo) = the 1-process 8-device run's loss curve, also across a resume from the
   orbax checkpoint onto another mesh."""
-  one = equivalence["train"]
+  one = eight_devices["train"]
   assert one["mesh"] == {"data": 4, "fsdp": 2} and one["device_count"] == 8 and one["process_count"] == 1
 
   ckpt = str(tmp_path / "ckpt")
