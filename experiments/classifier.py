@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import optax
+from flax import nnx
 
 import jaxckpt
 from experiments.data import eval_batches, load_dataset, train_batch
@@ -32,11 +33,13 @@ from experiments.loop import (
     resolve_policy,
     run_cli,
     run_metrics,
+    setup_placement,
     train_loop,
     write_metrics,
 )
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
+from jaxckpt.multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
 from jaxckpt.structure import parse_structure
 
 __all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]
@@ -63,6 +66,8 @@ class ClassifierConfig:
   seed: int = 0  # Initialisation, data order and dropout.
   split_seed: int = 0  # The fixed train/test split.
   data: str | None = None  # .npz file with x and y; None = scikit-learn's digits.
+  aux_task: str | None = None  # Auxiliary head (jaxckpt.multitask.AUX_TASKS, e.g. "parity"); None = single task.
+  aux_weight: float = 0.5  # λ in loss = CE_main + λ · CE_aux.
   out: str | None = None  # Directory for metrics.json.
   ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
   ckpt_every: int = 100  # Save every this many steps (and at the end).
@@ -70,6 +75,10 @@ class ClassifierConfig:
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
   nan_policy: str = "stop"  # On a NaN/Inf loss or gradient: "stop" (keep the last good checkpoint) or "skip" the update.
   progress: bool = True  # Show a progress bar.
+  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device.
+  coordinator: str | None = None  # HOST:PORT of process 0 (multi-process, jax.distributed); None = one process.
+  num_processes: int = 1  # Processes of a multi-process run.
+  process_id: int = 0  # This process, 0..num_processes-1.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +107,10 @@ def _check(config: ClassifierConfig) -> None:
     raise JaxckptError(f"--layers must be ≥ 1, got {config.num_layers}")
   if not config.learning_rate > 0:
     raise JaxckptError(f"--learning-rate must be > 0, got {config.learning_rate}")
+  if config.aux_task is not None:
+    aux_task(config.aux_task)
+  if not config.aux_weight >= 0:
+    raise JaxckptError(f"--aux-weight must be ≥ 0, got {config.aux_weight}")
 
 
 def model_config(config: ClassifierConfig) -> Any:
@@ -115,20 +128,25 @@ def _run_identity(config: ClassifierConfig, model_cfg: Any, source: str) -> dict
   """The config fields a resumed run must share with the saved one (the policy may change: remat keeps numbers)."""
   identity = {k: v for k, v in dataclasses.asdict(config).items()
               if k not in ("policy", "gradient_checkpointing", "scan", "structure", "out", "ckpt_dir", "ckpt_every",
-                           "resume", "progress", "data", "allow_config_change", "nan_policy")}
+                           "resume", "progress", "data", "allow_config_change", "nan_policy", "mesh",
+                           "coordinator", "num_processes", "process_id")}
   identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
   identity["data"] = source
   return identity
 
 
-def _evaluate(eval_step, state, *, data, batch_size: int) -> dict[str, float]:
-  correct = count = loss_sum = 0.0
+def _evaluate(eval_step, state, *, data, batch_size: int, place=lambda b: b) -> dict[str, float]:
+  correct = count = loss_sum = aux_correct = 0.0
   for batch in eval_batches(data.x_test, data.y_test, batch_size=batch_size):
-    metrics = jax.device_get(eval_step(state, batch))
+    metrics = eval_step(state, place(batch))
     correct += float(metrics["correct"])
     count += float(metrics["count"])
     loss_sum += float(metrics["loss"]) * float(metrics["count"])
-  return {"test_loss": loss_sum / count, "test_accuracy": correct / count}
+    aux_correct += float(metrics.get("aux_correct", 0.0))
+  scores = {"test_loss": loss_sum / count, "test_accuracy": correct / count}
+  if "aux_correct" in metrics:
+    scores["test_aux_accuracy"] = aux_correct / count
+  return scores
 
 
 def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
@@ -153,6 +171,8 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   check_seeds(config)
   options = RunOptions.of(config)
   options.check()
+  placement = setup_placement(options)  # before anything touches a device
+  placement.check_batch_size(config.batch_size)
   spec = resolve_policy(config.policy, config.gradient_checkpointing)
   data = load_dataset(config.data, split_seed=config.split_seed)
   model_cfg = model_config(config)
@@ -164,46 +184,71 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   if data.image_shape[0] % patch or data.image_shape[1] % patch:
     raise DataError(f"images of {data.source} are {data.image_shape[0]}×{data.image_shape[1]}, but the vit's "
                     f"{patch}×{patch} patches need both sides divisible by {patch}: use --model mlp or cnn, or pad them")
-  make_model = functools.partial(build_model, config.model, model_cfg, image_shape=data.image_shape,
-                                 num_classes=data.num_classes, seed=config.seed)
-  model = make_model(policy=None if isinstance(spec, jaxckpt.policies.Budget) else spec)
+  budget = isinstance(spec, jaxckpt.policies.Budget)
+  if budget and placement.mesh is not None:
+    raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy (plan "
+                       "it with jaxckpt-plan first)")
+  loss_fn = jaxckpt.classification_loss
+  if config.aux_task is not None:
+    loss_fn = multitask_loss(config.aux_task, config.aux_weight)
+
+  def make_model(policy=None):
+    model = build_model(config.model, model_cfg, image_shape=data.image_shape, num_classes=data.num_classes,
+                        policy=policy, seed=config.seed)
+    if config.aux_task is not None:
+      model = MultiTaskClassifier(model, config.aux_task, rngs=nnx.Rngs(config.seed + 1))
+    return model
+
+  model = make_model(None if budget else spec)
   warmup = min(int(config.warmup_epochs * steps_per_epoch), total_steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, total_steps + 1)
   tx = optax.adamw(schedule, weight_decay=config.weight_decay)
   batch_at = functools.partial(_train_batch, data, batch_size=config.batch_size, seed=config.seed)
-  spec, plan = plan_budget(spec, make_model=make_model, batch=batch_at(0), loss_fn=jaxckpt.classification_loss, tx=tx,
+  spec, plan = plan_budget(spec, make_model=make_model, batch=batch_at(0), loss_fn=loss_fn, tx=tx,
                            grad_accum_steps=config.grad_accum_steps, name=config.model, preset=config.preset, log=log)
   jaxckpt.set_policy(model, spec)
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
-  del model
+  state = placement.state(state, model)
 
+  if placement.mesh is not None:
+    host_batch_at = batch_at
+    batch_at = lambda step: placement.batch(host_batch_at(step))  # noqa: E731
+  example = batch_at(0)
+  shardings = placement.step_kwargs(state, example, model)
+  del model
   compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, tx, skip_nonfinite=config.nan_policy == "skip",
+      jaxckpt.make_train_step(graphdef, tx, placement.loss(loss_fn), skip_nonfinite=config.nan_policy == "skip",
                               grad_accum_steps=config.grad_accum_steps),
-      state, batch_at(0),
+      state, example, shardings=shardings,
       graphdef=graphdef, spec=spec, log=log,
       headline=(f"model {config.model} ({config.preset}, {'scanned' if model_cfg.scan else 'unrolled'} layers, "
                 f"structure {model_cfg.structure}, "
                 f"{model_cfg.compute_dtype}); data {data.source}: {len(data.y_train)} train / {len(data.y_test)} "
                 f"test, {data.num_classes} classes"),
   )
-  eval_step = jax.jit(jaxckpt.make_eval_step(graphdef))
-  evaluate = functools.partial(_evaluate, eval_step, data=data, batch_size=config.batch_size)
+  eval_step = jax.jit(jaxckpt.make_eval_step(graphdef, loss_fn))
+  evaluate = functools.partial(_evaluate, eval_step, data=data, batch_size=config.batch_size, place=placement.batch)
   loop = train_loop(
       compiled.fn, state, batch_at=batch_at, total_steps=total_steps, eval_every=steps_per_epoch,
       evaluate=evaluate, identity=_run_identity(config, model_cfg, data.source), options=options, log=log,
       nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
                  f"(--compute-dtype {config.compute_dtype}; try float32), or extreme values in the data"),
   )
-  accuracy = evaluate(loop.state)["test_accuracy"]
+  final = evaluate(loop.state)
+  accuracy = final["test_accuracy"]
   metrics = run_metrics(
       spec=spec, compiled=compiled, loop=loop, total_steps=total_steps,
       model=config.model, preset=config.preset, scan=model_cfg.scan, structure=model_cfg.structure,
       compute_dtype=model_cfg.compute_dtype,
       test_accuracy=accuracy, test_accuracy_per_epoch=loop.history.get("test_accuracy", []),
+      aux_task=config.aux_task, aux_weight=config.aux_weight if config.aux_task else None,
+      test_aux_accuracy=final.get("test_aux_accuracy"),
+      **placement.describe(),
       data=data.source, config=dataclasses.asdict(config), plan=plan,
   )
   step_time = metrics["step_time_s"]
+  if config.aux_task is not None:
+    log(f"auxiliary task {config.aux_task}: test accuracy {final['test_aux_accuracy']:.4f}")
   log(f"test accuracy {accuracy:.4f}; median step time "
       f"{'n/a' if step_time is None else f'{step_time * 1e3:.1f} ms'} over {max(len(loop.step_times) - 1, 1)} steps")
   write_metrics(config.out, metrics, log)
@@ -234,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
           f"checkpoint names: {', '.join(jaxckpt.names.ALL_NAMES)}\n"
           "examples:\n"
           "  python -m experiments.classifier --policy dots_saveable\n"
-          "  python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan"
+          "  python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan\n"
+          "  python -m experiments.classifier --aux-task parity --mesh data=4,fsdp=2   # 8 devices\n"
+          "  python -m experiments.classifier --mesh data=8 --coordinator host0:12345 --num-processes 2 --process-id 0"
       ),
   )
   parser.add_argument("--model", choices=list(MODELS), default=defaults.model, help="model (default %(default)s)")
@@ -255,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--seed", type=int, default=defaults.seed)
   parser.add_argument("--split-seed", type=int, default=defaults.split_seed, help="seed of the train/test split")
   parser.add_argument("--data", default=None, help="FILE.npz with x: [N,H,W(,C)] float, y: [N] int (default digits)")
+  parser.add_argument("--aux-task", choices=list(AUX_TASKS), default=None,
+                      help="multi-task: a second linear head on the same features; "
+                           + "; ".join(f"{t.name}: {t.description}" for t in AUX_TASKS.values()))
+  parser.add_argument("--aux-weight", type=float, default=defaults.aux_weight,
+                      help="λ in loss = CE_main + λ·CE_aux (default %(default)s)")
   add_run_flags(parser, RunOptions.of(defaults))
   return parser
 

@@ -36,6 +36,7 @@ from experiments.loop import (
     resolve_policy,
     run_cli,
     run_metrics,
+    setup_placement,
     train_loop,
     write_metrics,
 )
@@ -80,6 +81,10 @@ class LMConfig:
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
   nan_policy: str = "stop"  # On a NaN/Inf loss or gradient: "stop" (keep the last good checkpoint) or "skip".
   progress: bool = True  # Show a progress bar.
+  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device.
+  coordinator: str | None = None  # HOST:PORT of process 0 (multi-process, jax.distributed); None = one process.
+  num_processes: int = 1  # Processes of a multi-process run.
+  process_id: int = 0  # This process, 0..num_processes-1.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +133,8 @@ def _run_identity(config: LMConfig, model_cfg: GPTConfig, corpus: text.TextCorpu
   identity = {k: v for k, v in dataclasses.asdict(config).items()
               if k not in ("policy", "gradient_checkpointing", "structure", "scan", "out", "ckpt_dir", "ckpt_every",
                            "resume", "progress",
-                           "corpus", "allow_config_change", "nan_policy", "eval_every", "eval_batches")}
+                           "corpus", "allow_config_change", "nan_policy", "eval_every", "eval_batches", "mesh",
+                           "coordinator", "num_processes", "process_id")}
   identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
   identity["corpus"] = {"source": corpus.source, "sha256": corpus.sha256}
   return identity
@@ -136,7 +142,7 @@ def _run_identity(config: LMConfig, model_cfg: GPTConfig, corpus: text.TextCorpu
 
 def _evaluate(eval_step, state, *, batches) -> dict[str, float]:
   """Mean loss over the fixed eval batches (equal sizes, so the mean of means is the mean per token)."""
-  results = [jax.device_get(eval_step(state, batch)) for batch in batches]
+  results = [eval_step(state, batch) for batch in batches]
   loss = float(np.mean([float(r["loss"]) for r in results]))
   accuracy = float(np.mean([float(r["accuracy"]) for r in results]))
   return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "eval_accuracy": accuracy}
@@ -166,15 +172,20 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   check_seeds(config)
   options = RunOptions.of(config)
   options.check()
+  placement = setup_placement(options)  # before anything touches a device
   spec = resolve_policy(config.policy, config.gradient_checkpointing)
   model_cfg = model_config(config)
   if model_cfg.vocab_size < text.VOCAB_SIZE:
     raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
   budget = isinstance(spec, jaxckpt.policies.Budget)
+  if budget and placement.mesh is not None:
+    raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy (plan "
+                       "it with jaxckpt-plan first)")
   model = build_gpt(model_cfg, policy=None if budget else spec, seed=config.seed)  # validates config and policy
   corpus = text.load_corpus(config.corpus, max_bytes=int(config.corpus_max_mib * 2**20),
                             min_window=model_cfg.seq_len + 1, split_seed=config.split_seed)
   batch_size, seq_len = model_cfg.batch_size, model_cfg.seq_len
+  placement.check_batch_size(batch_size)
   if batch_size % config.grad_accum_steps:
     raise JaxckptError(f"--grad-accum-steps {config.grad_accum_steps} must divide the batch size {batch_size}")
   total_steps = config.steps
@@ -187,12 +198,18 @@ def train(config: LMConfig, *, log=print) -> LMResult:
                            preset=config.preset, log=log)
   jaxckpt.set_policy(model, spec)
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
-  del model
+  state = placement.state(state, model)
 
+  if placement.mesh is not None:
+    host_batch_at = batch_at
+    batch_at = lambda step: placement.batch(host_batch_at(step))  # noqa: E731
+  example = batch_at(0)
+  shardings = placement.step_kwargs(state, example, model)
+  del model
   compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, tx, lm_loss, skip_nonfinite=config.nan_policy == "skip",
+      jaxckpt.make_train_step(graphdef, tx, placement.loss(lm_loss), skip_nonfinite=config.nan_policy == "skip",
                               grad_accum_steps=config.grad_accum_steps), state,
-      batch_at(0), graphdef=graphdef, spec=spec, log=log,
+      example, shardings=shardings, graphdef=graphdef, spec=spec, log=log,
       headline=(f"model gpt ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} H={model_cfg.num_heads} "
                 f"T={seq_len} B={batch_size}, {model_cfg.attention} attention, "
                 f"{'tied' if model_cfg.tie_embeddings else 'untied'} embeddings, "
@@ -202,7 +219,8 @@ def train(config: LMConfig, *, log=print) -> LMResult:
                 f"{corpus.unigram_entropy:.4f} nats/byte"),
   )
   eval_step = jax.jit(jaxckpt.make_eval_step(graphdef, lm_loss))
-  batches = text.eval_batches(corpus, batch_size=batch_size, seq_len=seq_len, num_batches=config.eval_batches)
+  batches = [placement.batch(b) for b in
+             text.eval_batches(corpus, batch_size=batch_size, seq_len=seq_len, num_batches=config.eval_batches)]
   evaluate = functools.partial(_evaluate, eval_step, batches=batches)
   loop = train_loop(
       compiled.fn, state, batch_at=batch_at, total_steps=total_steps, eval_every=config.eval_every,
@@ -217,7 +235,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
       test_accuracy=final["eval_accuracy"], eval_loss=final["eval_loss"], perplexity=final["perplexity"],
       eval_loss_history=loop.history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
       corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
-      model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len,
+      model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len, **placement.describe(),
       config=dataclasses.asdict(config), plan=plan,
   )
   step_time = metrics["step_time_s"]

@@ -24,8 +24,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
+from jaxckpt import sharding
 from jaxckpt.cli import CLIParser, check_output_dir
-from jaxckpt.errors import JaxckptError, NonFiniteLossError
+from jaxckpt.errors import JaxckptError, MeshSpecError, NonFiniteLossError
 from jaxckpt.render import memory_table, policy_summary
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "policy_per_block",
     "check_seeds",
     "run_cli",
+    "Placement",
+    "setup_placement",
 ]
 
 NAN_POLICIES = ("stop", "skip")
@@ -63,6 +66,10 @@ class RunOptions:
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
   nan_policy: str = "stop"  # "stop" or "skip" (see NAN_POLICIES).
   progress: bool = True  # Show a progress bar.
+  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device, unsharded.
+  coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.
+  num_processes: int = 1  # Processes of a multi-process run (with --coordinator).
+  process_id: int = 0  # This process, 0..num_processes-1.
 
   @classmethod
   def of(cls, config: Any) -> "RunOptions":
@@ -78,6 +85,67 @@ class RunOptions:
       raise JaxckptError(f"unknown NaN policy {self.nan_policy!r}; valid: {', '.join(NAN_POLICIES)}")
     if self.resume and self.ckpt_dir is None:
       raise JaxckptError("--resume needs --ckpt-dir")
+    if self.coordinator is None and (self.num_processes != 1 or self.process_id != 0):
+      raise MeshSpecError("--num-processes and --process-id need --coordinator HOST:PORT (of process 0)")
+    if self.coordinator is not None and self.mesh is None:
+      raise MeshSpecError("--coordinator needs --mesh: say how the devices of all processes are used "
+                          "(e.g. --mesh data=8)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a run's arrays live: one device (``mesh`` is ``None``), or sharded over a mesh (:mod:`jaxckpt.sharding`).
+
+  Attributes:
+    mesh: the device mesh, or ``None``.
+  """
+
+  mesh: Any = None
+
+  def state(self, state: Any, model: Any) -> Any:
+    """The train state placed on the mesh (parameters and Adam moments by the FSDP rule); unchanged without one."""
+    if self.mesh is None:
+      return state
+    return sharding.shard_state(state, sharding.state_shardings(state, self.mesh, model=model))
+
+  def batch(self, batch: Any) -> Any:
+    """A global host batch as global arrays; each process transfers only the rows its devices hold."""
+    if self.mesh is None:
+      return batch
+    size = jax.tree.leaves(batch)[0].shape[0]
+    return sharding.shard_batch(batch, self.mesh, global_batch_size=size)
+
+  def loss(self, loss_fn: Callable) -> Callable:
+    """``loss_fn`` computing with the parameters all-gathered over ``fsdp`` (:func:`jaxckpt.sharding.gathered_params`);
+    itself without a mesh."""
+    return sharding.gather_params_in_loss(loss_fn, self.mesh)
+
+  def step_kwargs(self, state: Any, batch: Any, model: Any) -> dict[str, Any]:
+    """``in_shardings``/``out_shardings`` of the train step (none without a mesh)."""
+    return {} if self.mesh is None else sharding.step_shardings(state, batch, self.mesh, model=model)
+
+  def check_batch_size(self, batch_size: int, flag: str = "--batch-size") -> None:
+    """Raises :class:`MeshSpecError` when the batch does not split over the mesh."""
+    if self.mesh is not None:
+      sharding.check_batch_size(batch_size, self.mesh, flag=flag)
+
+  def describe(self) -> dict[str, Any]:
+    """``{"mesh": {axis: size} | None, "device_count", "process_count"}`` for metrics.json."""
+    return {"mesh": None if self.mesh is None else sharding.mesh_shape(self.mesh),
+            "device_count": jax.device_count() if self.mesh is not None else 1,
+            "process_count": jax.process_count()}
+
+
+def setup_placement(options: RunOptions) -> Placement:
+  """Joins the multi-process run (``--coordinator``) and builds the ``--mesh``; call before any JAX computation.
+
+  Raises:
+    MeshSpecError: bad ``--mesh``/``--coordinator``/``--num-processes``/``--process-id``.
+  """
+  if options.coordinator is not None:
+    sharding.initialize_distributed(options.coordinator, num_processes=options.num_processes,
+                                    process_id=options.process_id)
+  return Placement(None if options.mesh is None else sharding.make_mesh(options.mesh))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +160,8 @@ class CompiledStep:
 
 
 def compile_and_describe(
-    step: Callable, state: Any, example: Any, *, graphdef: Any, spec: jaxckpt.PolicySpec, headline: str, log
+    step: Callable, state: Any, example: Any, *, graphdef: Any, spec: jaxckpt.PolicySpec, headline: str, log,
+    shardings: Mapping[str, Any] | None = None
 ) -> CompiledStep:
   """Compiles the train step once (state donated, CPU remat fix) and logs the policy and compiled memory stats.
 
@@ -104,11 +173,12 @@ def compile_and_describe(
     spec: the policy spec in use.
     headline: first line to log (model, data).
     log: where lines go.
+    shardings: ``in_shardings``/``out_shardings`` (:meth:`Placement.step_kwargs`); memory stats are then per device.
   """
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     started = time.perf_counter()
-    fn = jaxckpt.compile_train_step(step, state, example)
+    fn = jaxckpt.compile_train_step(step, state, example, **dict(shardings or {}))
     compile_s = time.perf_counter() - started
   messages = [str(w.message) for w in caught]
   offload = jaxckpt.xla.offload_warning(spec)
@@ -122,6 +192,10 @@ def compile_and_describe(
   for message in messages:
     log(f"warning: {message}")
   log(f"policy {spec}: {policy_summary(spec, types)}")
+  if shardings:
+    mesh = next(s.mesh for s in jax.tree.leaves(shardings["in_shardings"]))
+    log(f"mesh {sharding.format_mesh(mesh)} over {jax.device_count()} devices in {jax.process_count()} "
+        "process(es): memory below is per device")
   log(memory_table(memory))
   log(f"compiled in {compile_s:.1f} s on {jax.default_backend()} "
       f"(compiler options {jaxckpt.remat_compiler_options() or 'none'})")
@@ -220,7 +294,8 @@ def train_loop(
   start = int(jax.device_get(state.step))
   result = LoopResult(state, history, [], [], notes)
   periods = -(-total_steps // eval_every)
-  bar = tqdm(total=total_steps, initial=start, disable=not options.progress, unit="step", leave=False)
+  bar = tqdm(total=total_steps, initial=start, disable=not options.progress or jax.process_index() != 0, unit="step",
+             leave=False)
   say = bar.write if options.progress else log
   try:
     for step in range(start, total_steps):
@@ -261,9 +336,10 @@ def train_loop(
 
 
 def params_digest(params: Any) -> str:
-  """SHA-256 of every parameter's bytes, in tree order: equal digests = bit-identical parameters."""
+  """SHA-256 of every parameter's bytes, in tree order: equal digests = bit-identical parameters (gathered from all
+  processes when sharded; every process must call it)."""
   digest = hashlib.sha256()
-  for leaf in jax.tree.leaves(jax.device_get(params)):
+  for leaf in jax.tree.leaves(sharding.gather(params)):
     digest.update(np.ascontiguousarray(leaf).tobytes())
   return digest.hexdigest()
 
@@ -292,8 +368,8 @@ def run_metrics(
 
 
 def write_metrics(out: str | None, metrics: Mapping[str, Any], log=print) -> None:
-  """Writes ``out/metrics.json`` (no-op without ``out``)."""
-  if out is None:
+  """Writes ``out/metrics.json`` (no-op without ``out``; in a multi-process run only process 0 writes)."""
+  if out is None or jax.process_index() != 0:
     return
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, "metrics.json")
@@ -404,6 +480,15 @@ def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions) -> None
   parser.add_argument("--nan-policy", choices=NAN_POLICIES, default=defaults.nan_policy,
                       help="on a NaN/Inf loss: stop (default; the last good checkpoint is kept) or skip the update")
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                      help=f"shard over a device mesh, axes {', '.join(sharding.MESH_AXES)}, product = device count "
+                           "(data: batch split, state replicated; fsdp: batch, parameters and optimizer state split), "
+                           "e.g. data=4,fsdp=2")
+  parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                      help="multi-process run: address of process 0 (jax.distributed; gloo on CPU); needs --mesh")
+  parser.add_argument("--num-processes", type=int, default=defaults.num_processes,
+                      help="processes of the multi-process run")
+  parser.add_argument("--process-id", type=int, default=defaults.process_id, help="this process, 0..N-1")
 
 
 def run_cli(parser: argparse.ArgumentParser, make_config: Callable[[argparse.Namespace], Any],

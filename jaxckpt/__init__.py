@@ -6,13 +6,23 @@
 - Compiling so that remat works on CPU too, and compiled memory stats: :func:`jit`, :func:`compile_step`,
   :func:`memory_stats`.
 - Train steps and checkpoints: :mod:`jaxckpt.train`, :class:`Checkpointer`.
+- Sharded and multi-process training (data parallel, FSDP, ``jax.distributed``): :mod:`jaxckpt.sharding`;
+  multi-task heads: :mod:`jaxckpt.multitask`.
 """
 
-from jaxckpt import linen, names
+from jaxckpt import linen, names, sharding
 from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.checkpointing import Checkpointer
 from jaxckpt.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
-from jaxckpt.errors import CheckpointError, DataError, JaxckptError, NonFiniteLossError, PolicySpecError
+from jaxckpt.errors import (
+    CheckpointError,
+    DataError,
+    JaxckptError,
+    MeshSpecError,
+    NonFiniteLossError,
+    PolicySpecError,
+)
+from jaxckpt.multitask import AUX_TASKS, MultiTaskClassifier, multitask_loss
 from jaxckpt.layers import (
     AttentionBlock,
     ConvBlock,
@@ -36,6 +46,15 @@ from jaxckpt.policies import (
 )
 from jaxckpt.remat import Remat, checkpoint, remat
 from jaxckpt.schema import SCHEMA_VERSION, versions
+from jaxckpt.sharding import (
+    MESH_AXES,
+    make_mesh,
+    parse_mesh,
+    replica_mismatches,
+    shard_batch,
+    shard_state,
+    state_shardings,
+)
 from jaxckpt.train import (
     TrainState,
     abstract_train_state,
@@ -60,6 +79,7 @@ __version__ = "0.1.0"
 __all__ = [
     "linen",
     "names",
+    "sharding",
     "GPT",
     "GPT_PRESETS",
     "GPTConfig",
@@ -72,6 +92,7 @@ __all__ = [
     "CheckpointError",
     "DataError",
     "JaxckptError",
+    "MeshSpecError",
     "NonFiniteLossError",
     "PolicySpecError",
     "AttentionBlock",
@@ -95,6 +116,16 @@ __all__ = [
     "Remat",
     "checkpoint",
     "remat",
+    "AUX_TASKS",
+    "MultiTaskClassifier",
+    "multitask_loss",
+    "MESH_AXES",
+    "make_mesh",
+    "parse_mesh",
+    "replica_mismatches",
+    "shard_batch",
+    "shard_state",
+    "state_shardings",
     "SCHEMA_VERSION",
     "versions",
     "TrainState",

@@ -6,6 +6,12 @@ before the next step reuses their buffers. orbax writes each step to a temporary
 (``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a half-written step is never listed; the
 temporary directories a killed save leaves behind are deleted when the directory is opened again. A step that is
 listed but cannot be read (corrupted on disk) is skipped with a warning in favour of the previous good one.
+
+Multi-process runs (``jax.distributed``, :mod:`jaxckpt.sharding`): every process creates the same
+:class:`Checkpointer` on a directory they all see and calls the same methods in the same order; orbax writes each
+array's shards from the process that holds them and the metadata and JSON items from process 0, and a restore places
+every array on the template's sharding (so a state saved under one mesh restores onto the current one). Only process
+0 deletes unfinished saves.
 """
 
 from __future__ import annotations
@@ -86,8 +92,8 @@ class Checkpointer:
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
         ),
     )
-    for name in unfinished:  # orbax's own cleanup_tmp_directories runs in a thread that may not finish
-      shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    for name in unfinished if jax.process_index() == 0 else ():  # orbax's own cleanup runs in a thread that may
+      shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)  # not finish; one process deletes
     if unfinished:
       self.warnings.append(
           f"deleted {len(unfinished)} unfinished save(s) left by an interrupted run in {self.directory}: "
@@ -107,7 +113,8 @@ class Checkpointer:
     Steps are tried newest first; a step that cannot be read is skipped with a line in :attr:`warnings`.
 
     Args:
-      state: a template :class:`~jaxckpt.train.TrainState` (arrays or ``jax.ShapeDtypeStruct``s).
+      state: a template :class:`~jaxckpt.train.TrainState` (arrays or ``jax.ShapeDtypeStruct``s); sharded arrays
+        are restored with the same shardings (each process reads its own shards).
 
     Returns:
       The restored state, structured like ``state``, and the JSON ``meta`` saved with it (e.g. metric history).

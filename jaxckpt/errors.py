@@ -11,7 +11,8 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
-    "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "closest", "shorten",
+    "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "MeshSpecError",
+    "closest", "shorten",
 ]
 
 
@@ -88,3 +89,9 @@ class NonFiniteLossError(JaxckptError):
   def __init__(self, message: str, *, step: int):
     self.step = step
     super().__init__(message)
+
+
+class MeshSpecError(JaxckptError):
+  """A ``--mesh`` spec (``name=size[,name=size]``) or a multi-process setting is invalid: unknown axis name,
+  malformed or non-positive size, repeated axis, a product of sizes that is not the device count, or a batch size
+  the mesh cannot split."""

@@ -5,7 +5,8 @@
 - ``cnn``: a conv stem, residual conv blocks (block type ``conv``), global average pool, head.
 
 Every model maps ``x: [B, H, W, C]`` float images to ``[B, num_classes]`` float32 logits and has the call signature
-``model(x, *, dropout_key=None, deterministic=True)``. Presets (``tiny`` for tests, ``small`` for the default
+``model(x, *, dropout_key=None, deterministic=True)``; ``model.features(x, ...)`` gives what its ``head`` reads
+(``[B, D]`` float32), for extra heads (:mod:`jaxckpt.multitask`). Presets (``tiny`` for tests, ``small`` for the default
 experiment) are frozen dataclasses with explicit numbers; override fields with ``dataclasses.replace``.
 """
 
@@ -124,12 +125,16 @@ class ViT(nnx.Module):
     self.norm = nnx.LayerNorm(config.dim, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(config.dim, num_classes, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
+  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, H, W, C]`` -> pooled features ``[B, D]`` float32 (what ``head`` reads)."""
     h = self.patch(jax.nn.gelu(self.stem(x.astype(self.dtype))))  # [B, H/p, W/p, D]
     h = h.reshape(h.shape[0], -1, h.shape[-1]) + self.pos[...].astype(self.dtype)  # [B, T, D]
     h = self.layers(h, dropout_key=dropout_key, deterministic=deterministic)
-    return self.head(self.norm(h).mean(axis=1).astype(jnp.float32))
+    return self.norm(h).mean(axis=1).astype(jnp.float32)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
+    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
 
 
 class ResidualMLP(nnx.Module):
@@ -157,11 +162,15 @@ class ResidualMLP(nnx.Module):
     self.norm = nnx.LayerNorm(config.dim, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(config.dim, num_classes, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
+  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, H, W, C]`` -> features ``[B, D]`` float32 (what ``head`` reads)."""
     h = self.embed(x.reshape(x.shape[0], -1).astype(self.dtype))  # [B, D]
     h = self.layers(h, dropout_key=dropout_key, deterministic=deterministic)
-    return self.head(self.norm(h).astype(jnp.float32))
+    return self.norm(h).astype(jnp.float32)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
+    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
 
 
 class ResidualCNN(nnx.Module):
@@ -191,11 +200,15 @@ class ResidualCNN(nnx.Module):
     self.norm = nnx.LayerNorm(config.channels, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(config.channels, num_classes, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
+  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, H, W, C]`` -> pooled features ``[B, C']`` float32 (what ``head`` reads)."""
     h = jax.nn.gelu(self.stem(x.astype(self.dtype)))  # [B, H, W, C']
     h = self.layers(h, dropout_key=dropout_key, deterministic=deterministic)
-    return self.head(self.norm(h).mean(axis=(1, 2)).astype(jnp.float32))
+    return self.norm(h).mean(axis=(1, 2)).astype(jnp.float32)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
+    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
 
 
 @dataclasses.dataclass(frozen=True)

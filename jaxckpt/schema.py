@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["SCHEMA_VERSION", "MEMORY_FIELDS", "MEMORY_KEYS", "FOOTPRINT", "footprint_bytes", "METRICS_KEYS"]
+__all__ = ["SCHEMA_VERSION", "MEMORY_FIELDS", "MEMORY_KEYS", "FOOTPRINT", "footprint_bytes", "METRICS_KEYS",
+           "PLACEMENT_KEYS", "AUX_TASK_KEYS"]
 
 SCHEMA_VERSION = 1
 """Version of the key set below; bumped when a key changes meaning or is removed."""
@@ -65,6 +66,16 @@ METRICS_KEYS: tuple[str, ...] = (
     "warnings",
 )
 """Keys every experiment's ``metrics.json`` has (experiments add their own after these)."""
+
+PLACEMENT_KEYS: tuple[str, ...] = ("mesh", "device_count", "process_count")
+"""Where a run ran (every experiment's ``metrics.json``): ``mesh`` = ``{axis: size}`` or ``null`` (one device,
+unsharded), ``device_count`` = devices used, ``process_count`` = JAX processes. Under a mesh, ``memory`` is per
+device."""
+
+AUX_TASK_KEYS: tuple[str, ...] = ("aux_task", "aux_weight", "test_aux_accuracy")
+"""The classifier's multi-task keys: the auxiliary task's name, its loss weight λ and its test accuracy (0–1); all
+``null`` for a single-task run. With an auxiliary task ``train_loss``/``test_loss`` are the total loss
+``CE_main + λ·CE_aux`` and ``test_accuracy`` is the main head's."""
 
 
 def versions() -> dict[str, str]:

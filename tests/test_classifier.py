@@ -41,6 +41,8 @@ def test_metrics_schema(tiny_run, tmp_path):
   assert metrics["policy_per_block"] == {"attn": "dots_saveable", "mlp": "nothing_saveable"}
   assert metrics["memory"]["temp_bytes"] > 0 and metrics["step_time_s"] > 0
   assert metrics["versions"]["jax"] == jax.__version__
+  assert metrics["aux_task"] is None and metrics["test_aux_accuracy"] is None  # single task (jaxckpt.schema)
+  assert metrics["mesh"] is None and metrics["device_count"] == 1 and metrics["process_count"] == 1
   json.dumps(metrics)  # serialisable
 
 

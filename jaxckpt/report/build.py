@@ -18,6 +18,8 @@ import jax
 import optax
 from tqdm.auto import tqdm
 
+from jaxckpt import sharding
+from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import Budget, ModelPolicy
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
@@ -86,6 +88,7 @@ def build_report(
     compiler_options: Mapping[str, Any] | None = None,
     tx: optax.GradientTransformation | None = None,
     progress: bool = True,
+    mesh: "str | Mapping[str, int] | jax.sharding.Mesh | None" = None,
 ) -> Report:
   """Compiles ``target``'s train step under every policy and reports memory, FLOPs, residuals (and measurements).
 
@@ -105,6 +108,10 @@ def build_report(
     compiler_options: extra XLA options for every compile (merged with the CPU remat fix).
     tx: the optimizer (default ``optax.adamw(1e-3)``).
     progress: tqdm bars on stderr.
+    mesh: compile each step sharded over a device mesh (``"data=4,fsdp=2"``, ``{"data": 8}`` or a
+      ``jax.sharding.Mesh``; :mod:`jaxckpt.sharding`): every memory statistic is then **per device** (XLA's
+      ``memory_analysis()`` of the SPMD-partitioned program each device runs), FLOPs and residuals stay those of
+      the whole step. ``data["mesh"]`` records it (``None`` = one device, unsharded).
 
   Returns:
     The :class:`Report`. Policies invalid for the target, failing to compile or to run are error rows (with a
@@ -112,11 +119,22 @@ def build_report(
 
   Raises:
     PolicySpecError: a spec that does not parse.
+    MeshSpecError: a bad mesh, or a batch size it cannot split.
+    JaxckptError: ``measure`` with a mesh (measuring runs one device per policy).
   """
   tx = tx or default_optimizer()
+  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    mesh = sharding.make_mesh(mesh)
+  if mesh is not None:
+    sizes = {a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}
+    for size in sorted(sizes):
+      sharding.check_batch_size(size, mesh)
+    if measure:
+      raise JaxckptError("--measure runs each policy on one device; it does not take --mesh (drop one of them)")
   specs = expand_policies(policies, target_block_types(target))
   rows, warnings = compile_rows(target, specs, tx=tx, jobs=jobs, xla_dump_dir=xla_dump,
-                                compiler_options=compiler_options, residuals=residuals, progress=progress)
+                                compiler_options=compiler_options, residuals=residuals, progress=progress,
+                                mesh=mesh)
   warnings += saving_warnings(rows)
   warnings += [w for w in map(offload_warning, [s for s in specs if not isinstance(s, Budget)]) if w is not None]
   if measure:
@@ -138,7 +156,7 @@ def build_report(
       "preset": target.preset,
       "backend": jax.default_backend(),
       "device_count": jax.device_count(),
-      "mesh": None,
+      "mesh": None if mesh is None else sharding.mesh_shape(mesh),
       "structure": target_structure(target),
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),

@@ -22,6 +22,7 @@ from jaxckpt.policies import POLICY_NAMES
 from jaxckpt.report.build import build_report
 from jaxckpt.report.outputs import to_table, write_outputs
 from jaxckpt.report.policies import ALL, expand_policies
+from jaxckpt.sharding import check_batch_size, make_mesh
 from jaxckpt.report.targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, load_target, shipped_target
 
 __all__ = ["build_parser", "add_target_flags", "target_from_args", "main"]
@@ -51,10 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
           f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
-          f"  {PROG} --target mypkg.targets:target --policies none full --json report.json"
+          f"  {PROG} --target mypkg.targets:target --policies none full --json report.json\n"
+          f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh fsdp=8 "
+          "--policies none full"
       ),
   )
   add_target_flags(parser)
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                      help="compile sharded over a device mesh, axes data (batch) and fsdp (batch, parameters, "
+                           "optimizer state), product = device count, e.g. data=4,fsdp=2; memory is then per device")
   parser.add_argument("--policies", nargs="+", default=[ALL], metavar="SPEC", help="policy specs (default all)")
   parser.add_argument("--measure", action="store_true", help="also run each policy: step time and measured peak")
   parser.add_argument("--steps", type=int, default=5, help="timed steps per policy with --measure (default 5)")
@@ -124,11 +130,19 @@ def main(argv: Sequence[str] | None = None) -> int:
       check_output_file(f"--{flag}", getattr(args, flag))
     target = target_from_args(args)
     expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
+    mesh = None
+    if args.mesh is not None:
+      if args.measure:
+        raise JaxckptError("--measure runs each policy on one device; it does not take --mesh (drop one of them)")
+      mesh = make_mesh(args.mesh)
+      for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
+        check_batch_size(size, mesh)
   except JaxckptError as err:
     print(f"{parser.prog}: error: {err}", file=sys.stderr)
     return 2
   report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
-                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress)
+                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
+                        mesh=mesh)
   print(to_table(report))
   for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
                             html_path=args.html, plot_path=args.plot):

@@ -9,6 +9,7 @@ analyses residuals. A policy that fails anywhere becomes an error row; the other
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import re
 import time
@@ -25,7 +26,8 @@ from jaxckpt.policies import Budget, ModelPolicy
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.report.residuals import analyse_residuals
 from jaxckpt.report.steps import policy_step
-from jaxckpt.report.targets import Target
+from jaxckpt.report.targets import ModelTarget, Target
+from jaxckpt import sharding
 from jaxckpt.report import xla_dump
 from jaxckpt.xla import memory_stats, remat_compiler_options
 
@@ -72,8 +74,10 @@ def _compile(lowered, options: dict[str, Any]) -> tuple[jax.stages.Compiled, flo
 
 
 def _plan_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[dict[str, Any]], warnings: list[str], *,
-                  tx: optax.GradientTransformation, compiler_options: Mapping[str, Any] | None) -> list[Any]:
-  """Replaces each budget by its plan's policy (``None`` where planning failed: an error row and a warning)."""
+                  tx: optax.GradientTransformation, compiler_options: Mapping[str, Any] | None,
+                  mesh: Any = None) -> list[Any]:
+  """Replaces each budget by its plan's policy (``None`` where planning failed: an error row and a warning).
+  Plans are made for one device: under a mesh a budget is an error row."""
   from jaxckpt.planner import plan_policy  # noqa: PLC0415 - the planner builds on this package
 
   cache: dict[str, Any] = {}
@@ -84,6 +88,9 @@ def _plan_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[dict[
       resolved.append(spec)
       continue
     try:
+      if mesh is not None:
+        raise JaxckptError(f"budget plans are made for one device; drop --mesh for {spec}, or give the plan's "
+                           "layered policy (from jaxckpt-plan) instead")
       plan = plan_policy(target, spec, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates)
     except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
       rows[i].update(status=STATUS_ERROR, error=one_line(err))
@@ -107,6 +114,7 @@ def compile_rows(
     residuals: bool = True,
     stats_only: bool = True,
     progress: bool = True,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
   """Compiles the train step of ``target`` under each spec and collects its statistics.
 
@@ -122,6 +130,9 @@ def compile_rows(
     residuals: run the residual analysis (``residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
+    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
+      parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
+      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded.
 
   Returns:
     ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report.keys.ROW_KEYS`, memory in bytes,
@@ -151,7 +162,19 @@ def compile_rows(
       fail(i, err)
     bar.update(1)
 
-  resolved = _plan_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options)
+  resolved = _plan_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
+  model = None
+  if mesh is not None:  # the step computes with the parameters all-gathered over fsdp (sharding.gathered_params)
+    if isinstance(target, ModelTarget):
+      from flax import nnx
+
+      model = nnx.eval_shape(target.make_model)  # where the scanned layer axes are (never split by FSDP)
+      target = dataclasses.replace(target, loss_fn=sharding.gather_params_in_loss(target.loss_fn, mesh))
+    else:
+      loss = target.loss
+      target = dataclasses.replace(
+          target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch,
+                                                             policy=policy))
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
     for i, spec in enumerate(resolved):
       if spec is None:  # a budget that could not be planned: already an error row
@@ -160,7 +183,11 @@ def compile_rows(
       started = time.perf_counter()
       try:
         step = policy_step(target, spec, tx)
-        traced = jax.jit(step.step, donate_argnums=0).trace(step.state, step.batch)
+        shardings = {}
+        if mesh is not None:
+          shardings = sharding.step_shardings(step.state, step.batch, mesh, model=model,
+                                              params=step.params)
+        traced = jax.jit(step.step, donate_argnums=0, **shardings).trace(step.state, step.batch)
         lowered = traced.lower()
       except Exception as err:  # noqa: BLE001 - invalid spec for this target, or a tracing error: an error row
         fail(i, err)

@@ -92,8 +92,11 @@ def table_rows(report: Report, *, top_residuals: int = 3) -> tuple[list[str], li
 def _title(report: Report) -> str:
   d = report.data
   preset = f" ({d['preset']})" if d["preset"] else ""
+  mesh = d.get("mesh")
+  where = (f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())}: memory per device" if mesh
+           else "one device, unsharded")
   return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, backend {d['backend']} "
-          f"× {d['device_count']}")
+          f"× {d['device_count']} ({where})")
 
 
 def _plan_lines(report: Report) -> list[str]:
