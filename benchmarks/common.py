@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,9 +23,11 @@ from typing import Any
 import jax
 
 import jaxckpt
+from jaxckpt.cli import CLIParser, check_output_file
+from jaxckpt.errors import JaxckptError
 
 __all__ = ["RESULTS_DIR", "MIN_ROUNDS", "run_record", "finish_record", "interleaved", "write_json", "markdown_table",
-           "parser", "out_path", "CompileLog", "mib"]
+           "parser", "out_path", "check_out", "CompileLog", "mib"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 """Where the scripts write their JSON (``benchmarks/results/``)."""
@@ -33,8 +36,11 @@ MIN_ROUNDS = 5
 
 
 def parser(name: str, doc: str) -> argparse.ArgumentParser:
-  """The common flags: ``--quick`` (tiny sizes, seconds: the smoke test's) and ``--out`` (the JSON path)."""
-  p = argparse.ArgumentParser(prog=f"python benchmarks/{name}.py", description=doc.split("\n\n")[0])
+  """The common flags: ``--quick`` (tiny sizes, seconds: the smoke test's) and ``--out`` (the JSON path).
+
+  Errors are one line on stderr, exit status 2 (:class:`jaxckpt.cli.CLIParser`).
+  """
+  p = CLIParser(prog=f"python benchmarks/{name}.py", description=doc.split("\n\n")[0])
   p.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test); writes <name>-quick.json")
   p.add_argument("--out", default=None, metavar="FILE.json",
                  help=f"JSON path (default benchmarks/results/{name}.json, or {name}-quick.json with --quick)")
@@ -46,6 +52,14 @@ def out_path(name: str, args: argparse.Namespace) -> str:
   if args.out is not None:
     return args.out
   return os.path.join(RESULTS_DIR, f"{name}{'-quick' if args.quick else ''}.json")
+
+
+def check_out(p: argparse.ArgumentParser, name: str, args: argparse.Namespace) -> None:
+  """Exits 2 with one line, before any work, if the JSON path cannot be written."""
+  try:
+    check_output_file("--out", out_path(name, args))
+  except JaxckptError as err:
+    p.error(str(err))
 
 
 def run_record(benchmark: str, args: argparse.Namespace | None = None) -> dict[str, Any]:
@@ -69,9 +83,12 @@ def run_record(benchmark: str, args: argparse.Namespace | None = None) -> dict[s
 
 
 def finish_record(record: dict[str, Any], started: float) -> dict[str, Any]:
-  """Adds the end-of-run load average and the run's wall seconds (``wall_s``)."""
+  """Adds the end-of-run load average, the run's wall seconds (``wall_s``) and the CPU seconds of this process and
+  its finished children (``cpu_s``: on a machine shared with other jobs, wall ≫ cpu / cores tells of contention)."""
   record["machine"]["loadavg_end"] = list(os.getloadavg())
   record["wall_s"] = time.perf_counter() - started
+  own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+  record["cpu_s"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
   return record
 
 
@@ -145,9 +162,14 @@ class CompileLog(logging.Handler):
   def __enter__(self) -> "CompileLog":
     self._previous = jax.config.jax_log_compiles
     jax.config.update("jax_log_compiles", True)
-    logging.getLogger("jax").addHandler(self)
+    logger = logging.getLogger("jax")
+    self._propagate = logger.propagate
+    logger.propagate = False  # collected here, not printed by whatever handlers the root logger has
+    logger.addHandler(self)
     return self
 
   def __exit__(self, *exc) -> None:
-    logging.getLogger("jax").removeHandler(self)
+    logger = logging.getLogger("jax")
+    logger.removeHandler(self)
+    logger.propagate = self._propagate
     jax.config.update("jax_log_compiles", self._previous)

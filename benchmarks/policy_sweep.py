@@ -29,13 +29,13 @@ Physical reference lines, printed under the table:
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
-  import os
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the sweep, prints the table and writes the JSON; returns the JSON's contents."""
   p = build_parser()
   args = p.parse_args(argv)
+  common.check_out(p, NAME, args)
   args.preset = args.preset or ("tiny" if args.quick else "small")
   args.rounds = args.rounds or (2 if args.quick else 7)
   args.policies = args.policies or (["none", "nothing_saveable"] if args.quick else ["all"])
