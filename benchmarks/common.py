@@ -23,11 +23,11 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt.cli import CLIParser, check_output_file
+from jaxckpt.cli import CLIParser, check_output_file  # noqa: F401 - CLIParser re-exported for readme.py
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["RESULTS_DIR", "MIN_ROUNDS", "run_record", "finish_record", "interleaved", "write_json", "markdown_table",
-           "parser", "out_path", "check_out", "CompileLog", "mib"]
+           "parser", "out_path", "check_out", "header", "CompileLog", "mib"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 """Where the scripts write their JSON (``benchmarks/results/``)."""
@@ -127,6 +127,13 @@ def write_json(path: str, data: Mapping[str, Any]) -> str:
     json.dump(data, f, indent=2)
     f.write("\n")
   return path
+
+
+def header(data: Mapping[str, Any]) -> str:
+  """``'2026-11-29 21:40 UTC, cpu (2 cores), load 4.9 → 6.7, 590 s wall / 310 s CPU'``: the run line of a result."""
+  m = data["machine"]
+  return (f"{data['date_utc']} UTC, {m['backend']} ({m['cpu_count']} cores), load {m['loadavg_start'][0]:.1f} → "
+          f"{m['loadavg_end'][0]:.1f}, {data['wall_s']:.0f} s wall / {data.get('cpu_s', float('nan')):.0f} s CPU")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

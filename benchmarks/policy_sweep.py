@@ -119,6 +119,27 @@ def timed_rows(args, rows: Sequence[Row], rounds: int) -> dict[str, dict[str, An
   return common.interleaved(runs, rounds=rounds, baseline=rows[0].label)
 
 
+def render(data: dict[str, Any]) -> str:
+  """The result as markdown: a header line, the table, and the reference lines (what README shows)."""
+  m, ref = data["model"], data["reference"]
+  table = [[f"`{r['label']}`", common.mib(r["temp_bytes"]), f"{r['temp_vs_none']:.2f}", f"{r['temp_vs_floor']:.2f}",
+            common.mib(r["temp_minus_floor_bytes"]), f"{r['flops_vs_none']:.3f}",
+            "—" if r["step_time_s"] is None else f"{r['step_time_s'] * 1e3:.0f}",
+            "—" if r["step_time_vs_none"] is None else f"{r['step_time_vs_none']:.2f}"] for r in data["rows"]]
+  lines = [f"GPT `{m['preset']}` (L={m['num_layers']} d={m['dim']} T={m['seq_len']} B={m['batch_size']}), "
+           f"{data['rounds']} interleaved rounds; {common.header(data)}", "",
+           common.markdown_table(["policy", "temp", "temp / none", "temp / floor", "temp − floor", "FLOPs / none",
+                                  "step (ms)", "step / none"], table), ""]
+  notes = []
+  if ref["full_flops_vs_none"] is not None:
+    notes.append(f"FLOPs: `nothing_saveable` / `none` = {ref['full_flops_vs_none']:.3f}, reference ≤ 4/3 for "
+                 f"matmul-bound blocks: {'holds' if ref['full_flops_within_bound'] else 'EXCEEDED'}.")
+  notes.append(f"Activation floor = {m['num_layers']} block inputs × {common.mib(ref['block_input_bytes'])} + one "
+               f"block's working set {common.mib(ref['block_working_set_bytes'])} (what one block saves without "
+               f"remat) = {common.mib(ref['activation_floor_bytes'])}.")
+  return "\n".join([*lines, " ".join(notes)])
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the sweep, prints the table and writes the JSON; returns the JSON's contents."""
   p = build_parser()
@@ -182,23 +203,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   })
   common.finish_record(record, started)
 
-  table = [[f"`{r['label']}`", common.mib(r["temp_bytes"]), f"{r['temp_vs_none']:.2f}", f"{r['temp_vs_floor']:.2f}",
-            common.mib(r["temp_minus_floor_bytes"]),
-            f"{r['flops_vs_none']:.3f}",
-            "—" if r["step_time_s"] is None else f"{r['step_time_s'] * 1e3:.0f}",
-            "—" if r["step_time_vs_none"] is None else f"{r['step_time_vs_none']:.2f}"] for r in out_rows]
-  print(f"GPT {args.preset} (L={config.num_layers} d={config.dim} T={config.seq_len} B={config.batch_size}), "
-        f"{record['rounds']} interleaved rounds, load {record['machine']['loadavg_start'][0]:.2f} → "
-        f"{record['machine']['loadavg_end'][0]:.2f}")
-  print(common.markdown_table(["policy", "temp", "temp / none", "temp / floor", "temp − floor",
-                               "FLOPs / none", "step (ms)",
-                               "step / none"], table))
-  ref = record["reference"]
-  if full is not None:
-    print(f"FLOPs: nothing_saveable / none = {full['flops_vs_none']:.3f} (reference ≤ 4/3 = 1.333 for matmul-bound "
-          f"blocks: {'holds' if ref['full_flops_within_bound'] else 'EXCEEDED'})")
-  print(f"activation floor = {config.num_layers} block inputs × {common.mib(block_input_bytes)} + one block's working "
-        f"set {common.mib(working_set)} (saved residuals of one block without remat) = {common.mib(floor)}")
+  print(render(record))
   print(f"wrote {common.write_json(common.out_path(NAME, args), record)}")
   return record
 

@@ -46,6 +46,20 @@ def parse_case(text: str) -> tuple[str, int]:
   return model, int(batch)
 
 
+def render(data: dict[str, Any]) -> str:
+  """The result as markdown: a header line and the table (what README shows)."""
+  rows = data["rows"]
+  return "\n".join([
+      f"{data['backend']}, {data['method']}; target within {data['tolerance']:.0%}; {common.header(data)}", "",
+      common.markdown_table(
+          ["model, batch", "policy", "footprint", "measured peak", "measured / footprint"],
+          [[f"{r['model']} {r['preset']}, B={r['batch_size']}", f"`{r['policy']}`", common.mib(r["footprint_bytes"]),
+            common.mib(r["peak_bytes_measured"]),
+            (r["error"] or "error") if r["ratio"] is None else
+            f"{r['ratio']:.2f}{'' if r['within_tolerance'] else ' (outside)'}"
+            f"{'' if r['footprint_ok'] else ' (footprint < 300 MiB)'}"] for r in rows])])
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Measures every case and policy, prints the table and writes the JSON; returns the JSON's contents."""
   p = common.parser(NAME, __doc__)
@@ -89,15 +103,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   record.update({"backend": backend, "tolerance": tolerance, "min_footprint_bytes": MIN_FOOTPRINT, "rows": rows,
                  "method": "VmHWM − baseline after clear_refs (CPU)" if backend == "cpu" else "peak_bytes_in_use"})
   common.finish_record(record, started)
-  print(f"{backend}: measured peak / compiled footprint (target within {tolerance:.0%}); load "
-        f"{record['machine']['loadavg_start'][0]:.2f} → {record['machine']['loadavg_end'][0]:.2f}")
-  print(common.markdown_table(
-      ["model, batch", "policy", "footprint", "measured peak", "measured / footprint"],
-      [[f"{r['model']} {r['preset']}, B={r['batch_size']}", f"`{r['policy']}`", common.mib(r["footprint_bytes"]),
-        common.mib(r["peak_bytes_measured"]),
-        (r["error"] or "error") if r["ratio"] is None else
-        f"{r['ratio']:.2f}{'' if r['within_tolerance'] else ' (outside)'}{'' if r['footprint_ok'] else ' (< 300 MiB)'}"]
-       for r in rows]))
+  print(render(record))
   print(f"wrote {common.write_json(common.out_path(NAME, args), record)}")
   return record
 

@@ -50,7 +50,8 @@ def test_structure_depth(tmp_path):
   data = _run(structure_depth, tmp_path)
   rows = {r["label"]: r for r in data["rows"]}
   assert set(rows) == {"none", "full", "nested"} and data["depths"] == [2, 4, 8]
-  assert 0.8 <= rows["none"]["fit"]["p"] <= 1.2  # no remat: temp grows linearly with depth
+  assert 0.8 <= rows["none"]["fit_activation"]["p"] <= 1.2  # no remat: activations grow linearly with depth
+  assert all(r["activation_bytes"]["8"] == r["temp_bytes"]["8"] - r["base_temp_bytes"]["8"] for r in rows.values())
   assert rows["nested"]["temp_bytes"]["8"] < rows["none"]["temp_bytes"]["8"]
   assert all(v >= 1 for v in rows["nested"]["flops_vs_none"].values())
   assert os.path.getsize(tmp_path / "structure_depth.png") > 0
@@ -88,3 +89,14 @@ def test_bad_flag_is_one_line_exit_2():
 
 def test_gpu_script_parses():
   assert subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu.sh")]).returncode == 0
+
+
+def test_readme_tables_equal_the_committed_json():
+  from benchmarks import readme
+
+  with open(os.path.normpath(readme.README)) as f:
+    text = f.read()
+  assert readme.rendered_readme(text) == text, "README is stale: run python benchmarks/readme.py"
+  for module in readme.MODULES:  # every committed result has its block in README
+    if os.path.exists(os.path.join(ROOT, "benchmarks", "results", f"{module.NAME}.json")):
+      assert f"<!-- benchmark:{module.NAME} -->" in text
