@@ -78,6 +78,7 @@ class Row:
 
   @property
   def label(self) -> str:
+    """``policy`` alone for per-block remat, else ``'policy + structure'``."""
     return self.policy if self.structure == "block" else f"{self.policy} + {self.structure}"
 
 
