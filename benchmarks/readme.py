@@ -31,8 +31,8 @@ def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR) -> str:
       continue
     with open(path) as f:
       block = module.render(json.load(f))
-    pattern = re.compile(rf"(<!-- benchmark:{module.NAME} -->\n).*?(\n<!-- /benchmark:{module.NAME} -->)", re.S)
-    text = pattern.sub(lambda m: m.group(1) + block + m.group(2), text)
+    pattern = re.compile(rf"(<!-- benchmark:{module.NAME} -->\n)(?:.*?\n)?(<!-- /benchmark:{module.NAME} -->)", re.S)
+    text = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
   return text
 
 
