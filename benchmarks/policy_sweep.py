@@ -11,7 +11,8 @@ the step is the full AdamW train step the report compiles. Per row:
   interleaved round by round (``--rounds`` ≥ 5), and the ratio to ``none`` taken within each round, then the median.
 
 ``--policies`` takes any spec of :func:`jaxckpt.parse_policy` (``all`` = ``none`` + every built-in zero-argument
-policy + ``save_only_these_names:<name>`` per checkpoint name); more specs (budget plans) can be appended.
+policy + ``save_only_these_names:<name>`` per checkpoint name) and, where jaxckpt has model-level specs, budget plans
+(``budget:50%``): the report plans them, and the step is timed under the policy the plan chose.
 ``--structures`` adds rows of policy ``nothing_saveable`` under a checkpoint structure (default ``nested``).
 
 Physical reference lines, printed under the table:
@@ -42,7 +43,10 @@ import jax
 
 from benchmarks import common
 from jaxckpt.gpt import GPT_PRESETS
-from jaxckpt.policies import parse_policy
+try:  # model-level specs (budget plans, layered policies) where this jaxckpt has them
+  from jaxckpt.policies import parse_model_policy as parse_spec
+except ImportError:  # per-block specs only
+  from jaxckpt.policies import parse_policy as parse_spec
 from jaxckpt.report import build_report, expand_policies, shipped_target
 from jaxckpt.report.steps import concrete_inputs, default_optimizer, policy_step, target_block_types
 from jaxckpt.structure import parse_structure
@@ -97,16 +101,21 @@ def compiled_rows(args, rows: Sequence[Row]) -> dict[Row, dict[str, Any]]:
       if data["status"] != "ok":
         raise SystemExit(f"{NAME}: error: policy {row.label!r} failed: {data['error']}")
       out[row] = {k: data[k] for k in ("temp_bytes", "footprint_bytes", "flops", "residual_bytes", "compile_s")}
+      plan = data.get("plan")  # a budget row: the report compiled the plan's policy
+      out[row]["resolved_policy"] = plan["policy"] if plan else data["policy"]
   return out
 
 
-def timed_rows(args, rows: Sequence[Row], rounds: int) -> dict[str, dict[str, Any]]:
-  """Median step time per row, rows interleaved in this process (``common.interleaved``), ratios to ``none``."""
+def timed_rows(args, rows: Sequence[Row], stats: dict[Row, dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
+  """Median step time per row, rows interleaved in this process (``common.interleaved``), ratios to ``none``.
+
+  A budget row runs the policy its plan resolved to (``stats[row]["resolved_policy"]``).
+  """
   tx = default_optimizer()
   runs = {}
   for row in rows:
     target = _target(args, row.structure)
-    step = policy_step(target, parse_policy(row.policy), tx)
+    step = policy_step(target, parse_spec(stats[row]["resolved_policy"]), tx)
     compiled = compile_step(step.step, step.state, step.batch, donate_argnums=0)  # full optimisation, remat fix
     box = list(concrete_inputs(target, tx)())
     box[0], metrics = compiled(*box)  # warm-up: first touch, allocator caches
@@ -164,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     policies.remove("none")
   rows = [Row("none"), *(Row(pol) for pol in policies), *(Row("nothing_saveable", s) for s in structures)]
   stats = compiled_rows(args, rows + ([] if Row("nothing_saveable") in rows else [Row("nothing_saveable")]))
-  times = timed_rows(args, rows, args.rounds) if args.timing else {}
+  times = timed_rows(args, rows, stats, args.rounds) if args.timing else {}
 
   config = dataclasses.replace(GPT_PRESETS[args.preset], **{k: v for k, v in
                                (("batch_size", args.batch_size), ("seq_len", args.seq_len)) if v is not None})
