@@ -297,23 +297,42 @@ def train_loop(
   bar = tqdm(total=total_steps, initial=start, disable=not options.progress or jax.process_index() != 0, unit="step",
              leave=False)
   say = bar.write if options.progress else log
+  # One step stays in flight: step s's metrics are read (a host sync) only after step s+1 has been dispatched, so the
+  # device never waits for Python (batch, progress bar). Where step s ends a period or is due for a checkpoint, its
+  # metrics are read before anything else: the state after it is needed, and a NaN at s must stop before s is saved.
+  pending: tuple[int, Any, float] | None = None  # (step, metrics, dispatch time) not read yet
+  last_done = time.perf_counter()
+
+  def finish(step: int, metrics: Any, began: float) -> None:
+    nonlocal last_done
+    loss = float(metrics["loss"])  # waits for the step
+    done = time.perf_counter()
+    result.step_times.append(done - max(began, last_done))  # its own compute, not its wait behind the step before
+    last_done = done
+    if not bool(metrics["finite"]):
+      if options.nan_policy == "stop":
+        raise NonFiniteLossError(_nonfinite_message(step, loss, nan_hints, checkpointer), step=step)
+      result.skipped.append(step)
+      say(f"warning: non-finite loss or gradient at step {step}: update skipped")
+    else:
+      period_losses.append(loss)
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
   try:
     for step in range(start, total_steps):
       batch = batch_at(step)
       began = time.perf_counter()
       state, metrics = step_fn(state, batch)
-      loss = float(metrics["loss"])  # waits for the step: the timing covers its compute
-      result.step_times.append(time.perf_counter() - began)
-      if not bool(metrics["finite"]):
-        if options.nan_policy == "stop":
-          raise NonFiniteLossError(_nonfinite_message(step, loss, nan_hints, checkpointer), step=step)
-        result.skipped.append(step)
-        say(f"warning: non-finite loss or gradient at step {step}: update skipped")
-      else:
-        period_losses.append(loss)
-      bar.update(1)
-      bar.set_postfix(loss=f"{loss:.4f}")
-      if (step + 1) % eval_every == 0 or step + 1 == total_steps:
+      if pending is not None:
+        finish(*pending)
+      pending = (step, metrics, began)
+      ends_period = (step + 1) % eval_every == 0 or step + 1 == total_steps
+      if not ends_period and (checkpointer is None or (step + 1) % options.ckpt_every):
+        continue
+      finish(*pending)
+      pending = None
+      if ends_period:
         scores = evaluate(state)
         history["train_loss"].append(float(np.mean(period_losses)) if period_losses else float("nan"))
         for key, value in scores.items():

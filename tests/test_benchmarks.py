@@ -1,0 +1,105 @@
+"""Smoke tests of the benchmark scripts: each runs at its ``--quick`` (tiny) size, so none of them can rot.
+
+Timings are benchmarks, not tests: these check that each script runs, writes the JSON keys the README's tables come
+from, and that the values are sane (positive ratios, the fitted depth exponent of ``none`` ≈ 1), not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import policy_sweep, report_speed, runner_overhead, structure_depth, truth_check  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+RECORD_KEYS = {"benchmark", "date_utc", "machine", "versions", "args", "wall_s", "cpu_s"}
+
+
+def _run(module, tmp_path, *extra):
+  out = tmp_path / f"{module.NAME}.json"
+  data = module.main(["--quick", "--out", str(out), *extra])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(data))
+  assert RECORD_KEYS <= set(data)
+  assert data["machine"]["cpu_count"] >= 1 and len(data["machine"]["loadavg_end"]) == 3
+  assert data["versions"]["jax"]
+  return data
+
+
+def test_policy_sweep(tmp_path):
+  data = _run(policy_sweep, tmp_path)
+  rows = {r["label"]: r for r in data["rows"]}
+  assert list(rows)[0] == "none" and {"nothing_saveable", "nothing_saveable + nested:2"} <= set(rows)
+  for r in rows.values():
+    assert r["temp_bytes"] > 0 and r["flops"] > 0 and r["step_time_s"] > 0 and r["step_time_vs_none"] > 0
+    assert len(r["step_time_ratios"]) == data["rounds"] == 2
+  assert rows["none"]["temp_vs_none"] == rows["none"]["flops_vs_none"] == 1
+  assert rows["nothing_saveable"]["temp_vs_none"] < 1 < rows["nothing_saveable"]["flops_vs_none"] <= 4 / 3
+  assert data["reference"]["full_flops_within_bound"] is True
+  assert data["reference"]["activation_floor_bytes"] > 0
+
+
+def test_structure_depth(tmp_path):
+  data = _run(structure_depth, tmp_path)
+  rows = {r["label"]: r for r in data["rows"]}
+  assert set(rows) == {"none", "full", "nested"} and data["depths"] == [2, 4, 8]
+  assert 0.8 <= rows["none"]["fit_activation"]["p"] <= 1.2  # no remat: activations grow linearly with depth
+  assert all(r["activation_bytes"]["8"] == r["temp_bytes"]["8"] - r["base_temp_bytes"]["8"] for r in rows.values())
+  assert rows["nested"]["temp_bytes"]["8"] < rows["none"]["temp_bytes"]["8"]
+  assert all(v >= 1 for v in rows["nested"]["flops_vs_none"].values())
+  assert os.path.getsize(tmp_path / "structure_depth.png") > 0
+
+
+def test_runner_overhead(tmp_path):
+  data = _run(runner_overhead, tmp_path, "--steps-per-round", "3")
+  (row,) = data["rows"]
+  assert row["ratio"] > 0 and row["runner_steps_per_s"] > 0 and row["hand_steps_per_s"] > 0
+  check = row["compile_check"]
+  assert check["ok"], check  # nothing compiles after the first epoch, nothing compiles twice
+  assert check["compiles"]["setup"]  # the train step compiled before training (the log is really captured)
+
+
+def test_report_speed(tmp_path):
+  data = _run(report_speed, tmp_path)
+  assert data["policies"] == 2 and data["wall_s_total"] > data["compile_s_min"] > 0
+  assert [r["policy"] for r in data["rows"]] == ["none", "nothing_saveable"]
+
+
+def test_truth_check(tmp_path):
+  data = _run(truth_check, tmp_path)
+  assert [r["policy"] for r in data["rows"]] == ["none", "nothing_saveable"]
+  for r in data["rows"]:
+    assert r["status"] == "ok" and r["footprint_bytes"] > 0
+    assert r["ratio"] is None or r["ratio"] > 0  # None where /proc cannot be written
+
+
+def test_bad_flag_is_one_line_exit_2():
+  done = subprocess.run([sys.executable, "benchmarks/structure_depth.py", "--depths", "4"], cwd=ROOT,
+                        capture_output=True, text=True)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+  assert done.stderr.startswith("python benchmarks/structure_depth.py: error: --depths needs")
+
+
+def test_gpu_script_parses():
+  assert subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu.sh")]).returncode == 0
+
+
+def test_readme_tables_equal_the_committed_json():
+  from benchmarks import readme
+
+  with open(os.path.normpath(readme.README)) as f:
+    text = f.read()
+  assert readme.rendered_readme(text) == text, "README is stale: run python benchmarks/readme.py"
+  for module in readme.MODULES:  # every committed result has its table in README
+    path = os.path.join(ROOT, "benchmarks", "results", f"{module.NAME}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        block = module.render(json.load(f))
+      assert f"<!-- benchmark:{module.NAME} -->\n{block}\n<!-- /benchmark:{module.NAME} -->" in text
