@@ -92,6 +92,16 @@ def finish_record(record: dict[str, Any], started: float) -> dict[str, Any]:
   return record
 
 
+def publish(record: dict[str, Any], started: float, render: Callable[[Mapping[str, Any]], str], name: str,
+            args: argparse.Namespace) -> dict[str, Any]:
+  """Finishes ``record`` (:func:`finish_record`), prints ``render(record)`` and writes it as JSON to
+  :func:`out_path`; returns it."""
+  finish_record(record, started)
+  print(render(record))
+  print(f"wrote {write_json(out_path(name, args), record)}")
+  return record
+
+
 def interleaved(runs: Mapping[str, Callable[[], Any]], *, rounds: int, baseline: str) -> dict[str, dict[str, Any]]:
   """Times each variant once per round, variants interleaved; ratios to ``baseline`` taken within each round.
 

@@ -211,11 +211,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           "activation_floor_bytes": floor,
       },
   })
-  common.finish_record(record, started)
-
-  print(render(record))
-  print(f"wrote {common.write_json(common.out_path(NAME, args), record)}")
-  return record
+  return common.publish(record, started, render, NAME, args)
 
 
 if __name__ == "__main__":

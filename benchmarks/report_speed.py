@@ -86,10 +86,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "compile_s_max": max(r["compile_s"] for r in rows if r["compile_s"] is not None),
       "rows": rows,
   })
-  common.finish_record(record, started)
-  print(render(record))
-  print(f"wrote {common.write_json(common.out_path(NAME, args), record)}")
-  return record
+  return common.publish(record, started, render, NAME, args)
 
 
 if __name__ == "__main__":

@@ -190,10 +190,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                  "compile_check": compiles})
     print(f"{name}: ratio {speed['ratio']:.3f}, compiles {compiles}", file=sys.stderr)
   record.update({"target_ratio": TARGET_RATIO, "rows": rows})
-  common.finish_record(record, started)
-  print(render(record))
-  print(f"wrote {common.write_json(common.out_path(NAME, args), record)}")
-  return record
+  return common.publish(record, started, render, NAME, args)
 
 
 if __name__ == "__main__":

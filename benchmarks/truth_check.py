@@ -102,10 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       print(f"{model} B={batch} {r['policy']}: {ratio}", file=sys.stderr)
   record.update({"backend": backend, "tolerance": tolerance, "min_footprint_bytes": MIN_FOOTPRINT, "rows": rows,
                  "method": "VmHWM − baseline after clear_refs (CPU)" if backend == "cpu" else "peak_bytes_in_use"})
-  common.finish_record(record, started)
-  print(render(record))
-  print(f"wrote {common.write_json(common.out_path(NAME, args), record)}")
-  return record
+  return common.publish(record, started, render, NAME, args)
 
 
 if __name__ == "__main__":

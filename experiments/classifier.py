@@ -185,9 +185,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
     raise DataError(f"images of {data.source} are {data.image_shape[0]}×{data.image_shape[1]}, but the vit's "
                     f"{patch}×{patch} patches need both sides divisible by {patch}: use --model mlp or cnn, or pad them")
   budget = isinstance(spec, jaxckpt.policies.Budget)
-  if budget and placement.mesh is not None:
-    raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy (plan "
-                       "it with jaxckpt-plan first)")
+  placement.check_policy(spec)
   loss_fn = jaxckpt.classification_loss
   if config.aux_task is not None:
     loss_fn = multitask_loss(config.aux_task, config.aux_weight)
@@ -210,11 +208,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
   state = placement.state(state, model)
 
-  if placement.mesh is not None:
-    host_batch_at = batch_at
-    batch_at = lambda step: placement.batch(host_batch_at(step))  # noqa: E731
-  example = batch_at(0)
-  shardings = placement.step_kwargs(state, example, model)
+  batch_at, example, shardings = placement.batches(batch_at, state, model)
   del model
   compiled = compile_and_describe(
       jaxckpt.make_train_step(graphdef, tx, placement.loss(loss_fn), skip_nonfinite=config.nan_policy == "skip",

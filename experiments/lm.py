@@ -178,9 +178,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   if model_cfg.vocab_size < text.VOCAB_SIZE:
     raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
   budget = isinstance(spec, jaxckpt.policies.Budget)
-  if budget and placement.mesh is not None:
-    raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy (plan "
-                       "it with jaxckpt-plan first)")
+  placement.check_policy(spec)
   model = build_gpt(model_cfg, policy=None if budget else spec, seed=config.seed)  # validates config and policy
   corpus = text.load_corpus(config.corpus, max_bytes=int(config.corpus_max_mib * 2**20),
                             min_window=model_cfg.seq_len + 1, split_seed=config.split_seed)
@@ -200,11 +198,7 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
   state = placement.state(state, model)
 
-  if placement.mesh is not None:
-    host_batch_at = batch_at
-    batch_at = lambda step: placement.batch(host_batch_at(step))  # noqa: E731
-  example = batch_at(0)
-  shardings = placement.step_kwargs(state, example, model)
+  batch_at, example, shardings = placement.batches(batch_at, state, model)
   del model
   compiled = compile_and_describe(
       jaxckpt.make_train_step(graphdef, tx, placement.loss(lm_loss), skip_nonfinite=config.nan_policy == "skip",

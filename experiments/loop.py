@@ -124,6 +124,20 @@ class Placement:
     """``in_shardings``/``out_shardings`` of the train step (none without a mesh)."""
     return {} if self.mesh is None else sharding.step_shardings(state, batch, self.mesh, model=model)
 
+  def batches(self, batch_at: Callable[[int], Any], state: Any, model: Any
+              ) -> tuple[Callable[[int], Any], Any, dict[str, Any]]:
+    """``(batch_at, example, step_kwargs)``: ``batch_at`` placing each host batch on the mesh, the batch of step
+    0 (placed) and the train step's shardings; the host ``batch_at``, its batch and ``{}`` without a mesh."""
+    placed = batch_at if self.mesh is None else (lambda step: self.batch(batch_at(step)))
+    example = placed(0)
+    return placed, example, self.step_kwargs(state, example, model)
+
+  def check_policy(self, spec: Any) -> None:
+    """Raises :class:`JaxckptError` for a budget with a mesh: plans are made for one device."""
+    if self.mesh is not None and isinstance(spec, jaxckpt.policies.Budget):
+      raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy "
+                         "(plan it with jaxckpt-plan first)")
+
   def check_batch_size(self, batch_size: int, flag: str = "--batch-size") -> None:
     """Raises :class:`MeshSpecError` when the batch does not split over the mesh."""
     if self.mesh is not None:

@@ -103,3 +103,20 @@ def test_readme_tables_equal_the_committed_json():
       with open(path) as f:
         block = module.render(json.load(f))
       assert f"<!-- benchmark:{module.NAME} -->\n{block}\n<!-- /benchmark:{module.NAME} -->" in text
+
+
+def test_budget_plans(tmp_path):
+  from benchmarks import budget_plans
+
+  data = budget_plans.main(["--model", "mlp", "--preset", "tiny", "--budgets", "10", "70", "100", "--no-plot",
+                            "--out", str(tmp_path)])
+  assert json.loads((tmp_path / "budget_plans_tiny.json").read_text()) == json.loads(json.dumps(data))
+  entries = {e["budget_percent"]: e for e in data["budgets"]}
+  assert entries[100]["feasible"] and entries[100]["policy"] == "none" and entries[100]["flops_ratio"] == 1
+  for entry in entries.values():
+    if entry["feasible"]:
+      assert entry["temp_bytes"] <= entry["limit_bytes"] and entry["seconds_in_compiles"] > 0
+      if entry["best_fixed"] is not None:  # never more recompute than the best fixed policy that fits
+        assert entry["flops_ratio"] <= entry["best_fixed"]["flops_ratio"] + 1e-9
+    else:
+      assert entry["minimum_bytes"] > entry["limit_bytes"]
