@@ -1,39 +1,54 @@
 """Benchmark: budget plans vs the best fixed built-in policy that fits, on the GPT ``small`` preset (compile only).
 
-Usage: ``python benchmarks/budget_plans.py [--preset small] [--budgets 10 20 ... 100] [--out benchmarks/results]``.
+Usage: ``python benchmarks/budget_plans.py [--preset small] [--budgets 10 20 ... 100] [--quick] [--out FILE.json]``.
 
 For each budget p% of no-remat temp: the plan (:func:`jaxckpt.planner.plan_policy`, planned from scratch, no shared
 cache), its compiled temp and step FLOPs relative to ``none``, and the fixed built-in policies (``none``, ``full``,
 the dots policies, ``save_only_these_names:<name>`` per name: the report's ``all``) that fit the same budget, with
 the least-FLOPs one among them. Planning time is given in units of one compile of the step (the ``none`` compile
-of the built-in sweep), the issue's "at most 6 compiles" target. Writes ``budget_plans_<preset>.json`` and a PNG
-Pareto chart.
+of the built-in sweep), the issue's "at most 6 compiles" target. Writes ``benchmarks/results/budget_plans.json``
+(``--out``) and a PNG Pareto chart beside it; ``--quick`` plans the tiny MLP at 10, 70 and 100% (the smoke test).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
+import sys
 
-from jaxckpt.planner import InfeasibleBudgetError, plan_policy
-from jaxckpt.report import build_report, shipped_target
-from jaxckpt.schema import versions
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common  # noqa: E402
+from jaxckpt.errors import PolicySpecError  # noqa: E402
+from jaxckpt.planner import InfeasibleBudgetError, plan_policy  # noqa: E402
+from jaxckpt.policies import Budget, parse_model_policy  # noqa: E402
+from jaxckpt.report import build_report, shipped_target  # noqa: E402
+from jaxckpt.schema import versions  # noqa: E402
+
+NAME = "budget_plans"
 
 
 def main(argv: list[str] | None = None) -> dict:
   """Runs the benchmark; returns what it writes as JSON (bytes, FLOPs, seconds)."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = common.parser(NAME, __doc__)
   parser.add_argument("--model", default="gpt")
   parser.add_argument("--preset", default="small")
   parser.add_argument("--budgets", type=float, nargs="+", default=[10, 20, 30, 40, 50, 60, 70, 80, 90, 100],
-                      help="percent of no-remat temp")
-  parser.add_argument("--out", default="benchmarks/results")
+                      help="percent of no-remat temp, each in (0, 100]")
   parser.add_argument("--no-plot", dest="plot", action="store_false")
   args = parser.parse_args(argv)
+  if args.quick:
+    args.model, args.preset, args.budgets = "mlp", "tiny", [10, 70, 100]
+  for pct in args.budgets:
+    try:
+      if not isinstance(parse_model_policy(f"budget:{pct:g}%"), Budget):
+        raise PolicySpecError(f"--budgets {pct:g} is not a percentage", spec=str(pct), bad=str(pct))
+    except PolicySpecError as err:
+      parser.error(str(err))
+  common.check_out(parser, NAME, args)
   target = shipped_target(args.model, args.preset)
   fixed = build_report(target, ["all"], residuals=False, progress=False)
   rows = [r for r in fixed.rows if r["status"] == "ok"]
@@ -86,13 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
                 for r in rows],
       "budgets": results,
   }
-  os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"budget_plans_{args.preset}.json")
-  with open(path, "w") as f:
-    json.dump(data, f, indent=1)
+  path = common.write_json(common.out_path(NAME, args), data)
   print(f"wrote {path}")
   if args.plot:
-    plot_path = os.path.join(args.out, f"budget_plans_{args.preset}.png")
+    plot_path = os.path.splitext(path)[0] + ".png"
     _plot(data, plot_path)
     print(f"wrote {plot_path}")
   return data

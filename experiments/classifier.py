@@ -67,7 +67,7 @@ class ClassifierConfig:
   split_seed: int = 0  # The fixed train/test split.
   data: str | None = None  # .npz file with x and y; None = scikit-learn's digits.
   aux_task: str | None = None  # Auxiliary head (jaxckpt.multitask.AUX_TASKS, e.g. "parity"); None = single task.
-  aux_weight: float = 0.5  # λ in loss = CE_main + λ · CE_aux.
+  aux_weight: float | None = None  # λ in loss = CE_main + λ · CE_aux; None = DEFAULT_AUX_WEIGHT (needs aux_task).
   out: str | None = None  # Directory for metrics.json.
   ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
   ckpt_every: int = 100  # Save every this many steps (and at the end).
@@ -87,6 +87,14 @@ class ClassifierResult:
 
   metrics: dict[str, Any]
   state: jaxckpt.TrainState
+
+
+DEFAULT_AUX_WEIGHT = 0.5
+"""λ of ``--aux-task`` when ``--aux-weight`` is not given."""
+
+
+def _aux_weight(config: ClassifierConfig) -> float:
+  return DEFAULT_AUX_WEIGHT if config.aux_weight is None else config.aux_weight
 
 
 def _check(config: ClassifierConfig) -> None:
@@ -109,8 +117,11 @@ def _check(config: ClassifierConfig) -> None:
     raise JaxckptError(f"--learning-rate must be > 0, got {config.learning_rate}")
   if config.aux_task is not None:
     aux_task(config.aux_task)
-  if not config.aux_weight >= 0:
-    raise JaxckptError(f"--aux-weight must be ≥ 0, got {config.aux_weight}")
+  if config.aux_weight is not None:
+    if config.aux_task is None:
+      raise JaxckptError(f"--aux-weight {config.aux_weight} needs --aux-task (one of: {', '.join(AUX_TASKS)})")
+    if not 0 <= config.aux_weight < float("inf"):
+      raise JaxckptError(f"--aux-weight must be finite and ≥ 0, got {config.aux_weight}")
 
 
 def model_config(config: ClassifierConfig) -> Any:
@@ -188,7 +199,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
   placement.check_policy(spec)
   loss_fn = jaxckpt.classification_loss
   if config.aux_task is not None:
-    loss_fn = multitask_loss(config.aux_task, config.aux_weight)
+    loss_fn = multitask_loss(config.aux_task, _aux_weight(config))
 
   def make_model(policy=None):
     model = build_model(config.model, model_cfg, image_shape=data.image_shape, num_classes=data.num_classes,
@@ -235,7 +246,7 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
       model=config.model, preset=config.preset, scan=model_cfg.scan, structure=model_cfg.structure,
       compute_dtype=model_cfg.compute_dtype,
       test_accuracy=accuracy, test_accuracy_per_epoch=loop.history.get("test_accuracy", []),
-      aux_task=config.aux_task, aux_weight=config.aux_weight if config.aux_task else None,
+      aux_task=config.aux_task, aux_weight=_aux_weight(config) if config.aux_task else None,
       test_aux_accuracy=final.get("test_aux_accuracy"),
       **placement.describe(),
       data=data.source, config=dataclasses.asdict(config), plan=plan,
@@ -300,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="multi-task: a second linear head on the same features; "
                            + "; ".join(f"{t.name}: {t.description}" for t in AUX_TASKS.values()))
   parser.add_argument("--aux-weight", type=float, default=defaults.aux_weight,
-                      help="λ in loss = CE_main + λ·CE_aux (default %(default)s)")
+                      help=f"λ in loss = CE_main + λ·CE_aux, with --aux-task (default {DEFAULT_AUX_WEIGHT})")
   add_run_flags(parser, RunOptions.of(defaults))
   return parser
 

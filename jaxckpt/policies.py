@@ -529,8 +529,9 @@ ModelPolicy = PolicySpec | LayeredPolicy | Budget
 def _percent(text: str, spec: str, what: str) -> float:
   match = _PERCENT_RE.match(text)
   if not match:
-    raise PolicySpecError(f"bad {what} {shorten(text)!r} in policy spec {shorten(spec)!r}: write a percentage such "
-                          "as 40%", spec=spec, bad=text)
+    valid = "in [0%, 100%)" if what == "margin" else "in (0%, 100%]"
+    raise PolicySpecError(f"bad {what} {shorten(text)!r} in policy spec {shorten(spec)!r}: write a percentage {valid} "
+                          "such as 40%", spec=spec, bad=text)
   return float(match.group(1)) / 100
 
 
@@ -538,6 +539,9 @@ def _parse_budget(text: str, spec: str) -> Budget:
   word, _, arg = (part.strip() for part in text.partition(":"))
   if word == AUTO:
     if not arg:
+      if ":" in text:
+        raise PolicySpecError(f"{AUTO!r} has an empty argument in policy spec {shorten(spec)!r}: write {AUTO} or "
+                              f"{AUTO}:margin=<percent> (e.g. {AUTO}:margin=20%)", spec=spec, bad=text)
       return Budget(auto=True, text=spec)
     key, eq, value = (part.strip() for part in arg.partition("="))
     if key != "margin" or not eq:
@@ -564,7 +568,8 @@ def _parse_budget(text: str, spec: str) -> Budget:
   except ValueError as err:
     raise PolicySpecError(f"{err} in policy spec {shorten(spec)!r} ({example})", spec=spec, bad=arg) from None
   if size <= 0:
-    raise PolicySpecError(f"budget {shorten(arg)!r} in policy spec {shorten(spec)!r} must be > 0", spec=spec, bad=arg)
+    raise PolicySpecError(f"budget {shorten(arg)!r} in policy spec {shorten(spec)!r} must be at least 1 byte",
+                          spec=spec, bad=arg)
   return Budget(bytes=size, text=spec)
 
 
@@ -584,7 +589,11 @@ def _parse_layered(text: str, spec: str) -> LayeredPolicy:
       raise PolicySpecError(
           f"layer range {shorten(range_text.strip())!r} in policy spec {shorten(spec)!r} must start at layer {expected} "
           "and not end before it starts (ranges cover 0..N-1 in order)", spec=spec, bad=range_text.strip())
-    segments.append((last - first + 1, parse_policy(spec_text.strip() and spec_text)))
+    try:
+      segments.append((last - first + 1, parse_policy(spec_text.strip() and spec_text)))
+    except PolicySpecError as err:
+      raise PolicySpecError(f"{err} (layer range {range_text.strip()} of policy spec {shorten(spec)!r})", spec=spec,
+                            bad=err.bad, valid=err.valid) from None
     expected = last + 1
   return LayeredPolicy(tuple(segments), text=spec)
 

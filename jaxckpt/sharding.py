@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -438,6 +439,10 @@ def shard_batch(batch: Any, mesh: Mesh, *, global_batch_size: int, local: bool =
   return jax.tree.map(put, batch)
 
 
+INIT_TIMEOUT_S = 120
+"""Seconds a process waits for the others (and for the coordinator) in :func:`initialize_distributed`."""
+
+
 def initialize_distributed(coordinator: str, *, num_processes: int, process_id: int) -> None:
   """Joins a multi-process JAX run: ``jax.distributed.initialize`` (gloo collectives on CPU).
 
@@ -451,8 +456,8 @@ def initialize_distributed(coordinator: str, *, num_processes: int, process_id: 
     process_id: this process, 0..N−1.
 
   Raises:
-    MeshSpecError: a malformed ``coordinator``, ``num_processes`` < 1, ``process_id`` out of range, or a second
-      call with other settings.
+    MeshSpecError: a malformed ``coordinator``, ``num_processes`` < 1, ``process_id`` out of range, a second
+      call with other settings, or the processes not all joining within :data:`INIT_TIMEOUT_S` seconds.
   """
   host, sep, port = coordinator.rpartition(":")
   if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -468,7 +473,15 @@ def initialize_distributed(coordinator: str, *, num_processes: int, process_id: 
                           f"{jax.process_count()}; cannot rejoin as {process_id} of {num_processes}")
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+  print(f"process {process_id} of {num_processes}: joining the run at {coordinator} (waits up to "
+        f"{INIT_TIMEOUT_S} s for the other processes)", file=sys.stderr, flush=True)
+  try:
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+                               initialization_timeout=INIT_TIMEOUT_S)
+  except Exception as err:  # noqa: BLE001 - JAX raises runtime errors of several types on a failed join
+    raise MeshSpecError(f"process {process_id} could not join the run at {coordinator} within {INIT_TIMEOUT_S} s "
+                        f"(are all {num_processes} processes started with the same --coordinator?): "
+                        f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
 
 
 def replica_mismatches(tree: Any) -> list[str]:

@@ -108,10 +108,11 @@ def test_readme_tables_equal_the_committed_json():
 def test_budget_plans(tmp_path):
   from benchmarks import budget_plans
 
-  data = budget_plans.main(["--model", "mlp", "--preset", "tiny", "--budgets", "10", "70", "100", "--no-plot",
-                            "--out", str(tmp_path)])
-  assert json.loads((tmp_path / "budget_plans_tiny.json").read_text()) == json.loads(json.dumps(data))
+  out = tmp_path / "budget_plans.json"
+  data = budget_plans.main(["--quick", "--no-plot", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(data))
   entries = {e["budget_percent"]: e for e in data["budgets"]}
+  assert set(entries) == {10, 70, 100}
   assert entries[100]["feasible"] and entries[100]["policy"] == "none" and entries[100]["flops_ratio"] == 1
   for entry in entries.values():
     if entry["feasible"]:
@@ -120,3 +121,12 @@ def test_budget_plans(tmp_path):
         assert entry["flops_ratio"] <= entry["best_fixed"]["flops_ratio"] + 1e-9
     else:
       assert entry["minimum_bytes"] > entry["limit_bytes"]
+
+
+@pytest.mark.parametrize("bad", ["0", "150", "nan"])
+def test_budget_plans_bad_budgets_exit_2(bad, capsys):
+  from benchmarks import budget_plans
+
+  with pytest.raises(SystemExit) as info:
+    budget_plans.main(["--budgets", bad])
+  assert info.value.code == 2 and "Traceback" not in capsys.readouterr().err

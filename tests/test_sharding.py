@@ -270,7 +270,9 @@ def test_multitask_loss_is_main_plus_weighted_aux():
     (["--mesh", "gpu=1"], ["unknown mesh axis 'gpu'", "valid axes: data, fsdp"]),
     (["--coordinator", "localhost:1234"], ["--coordinator needs --mesh"]),
     (["--num-processes", "2"], ["need --coordinator"]),
-    (["--aux-weight", "-1", "--aux-task", "parity"], ["--aux-weight must be ≥ 0"]),
+    (["--aux-weight", "-1", "--aux-task", "parity"], ["--aux-weight must be finite and ≥ 0", "-1"]),
+    (["--aux-weight", "inf", "--aux-task", "parity"], ["--aux-weight must be finite and ≥ 0", "inf"]),
+    (["--aux-weight", "0.7"], ["--aux-weight 0.7 needs --aux-task", "parity"]),
     (["--aux-task", "colour"], ["invalid choice: 'colour'"]),
 ])
 def test_experiment_flags_errors_exit_2(argv, words, capsys):

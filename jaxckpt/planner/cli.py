@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   add_target_flags(parser)
   parser.add_argument("--budget", required=True, metavar="BUDGET",
-                      help="budget:<size> | budget:<p>% | auto[:margin=<p>%] (the 'budget:' prefix may be left out)")
+                      help="budget:<size> | budget:<p>%% | auto[:margin=<p>%%] (the 'budget:' prefix may be left out)")
   parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
   parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(export_code(plan, tuple(target_block_types(target))), end="")
   if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
       json.dump({"model": target.name, "preset": target.preset, **plan.to_json()}, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}")
