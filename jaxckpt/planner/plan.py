@@ -409,8 +409,8 @@ def plan_policy(
         f"no plan fits {parsed} ({key.replace('_bytes', '')} ≤ {format_bytes(limit)}): the least memory any plan "
         f"reaches is {what}, with policy {least.policy} on every layer (footprint "
         f"{format_bytes(least.memory['footprint_bytes'])}); to go lower use a smaller batch or --grad-accum-steps "
-        "(or a fixed policy with --structure nested, which plans do not take)", budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key],
-        policy=str(least.policy))
+        "(or a fixed policy with --structure nested, which plans do not take)",
+        budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key], policy=str(least.policy))
 
   params = nnx.state(stack.layers, nnx.Param)
   range_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
