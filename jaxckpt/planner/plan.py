@@ -32,7 +32,7 @@ from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.policies import Budget, ConcretePolicy, LayeredPolicy, ModelPolicy, Policy, PolicySpec, parse_model_policy
-from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, target_block_types
+from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, step_builder
 from jaxckpt.units import format_bytes
 
 __all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
@@ -338,11 +338,12 @@ def plan_policy(
                        f"{type(target).__name__}")
   tx = tx or default_optimizer()
   cache = {} if cache is None else cache
-  types = target_block_types(target)
+  builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
+  types = builder.block_types
   stack = _only_stack(nnx.eval_shape(target.make_model))
   num_layers = stack.num_layers
 
-  probe_step = policy_step(target, PolicySpec(), tx)
+  probe_step = builder.step(PolicySpec())
   with record_stack_inputs() as seen:
     jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
   if candidates is None:
@@ -352,7 +353,7 @@ def plan_policy(
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
     if text not in cache:
-      compiled = compile_policy(target, policy, tx=tx, options=compiler_options)
+      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
       cache[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
     return dataclasses.replace(cache[text], saved_bytes=saved)
 
