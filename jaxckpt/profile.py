@@ -25,6 +25,8 @@ import contextlib
 import glob
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import jax
@@ -93,7 +95,8 @@ def profile_trace(logdir: str | os.PathLike[str], *, name: str, perfetto: bool =
   Args:
     logdir: the XProf log directory (``xprof --logdir logdir``); created if missing.
     name: the run's label, e.g. the policy spec; its :func:`profile_slug` names the run directory. A second trace
-      with the same name adds a session (a new timestamped folder) to that run; nothing is overwritten.
+      with the same name adds a session (a new timestamped folder, ``_2``… appended within one second) to that run;
+      nothing is overwritten.
     perfetto: also write ``*.trace.json.gz`` in Perfetto's format (opens at https://ui.perfetto.dev without XProf).
 
   Yields:
@@ -111,15 +114,36 @@ def profile_trace(logdir: str | os.PathLike[str], *, name: str, perfetto: bool =
                        "logdir") from err
   if not os.access(run_dir, os.W_OK | os.X_OK):
     raise JaxckptError(f"the profile directory {run_dir} is not writable; give a writable logdir")
+  # jax names a session folder by the second it ends in: trace into a fresh folder, then move the session beside
+  # the earlier ones under a name not taken yet, so two traces in one second never overwrite each other.
+  staging = tempfile.mkdtemp(prefix=".tracing-", dir=run_dir)
   try:
-    jax.profiler.start_trace(run_dir, create_perfetto_trace=perfetto)
+    jax.profiler.start_trace(staging, create_perfetto_trace=perfetto)
   except RuntimeError as err:
+    shutil.rmtree(staging, ignore_errors=True)
     raise JaxckptError(f"cannot start a trace into {run_dir}: {err} (only one trace can run at a time; stop the "
                        "other one first)") from err
   try:
     yield run_dir
   finally:
-    jax.profiler.stop_trace()
+    try:
+      jax.profiler.stop_trace()
+    finally:
+      _move_sessions(staging, run_dir)
+
+
+def _move_sessions(staging: str, run_dir: str) -> None:
+  """Moves ``staging/plugins/profile/<session>`` to ``run_dir/plugins/profile/<session>[_N]``, then drops staging."""
+  sessions = os.path.join(run_dir, "plugins", "profile")
+  for src in sorted(glob.glob(os.path.join(staging, "plugins", "profile", "*"))):
+    os.makedirs(sessions, exist_ok=True)
+    name = os.path.basename(src)
+    dest, n = os.path.join(sessions, name), 1
+    while os.path.exists(dest):
+      n += 1
+      dest = os.path.join(sessions, f"{name}_{n}")
+    os.rename(src, dest)
+  shutil.rmtree(staging, ignore_errors=True)
 
 
 def trace_files(run_dir: str | os.PathLike[str]) -> list[str]:
