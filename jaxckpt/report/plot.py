@@ -84,7 +84,9 @@ def plot_pareto(report: Report, path: str | None = None, *, image_format: str | 
 
   ok = [r for r in report.rows if r["status"] == STATUS_OK]
   number = {id(r): i + 1 for i, r in enumerate(ok)}
-  x_axes = [("flops", "train-step FLOPs (jaxpr)", 1e9, "GFLOP")]
+  most = max((r["flops"] for r in ok if r.get("flops") is not None), default=0)
+  scale, unit = next(((s, u) for s, u in ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")) if most >= s), (1, "FLOP"))
+  x_axes = [("flops", "train-step FLOPs (jaxpr)", scale, unit)]
   if any(r["step_time_s"] is not None for r in ok):
     x_axes.append(("step_time_s", "measured step time", 1e-3, "ms"))
   y_axes = [("footprint_bytes", "compiled footprint"), ("temp_bytes", "compiled temp")]
