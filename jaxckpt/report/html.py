@@ -38,8 +38,8 @@ _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}
 h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.6em}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
-td:first-child,th:first-child,td.text,th.text{text-align:left}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+td:first-child,th:first-child,td.text,th.text{text-align:left}td.text{white-space:normal;min-width:12em}
 th{background:#f3f3f3;cursor:pointer;user-select:none;white-space:nowrap}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 code{font-size:12px}details{margin:.4em 0}.warn{color:#a40}.note{color:#555;font-size:13px}

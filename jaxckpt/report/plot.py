@@ -2,7 +2,7 @@
 
 Each successful policy gets a number (its order in the report); the points show only the number, and the key to the
 right of the charts lists ``number  policy``, so long policy names never overlap the data. Points that coincide
-share one label (``2,5``). The file format follows the path's suffix (:data:`PLOT_SUFFIXES`).
+(within 4% of each axis) share one label (``2,5``). The file format follows the path's suffix (:data:`PLOT_SUFFIXES`).
 """
 
 from __future__ import annotations
@@ -104,16 +104,15 @@ def plot_pareto(report: Report, path: str | None = None, *, image_format: str | 
             ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], s=22, zorder=3, **style)
         x_span = (max(p[0] for p in pts) - min(p[0] for p in pts)) or 1.0
         y_span = (max(p[1] for p in pts) - min(p[1] for p in pts)) or 1.0
-        labels: dict[tuple[int, int], list[int]] = {}
-        for x, y, n, _ in pts:  # points within 1% of each axis share one label
-          labels.setdefault((round(x / x_span * 100), round(y / y_span * 100)), []).append(n)
-        placed = {}
+        groups: list[tuple[float, float, list[int]]] = []  # points within 4% of both axes' spans share a label
         for x, y, n, _ in pts:
-          key = (round(x / x_span * 100), round(y / y_span * 100))
-          if key not in placed:
-            placed[key] = True
-            ax.annotate(",".join(map(str, labels[key])), (x, y), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
+          near = next((g for g in groups if abs(g[0] - x) <= 0.04 * x_span and abs(g[1] - y) <= 0.04 * y_span), None)
+          if near is None:
+            groups.append((x, y, [n]))
+          else:
+            near[2].append(n)
+        for x, y, numbers in groups:
+          ax.annotate(",".join(map(str, numbers)), (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
         front = [pts[i] for i in pareto_indices([(p[0], p[1]) for p in pts])]
         ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", lw=1.2, zorder=2,
                 drawstyle="steps-post")
