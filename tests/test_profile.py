@@ -1,5 +1,6 @@
 """XProf traces: jaxckpt.profile (slugs, errors, trace files) and ``jaxckpt-report --profile`` (one run per policy)."""
 
+import json
 import os
 
 import jax
@@ -8,7 +9,6 @@ import pytest
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.profile import check_profile_dir, profile_slug, profile_trace, trace_files
-from jaxckpt.report import build_report, shipped_target
 from jaxckpt.report.cli import main
 
 
@@ -66,14 +66,17 @@ def test_profile_trace_unwritable_logdir_names_the_path(tmp_path):
   assert trace_files(tmp_path / "nothing_here") == []
 
 
-def test_report_profile_writes_one_loadable_trace_per_policy(tmp_path):
+def test_report_profile_writes_one_loadable_trace_per_policy(tmp_path, capsys):
   """--profile: per policy one run DIR/<slug>/ with one XProf trace holding exactly the traced warm steps."""
-  logdir = tmp_path / "profiles"
-  report = build_report(shipped_target("mlp", "tiny", batch_size=8), ["none", "full"],
-                        residuals=False, progress=False, warmup=1, profile=str(logdir), profile_steps=2)
-  assert [r["status"] for r in report.rows] == ["ok"] * 2
+  logdir, out = tmp_path / "profiles", tmp_path / "r.json"
+  assert main(["--model", "mlp", "--preset", "tiny", "--batch-size", "8", "--policies", "none", "full",
+               "--no-residuals", "--no-progress", "--warmup", "1", "--profile", str(logdir), "--profile-steps", "2",
+               "--json", str(out)]) == 0
+  assert f"wrote 2 XProf run(s) under {logdir}: xprof --logdir {logdir}" in capsys.readouterr().out
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["status"] for r in rows] == ["ok"] * 2
   assert sorted(os.listdir(logdir)) == ["none", "nothing_saveable"]
-  for row in report.rows:
+  for row in rows:
     assert row["profile"]["dir"] == str(logdir / profile_slug(row["policy"]))
     assert row["profile"]["files"] == trace_files(row["profile"]["dir"]) and len(row["profile"]["files"]) == 1
     assert _step_events(row["profile"]["files"][0]) == 2

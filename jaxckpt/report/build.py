@@ -165,7 +165,8 @@ def build_report(
   if measure or profile is not None:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:
-      warnings.append("target has no ref (a Python object): measured in this process, less exactly than in a "
+      done = "measured" if measure else "profiled"
+      warnings.append(f"target has no ref (a Python object): {done} in this process, less exactly than in a "
                       "fresh one per policy")
     names = _unique_slugs([r["policy"] for r in todo])
     desc = "measuring policies" if measure else "profiling policies"
