@@ -11,7 +11,8 @@ Example::
     ...     with jax.profiler.StepTraceAnnotation("train_step", step_num=i):
     ...       state, metrics = jax.block_until_ready(step(state, batch))
     >>> run_dir, trace_files(run_dir)
-    ('profiles/attn-dots_saveable_mlp-full', ['profiles/attn-dots_saveable_mlp-full/plugins/profile/…/host.xplane.pb'])
+    ('profiles/attn-dots_saveable_mlp-full',
+     ['profiles/attn-dots_saveable_mlp-full/plugins/profile/2026_12_01_00_00_00/host.xplane.pb'])
 
 What a trace holds depends on the backend: on GPU/TPU a device plane (kernels, the allocator's memory timeline for
 XProf's memory profile, the compiled modules' buffers for its memory viewer); on CPU only host threads (Python, the

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
           "examples:\n"
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
-          f"  {PROG} --model vit --policies none full dots_saveable --profile profiles/   # then: xprof --logdir profiles\n"
+          f"  {PROG} --model vit --policies none full dots_saveable --profile prof/  # xprof --logdir prof\n"
           f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
           f"  {PROG} --target mypkg.targets:target --policies none full --json report.json\n"
           f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh fsdp=8 "
@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--plotlyjs", choices=list(PLOTLYJS_MODES), default="inline",
                       help="--html gets plotly.js inline (default; works offline, ~4.8 MB) or from its CDN (small)")
   parser.add_argument("--plot", default=None, metavar="FILE",
-                      help=f"static Pareto chart (memory vs FLOPs / time); format from the suffix: {PLOT_SUFFIXES}")
+                      help="static Pareto chart (memory vs FLOPs / time); format from the suffix: "
+                           + ", ".join(PLOT_SUFFIXES))
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
   return parser
 
