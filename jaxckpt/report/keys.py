@@ -48,6 +48,7 @@ ROW_KEYS: tuple[str, ...] = (
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
+    "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.profile); else None.
     "plan",  # Budget rows (budget:40%, auto): jaxckpt.planner.Plan.to_json() without candidates; else None.
 )
 """Keys of every report row, in order."""
