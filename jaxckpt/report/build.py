@@ -26,7 +26,7 @@ from jaxckpt.report.compile import compile_rows, one_line, report_compiler_optio
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
 from jaxckpt.report.policies import expand_policies
-from jaxckpt.step import Target, default_optimizer, target_block_types, target_structure
+from jaxckpt.step import Target, default_optimizer, step_builder, target_structure
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
 __all__ = ["Report", "build_report", "saving_warnings"]
@@ -154,8 +154,9 @@ def build_report(
       raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
   if profile is not None:
     profile = check_profile_dir(profile, flag="profile")
-  specs = expand_policies(policies, target_block_types(target))
-  rows, warnings = compile_rows(target, specs, tx=tx, jobs=jobs, xla_dump_dir=xla_dump,
+  builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row
+  specs = expand_policies(policies, builder.block_types)
+  rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
                                 compiler_options=compiler_options, residuals=residuals, progress=progress,
                                 mesh=mesh)
   warnings += saving_warnings(rows)
@@ -185,7 +186,7 @@ def build_report(
       "backend": jax.default_backend(),
       "device_count": jax.device_count(),
       "mesh": None if mesh is None else sharding.mesh_shape(mesh),
-      "structure": target_structure(target),
+      "structure": target_structure(target, model=builder.abstract_model if builder.is_model else None),
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),
       "compiler_options": report_compiler_options(compiler_options),

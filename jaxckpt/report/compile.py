@@ -31,7 +31,7 @@ from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report.residuals import analyse_residuals
 from jaxckpt.xla import offload_warning
-from jaxckpt.step import (STATS_ONLY_OPTIONS, Target, lower_policy, step_builder, step_compiler_options,
+from jaxckpt.step import (STATS_ONLY_OPTIONS, StepBuilder, Target, lower_policy, step_builder, step_compiler_options,
                           xla_raw_flops)
 
 __all__ = ["compile_rows", "xla_raw_flops", "one_line", "STATS_ONLY_OPTIONS", "report_compiler_options"]
@@ -95,6 +95,7 @@ def compile_rows(
     specs: Sequence[ModelPolicy],
     *,
     tx: optax.GradientTransformation,
+    builder: StepBuilder | None = None,
     jobs: int = 1,
     xla_dump_dir: str | None = None,
     compiler_options: Mapping[str, Any] | None = None,
@@ -111,6 +112,7 @@ def compile_rows(
       resolved into a plan (:func:`jaxckpt.planner.resolve_policy`, sharing compiled anchors between budgets), its
       row keeping the budget as ``policy`` and the plan under ``plan``; an infeasible budget is an error row.
     tx: the optimizer of the step.
+    builder: the target's :func:`jaxckpt.step.step_builder` (for ``tx`` and ``mesh``), if the caller has one.
     jobs: XLA compilations running at once (threads), ≥ 1.
     xla_dump_dir: if set, XLA's dumps of policy ``i`` go to ``xla_dump_dir/<ii>-<policy>/`` (text files only).
     compiler_options: extra XLA options, merged with jaxckpt's remat fix.
@@ -156,7 +158,7 @@ def compile_rows(
 
   resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
   warnings += [w for w in (offload_warning(p) for p in resolved if p is not None) if w is not None]
-  builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every policy
+  builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
     for i, spec in enumerate(resolved):
       if spec is None:  # a budget that could not be planned: already an error row

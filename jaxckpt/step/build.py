@@ -66,11 +66,17 @@ def target_block_types(target: Target) -> dict[str, frozenset[str]]:
   return {"default": emitted_checkpoint_names(loss, target.params, target.batch)}
 
 
-def target_structure(target: Target) -> str:
+def target_structure(target: Target, *, model: nnx.Module | None = None) -> str:
   """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``, then the stacks' checkpoint structure
-  when it is not ``block`` (e.g. ``"scan, nested:2"``)."""
+  when it is not ``block`` (e.g. ``"scan, nested:2"``).
+
+  Args:
+    target: a model or loss target.
+    model: the model target's model if already built (abstract is fine); ``None`` builds it under
+      ``nnx.eval_shape``.
+  """
   if isinstance(target, ModelTarget):
-    stacks = _stacks(nnx.eval_shape(target.make_model))
+    stacks = _stacks(model if model is not None else nnx.eval_shape(target.make_model))
     loop = "scan" if any(s.scan for s in stacks) else "unrolled"
     structures = sorted({str(s.structure) for s in stacks} - {"block"})
     return ", ".join([loop, *structures])
@@ -124,6 +130,11 @@ class StepBuilder:
     if self._block_types is None:
       self._block_types = target_block_types(self.target)
     return self._block_types
+
+  @property
+  def is_model(self) -> bool:
+    """Whether the target is a :class:`~jaxckpt.step.ModelTarget` (else a loss target: no model)."""
+    return isinstance(self.target, ModelTarget)
 
   @property
   def abstract_model(self) -> nnx.Module:
