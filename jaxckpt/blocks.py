@@ -6,6 +6,8 @@ are passed as functions (``norm``, ``qkv``, ``out``, ``fc1``... each ``h -> h``:
 ``nnx.Linear`` in NNX, ``nn.Dense`` in Linen), so the parameter trees stay those of Flax's own layers in both
 front-ends and the arithmetic is the same code in both. The front-ends add only what differs: how parameters are
 created and how the call is rematerialized (``nnx.remat``-style :func:`jaxckpt.remat.module_call` or ``nn.remat``).
+The mixins :class:`AttentionMath`, :class:`MLPMath` and :class:`ConvMath` give both front-ends' block classes the one
+``forward`` that calls these functions with the block's sublayers and fields.
 
 Every function tags its important intermediates with the checkpoint names of :mod:`jaxckpt.names`, so name-based
 policies (``save_only_these_names:qkv``) pick the same values in NNX and Linen.
@@ -37,6 +39,10 @@ __all__ = [
     "mlp",
     "conv",
     "transformer",
+    "BlockMath",
+    "AttentionMath",
+    "MLPMath",
+    "ConvMath",
 ]
 
 Layer = Callable[[jax.Array], jax.Array]
@@ -286,3 +292,56 @@ def transformer(
   key_attn, key_mlp = split_key(dropout_key, 2)
   x = attn(x, dropout_key=key_attn, deterministic=deterministic)
   return mlp_block(x, dropout_key=key_mlp, deterministic=deterministic)
+
+
+class BlockMath:
+  """Mixin of both front-ends' blocks (NNX and Linen): ``forward``, the block's math without remat.
+
+  The front-end's ``__call__`` runs ``forward`` under its remat with the policy of the block type. Subclasses read
+  their sublayers and settings from attributes of the same names in NNX and Linen (``norm``, ``qkv``, ``out``,
+  ``num_heads``, ``dropout_rate``...).
+  """
+
+  def forward(self, x: jax.Array, dropout_key: jax.Array | None, deterministic: bool) -> jax.Array:
+    """The block's math, without remat.
+
+    Args:
+      x: input activations (shape per block type), float32 or bfloat16.
+      dropout_key: PRNG key, or ``None`` when dropout is off.
+      deterministic: Python bool; ``True`` turns dropout off.
+
+    Returns:
+      Output of the same shape and dtype as ``x``.
+    """
+    raise NotImplementedError
+
+
+class AttentionMath(BlockMath):
+  """``forward`` = :func:`attention` with sublayers ``norm``, ``qkv``, ``out`` and fields ``num_heads``,
+  ``dropout_rate``, ``causal``, ``attention`` (the implementation) and ``dtype``."""
+
+  def forward(self, x, dropout_key, deterministic):
+    """``x: [B, T, D]`` -> ``[B, T, D]``; see :func:`attention`."""
+    return attention(
+        x, norm=self.norm, qkv=self.qkv, out=self.out, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+        dropout_key=dropout_key, deterministic=deterministic, causal=self.causal, implementation=self.attention,
+        dtype=self.dtype,
+    )
+
+
+class MLPMath(BlockMath):
+  """``forward`` = :func:`mlp` with sublayers ``norm``, ``fc1``, ``fc2`` and field ``dropout_rate``."""
+
+  def forward(self, x, dropout_key, deterministic):
+    """``x: [..., D]`` -> ``[..., D]``; see :func:`mlp`."""
+    return mlp(x, norm=self.norm, fc1=self.fc1, fc2=self.fc2, dropout_rate=self.dropout_rate,
+               dropout_key=dropout_key, deterministic=deterministic)
+
+
+class ConvMath(BlockMath):
+  """``forward`` = :func:`conv` with sublayers ``norm``, ``conv1``, ``conv2`` and field ``dropout_rate``."""
+
+  def forward(self, x, dropout_key, deterministic):
+    """``x: [B, h, w, C]`` -> ``[B, h, w, C]``; see :func:`conv`."""
+    return conv(x, norm=self.norm, conv1=self.conv1, conv2=self.conv2, dropout_rate=self.dropout_rate,
+                dropout_key=dropout_key, deterministic=deterministic)

@@ -72,10 +72,11 @@ def record_stack_inputs():
     _STACK_INPUTS.reset(token)
 
 
-class RematBlock(nnx.Module):
+class RematBlock(blocks.BlockMath, nnx.Module):
   """Base of jaxckpt's residual blocks: a block type, the checkpoint names it emits, and a policy spec.
 
-  Subclasses define :meth:`forward`; :meth:`__call__` runs it under ``nnx.remat`` with the policy of
+  :meth:`forward` is the block's math (a :class:`jaxckpt.blocks.BlockMath` mixin, shared with the other
+  front-end); :meth:`__call__` runs it under ``nnx.remat`` with the policy of
   :attr:`block_type` (no remat for ``none``).
 
   Attributes:
@@ -96,18 +97,6 @@ class RematBlock(nnx.Module):
     self.policy = parse_policy(policy)
     self.dropout_rate = dropout_rate
 
-  def forward(self, x: jax.Array, dropout_key: jax.Array | None, *, deterministic: bool) -> jax.Array:
-    """The block's math (a function of :mod:`jaxckpt.blocks`), without remat; subclasses define it.
-
-    Args:
-      x: input activations.
-      dropout_key: PRNG key or ``None``.
-      deterministic: Python bool; ``True`` turns dropout off.
-
-    Returns:
-      Output shaped like ``x``.
-    """
-    raise NotImplementedError
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
     """Applies the block (remat'd with its policy).
@@ -125,7 +114,7 @@ class RematBlock(nnx.Module):
     return call(self, x, dropout_key)
 
 
-class AttentionBlock(RematBlock):
+class AttentionBlock(blocks.AttentionMath, RematBlock):
   """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
 
   Emits ``qkv`` ``[B, T, 3, H, K]``, ``attn_weights`` ``[B, H, T, T]``, ``attn_context`` ``[B, T, H, K]`` and
@@ -176,16 +165,9 @@ class AttentionBlock(RematBlock):
     self.qkv = nnx.Linear(dim, 3 * dim, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(dim, dim, dtype=dtype, rngs=rngs)
 
-  def forward(self, x, dropout_key, *, deterministic):
-    """``x: [B, T, D]`` -> ``[B, T, D]`` (:func:`jaxckpt.blocks.attention`)."""
-    return blocks.attention(
-        x, norm=self.norm, qkv=self.qkv, out=self.out, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-        dropout_key=dropout_key, deterministic=deterministic, causal=self.causal, implementation=self.attention,
-        dtype=self.dtype,
-    )
 
 
-class MLPBlock(RematBlock):
+class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
   Emits ``mlp_hidden`` ``[..., F]`` and ``mlp_out`` ``[..., D]``.
@@ -217,13 +199,9 @@ class MLPBlock(RematBlock):
     self.fc1 = nnx.Linear(dim, hidden_dim, dtype=dtype, rngs=rngs)
     self.fc2 = nnx.Linear(hidden_dim, dim, dtype=dtype, rngs=rngs)
 
-  def forward(self, x, dropout_key, *, deterministic):
-    """``x: [..., D]`` -> ``[..., D]`` (:func:`jaxckpt.blocks.mlp`)."""
-    return blocks.mlp(x, norm=self.norm, fc1=self.fc1, fc2=self.fc2, dropout_rate=self.dropout_rate,
-                      dropout_key=dropout_key, deterministic=deterministic)
 
 
-class ConvBlock(RematBlock):
+class ConvBlock(blocks.ConvMath, RematBlock):
   """Pre-norm residual conv block: ``x + Dropout(conv3x3(gelu(conv3x3(LN(x)))))``; block type ``conv``.
 
   Emits ``conv_hidden`` and ``conv_out``, both ``[B, h, w, C]``. LayerNorm normalises over channels.
@@ -256,10 +234,6 @@ class ConvBlock(RematBlock):
     self.conv1 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
     self.conv2 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
 
-  def forward(self, x, dropout_key, *, deterministic):
-    """``x: [B, h, w, C]`` -> ``[B, h, w, C]`` (:func:`jaxckpt.blocks.conv`)."""
-    return blocks.conv(x, norm=self.norm, conv1=self.conv1, conv2=self.conv2, dropout_rate=self.dropout_rate,
-                       dropout_key=dropout_key, deterministic=deterministic)
 
 
 class TransformerBlock(nnx.Module):

@@ -125,10 +125,11 @@ class _Validating(nn.Module):
     return parse_policy(self.policy)
 
 
-class RematBlock(_Validating):
+class RematBlock(blocks.BlockMath, _Validating):
   """Base of the Linen residual blocks: a block type, the checkpoint names it emits, and a policy spec.
 
-  Subclasses define :meth:`forward`; :meth:`__call__` runs it under ``nn.remat`` with the policy of
+  :meth:`forward` is the block's math (a :class:`jaxckpt.blocks.BlockMath` mixin, shared with the other
+  front-end); :meth:`__call__` runs it under ``nn.remat`` with the policy of
   :attr:`block_type` (no remat for ``none``), ``deterministic`` static.
 
   Attributes:
@@ -144,18 +145,6 @@ class RematBlock(_Validating):
     """``{block_type: checkpoint names}``, the argument of :meth:`jaxckpt.PolicySpec.validate`."""
     return {self.block_type: frozenset(self.checkpoint_names)}
 
-  def forward(self, x: jax.Array, dropout_key: jax.Array | None, deterministic: bool) -> jax.Array:
-    """The block's math (a function of :mod:`jaxckpt.blocks`), without remat; subclasses define it.
-
-    Args:
-      x: input activations.
-      dropout_key: PRNG key or ``None``.
-      deterministic: Python bool; ``True`` turns dropout off.
-
-    Returns:
-      Output shaped like ``x``.
-    """
-    raise NotImplementedError
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
     """Applies the block (remat'd with its policy).
@@ -183,7 +172,7 @@ class RematBlock(_Validating):
     return forward(self, x, dropout_key, deterministic)
 
 
-class AttentionBlock(RematBlock):
+class AttentionBlock(blocks.AttentionMath, RematBlock):
   """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
 
   Linen twin of :class:`jaxckpt.layers.AttentionBlock` (same math, :func:`jaxckpt.blocks.attention`; parameters
@@ -231,16 +220,9 @@ class AttentionBlock(RematBlock):
     self.qkv = nn.Dense(3 * self.dim, dtype=self.dtype)
     self.out = nn.Dense(self.dim, dtype=self.dtype)
 
-  def forward(self, x, dropout_key, deterministic):
-    """``x: [B, T, D]`` -> ``[B, T, D]`` (:func:`jaxckpt.blocks.attention`)."""
-    return blocks.attention(
-        x, norm=self.norm, qkv=self.qkv, out=self.out, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-        dropout_key=dropout_key, deterministic=deterministic, causal=self.causal, implementation=self.attention,
-        dtype=self.dtype,
-    )
 
 
-class MLPBlock(RematBlock):
+class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
   Linen twin of :class:`jaxckpt.layers.MLPBlock` (parameters ``norm``/``fc1``/``fc2``; names ``mlp_hidden``
@@ -272,13 +254,9 @@ class MLPBlock(RematBlock):
     self.fc1 = nn.Dense(self.hidden_dim, dtype=self.dtype)
     self.fc2 = nn.Dense(self.dim, dtype=self.dtype)
 
-  def forward(self, x, dropout_key, deterministic):
-    """``x: [..., D]`` -> ``[..., D]`` (:func:`jaxckpt.blocks.mlp`)."""
-    return blocks.mlp(x, norm=self.norm, fc1=self.fc1, fc2=self.fc2, dropout_rate=self.dropout_rate,
-                      dropout_key=dropout_key, deterministic=deterministic)
 
 
-class ConvBlock(RematBlock):
+class ConvBlock(blocks.ConvMath, RematBlock):
   """Pre-norm residual conv block: ``x + Dropout(conv(gelu(conv(LN(x)))))``; block type ``conv``.
 
   Linen twin of :class:`jaxckpt.layers.ConvBlock` (parameters ``norm``/``conv1``/``conv2``, kernels
@@ -311,10 +289,6 @@ class ConvBlock(RematBlock):
     self.conv1 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
     self.conv2 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
 
-  def forward(self, x, dropout_key, deterministic):
-    """``x: [B, h, w, C]`` -> ``[B, h, w, C]`` (:func:`jaxckpt.blocks.conv`)."""
-    return blocks.conv(x, norm=self.norm, conv1=self.conv1, conv2=self.conv2, dropout_rate=self.dropout_rate,
-                       dropout_key=dropout_key, deterministic=deterministic)
 
 
 class TransformerBlock(_Validating):
