@@ -166,7 +166,6 @@ class AttentionBlock(blocks.AttentionMath, RematBlock):
     self.out = nnx.Linear(dim, dim, dtype=dtype, rngs=rngs)
 
 
-
 class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
@@ -198,7 +197,6 @@ class MLPBlock(blocks.MLPMath, RematBlock):
     self.norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
     self.fc1 = nnx.Linear(dim, hidden_dim, dtype=dtype, rngs=rngs)
     self.fc2 = nnx.Linear(hidden_dim, dim, dtype=dtype, rngs=rngs)
-
 
 
 class ConvBlock(blocks.ConvMath, RematBlock):
@@ -233,7 +231,6 @@ class ConvBlock(blocks.ConvMath, RematBlock):
     self.norm = nnx.LayerNorm(channels, dtype=dtype, rngs=rngs)
     self.conv1 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
     self.conv2 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
-
 
 
 class TransformerBlock(nnx.Module):

@@ -221,7 +221,6 @@ class AttentionBlock(blocks.AttentionMath, RematBlock):
     self.out = nn.Dense(self.dim, dtype=self.dtype)
 
 
-
 class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
@@ -253,7 +252,6 @@ class MLPBlock(blocks.MLPMath, RematBlock):
     self.norm = nn.LayerNorm(dtype=self.dtype)
     self.fc1 = nn.Dense(self.hidden_dim, dtype=self.dtype)
     self.fc2 = nn.Dense(self.dim, dtype=self.dtype)
-
 
 
 class ConvBlock(blocks.ConvMath, RematBlock):
@@ -288,7 +286,6 @@ class ConvBlock(blocks.ConvMath, RematBlock):
     self.norm = nn.LayerNorm(dtype=self.dtype)
     self.conv1 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
     self.conv2 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
-
 
 
 class TransformerBlock(_Validating):
