@@ -48,7 +48,7 @@ try:  # model-level specs (budget plans, layered policies) where this jaxckpt ha
 except ImportError:  # per-block specs only
   from jaxckpt.policies import parse_policy as parse_spec
 from jaxckpt.report import build_report, expand_policies, shipped_target
-from jaxckpt.report.steps import concrete_inputs, default_optimizer, policy_step, target_block_types
+from jaxckpt.step.build import concrete_inputs, default_optimizer, policy_step, target_block_types
 from jaxckpt.structure import parse_structure
 from jaxckpt.xla import compile_step
 

@@ -27,7 +27,9 @@ import jaxckpt
 from jaxckpt import sharding
 from jaxckpt.cli import CLIParser, check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError, NonFiniteLossError
+from jaxckpt.planner import resolve_policy
 from jaxckpt.render import memory_table, policy_summary
+from jaxckpt.step import ModelTarget
 
 __all__ = [
     "NAN_POLICIES",
@@ -467,17 +469,14 @@ def plan_budget(spec: jaxckpt.policies.ModelPolicy, *, make_model: Callable[[], 
   Raises:
     InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
   """
-  if not isinstance(spec, jaxckpt.policies.Budget):
-    return spec, None
-  from jaxckpt.planner import plan_policy  # noqa: PLC0415 - only budget runs need the planner
-  from jaxckpt.report.targets import ModelTarget  # noqa: PLC0415
-
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), batch)
   target = ModelTarget(make_model=make_model, batch=abstract, loss_fn=loss_fn, name=name, preset=preset,
                        grad_accum_steps=grad_accum_steps)
-  plan = plan_policy(target, spec, tx=tx)
+  policy, plan = resolve_policy(target, spec, tx=tx)
+  if plan is None:
+    return policy, None
   log(plan.explain())
-  return plan.policy, {k: v for k, v in plan.to_json().items() if k != "candidates"}
+  return policy, {k: v for k, v in plan.to_json().items() if k != "candidates"}
 
 
 def policy_per_block(spec: Any, block_types: Collection[str]) -> dict[str, Any]:

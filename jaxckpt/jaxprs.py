@@ -47,3 +47,17 @@ def emitted_checkpoint_names(fn: Callable, *args, **kwargs) -> frozenset[str]:
   """
   jaxpr = jax.make_jaxpr(fn)(*args, **kwargs)
   return frozenset(eqn.params["name"] for eqn in iter_eqns(jaxpr) if eqn.primitive.name == "name")
+
+
+def count_remat_regions(jaxpr: Any) -> int:
+  """How many ``jax.checkpoint`` (remat) equations a jaxpr holds at any depth (a scan body counted once).
+
+  The report checks with it that a policy was applied: ``none`` must give 0, every other policy more.
+
+  Args:
+    jaxpr: a ``jax.core.Jaxpr`` or ``ClosedJaxpr`` (e.g. ``jax.jit(step).trace(...).jaxpr``).
+
+  Returns:
+    The number of remat equations (≥ 0).
+  """
+  return sum(1 for eqn in iter_eqns(jaxpr) if eqn.primitive.name in _REMAT_PRIMITIVES)

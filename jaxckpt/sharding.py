@@ -48,6 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.errors import MeshSpecError, closest, shorten
+from jaxckpt.layers import Stack
 
 __all__ = [
     "MESH_AXES",
@@ -217,8 +218,6 @@ def stacked_layer_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
   Args:
     model: an NNX model (abstract from ``nnx.eval_shape`` is fine).
   """
-  from jaxckpt.layers import Stack
-
   return frozenset(tuple(str(p) for p in path) + ("layers",)
                    for path, module in nnx.iter_modules(model) if isinstance(module, Stack))
 

@@ -22,7 +22,7 @@ from jaxckpt.planner.cli import main as plan_main
 from jaxckpt.policies import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.report import build_report, shipped_target
 from jaxckpt.report.compile import compile_rows
-from jaxckpt.report.steps import default_optimizer
+from jaxckpt.step.build import default_optimizer
 
 BUDGETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 

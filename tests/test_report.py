@@ -16,7 +16,7 @@ from jaxckpt.report import (REPORT_KEYS, ROW_KEYS, LossTarget, ModelTarget, all_
                             shipped_target, write_outputs)
 from jaxckpt.report.cli import main
 from jaxckpt.report.compile import compile_rows
-from jaxckpt.report.steps import default_optimizer, target_block_types
+from jaxckpt.step.build import default_optimizer, target_block_types
 from jaxckpt.schema import MEMORY_KEYS, SCHEMA_VERSION
 
 BATCH = 8

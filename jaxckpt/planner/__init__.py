@@ -5,7 +5,7 @@ the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX
 
 Example::
 
-    >>> from jaxckpt.report import shipped_target
+    >>> from jaxckpt.step import shipped_target
     >>> from jaxckpt.planner import plan_policy
     >>> plan = plan_policy(shipped_target("gpt", "small"), "budget:50%")
     >>> print(plan.explain())
@@ -21,6 +21,7 @@ from jaxckpt.planner.plan import (
     Plan,
     device_memory_bytes,
     plan_policy,
+    resolve_policy,
 )
 from jaxckpt.planner.solve import Assignment, exhaustive, pareto_totals, solve
 
@@ -39,5 +40,6 @@ __all__ = [
     "pareto_front",
     "pareto_totals",
     "plan_policy",
+    "resolve_policy",
     "solve",
 ]

@@ -19,8 +19,8 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.planner.export import export_code
 from jaxckpt.planner.plan import MAX_ROUNDS, plan_policy
 from jaxckpt.policies import Budget, parse_model_policy
-from jaxckpt.report.cli import add_target_flags, target_from_args
-from jaxckpt.report.steps import target_block_types
+from jaxckpt.step.flags import add_target_flags, target_from_args
+from jaxckpt.step.build import target_block_types
 
 __all__ = ["build_parser", "main"]
 

@@ -28,14 +28,15 @@ import optax
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.flops import jaxpr_flops
 from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.solve import Assignment, solve
-from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy
+from jaxckpt.policies import Budget, ConcretePolicy, LayeredPolicy, ModelPolicy, Policy, PolicySpec, parse_model_policy
+from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, target_block_types
 from jaxckpt.units import format_bytes
 
-__all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "device_memory_bytes", "MAX_ROUNDS"]
+__all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
+           "MAX_ROUNDS"]
 
 MAX_ROUNDS = 3
 """Default cap on verification compiles (after the two anchors): five compiles at most."""
@@ -326,11 +327,6 @@ def plan_policy(
     JaxckptError: a target that is not a model with one block-structured stack, ``max_rounds`` < 1, a spec that is
       not a budget.
   """
-  from jaxckpt.report.compile import report_compiler_options  # noqa: PLC0415 - report imports the planner lazily
-  from jaxckpt.report.steps import default_optimizer, policy_step, target_block_types  # noqa: PLC0415
-  from jaxckpt.report.targets import ModelTarget  # noqa: PLC0415
-  from jaxckpt.xla import memory_stats  # noqa: PLC0415
-
   started = time.perf_counter()
   parsed = parse_model_policy(budget)
   if not isinstance(parsed, Budget):
@@ -342,7 +338,6 @@ def plan_policy(
                        f"{type(target).__name__}")
   tx = tx or default_optimizer()
   cache = {} if cache is None else cache
-  options = report_compiler_options(compiler_options)
   types = target_block_types(target)
   stack = _only_stack(nnx.eval_shape(target.make_model))
   num_layers = stack.num_layers
@@ -357,12 +352,8 @@ def plan_policy(
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
     if text not in cache:
-      t0 = time.perf_counter()
-      step = policy_step(target, policy, tx)
-      traced = jax.jit(step.step, donate_argnums=0).trace(step.state, step.batch)
-      compiled = traced.lower().compile(compiler_options=options)
-      cache[text] = CompiledPoint(policy, saved, memory_stats(compiled), jaxpr_flops(traced.jaxpr).total,
-                                  time.perf_counter() - t0)
+      compiled = compile_policy(target, policy, tx=tx, options=compiler_options)
+      cache[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
     return dataclasses.replace(cache[text], saved_bytes=saved)
 
   none_spec, full_spec = PolicySpec(), PolicySpec(default=Policy("nothing_saveable"))
@@ -436,3 +427,43 @@ def plan_policy(
   final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
   converged = final is None or str(_policy_of(final)) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
+
+
+def resolve_policy(
+    target: Target,
+    policy: ModelPolicy | str,
+    *,
+    tx: optax.GradientTransformation | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+    mesh: Any = None,
+    cache: MutableMapping[str, CompiledPoint] | None = None,
+    candidates: Sequence[LayerCandidate] | None = None,
+) -> tuple[ConcretePolicy, Plan | None]:
+  """Turns a model-level policy into one that can be applied as it is: the one place a budget becomes a plan.
+
+  Every entry point (the report, the experiments, ``jaxckpt-plan``) calls this where a ``--policy`` enters, so the
+  code below it sees only a :class:`~jaxckpt.PolicySpec` or a :class:`~jaxckpt.policies.LayeredPolicy`.
+
+  Args:
+    target: the :class:`~jaxckpt.step.ModelTarget` the policy is for (used only for budgets).
+    policy: a spec string or parsed policy (:func:`jaxckpt.policies.parse_model_policy`).
+    tx, compiler_options, cache, candidates: as :func:`plan_policy`.
+    mesh: the device mesh the step will run on; budgets are planned for one device and refused under a mesh.
+
+  Returns:
+    ``(policy, plan)``: the concrete policy and the :class:`Plan` it came from (``None`` when ``policy`` was not a
+    budget).
+
+  Raises:
+    PolicySpecError: a spec that does not parse.
+    InfeasibleBudgetError: no plan fits the budget.
+    JaxckptError: a budget with a mesh, or a target the planner cannot plan (see :func:`plan_policy`).
+  """
+  parsed = parse_model_policy(policy)
+  if not isinstance(parsed, Budget):
+    return parsed, None
+  if mesh is not None:
+    raise JaxckptError(f"budget plans are made for one device; drop --mesh for {parsed}, or give the plan's "
+                       "layered policy (from jaxckpt-plan) instead")
+  plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates)
+  return plan.policy, plan

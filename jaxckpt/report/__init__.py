@@ -6,7 +6,7 @@ saved for the backward pass grouped by checkpoint name / primitive and source li
 XLA's own buffer reports; with ``measure=True`` also the median step time and the measured peak memory, each policy
 in a fresh process. Rendered as a terminal table, JSON, CSV, Markdown, one self-contained HTML page and a Pareto plot.
 
-- Targets (:mod:`jaxckpt.report.targets`): :func:`shipped_target`, :func:`load_target`, :class:`ModelTarget`,
+- Targets (:mod:`jaxckpt.step.targets`): :func:`shipped_target`, :func:`load_target`, :class:`ModelTarget`,
   :class:`LossTarget`.
 - Running it: :func:`build_report` -> :class:`Report` (``report.data`` is the JSON).
 - Outputs (:mod:`jaxckpt.report.outputs`): :func:`to_table`, :func:`to_json`, :func:`to_csv`, :func:`to_markdown`,
@@ -18,7 +18,7 @@ from jaxckpt.report.build import Report, build_report, saving_warnings
 from jaxckpt.report.keys import REPORT_KEYS, ROW_KEYS
 from jaxckpt.report.outputs import plot_pareto, to_csv, to_html, to_json, to_markdown, to_table, write_outputs
 from jaxckpt.report.policies import all_policies, expand_policies
-from jaxckpt.report.targets import LossTarget, ModelTarget, Target, load_target, shipped_target
+from jaxckpt.step.targets import LossTarget, ModelTarget, Target, load_target, shipped_target
 
 __all__ = [
     "Report",

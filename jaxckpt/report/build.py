@@ -20,15 +20,13 @@ from tqdm.auto import tqdm
 
 from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import Budget, ModelPolicy
+from jaxckpt.policies import ModelPolicy, parse_model_policy
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
 from jaxckpt.report.policies import expand_policies
-from jaxckpt.report.steps import default_optimizer, target_block_types, target_structure
-from jaxckpt.report.targets import Target
+from jaxckpt.step import Target, default_optimizer, target_block_types, target_structure
 from jaxckpt.schema import SCHEMA_VERSION, versions
-from jaxckpt.xla import offload_warning
 
 __all__ = ["Report", "build_report", "saving_warnings"]
 
@@ -136,7 +134,6 @@ def build_report(
                                 compiler_options=compiler_options, residuals=residuals, progress=progress,
                                 mesh=mesh)
   warnings += saving_warnings(rows)
-  warnings += [w for w in map(offload_warning, [s for s in specs if not isinstance(s, Budget)]) if w is not None]
   if measure:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:

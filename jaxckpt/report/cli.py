@@ -23,7 +23,8 @@ from jaxckpt.report.build import build_report
 from jaxckpt.report.outputs import to_table, write_outputs
 from jaxckpt.report.policies import ALL, expand_policies
 from jaxckpt.sharding import check_batch_size, make_mesh
-from jaxckpt.report.targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, load_target, shipped_target
+from jaxckpt.step.flags import add_target_flags, target_from_args
+from jaxckpt.step.targets import SHIPPED_MODELS
 
 __all__ = ["build_parser", "add_target_flags", "target_from_args", "main"]
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
           "policy grammar: block=policy pairs joined by ',' (attn=dots_saveable,mlp=full) or one policy;\n"
           "  name-taking policies: save_only_these_names:qkv+mlp_hidden\n"
           "--target package.module:function: function() returns a jaxckpt.report.ModelTarget or LossTarget\n"
-          "  (see jaxckpt/report/targets.py)\n"
+          "  (see jaxckpt.step.targets.py)\n"
           "examples:\n"
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
@@ -75,47 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--plot", default=None, metavar="FILE.png", help="Pareto chart (memory vs FLOPs / time)")
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
   return parser
-
-
-def add_target_flags(parser: argparse.ArgumentParser) -> None:
-  """Adds the flags that choose what to compile: ``--model``/``--target``, ``--preset`` and the shape overrides."""
-  what = parser.add_mutually_exclusive_group()
-  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
-  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss (see below)")
-  parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
-  parser.add_argument("--batch-size", type=int, default=None,
-                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
-  parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
-  parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
-  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
-  parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
-                      help="scan over layers or --no-scan to unroll them (default: the preset's)")
-  parser.add_argument("--structure", default=None,
-                      help="checkpoint structure of the layer stack: block, every:K, nested, nested:D (default block)")
-  parser.add_argument("--grad-accum-steps", type=int, default=1,
-                      help="micro-batches per step, gradients averaged (compare B with remat vs N×B/N accumulated)")
-
-
-def target_from_args(args: argparse.Namespace):
-  """The target the flags of :func:`add_target_flags` describe.
-
-  Raises:
-    JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
-  """
-  if args.target is not None:
-    given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan", "structure")
-             if getattr(args, f) is not None]
-    if args.grad_accum_steps != 1:
-      given.append("grad_accum_steps")
-    if given:
-      flags = ", ".join("--" + f.replace("num_layers", "layers").replace("_", "-") for f in given)
-      raise JaxckptError(f"{flags} apply to --model only; a --target sets its own shapes")
-    return load_target(args.target)
-  return shipped_target(
-      args.model or "vit", args.preset or "tiny",
-      batch_size=args.batch_size,
-      seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
-      structure=args.structure, grad_accum_steps=args.grad_accum_steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,7 +41,9 @@ ROW_KEYS: tuple[str, ...] = (
     "flops_xla_raw",  # XLA's cost_analysis()["flops"] (counts a loop body once).
     "residual_bytes",  # Bytes saved for the backward pass, arguments (params, batch) excluded.
     "residuals",  # {"count", "bytes", "groups", "by_source", "items", "analysed"}: see report.residuals.
-    "compile_s",  # Seconds to trace, lower and compile the step.
+    "remat_regions",  # jax.checkpoint equations in the traced step (a scan body once): 0 for none, > 0 otherwise.
+    "same_program_as",  # Policy of an earlier row that lowered to the identical program (stats reused), else None.
+    "compile_s",  # Seconds to trace, lower and compile the step (trace + lower only when the program was reused).
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.

@@ -34,9 +34,7 @@ from typing import Any
 import jax
 
 from jaxckpt.policies import parse_model_policy
-from jaxckpt.report.steps import concrete_inputs, default_optimizer, policy_step
-from jaxckpt.report.targets import Target, rebuild_target
-from jaxckpt.xla import compile_step
+from jaxckpt.step import Target, compile_policy, concrete_inputs, default_optimizer, rebuild_target
 
 __all__ = ["measure_policy", "measure_in_process", "child_env", "MALLOC_ENV"]
 
@@ -83,8 +81,8 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     PolicySpecError: an invalid spec; any error of compiling or running the step (e.g. out of memory).
   """
   tx = default_optimizer()
-  step = policy_step(target, parse_model_policy(policy), tx)
-  compiled = compile_step(step.step, step.state, step.batch, donate_argnums=0, compiler_options=compiler_options)
+  compiled = compile_policy(target, parse_model_policy(policy), tx=tx, options=compiler_options,
+                            stats_only=False).compiled
   make_inputs = concrete_inputs(target, tx)
   state, batch = make_inputs()
   for _ in range(max(1, warmup)):

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from jaxckpt.report.steps import PolicyStep, dropout_key_struct
+from jaxckpt.step.build import PolicyStep, dropout_key_struct
 from jaxckpt.residuals import Residual, group_residuals, saved_residuals, total_residual_bytes
 
 __all__ = ["analyse_residuals", "residual_groups"]
@@ -54,7 +54,7 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
   """Lists and groups the residuals of ``step``'s loss w.r.t. its params.
 
   Args:
-    step: from :func:`jaxckpt.report.steps.policy_step`.
+    step: from :func:`jaxckpt.step.build.policy_step`.
 
   Returns:
     ``{"count", "bytes", "argument_bytes", "analysed", "groups", "by_source", "items"}``: ``bytes`` excludes

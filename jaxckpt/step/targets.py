@@ -1,4 +1,4 @@
-"""What the memory report compiles: a shipped model with a preset, or the user's own NNX model or loss function.
+"""What jaxckpt compiles (the report, the planner, --measure): a shipped model with a preset, or the user's own NNX model or loss function.
 
 A *target* is one of two frozen dataclasses, all shapes given as ``jax.ShapeDtypeStruct`` (nothing is allocated):
 
@@ -12,7 +12,7 @@ The ``--target package.module:function`` protocol: ``function()`` takes no argum
 :class:`ModelTarget` or a :class:`LossTarget`. Example (``mypkg/report_target.py``)::
 
     import jax, jax.numpy as jnp
-    from jaxckpt.report import LossTarget
+    from jaxckpt.step import LossTarget
     import jaxckpt
 
     def target():

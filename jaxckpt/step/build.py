@@ -7,7 +7,7 @@ and one ``optax.adamw`` update, with the state donated (:func:`jaxckpt.make_trai
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,11 +18,11 @@ from flax import nnx
 from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
 from jaxckpt.layers import Stack, block_types, set_policy
 from jaxckpt.policies import PolicySpec
-from jaxckpt.report.targets import LossTarget, ModelTarget, Target
+from jaxckpt.step.targets import LossTarget, ModelTarget, Target
 from jaxckpt.train import abstract_train_state, create_train_state, make_train_step
 
 __all__ = ["PolicyStep", "default_optimizer", "target_block_types", "target_structure", "policy_step",
-           "concrete_inputs"]
+           "concrete_inputs", "dropout_key_struct"]
 
 
 def default_optimizer() -> optax.GradientTransformation:
@@ -158,8 +158,3 @@ def concrete_inputs(target: Target, tx: optax.GradientTransformation, *, seed: i
 def dropout_key_struct() -> jax.ShapeDtypeStruct:
   """The abstract typed PRNG key the train step derives its dropout key from."""
   return jax.eval_shape(lambda: jax.random.key(0))
-
-
-def abstract_inputs_of(step: PolicyStep) -> Mapping[str, Any]:
-  """``{"params", "batch", "dropout_key"}`` abstract arguments of ``step.loss_of_params``."""
-  return {"params": step.params, "batch": step.batch, "dropout_key": dropout_key_struct()}

@@ -1,0 +1,230 @@
+"""Model-level policies: a policy spec per range of layers, or a memory budget the planner turns into one.
+
+Per-block specs (:mod:`jaxckpt.policies.spec`) say what each block type saves; a model-level policy says which spec
+each *layer* of a stack uses (:class:`LayeredPolicy`, what a plan compiles to), or asks for the least-recompute plan
+that fits a memory budget (:class:`Budget`). A budget is resolved once, where it enters, by
+:func:`jaxckpt.planner.resolve_policy`; everything below it sees only a :class:`~jaxckpt.PolicySpec` or a
+:class:`LayeredPolicy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Collection, Mapping
+
+from jaxckpt.errors import PolicySpecError, shorten
+from jaxckpt.policies.spec import Policy, PolicySpec, parse_policy
+from jaxckpt.units import format_bytes, parse_bytes
+
+__all__ = ["LayeredPolicy", "Budget", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO",
+           "DEFAULT_MARGIN"]
+
+
+_RANGE_RE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+))?\s*\Z")
+_PERCENT_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%\s*\Z")
+BUDGET = "budget"
+"""The policy word of a memory budget: ``budget:1.5GiB`` (footprint) or ``budget:40%`` (of no-remat temp)."""
+AUTO = "auto"
+"""The policy word of the least-recompute plan that fits this device's memory (``auto``, ``auto:margin=20%``)."""
+DEFAULT_MARGIN = 0.10
+"""Share of the device's memory ``auto`` leaves free by default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayeredPolicy:
+  """A policy spec per consecutive range of a layer stack's layers: what a memory-budget plan compiles to.
+
+  Text form (``str()`` parses back with :func:`parse_model_policy`): ranges of layer indices (0-based, inclusive)
+  joined by ``;``, each ``first-last:spec``, covering ``0..N-1`` in order, e.g.
+  ``0-3:attn=save_only_these_names:qkv,mlp=full;4-11:full``. In a :class:`~jaxckpt.Stack` each range is its own
+  ``scan`` (or unrolled run) whose blocks use that range's spec (Checkmate-style mixed plans; Jain et al., MLSys
+  2020). Blocks outside any stack use the first range's spec.
+
+  Attributes:
+    segments: ``(num_layers, spec)`` per range, in layer order; counts ≥ 1.
+    text: the string it was parsed from (not compared).
+  """
+
+  segments: tuple[tuple[int, PolicySpec], ...]
+  text: str = dataclasses.field(default="", compare=False, repr=False)
+
+  @property
+  def num_layers(self) -> int:
+    """Layers covered, N."""
+    return sum(count for count, _ in self.segments)
+
+  @property
+  def remat(self) -> bool:
+    """Whether any range wraps blocks in ``jax.checkpoint``."""
+    return any(spec.remat for _, spec in self.segments)
+
+  @property
+  def offloads(self) -> bool:
+    """Whether any range offloads saved values to host memory."""
+    return any(spec.offloads for _, spec in self.segments)
+
+  def layer_specs(self) -> list[PolicySpec]:
+    """The spec of each layer, ``[spec_0, ..., spec_{N-1}]``."""
+    return [spec for count, spec in self.segments for _ in range(count)]
+
+  def validate(self, block_types: Mapping[str, Collection[str]]) -> "LayeredPolicy":
+    """Validates every range's spec (see :meth:`PolicySpec.validate`); returns ``self``.
+
+    Raises:
+      PolicySpecError: as :meth:`PolicySpec.validate`.
+    """
+    for _, spec in self.segments:
+      spec.validate(block_types)
+    return self
+
+  def __str__(self) -> str:
+    parts, first = [], 0
+    for count, spec in self.segments:
+      last = first + count - 1
+      parts.append(f"{first}-{last}:{spec}" if last > first else f"{first}:{spec}")
+      first = last + 1
+    return ";".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """A memory budget for the train step, to be met with the least recomputation (see :mod:`jaxckpt.planner`).
+
+  Exactly one of ``bytes`` / ``fraction`` is set, or ``auto``.
+
+  Attributes:
+    bytes: ``budget:<size>``: the step's compiled ``footprint_bytes`` (argument + output + temp − alias) must be at
+      most this many bytes.
+    fraction: ``budget:<p>%``: the compiled ``temp_bytes`` must be at most ``p/100`` × those of ``none``.
+    auto: ``auto``: footprint at most the device's memory (GPU/TPU: ``bytes_limit``; CPU: available RAM) × (1 − margin).
+    margin: share of that memory left free (``auto`` only), in [0, 1).
+    text: the string it was parsed from.
+  """
+
+  bytes: int | None = None
+  fraction: float | None = None
+  auto: bool = False
+  margin: float = DEFAULT_MARGIN
+  text: str = dataclasses.field(default="", compare=False)
+
+  def __str__(self) -> str:
+    if self.auto:
+      return AUTO if self.margin == DEFAULT_MARGIN else f"{AUTO}:margin={self.margin * 100:g}%"
+    if self.fraction is not None:
+      return f"{BUDGET}:{self.fraction * 100:g}%"
+    return f"{BUDGET}:{format_bytes(self.bytes).replace(' ', '')}"
+
+
+ModelPolicy = PolicySpec | LayeredPolicy | Budget
+"""What a model-level ``--policy`` can be: one spec for every layer, a spec per layer range, or a budget."""
+
+ConcretePolicy = PolicySpec | LayeredPolicy
+"""A policy that can be applied as it is (a budget resolved: :func:`jaxckpt.planner.resolve_policy`)."""
+
+
+def _percent(text: str, spec: str, what: str) -> float:
+  match = _PERCENT_RE.match(text)
+  if not match:
+    valid = "in [0%, 100%)" if what == "margin" else "in (0%, 100%]"
+    raise PolicySpecError(f"bad {what} {shorten(text)!r} in policy spec {shorten(spec)!r}: write a percentage {valid} "
+                          "such as 40%", spec=spec, bad=text)
+  return float(match.group(1)) / 100
+
+
+def _parse_budget(text: str, spec: str) -> Budget:
+  word, _, arg = (part.strip() for part in text.partition(":"))
+  if word == AUTO:
+    if not arg:
+      if ":" in text:
+        raise PolicySpecError(f"{AUTO!r} has an empty argument in policy spec {shorten(spec)!r}: write {AUTO} or "
+                              f"{AUTO}:margin=<percent> (e.g. {AUTO}:margin=20%)", spec=spec, bad=text)
+      return Budget(auto=True, text=spec)
+    key, eq, value = (part.strip() for part in arg.partition("="))
+    if key != "margin" or not eq:
+      raise PolicySpecError(f"bad argument {shorten(arg)!r} of {AUTO!r} in policy spec {shorten(spec)!r}: the only "
+                            f"one is margin=<percent> (e.g. {AUTO}:margin=20%)", spec=spec, bad=arg)
+    margin = _percent(value, spec, "margin")
+    if not 0 <= margin < 1:
+      raise PolicySpecError(f"margin {shorten(value)!r} in policy spec {shorten(spec)!r} must be in [0%, 100%)",
+                            spec=spec, bad=value)
+    return Budget(auto=True, margin=margin, text=spec)
+  example = f"e.g. {BUDGET}:1.5GiB (compiled footprint) or {BUDGET}:40% (of no-remat temp)"
+  if not arg:
+    raise PolicySpecError(f"{BUDGET!r} needs a size or a percentage in policy spec {shorten(spec)!r} ({example})",
+                          spec=spec, bad=text)
+  if arg.endswith("%"):
+    fraction = _percent(arg, spec, "budget")
+    if not 0 < fraction <= 1:
+      raise PolicySpecError(f"budget {shorten(arg)!r} in policy spec {shorten(spec)!r} must be in (0%, 100%]",
+                            spec=spec, bad=arg)
+    return Budget(fraction=fraction, text=spec)
+  try:
+    size = parse_bytes(arg)
+  except ValueError as err:
+    raise PolicySpecError(f"{err} in policy spec {shorten(spec)!r} ({example})", spec=spec, bad=arg) from None
+  if size <= 0:
+    raise PolicySpecError(f"budget {shorten(arg)!r} in policy spec {shorten(spec)!r} must be at least 1 byte",
+                          spec=spec, bad=arg)
+  return Budget(bytes=size, text=spec)
+
+
+def _parse_layered(text: str, spec: str) -> LayeredPolicy:
+  segments: list[tuple[int, PolicySpec]] = []
+  expected = 0
+  for item in text.split(";"):
+    range_text, colon, spec_text = item.partition(":")
+    match = _RANGE_RE.match(range_text)
+    if not colon or not match:
+      raise PolicySpecError(
+          f"malformed layer range {shorten(item.strip())!r} in policy spec {shorten(spec)!r}: write first-last:spec "
+          "ranges joined by ';' (e.g. 0-3:dots_saveable;4-11:full)", spec=spec, bad=item.strip())
+    first = int(match.group(1))
+    last = int(match.group(2)) if match.group(2) is not None else first
+    if first != expected or last < first:
+      raise PolicySpecError(
+          f"layer range {shorten(range_text.strip())!r} in policy spec {shorten(spec)!r} must start at layer {expected} "
+          "and not end before it starts (ranges cover 0..N-1 in order)", spec=spec, bad=range_text.strip())
+    try:
+      segments.append((last - first + 1, parse_policy(spec_text.strip() and spec_text)))
+    except PolicySpecError as err:
+      raise PolicySpecError(f"{err} (layer range {range_text.strip()} of policy spec {shorten(spec)!r})", spec=spec,
+                            bad=err.bad, valid=err.valid) from None
+    expected = last + 1
+  return LayeredPolicy(tuple(segments), text=spec)
+
+
+def parse_model_policy(spec: "str | Policy | PolicySpec | LayeredPolicy | Budget | None") -> ModelPolicy:
+  """Parses a model-level policy: a :func:`parse_policy` spec, a :class:`LayeredPolicy` or a :class:`Budget`.
+
+  Grammar (EBNF), on top of :func:`parse_policy`'s ``spec``::
+
+      model_policy := spec | layered | budget
+      layered      := range ":" spec (";" range ":" spec)*  # 0-3:attn=dots_saveable,mlp=full;4-11:full
+      range        := int ["-" int]                          # layer indices, 0-based, inclusive, covering 0..N-1
+      budget       := "budget:" (size | percent)             # budget:1.5GiB (footprint), budget:40% (of none's temp)
+                    | "auto" [":margin=" percent]            # auto, auto:margin=20%
+      size         := number unit                            # binary units: B, KiB, MiB, GiB, TiB
+
+  Args:
+    spec: a string, or an already parsed object (returned as is; a :class:`Policy` becomes a :class:`PolicySpec`).
+
+  Returns:
+    A :class:`PolicySpec`, :class:`LayeredPolicy` or :class:`Budget`. A budget is turned into a plan by
+    :func:`jaxckpt.planner.plan_policy` once the model is known.
+
+  Raises:
+    PolicySpecError: anything :func:`parse_policy` refuses, malformed or non-contiguous layer ranges, a budget
+      without a size, with a decimal unit (``GB``), ≤ 0 or above 100%, or a margin outside [0%, 100%).
+  """
+  if isinstance(spec, (LayeredPolicy, Budget)):
+    return spec
+  if not isinstance(spec, str):
+    return parse_policy(spec)
+  text = spec.strip()
+  word = text.partition(":")[0].strip()
+  if word in (BUDGET, AUTO):
+    return _parse_budget(text, spec)
+  if text[:1].isdigit():
+    return _parse_layered(text, spec)
+  return parse_policy(spec)

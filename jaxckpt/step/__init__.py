@@ -1,0 +1,66 @@
+"""The step core: what every tool compiles. Below the report, the planner and the experiments; above layers and
+policies.
+
+- Targets (:mod:`jaxckpt.step.targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch),
+  :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`.
+- The train step under a policy (:mod:`jaxckpt.step.build`): :func:`policy_step` -> :class:`PolicyStep`, from
+  shapes only; :func:`concrete_inputs` allocates real ones.
+- One compile path (:mod:`jaxckpt.step.compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,
+  :meth:`LoweredPolicy.compile`) with :func:`step_compiler_options`.
+"""
+
+from jaxckpt.step.build import (
+    PolicyStep,
+    concrete_inputs,
+    default_optimizer,
+    dropout_key_struct,
+    policy_step,
+    target_block_types,
+    target_structure,
+)
+from jaxckpt.step.compile import (
+    STATS_ONLY_OPTIONS,
+    CompiledPolicy,
+    LoweredPolicy,
+    compile_policy,
+    lower_policy,
+    sharded_target,
+    step_compiler_options,
+    xla_raw_flops,
+)
+from jaxckpt.step.targets import (
+    DEFAULT_BATCH_SIZE,
+    SHIPPED_MODELS,
+    LossTarget,
+    ModelTarget,
+    Target,
+    load_target,
+    rebuild_target,
+    shipped_target,
+)
+
+__all__ = [
+    "PolicyStep",
+    "concrete_inputs",
+    "default_optimizer",
+    "dropout_key_struct",
+    "policy_step",
+    "target_block_types",
+    "target_structure",
+    "STATS_ONLY_OPTIONS",
+    "CompiledPolicy",
+    "LoweredPolicy",
+    "compile_policy",
+    "lower_policy",
+    "sharded_target",
+    "step_compiler_options",
+    "xla_raw_flops",
+    "DEFAULT_BATCH_SIZE",
+    "SHIPPED_MODELS",
+    "LossTarget",
+    "ModelTarget",
+    "Target",
+    "load_target",
+    "rebuild_target",
+    "shipped_target",
+]

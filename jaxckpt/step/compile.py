@@ -1,0 +1,220 @@
+"""One compile path: a target's train step under one policy, traced, lowered and compiled with jaxckpt's options.
+
+Every tool compiles through here: the report (:mod:`jaxckpt.report`), the planner (:mod:`jaxckpt.planner`),
+``--measure`` and the experiments. The step is built from ``jax.ShapeDtypeStruct`` s (nothing is allocated), its
+state (argument 0) donated, and compiled with :func:`step_compiler_options`: the XLA:CPU remat fix
+(:data:`jaxckpt.CPU_REMAT_FIX`, see :func:`jaxckpt.remat_compiler_options`) and, for stats-only compiles,
+:data:`STATS_ONLY_OPTIONS`.
+
+Two stages, so a caller can overlap them (the report traces the next policy while XLA compiles this one)::
+
+    lowered = lower_policy(target, spec, tx=tx)      # trace + lower, in this thread (holds the GIL)
+    compiled = lowered.compile()                     # XLA, releases the GIL
+
+:func:`compile_policy` does both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from jaxckpt import sharding
+from jaxckpt.flops import jaxpr_flops
+from jaxckpt.policies import LayeredPolicy, PolicySpec
+from jaxckpt.step.build import PolicyStep, default_optimizer, policy_step
+from jaxckpt.step.targets import ModelTarget, Target
+from jaxckpt.xla import memory_stats, remat_compiler_options
+
+__all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "lower_policy",
+           "compile_policy", "xla_raw_flops"]
+
+STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
+"""Options of the stats-only compiles (executables that are never run): LLVM's optimisation level does not touch
+HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles
+~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation."""
+
+
+def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True) -> dict[str, Any]:
+  """The XLA options jaxckpt compiles a train step with.
+
+  Args:
+    extra: the caller's options (they win over jaxckpt's).
+    stats_only: add :data:`STATS_ONLY_OPTIONS` (for compiles that are never run).
+
+  Returns:
+    ``{option: value}``: the CPU remat fix on the CPU backend, the stats-only options, then ``extra``.
+  """
+  return remat_compiler_options(extra={**(STATS_ONLY_OPTIONS if stats_only else {}), **(extra or {})})
+
+
+def xla_raw_flops(compiled: jax.stages.Compiled) -> int | None:
+  """XLA's ``cost_analysis()["flops"]`` of a compiled step (a loop body counted once: see :mod:`jaxckpt.flops`),
+  or ``None`` where the backend has no cost analysis."""
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - backends without cost analysis raise various errors
+    return None
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  flops = analysis.get("flops") if isinstance(analysis, Mapping) else None
+  return int(flops) if flops is not None and flops >= 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPolicy:
+  """A target's train step compiled under one policy.
+
+  Attributes:
+    step: the :class:`~jaxckpt.step.PolicyStep` (abstract state and batch, the step function).
+    traced: ``jax.stages.Traced`` (its ``jaxpr`` gives FLOPs and remat regions).
+    compiled: the ``jax.stages.Compiled`` executable: ``compiled(state, batch) -> (state, metrics)``.
+    memory: compiled memory stats (keys :data:`jaxckpt.schema.MEMORY_KEYS`, int bytes, ``None`` where missing).
+    flops: FLOPs of the whole step counted from the jaxpr (scan bodies × trip count).
+    lower_s: seconds to build, trace and lower the step.
+    compile_s: seconds XLA took to compile it.
+    fingerprint: hash of the lowered StableHLO text; equal fingerprints compile to the same program.
+  """
+
+  step: PolicyStep
+  traced: Any
+  compiled: Any
+  memory: Mapping[str, int | None]
+  flops: int
+  lower_s: float
+  compile_s: float
+  fingerprint: str
+
+  @property
+  def seconds(self) -> float:
+    """Trace + lower + compile seconds."""
+    return self.lower_s + self.compile_s
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredPolicy:
+  """A target's train step under one policy, traced and lowered, not yet compiled.
+
+  Attributes:
+    step: the :class:`~jaxckpt.step.PolicyStep`.
+    traced: ``jax.stages.Traced``.
+    lowered: ``jax.stages.Lowered``.
+    options: the XLA options :meth:`compile` uses (:func:`step_compiler_options`).
+    lower_s: seconds to build, trace and lower.
+  """
+
+  step: PolicyStep
+  traced: Any
+  lowered: Any
+  options: Mapping[str, Any]
+  lower_s: float
+
+  @property
+  def fingerprint(self) -> str:
+    """Hash of the lowered module's text (identical programs, e.g. name policies that save nothing the model
+    emits, share it)."""
+    return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()[:16]
+
+  @property
+  def flops(self) -> int:
+    """FLOPs of the step from its jaxpr (:func:`jaxckpt.flops.jaxpr_flops`)."""
+    return jaxpr_flops(self.traced.jaxpr).total
+
+  def compile(self, extra_options: Mapping[str, Any] | None = None) -> CompiledPolicy:
+    """Compiles with :attr:`options` (plus ``extra_options``, e.g. XLA dump flags).
+
+    Returns:
+      The :class:`CompiledPolicy`.
+
+    Raises:
+      Whatever XLA raises (e.g. out of memory): callers turn it into an error row.
+    """
+    started = time.perf_counter()
+    compiled = self.lowered.compile(compiler_options={**self.options, **(extra_options or {})} or None)
+    compile_s = time.perf_counter() - started
+    return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
+                          compile_s, self.fingerprint)
+
+
+def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
+  """``target`` whose loss computes with parameters all-gathered over ``fsdp`` (:func:`jaxckpt.sharding.gathered_params`)."""
+  if isinstance(target, ModelTarget):
+    return dataclasses.replace(target, loss_fn=sharding.gather_params_in_loss(target.loss_fn, mesh))
+  loss = target.loss
+  return dataclasses.replace(
+      target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch, policy=policy))
+
+
+def lower_policy(
+    target: Target,
+    spec: PolicySpec | LayeredPolicy,
+    *,
+    tx: optax.GradientTransformation | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    options: Mapping[str, Any] | None = None,
+    stats_only: bool = True,
+) -> LoweredPolicy:
+  """Builds and lowers the train step of ``target`` under ``spec`` from shapes only.
+
+  Args:
+    target: a :class:`~jaxckpt.step.ModelTarget` or :class:`~jaxckpt.step.LossTarget`.
+    spec: a concrete policy: a per-block :class:`~jaxckpt.PolicySpec` or a per-layer-range
+      :class:`~jaxckpt.policies.LayeredPolicy` (budgets are resolved first: :func:`jaxckpt.planner.resolve_policy`).
+    tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`, ``optax.adamw(1e-3)``).
+    mesh: shard the step over this mesh (batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp``
+      by the FSDP rule of :mod:`jaxckpt.sharding`, computed with parameters all-gathered); the compiled stats are
+      then per device. ``None``: one device.
+    options: extra XLA options, merged over :func:`step_compiler_options`.
+    stats_only: compile with :data:`STATS_ONLY_OPTIONS` (for executables that are never run).
+
+  Returns:
+    The :class:`LoweredPolicy`.
+
+  Raises:
+    PolicySpecError: ``spec`` names a block type or checkpoint name the target does not have.
+  """
+  started = time.perf_counter()
+  tx = tx or default_optimizer()
+  kwargs: dict[str, Any] = {}
+  if mesh is not None:
+    model = nnx.eval_shape(target.make_model) if isinstance(target, ModelTarget) else None
+    step = policy_step(sharded_target(target, mesh), spec, tx)
+    kwargs = sharding.step_shardings(step.state, step.batch, mesh, model=model, params=step.params)
+  else:
+    step = policy_step(target, spec, tx)
+  traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
+  lowered = traced.lower()
+  return LoweredPolicy(step, traced, lowered, step_compiler_options(options, stats_only=stats_only),
+                       time.perf_counter() - started)
+
+
+def compile_policy(
+    target: Target,
+    spec: PolicySpec | LayeredPolicy,
+    *,
+    tx: optax.GradientTransformation | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    options: Mapping[str, Any] | None = None,
+    stats_only: bool = True,
+) -> CompiledPolicy:
+  """Compiles the train step of ``target`` under ``spec`` (:func:`lower_policy`, then XLA) without allocating.
+
+  Args and Raises: as :func:`lower_policy` (plus whatever XLA raises while compiling).
+
+  Returns:
+    The :class:`CompiledPolicy`: memory stats (bytes), FLOPs, the executable and timings.
+
+  Example::
+
+    >>> from jaxckpt.step import compile_policy, shipped_target
+    >>> compiled = compile_policy(shipped_target("mlp", "tiny"), jaxckpt.parse_policy("full"))
+    >>> compiled.memory["temp_bytes"]   # int bytes
+  """
+  return lower_policy(target, spec, tx=tx, mesh=mesh, options=options, stats_only=stats_only).compile()
