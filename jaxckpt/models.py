@@ -251,6 +251,7 @@ class ModelEntry:
     loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar loss, metrics)``
       (:data:`jaxckpt.train.LossFn`).
     kind: what it is, for messages (``"image classifier"``, ``"sequence model"``).
+    name: its key in :data:`MODEL_REGISTRY` (``vit``, ``gpt``...).
   """
 
   cls: Callable[..., nnx.Module]
@@ -259,6 +260,7 @@ class ModelEntry:
   block_types: tuple[str, ...]
   loss_fn: LossFn = classification_loss
   kind: str = "model"
+  name: str = "custom"
 
   def config(self, config: Any = None) -> Any:
     """A config of this model: a preset by name, a config instance (checked to be of :attr:`config_cls`), or ``None``
@@ -277,10 +279,10 @@ class ModelEntry:
       return self.presets["small"]
     if isinstance(config, str):
       if config not in self.presets:
-        raise JaxckptError(f"preset={config!r} is unknown; valid presets: {', '.join(self.presets)}")
+        raise JaxckptError(f"unknown preset {config!r} for model {self.name}; valid presets: {', '.join(self.presets)}")
       return self.presets[config]
     if not isinstance(config, self.config_cls):
-      raise JaxckptError(f"this model takes a {self.config_cls.__name__}, got {type(config).__name__}")
+      raise JaxckptError(f"model {self.name!r} takes a {self.config_cls.__name__}, got {type(config).__name__}")
     return config
 
   def override(self, config: Any = None, **overrides: Any) -> Any:
@@ -459,8 +461,8 @@ class LanguageModelEntry(ModelEntry):
     return self.config(config).batch_size
 
 
-MODEL_REGISTRY: dict[str, ModelEntry] = {
-    "vit": ClassifierEntry(
+MODEL_REGISTRY: dict[str, ModelEntry] = {entry.name: entry for entry in (
+    ClassifierEntry(
         ViT,
         ViTConfig,
         {
@@ -468,23 +470,26 @@ MODEL_REGISTRY: dict[str, ModelEntry] = {
             "small": ViTConfig(),
         },
         ("attn", "mlp"),
+        name="vit",
     ),
-    "mlp": ClassifierEntry(
+    ClassifierEntry(
         ResidualMLP,
         MLPConfig,
         {"tiny": MLPConfig(num_layers=2, dim=64, hidden_dim=128), "small": MLPConfig()},
         ("mlp",),
+        name="mlp",
     ),
-    "cnn": ClassifierEntry(
+    ClassifierEntry(
         ResidualCNN,
         CNNConfig,
         # Unrolled: on XLA:CPU a conv inside a scan body runs ~60× slower (measured: 7.8 s vs 0.12 s per step of
         # the small preset's train step), and remat of unrolled layers works with jaxckpt's CPU compiler option.
         {"tiny": CNNConfig(num_layers=2, channels=16, scan=False), "small": CNNConfig(scan=False)},
         ("conv",),
+        name="cnn",
     ),
-    "gpt": LanguageModelEntry(gpt.GPT, gpt.GPTConfig, gpt.GPT_PRESETS, gpt.GPT_BLOCK_TYPES),
-}
+    LanguageModelEntry(gpt.GPT, gpt.GPTConfig, gpt.GPT_PRESETS, gpt.GPT_BLOCK_TYPES, name="gpt"),
+)}
 """Model name -> :class:`ModelEntry`: every shipped model. Presets: ``tiny`` (tests, seconds), ``small`` (the default
 experiment); ``gpt`` also ``gpt2-small`` (GPT-2's 124M shapes)."""
 

@@ -189,7 +189,7 @@ def test_registry_overrides_name_python_arguments():
     with pytest.raises(jaxckpt.JaxckptError) as info:
       entry.override("tiny", **overrides)
     assert message in str(info.value), (overrides, str(info.value))
-  with pytest.raises(jaxckpt.JaxckptError, match="preset='huge' is unknown; valid presets: tiny, small"):
+  with pytest.raises(jaxckpt.JaxckptError, match="unknown preset 'huge' for model vit; valid presets: tiny, small"):
     vit.config("huge")
   with pytest.raises(jaxckpt.JaxckptError, match="batch_size=0"):
     vit.batch(0)
