@@ -43,6 +43,7 @@ __all__ = [
     "ViT",
     "ResidualMLP",
     "ResidualCNN",
+    "ImageClassifier",
     "MODELS",
     "ModelEntry",
     "ClassifierEntry",
@@ -116,7 +117,68 @@ class CNNConfig:
     check_config(self)
 
 
-class ViT(nnx.Module):
+class ImageClassifier(nnx.Module):
+  """Base of the image classifiers: ``embed_inputs`` → ``layers`` (a :class:`~jaxckpt.layers.Stack`) → ``norm`` →
+  ``pool`` → ``head``. Subclasses set the submodules and define :meth:`embed_inputs` (and :meth:`pool`)."""
+
+  dtype: jnp.dtype
+
+  def embed_inputs(self, x: jax.Array) -> jax.Array:
+    """The stack's input from images.
+
+    Args:
+      x: ``[B, H, W, C]`` in the compute dtype.
+
+    Returns:
+      The first block's input (``[B, T, D]`` tokens, ``[B, D]`` vectors or ``[B, h, w, C']`` maps).
+    """
+    raise NotImplementedError
+
+  def pool(self, h: jax.Array) -> jax.Array:
+    """The features the head reads from the normalised stack output (default: as they are).
+
+    Args:
+      h: the last block's output after ``norm``.
+
+    Returns:
+      ``[B, D]``.
+    """
+    return h
+
+  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """What ``head`` reads, for extra heads (:mod:`jaxckpt.multitask`).
+
+    Args:
+      x: ``[B, H, W, C]`` float images.
+      dropout_key: PRNG key for dropout; required when ``deterministic=False`` and the dropout rate is > 0.
+      deterministic: ``True`` turns dropout off (evaluation).
+
+    Returns:
+      ``[B, D]`` float32 features.
+    """
+    h = self.layers(self.embed_inputs(x.astype(self.dtype)), dropout_key=dropout_key, deterministic=deterministic)
+    return self.pool(self.norm(h)).astype(jnp.float32)
+
+  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """Class logits.
+
+    Args:
+      x: ``[B, H, W, C]`` float images.
+      dropout_key: as in :meth:`features`.
+      deterministic: as in :meth:`features`.
+
+    Returns:
+      ``[B, K]`` float32 logits.
+    """
+    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
+
+
+def _stack(config: Any, make_block: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> Stack:
+  """The config's ``num_layers`` blocks, scanned or not, with its checkpoint structure."""
+  return Stack(make_block, config.num_layers, scan=config.scan, structure=config.structure, rngs=rngs)
+
+
+class ViT(ImageClassifier):
   """Conv-stem Vision Transformer: conv3×3 → gelu → patchify conv → + positions → L Transformer layers → mean → head.
 
   Args:
@@ -141,31 +203,22 @@ class ViT(nnx.Module):
     self.patch = nnx.Conv(config.stem_channels, config.dim, (p, p), strides=(p, p), dtype=dtype, rngs=rngs)
     tokens = (height // p) * (width // p)
     self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (tokens, config.dim)))
-    self.layers = Stack(
-        lambda r: TransformerBlock(
-            config.dim, config.num_heads, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r
-        ),
-        config.num_layers,
-        scan=config.scan,
-        structure=config.structure,
-        rngs=rngs,
-    )
+    self.layers = _stack(config, lambda r: TransformerBlock(
+        config.dim, config.num_heads, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r), rngs)
     self.norm = nnx.LayerNorm(config.dim, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(config.dim, num_classes, rngs=rngs)
 
-  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> pooled features ``[B, D]`` float32 (what ``head`` reads)."""
-    h = self.patch(jax.nn.gelu(self.stem(x.astype(self.dtype))))  # [B, H/p, W/p, D]
-    h = h.reshape(h.shape[0], -1, h.shape[-1]) + self.pos[...].astype(self.dtype)  # [B, T, D]
-    h = self.layers(h, dropout_key=dropout_key, deterministic=deterministic)
-    return self.norm(h).mean(axis=1).astype(jnp.float32)
+  def embed_inputs(self, x: jax.Array) -> jax.Array:
+    """``[B, H, W, C]`` -> tokens ``[B, T, D]`` (stem, patches, positions)."""
+    h = self.patch(jax.nn.gelu(self.stem(x)))  # [B, H/p, W/p, D]
+    return h.reshape(h.shape[0], -1, h.shape[-1]) + self.pos[...].astype(self.dtype)  # [B, T, D]
 
-  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
-    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
+  def pool(self, h: jax.Array) -> jax.Array:
+    """Mean over tokens: ``[B, T, D]`` -> ``[B, D]``."""
+    return h.mean(axis=1)
 
 
-class ResidualMLP(nnx.Module):
+class ResidualMLP(ImageClassifier):
   """Flatten → Linear(H·W·C, D) → L residual MLP blocks → LayerNorm → head.
 
   Args:
@@ -180,28 +233,17 @@ class ResidualMLP(nnx.Module):
     self.dtype = dtype
     features = image_shape[0] * image_shape[1] * image_shape[2]
     self.embed = nnx.Linear(features, config.dim, dtype=dtype, rngs=rngs)
-    self.layers = Stack(
-        lambda r: MLPBlock(config.dim, config.hidden_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r),
-        config.num_layers,
-        scan=config.scan,
-        structure=config.structure,
-        rngs=rngs,
-    )
+    self.layers = _stack(config, lambda r: MLPBlock(
+        config.dim, config.hidden_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r), rngs)
     self.norm = nnx.LayerNorm(config.dim, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(config.dim, num_classes, rngs=rngs)
 
-  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> features ``[B, D]`` float32 (what ``head`` reads)."""
-    h = self.embed(x.reshape(x.shape[0], -1).astype(self.dtype))  # [B, D]
-    h = self.layers(h, dropout_key=dropout_key, deterministic=deterministic)
-    return self.norm(h).astype(jnp.float32)
-
-  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
-    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
+  def embed_inputs(self, x: jax.Array) -> jax.Array:
+    """``[B, H, W, C]`` -> ``[B, D]`` (flattened pixels through ``embed``)."""
+    return self.embed(x.reshape(x.shape[0], -1))
 
 
-class ResidualCNN(nnx.Module):
+class ResidualCNN(ImageClassifier):
   """Conv stem → L residual conv blocks → LayerNorm → global average pool → head.
 
   Args:
@@ -216,27 +258,18 @@ class ResidualCNN(nnx.Module):
     self.dtype = dtype
     kernel = (config.kernel_size, config.kernel_size)
     self.stem = nnx.Conv(image_shape[2], config.channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
-    self.layers = Stack(
-        lambda r: ConvBlock(
-            config.channels, kernel_size=config.kernel_size, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r
-        ),
-        config.num_layers,
-        scan=config.scan,
-        structure=config.structure,
-        rngs=rngs,
-    )
+    self.layers = _stack(config, lambda r: ConvBlock(
+        config.channels, kernel_size=config.kernel_size, dropout_rate=config.dropout_rate, dtype=dtype, rngs=r), rngs)
     self.norm = nnx.LayerNorm(config.channels, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(config.channels, num_classes, rngs=rngs)
 
-  def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> pooled features ``[B, C']`` float32 (what ``head`` reads)."""
-    h = jax.nn.gelu(self.stem(x.astype(self.dtype)))  # [B, H, W, C']
-    h = self.layers(h, dropout_key=dropout_key, deterministic=deterministic)
-    return self.norm(h).mean(axis=(1, 2)).astype(jnp.float32)
+  def embed_inputs(self, x: jax.Array) -> jax.Array:
+    """``[B, H, W, C]`` -> ``[B, H, W, C']`` (the stem conv)."""
+    return jax.nn.gelu(self.stem(x))
 
-  def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, H, W, C]`` -> logits ``[B, K]`` float32."""
-    return self.head(self.features(x, dropout_key=dropout_key, deterministic=deterministic))
+  def pool(self, h: jax.Array) -> jax.Array:
+    """Global average pool: ``[B, H, W, C']`` -> ``[B, C']``."""
+    return h.mean(axis=(1, 2))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,10 @@ class Structure:
   def groups(self, n: int, level: int) -> list[tuple[int, int]]:
     """How a range of ``n`` blocks at nesting ``level`` (0 = outermost) is split.
 
+    Args:
+      n: blocks in the range, ≥ 1.
+      level: nesting level of the range, 0 .. ``levels - 2``.
+
     Returns:
       ``[(count, size), ...]``: ``count`` consecutive groups of ``size`` blocks each, in order, sizes summing to
       ``n``. Each run of equal-size groups becomes one scan.
