@@ -4,8 +4,8 @@ For codebases that have not moved to NNX. Each block is one *block type* (``attn
 pass runs under ``nn.remat(policy=...)`` with the policy of its block type from a jaxckpt policy spec
 (:func:`jaxckpt.parse_policy`; ``none`` = no remat), and tags the same intermediates with the same checkpoint names
 (:mod:`jaxckpt.names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
-remat'd on its own. :class:`Stack` applies N copies of a block with ``nn.scan`` over a leading layer axis (the remat
-inside the scan body) or unrolled over the same stacked parameters.
+remat'd on its own. :class:`Stack` applies N copies of a block with parameters on a leading layer axis (created by
+``nn.scan``), scanned with ``jax.lax.scan`` (the remat inside the scan body) or unrolled over the same parameters.
 
 The block math is :mod:`jaxckpt.blocks` and the stack's grouping and looping :mod:`jaxckpt.structure`, the same
 code the NNX front-end calls; this module holds what is Linen's own (module fields, ``setup``, ``nn.remat``, the
@@ -355,24 +355,24 @@ class TransformerBlock(_Validating):
 
 
 class Stack(nn.Module):
-  """N copies of a block with parameters stacked on a leading layer axis, applied by ``nn.scan`` or unrolled.
+  """N copies of a block with parameters stacked on a leading layer axis, applied by ``jax.lax.scan`` or unrolled.
 
   Linen twin of :class:`jaxckpt.layers.Stack`. Parameters: ``{"layers": <block's tree, each leaf [N, ...]>}`` in both
   modes (and equal to the NNX stack's), so scanned and unrolled stacks share checkpoints.
 
-  - Scanned (default): ``nn.scan(variable_axes={'params': 0}, split_rngs={'params': True}, length=N)`` with the
-    block's own ``nn.remat`` inside the scan body, so the backward loop recomputes one layer at a time (remat works
-    on every backend; one layer is compiled).
+  - Parameters are created by ``nn.scan(variable_axes={'params': 0}, split_rngs={'params': True}, length=N)`` at
+    ``init``.
+  - Scanned (default): ``jax.lax.scan`` over the layers' parameter slices, ``block.apply`` with the block's own
+    ``nn.remat`` inside the scan body, so the backward loop recomputes one layer at a time (remat works on every
+    backend; one layer is compiled).
   - Unrolled (``scan=False``): a Python loop over layer ``i``'s slice of the same stacked parameters. Initialisation
-    runs the scanned path, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
+    runs ``nn.scan`` in both modes, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
     XLA:CPU compile with :func:`jaxckpt.jit` for remat to save memory.
 
   ``structure`` groups the blocks with the NNX stack's code (:func:`jaxckpt.structure.apply_layers`): ``every:K``
   rematerializes groups of K blocks, ``nested[:D]`` nests D levels of groups, each group under
   ``jax.checkpoint(nothing_saveable)`` with the blocks' own policies inside; runs of equal-size groups are scanned
-  (or looped with ``scan=False``). Initialisation runs ``nn.scan`` (it creates the stacked parameters); applying
-  runs the block functionally over layer slices of them (``block.apply``), so the parameter tree is the same in
-  every mode.
+  (or looped with ``scan=False``). The parameter tree is the same in every mode.
 
   Layer ``i`` gets ``jax.random.split(dropout_key, N)[i]``, as in NNX. Only the ``params`` collection is supported
   (jaxckpt's blocks have no other state).
