@@ -99,7 +99,7 @@ class RematBlock(blocks.BlockMath, nnx.Module):
 
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the block (remat'd with its policy).
+    """Applies the block under ``jax.checkpoint`` (through ``module_call``) with the policy of its block type.
 
     Args:
       x: input activations (shape per subclass), float32 or bfloat16.

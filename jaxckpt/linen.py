@@ -147,7 +147,7 @@ class RematBlock(blocks.BlockMath, _Validating):
 
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the block (remat'd with its policy).
+    """Applies the block under ``nn.remat`` with the policy of its block type.
 
     Args:
       x: input activations (shape per subclass), float32 or bfloat16.
@@ -335,7 +335,7 @@ class TransformerBlock(_Validating):
     self.mlp = MLPBlock(self.dim, self.mlp_dim, dropout_rate=self.dropout_rate, dtype=self.dtype, policy=spec)
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the attention then the MLP block (:func:`jaxckpt.blocks.transformer`).
+    """Applies the attention then the MLP block (:func:`jaxckpt.blocks.transformer`), ``deterministic`` static.
 
     Args:
       x: ``[B, T, D]``.
