@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 
 import jax
@@ -16,8 +15,7 @@ import jax
 from jaxckpt import names
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.gpt import GPT_BLOCK_TYPES
-from jaxckpt.models import COMPUTE_DTYPES, MODELS
+from jaxckpt.models import MODEL_REGISTRY
 from jaxckpt.policies import POLICY_NAMES
 from jaxckpt.report.build import build_report
 from jaxckpt.profile import check_profile_dir
@@ -37,8 +35,7 @@ PROG = "jaxckpt-report"
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
   presets = "; ".join(f"{name}: {', '.join(names_)}" for name, names_ in SHIPPED_MODELS.items())
-  blocks = "; ".join([*(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items()),
-                      f"gpt: {', '.join(GPT_BLOCK_TYPES)}"])
+  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODEL_REGISTRY.items())
   parser = CLIParser(
       prog=PROG,
       description=__doc__.split("\n\n")[0],
@@ -115,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
         check_batch_size(size, mesh)
   except JaxckptError as err:
-    print(f"{parser.prog}: error: {err}", file=sys.stderr)
-    return 2
+    return parser.fail(err)
   report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
                         xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
                         mesh=mesh, profile=args.profile, profile_steps=args.profile_steps)
