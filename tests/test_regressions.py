@@ -244,6 +244,78 @@ def test_checkpoint_static_argnums_bool_under_jit():
     assert_close(got, jax.grad(fn)(x, flag))
 
 
+def _flag_fn(x, square):
+  return jnp.sum(jnp.tanh(x) ** 2) if square else jnp.sum(jnp.sin(x))
+
+
+@pytest.mark.parametrize("policy", ["full", "dots_saveable", "none"])
+def test_checkpoint_static_argnames_by_keyword_under_jit(policy):
+  """``static_argnames`` keeps a keyword flag a Python value (JAX 0.10's own ``static_argnames`` traces it).
+
+  The issue: ``checkpoint(f, "full", static_argnums=(1,))(x, flag=True)`` raised JAX's raw ``len(args) = 1`` error;
+  declared by name, the keyword flag works under ``jax.jit(jax.grad)`` and the gradients equal no remat.
+  """
+  x = inputs()
+  ck = jaxckpt.checkpoint(_flag_fn, policy, static_argnames="square")
+  for flag in (True, False):
+    got = jax.jit(jax.grad(lambda x: ck(x, square=flag)))(x)
+    assert_close(got, jax.grad(_flag_fn)(x, flag))
+  assert_close(ck(x, square=True), _flag_fn(x, True))
+  both = jaxckpt.checkpoint(lambda w, x, *, square: _flag_fn(x @ w, square), policy, static_argnames=("square",))
+  w = inputs((D, D), seed=1)
+  assert_close(jax.grad(lambda w: both(w, x, square=False))(w), jax.grad(lambda w: _flag_fn(x @ w, False))(w))
+
+
+@pytest.mark.parametrize("declared, call, says", [
+    # declared by position, passed by keyword: names the argument and both fixes
+    (dict(static_argnums=(1,)), lambda ck, x: ck(x, square=True),
+     ["'square'", "static_argnums=(1,)", "by keyword", "positionally", "static_argnames=('square',)"]),
+    # declared by name, passed positionally
+    (dict(static_argnames="square"), lambda ck, x: ck(x, True),
+     ["'square'", "static_argnames=('square',)", "positionally", "square=...", "static_argnums=(1,)"]),
+    # declared position never reached
+    (dict(static_argnums=(1,)), lambda ck, x: ck(x),
+     ["static_argnums=(1,)", "1 ('square')", "1 positional argument"]),
+    # a traced value where a Python value is needed
+    (dict(static_argnames="square"), lambda ck, x: jax.jit(lambda x, s: ck(x, square=s))(x, True),
+     ["'square'", "traced value", "Python value"]),
+    (dict(static_argnums=1), lambda ck, x: jax.jit(lambda x, s: ck(x, s))(x, True),
+     ["'square'", "traced value", "static_argnums position 1"]),
+])
+def test_checkpoint_static_argument_passed_the_wrong_way_says_which_and_how(declared, call, says):
+  """A static flag passed another way than declared raises StaticArgumentError naming it and the fix."""
+  ck = jaxckpt.checkpoint(_flag_fn, "full", **declared)
+  with pytest.raises(jaxckpt.StaticArgumentError) as err:
+    call(ck, inputs())
+  for part in says:
+    assert part in str(err.value), (part, str(err.value))
+  assert err.value.argument == "square"
+  assert "len(args)" not in str(err.value)
+
+
+@pytest.mark.parametrize("declared, says", [
+    (dict(static_argnames="sqare"), ["'sqare'", "not a parameter of _flag_fn", "x, square", "did you mean 'square'"]),
+    (dict(static_argnums="1"), ["static_argnums must be an int or a tuple of ints", "'1'"]),
+    (dict(static_argnames=(1,)), ["static_argnames must be a str or a tuple of str", "(1,)"]),
+])
+def test_checkpoint_bad_static_declaration_raises_at_wrap_time(declared, says):
+  """Bad declarations fail when wrapping, for every policy (``none`` too, which returns ``fn`` itself)."""
+  for policy in ("full", "none"):
+    with pytest.raises(jaxckpt.StaticArgumentError) as err:
+      jaxckpt.checkpoint(_flag_fn, policy, **declared)
+    for part in says:
+      assert part in str(err.value), (part, str(err.value))
+
+
+def test_remat_function_static_argnames_and_module_refuses_them():
+  """``jaxckpt.remat`` passes static arguments through for functions; for a module it says kwargs are static."""
+  x = inputs()
+  ck = jaxckpt.remat(_flag_fn, "nothing_saveable", static_argnames="square")
+  assert_close(jax.grad(lambda x: ck(x, square=True))(x), jax.grad(_flag_fn)(x, True))
+  with pytest.raises(jaxckpt.StaticArgumentError, match="keyword arguments of the call"):
+    jaxckpt.remat(nnx.Linear(D, D, rngs=nnx.Rngs(0)), "full", static_argnames="train")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # BatchNorm statistics in remat'd blocks.
 
