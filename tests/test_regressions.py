@@ -684,6 +684,67 @@ def test_policy_warnings_other_silent_policies():
   assert "'nope'" in spec
 
 
+@jax.custom_vjp
+def sin_tagged_residual(x):
+  """``sin(x)`` whose custom_vjp forward rule tags its residual ``cos(x)`` as ``act_cos``."""
+  return jnp.sin(x)
+
+
+sin_tagged_residual.defvjp(lambda x: (jnp.sin(x), checkpoint_name(jnp.cos(x), "act_cos")),
+                           lambda cos, g: (g * cos,))
+
+
+@jax.custom_jvp
+def tanh_tagged_rule(x):
+  """``tanh(x)`` whose custom_jvp rule tags its derivative ``1 - tanh(x)²`` as ``act_dtanh``."""
+  return jnp.tanh(x)
+
+
+@tanh_tagged_rule.defjvp
+def _tanh_tagged_rule_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  y = jnp.tanh(x)
+  return y, checkpoint_name(1 - y**2, "act_dtanh") * t
+
+
+@pytest.mark.parametrize("custom, name", [(sin_tagged_residual, "act_cos"), (tanh_tagged_rule, "act_dtanh")])
+def test_policy_warnings_count_names_emitted_inside_custom_derivative_rules(custom, name):
+  """A name tagged in a custom_vjp forward rule / custom_jvp rule is saved, and the diagnostics say so.
+
+  The issue: ``save_only_these_names:act_cos`` saved the custom_vjp residual (listed by the saved-residual analysis,
+  gradients equal) while ``policy_warnings`` claimed the function "never emits" act_cos and "saves nothing for it".
+  """
+  from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
+
+  def fn(w, x):
+    return jnp.sum(custom(x @ w) ** 2)
+
+  w, x = inputs((D, D), seed=1), inputs()
+  policy = f"save_only_these_names:{name}"
+  ck = jaxckpt.checkpoint(fn, policy)
+  saved = [(r.name, r.shape) for r in saved_residuals(ck, w, x) if r.kind == "checkpoint_name"]
+  assert saved == [(name, (B, D))]
+  assert_close(jax.grad(ck, argnums=(0, 1))(w, x), jax.grad(fn, argnums=(0, 1))(w, x))
+  assert emitted_checkpoint_names(fn, w, x) == {name}
+  assert emitted_checkpoint_names(ck, w, x) == {name}  # the rule inside jax.checkpoint too
+  rules = {e.params["name"] for e in iter_eqns(jax.make_jaxpr(fn)(w, x), rules=True) if e.primitive.name == "name"}
+  assert rules == {name}
+  assert policy_warnings(fn, w, x, policy=policy) == []
+  # A misspelt name is still reported, and the emitted list shows the rule's name.
+  (typo,) = policy_warnings(fn, w, x, policy=f"save_only_these_names:{name}x")
+  assert f"'{name}x'" in typo and "never emits" in typo and f"emitted: {name})" in typo
+
+
+def test_emitted_names_found_by_vjp_trace_when_rule_thunks_cannot_be_expanded(monkeypatch):
+  """If JAX's internal rule thunks change, the public ``jax.vjp`` trace still finds names inside rules."""
+  from jaxckpt import jaxprs
+
+  monkeypatch.setattr(jaxprs, "rule_jaxprs", lambda eqn: [])
+  fn = lambda x: jnp.sum(sin_tagged_residual(x))  # noqa: E731
+  assert jaxprs.emitted_checkpoint_names(fn, inputs()) == {"act_cos"}
+  assert not {e.primitive.name for e in jaxprs.iter_eqns(jax.make_jaxpr(fn)(inputs()), rules=True)} & {"name"}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Decoding loops (while_loop / fori_loop) through remat'd layers.
 
