@@ -18,7 +18,8 @@ from typing import Any
 import jax
 import jax.extend.core as jex_core
 
-__all__ = ["CUSTOM_CALLS", "iter_eqns", "sub_jaxprs", "rule_jaxprs", "uses_remat", "emitted_checkpoint_names"]
+__all__ = ["CUSTOM_CALLS", "iter_eqns", "sub_jaxprs", "rule_jaxprs", "uses_remat", "outermost_remats",
+           "emitted_checkpoint_names"]
 
 _REMAT_PRIMITIVES = ("remat2", "checkpoint", "remat")  # jax.checkpoint's primitive is "remat2" in current JAX
 
@@ -93,6 +94,23 @@ def iter_eqns(jaxpr: Any, *, rules: bool = False) -> Iterator[Any]:
 def uses_remat(jaxpr: Any) -> bool:
   """Whether a (closed) jaxpr contains a ``jax.checkpoint`` (primitive ``remat2``) anywhere."""
   return any(eqn.primitive.name in _REMAT_PRIMITIVES for eqn in iter_eqns(jaxpr))
+
+
+def outermost_remats(jaxpr: Any) -> list[Any]:
+  """The ``jax.checkpoint`` equations of a (closed) jaxpr that are not inside another one, in program order.
+
+  Sub-jaxprs of other equations (``pjit``, ``cond``, ``scan`` bodies…) are searched; a remat's own body is not.
+  Under a checkpoint structure (``every:K``, ``nested``) these are the outermost groups; their bodies
+  (``eqn.params["jaxpr"]``) hold the next level.
+  """
+  found = []
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    if eqn.primitive.name in _REMAT_PRIMITIVES:
+      found.append(eqn)
+      continue
+    for sub in sub_jaxprs(eqn):
+      found.extend(outermost_remats(sub))
+  return found
 
 
 def _names(jaxpr: Any) -> set[str]:
