@@ -37,7 +37,9 @@ CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander
 
 PEAK_BACKENDS: tuple[str, ...] = ("gpu", "cuda", "rocm", "tpu")
 """Platforms whose ``CompiledMemoryStats.peak_memory_in_bytes`` is a peak: the most device memory live at once in
-XLA's buffer-assignment simulation of the program (arguments, outputs and temps). On XLA:CPU (jax 0.10) the field
+XLA's buffer-assignment simulation of the program (arguments, outputs and temps; XLA:GPU fills it with
+``ComputePeakMemorySizes`` over the buffer assignment, ``xla/service/gpu/legacy_gpu_aot_compilation_result.cc``;
+not checked on a GPU or TPU here). On XLA:CPU (jax 0.10) the field
 is argument + output bytes and ignores temps (measured: 2,621,456 = 1,572,864 argument + 1,048,592 output bytes
 for a program with 1 MiB of temps), so :func:`memory_stats` reports it as ``None`` there."""
 

@@ -85,7 +85,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     (r"--num-processes", "starts a multi-process run (gloo collectives)"),
     (r"budget:", "plans a budget: several compiles"),
     (r"--mesh", "compiles for 8 fake devices"),
-    (r"python -m experiments\.classifier .*--resume", "trains twice with checkpoints"),
+    (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""
 
