@@ -21,6 +21,7 @@ from jaxckpt.errors import (
     MeshSpecError,
     NonFiniteLossError,
     PolicySpecError,
+    StaticArgumentError,
 )
 from jaxckpt.multitask import AUX_TASKS, MultiTaskClassifier, multitask_loss
 from jaxckpt.layers import (
@@ -95,6 +96,7 @@ __all__ = [
     "MeshSpecError",
     "NonFiniteLossError",
     "PolicySpecError",
+    "StaticArgumentError",
     "AttentionBlock",
     "ConvBlock",
     "MLPBlock",
