@@ -53,6 +53,8 @@ TEXT_LANGUAGES = ("", "text", "ebnf")
 SKIP = (
     (re.compile(r"^python3? -m venv\b|\bpip install\b"),
      "install line: creates a venv and installs from PyPI, as the environment running this test was made"),
+    (re.compile(r"^(xprof|tensorboard) "),
+     "viewer line: starts a web server for a person to browse (the traces it reads are tested in test_profile.py)"),
 )
 """``(pattern, reason)``: commands not run."""
 
@@ -250,7 +252,8 @@ def _env() -> dict[str, str]:
 def test_shell_example_runs(block: Block, tmp_path: Path):
   commands = [c for c in shell_commands(block.text) if skip_reason(c) is None]
   if not commands:
-    pytest.skip(f"README.md:{block.line}: only install lines ({SKIP[0][1]})")
+    reasons = sorted({skip_reason(c) for c in shell_commands(block.text)})
+    pytest.skip(f"README.md:{block.line}: nothing to run ({'; '.join(reasons)})")
   for pattern, make in SETUP:
     if any(re.search(pattern, c) for c in commands):
       make(tmp_path)

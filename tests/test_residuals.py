@@ -278,8 +278,8 @@ def test_recomputed_residuals_rejects_other_equations():
 def _report_residuals(structure, policy, scan=False):
   from jaxckpt.policies import parse_policy
   from jaxckpt.report.residuals import analyse_residuals
-  from jaxckpt.report.steps import default_optimizer, policy_step
-  from jaxckpt.report.targets import shipped_target
+  from jaxckpt.step import default_optimizer, policy_step
+  from jaxckpt.step import shipped_target
 
   target = shipped_target("mlp", "tiny", structure=structure, scan=scan)
   return analyse_residuals(policy_step(target, parse_policy(policy), default_optimizer()))
@@ -326,7 +326,7 @@ def test_report_residuals_named_value_inside_groups_equals_block_structure():
 def test_report_residual_order_follows_compiled_temp_under_a_structure():
   """Rows that differ in compiled temp do not show identical residuals (the issue's exact report)."""
   from jaxckpt.report import build_report
-  from jaxckpt.report.targets import shipped_target
+  from jaxckpt.step import shipped_target
 
   report = build_report(shipped_target("mlp", "tiny", structure="every:2", scan=False),
                         ["nothing_saveable", "dots_saveable"], progress=False)

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -175,7 +177,9 @@ def load_target(spec: str) -> Target:
   """Imports ``package.module:function`` and calls ``function()`` to get a target (protocol in the module docstring).
 
   Args:
-    spec: ``"package.module:function"``; the module must be importable (on ``sys.path``).
+    spec: ``"package.module:function"``; the module must be importable: installed, on ``PYTHONPATH``, or in the
+      current directory (appended to ``sys.path`` if missing, as ``python -m`` does, so the ``jaxckpt-report``
+      script finds it too).
 
   Returns:
     The :class:`ModelTarget` or :class:`LossTarget` it returned, with ``ref`` set so ``--measure`` can rebuild it.
@@ -186,6 +190,8 @@ def load_target(spec: str) -> Target:
   module_name, sep, function_name = spec.partition(":")
   if not sep or not module_name or not function_name.isidentifier():
     raise JaxckptError(f"bad --target {spec!r}: write package.module:function (e.g. mypkg.targets:vit_target)")
+  if os.getcwd() not in sys.path and "" not in sys.path:  # console scripts leave the current directory off the path
+    sys.path.append(os.getcwd())  # after installed packages: a local module never shadows one
   try:
     module = importlib.import_module(module_name)
   except ImportError as err:
