@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from jaxckpt.checkpointing import TMP_MARKER
+from jaxckpt.saving import TMP_MARKER
 
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",
        "--ckpt-every", "3", "--policy", "nothing_saveable"]

@@ -16,7 +16,7 @@ import jaxckpt
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
 from experiments.loop import params_digest
-from jaxckpt.checkpointing import TMP_MARKER
+from jaxckpt.saving import TMP_MARKER
 
 TINY = ClassifierConfig(preset="tiny", epochs=2, batch_size=64, progress=False, ckpt_every=10)
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",
