@@ -1,6 +1,5 @@
 """Faults: kill -9 at arbitrary moments, half-written and corrupt checkpoints, foreign directories, NaN losses."""
 
-import dataclasses
 import json
 import os
 import shutil
@@ -15,10 +14,11 @@ import pytest
 import jaxckpt
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
-from experiments.loop import params_digest
+from experiments.options import configure
+from experiments.outputs import params_digest
 from jaxckpt.saving import TMP_MARKER
 
-TINY = ClassifierConfig(preset="tiny", epochs=2, batch_size=64, progress=False, ckpt_every=10)
+TINY = configure(ClassifierConfig(preset="tiny", epochs=2, batch_size=64), progress=False, ckpt_every=10)
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",
        "--ckpt-every", "3", "--policy", "nothing_saveable"]
 
@@ -67,13 +67,13 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path):
 
 def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path):
   ckpt = tmp_path / "ckpt"
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=str(ckpt)), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=str(ckpt)), log=quiet)
   assert step_dirs(ckpt)[-1] == 22
   partial = ckpt / f"30{TMP_MARKER}-1700000000"
   (partial / "state").mkdir(parents=True)
   (partial / "state" / "half").write_bytes(b"\0" * 100)
   lines = []
-  result = train(dataclasses.replace(TINY, epochs=2, ckpt_dir=str(ckpt), resume=True,
+  result = train(configure(TINY, epochs=2, ckpt_dir=str(ckpt), resume=True,
                                      allow_config_change=True), log=lines.append)
   assert any("resumed from step 22" in line for line in lines)
   assert any("deleted 1 unfinished save" in line for line in lines)
@@ -83,14 +83,14 @@ def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path):
 
 def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
   ckpt = tmp_path / "ckpt"
-  straight = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt)), log=quiet)
+  straight = train(configure(TINY, ckpt_dir=str(ckpt)), log=quiet)
   assert step_dirs(ckpt) == [30, 40, 44]
   for root, _, files in os.walk(ckpt / "44" / "state"):
     for name in files:
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"garbage")
   lines = []
-  resumed = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt), resume=True), log=lines.append)
+  resumed = train(configure(TINY, ckpt_dir=str(ckpt), resume=True), log=lines.append)
   assert any("step 44" in line and "cannot be read" in line for line in lines), lines
   assert any("resumed from step 40" in line for line in lines)
   assert params_digest(resumed.state.params) == params_digest(straight.state.params)
@@ -98,7 +98,7 @@ def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
 
 def test_all_steps_corrupt_is_a_clear_error(tmp_path, capsys):
   ckpt = tmp_path / "ckpt"
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=str(ckpt), ckpt_every=100), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=str(ckpt), ckpt_every=100), log=quiet)
   shutil.rmtree(ckpt / "22" / "state")
   assert main(["--preset", "tiny", "--epochs", "1", "--ckpt-dir", str(ckpt), "--resume", "--no-progress"]) == 2
   err = capsys.readouterr().err
@@ -114,11 +114,11 @@ def test_foreign_directory_is_refused(tmp_path, capsys):
 
 def test_config_change_needs_to_be_allowed(tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
   with pytest.raises(jaxckpt.CheckpointError, match="epochs: saved 1 vs now 2"):
-    train(dataclasses.replace(TINY, epochs=2, ckpt_dir=ckpt, resume=True), log=quiet)
+    train(configure(TINY, epochs=2, ckpt_dir=ckpt, resume=True), log=quiet)
   lines = []
-  train(dataclasses.replace(TINY, epochs=2, ckpt_dir=ckpt, resume=True, allow_config_change=True), log=lines.append)
+  train(configure(TINY, epochs=2, ckpt_dir=ckpt, resume=True, allow_config_change=True), log=lines.append)
   assert any("changed config" in line for line in lines)
 
 
@@ -138,19 +138,19 @@ def nan_at_step_30(monkeypatch):
 def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, nan_at_step_30):
   ckpt = tmp_path / "ckpt"
   with pytest.raises(jaxckpt.NonFiniteLossError) as info:
-    train(dataclasses.replace(TINY, ckpt_dir=str(ckpt)), log=quiet)
+    train(configure(TINY, ckpt_dir=str(ckpt)), log=quiet)
   assert info.value.step == 30
   message = str(info.value)
   assert "step 30" in message and "learning rate" in message and "last good checkpoint (step 30)" in message
   assert step_dirs(ckpt)[-1] == 30
   lines = []  # the kept checkpoint is good: resuming it (past the bad batch with skip) works
-  result = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt), resume=True, nan_policy="skip"), log=lines.append)
+  result = train(configure(TINY, ckpt_dir=str(ckpt), resume=True, nan_policy="skip"), log=lines.append)
   assert any("resumed from step 30" in line for line in lines)
   assert np.isfinite(result.metrics["train_loss"][0])
 
 
 def test_nan_skip_drops_only_that_update(nan_at_step_30):
-  result = train(dataclasses.replace(TINY, nan_policy="skip"), log=quiet)
+  result = train(configure(TINY, nan_policy="skip"), log=quiet)
   assert result.metrics["skipped_steps"] == [30]
   assert all(np.isfinite(np.asarray(p)).all() for p in jax_leaves(result.state.params))
   assert result.metrics["test_accuracy"] > 0.3
