@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import optax
@@ -21,8 +21,8 @@ from flax import nnx
 
 import jaxckpt
 from experiments.data import eval_batches, load_dataset, train_batch
-from experiments.flags import CLIParser, add_policy_flags, add_run_flags, run_cli
-from experiments.options import RunOptions, configure, run_identity
+from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
@@ -155,45 +155,38 @@ def _setup(config: ClassifierConfig, log) -> Setup:  # noqa: ARG001 - the runner
       lines.insert(0, f"auxiliary task {config.aux_task}: test accuracy {final['test_aux_accuracy']:.4f}")
     return extra, lines
 
-  ignore = ("scan", "structure", "data") + (("num_classes",) if config.num_classes is None else ())
+  ignore = ("data",) + (("num_classes",) if config.num_classes is None else ())
   return Setup(
       model=config.model, preset=config.preset, make_model=make_model, loss_fn=loss_fn,
       tx=optax.adamw(schedule, weight_decay=config.weight_decay),
       batch_at=functools.partial(_train_batch, data, batch_size=config.batch_size, seed=config.seed),
       batch_size=config.batch_size, total_steps=total_steps, eval_every=steps_per_epoch,
       eval_batches=list(eval_batches(data.x_test, data.y_test, batch_size=config.batch_size)), score=_score,
-      identity=run_identity(config, ignore=ignore, data=data.source,
-                            model_config={k: v for k, v in dataclasses.asdict(model_cfg).items()
-                                          if k not in ("scan", "structure")}),
+      identity=run_identity(config, model_cfg, ignore=ignore, data=data.source),
       headline=(f"model {config.model} ({config.preset}, {'scanned' if model_cfg.scan else 'unrolled'} layers, "
                 f"structure {model_cfg.structure}, "
                 f"{model_cfg.compute_dtype}); data {data.source}: {len(data.y_train)} train / {len(data.y_test)} "
                 f"test, {data.num_classes} classes"),
-      nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
-                 f"(--compute-dtype {config.compute_dtype}; try float32), or extreme values in the data"),
+      nan_hints="extreme values in the data",
       report=report,
   )
 
 
 def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
-  """Trains and evaluates one classifier run (:func:`experiments.runner.run` with the classifier's parts).
+  """Trains and evaluates one classifier run: :func:`experiments.runner.run` with the classifier's parts.
 
   Args:
     config: the run.
     log: where progress lines go (``print`` on the CLI).
 
   Returns:
-    :class:`ClassifierResult` with ``metrics`` = the contents of metrics.json: ``schema_version``, ``policy``
-    (canonical spec), ``model``, ``preset``, ``test_accuracy`` (0–1), ``train_loss`` (one mean per epoch),
-    ``step_time_s`` (median seconds per step over this process's steps after the first), ``memory`` (bytes, see
-    :mod:`jaxckpt.schema`), ``backend``, ``versions``, ``warnings``, ``params_sha256``, …
+    :class:`ClassifierResult` with ``metrics`` = the contents of metrics.json: the shared keys of
+    :func:`experiments.outputs.run_metrics` and ``model``, ``preset``, ``test_accuracy`` (0–1),
+    ``test_accuracy_per_epoch``, ``aux_task``, ``aux_weight``, ``test_aux_accuracy``, ``data``, …
 
   Raises:
-    JaxckptError: bad config values; PolicySpecError for a bad policy; DataError for a bad ``--data`` file;
-      CheckpointError for a checkpoint directory that holds another run or would be overwritten;
-      DirectoryInUseError when another run holds ``--out`` or ``--ckpt-dir``;
-      NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
-    RunInterrupted: SIGINT/SIGTERM stopped the run (:mod:`experiments.loop`).
+    DataError: a bad ``--data`` file (labels leaving inferred classes empty included); the others of
+      :func:`experiments.runner.run`.
   """
   return run(config, check=_check, setup=_setup, log=log)
 
@@ -257,9 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; returns the exit status (2 bad input, 1 non-finite loss, each with a one-line message)."""
-  return run_cli(build_parser(), lambda args: configure(ClassifierConfig(), **vars(args)), train, argv)
+main = command(build_parser, ClassifierConfig, train)
+"""CLI entry point ``main(argv=None) -> exit status`` (:func:`experiments.flags.command`)."""
 
 
 if __name__ == "__main__":

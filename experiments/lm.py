@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,8 +24,8 @@ import optax
 
 import jaxckpt
 from experiments import text
-from experiments.flags import CLIParser, add_policy_flags, add_run_flags, run_cli
-from experiments.options import RunOptions, configure, run_identity
+from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
 from jaxckpt.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
@@ -138,9 +138,7 @@ def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup
       batch_size=batch_size, total_steps=config.steps, eval_every=config.eval_every,
       eval_batches=text.eval_batches(corpus, batch_size=batch_size, seq_len=seq_len, num_batches=config.eval_batches),
       score=_score, period="eval",
-      identity=run_identity(config, ignore=("structure", "scan", "corpus", "eval_every", "eval_batches"),
-                            model_config={k: v for k, v in dataclasses.asdict(model_cfg).items()
-                                          if k not in ("scan", "structure")},
+      identity=run_identity(config, model_cfg, ignore=("corpus", "eval_every", "eval_batches"),
                             corpus={"source": corpus.source, "sha256": corpus.sha256}),
       headline=(f"model gpt ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} H={model_cfg.num_heads} "
                 f"T={seq_len} B={batch_size}, {model_cfg.attention} attention, "
@@ -149,33 +147,22 @@ def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup
                 f"{model_cfg.compute_dtype}); corpus {corpus.source}: {corpus.files} files, {corpus.num_bytes} bytes "
                 f"({corpus.train.size} train / {corpus.eval.size} eval), unigram entropy "
                 f"{corpus.unigram_entropy:.4f} nats/byte"),
-      nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
-                 f"(--compute-dtype {config.compute_dtype}; try float32)"),
       report=report,
   )
 
 
 def train(config: LMConfig, *, log=print) -> LMResult:
-  """Trains and evaluates one LM run (:func:`experiments.runner.run` with the LM's parts).
-
-  Args:
-    config: the run.
-    log: where progress lines go (``print`` on the CLI).
+  """Trains and evaluates one LM run ``config``, logging progress lines to ``log`` (``print`` on the CLI):
+  :func:`experiments.runner.run` with the LM's parts.
 
   Returns:
-    :class:`LMResult` with ``metrics`` = the contents of metrics.json: the shared keys (``schema_version``,
-    ``policy``, ``model`` = ``"gpt"``, ``preset``, ``scan``, ``compute_dtype``, ``test_accuracy`` (next-byte
-    accuracy on the eval stream, 0–1), ``train_loss`` (one mean per eval period), ``step_time_s``, ``memory``
-    (bytes), ``backend``, ``versions``, ``warnings``, …) and ``eval_loss`` (nats/byte), ``perplexity``,
-    ``eval_loss_history``, ``unigram_entropy`` (nats/byte), ``corpus`` (source, files, bytes, split sizes,
-    sha256), ``model_config``, ``tokens_per_step``, ``config``.
+    :class:`LMResult` with ``metrics`` = the contents of metrics.json: the shared keys of
+    :func:`experiments.outputs.run_metrics`, ``model`` = ``"gpt"``, ``preset``, ``test_accuracy`` (next-byte accuracy
+    on the eval stream, 0–1), ``eval_loss`` (nats/byte), ``perplexity``, ``eval_loss_history``, ``unigram_entropy``
+    (nats/byte), ``corpus`` (source, files, bytes, split sizes, sha256), ``model_config``, ``tokens_per_step``, …
 
   Raises:
-    JaxckptError: bad config values; PolicySpecError for a bad policy; DataError for a bad ``--corpus``;
-      CheckpointError for a checkpoint directory that holds another run or would be overwritten;
-      DirectoryInUseError when another run holds ``--out`` or ``--ckpt-dir``;
-      NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
-    RunInterrupted: SIGINT/SIGTERM stopped the run (:mod:`experiments.loop`).
+    DataError: a bad ``--corpus``; the others of :func:`experiments.runner.run`.
   """
   return run(config, check=_check, setup=_setup, log=log)
 
@@ -236,9 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; returns the exit status (2 bad input, 1 non-finite loss, each with a one-line message)."""
-  return run_cli(build_parser(), lambda args: configure(LMConfig(), **vars(args)), train, argv)
+main = command(build_parser, LMConfig, train)
+"""CLI entry point ``main(argv=None) -> exit status`` (:func:`experiments.flags.command`)."""
 
 
 if __name__ == "__main__":

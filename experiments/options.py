@@ -14,7 +14,7 @@ from typing import Any
 from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
 
-__all__ = ["NAN_POLICIES", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
+__all__ = ["NAN_POLICIES", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 
 NAN_POLICIES = ("stop", "skip")
 """What to do on a NaN/Inf loss or gradient: stop (keep the last good checkpoint) or skip that update."""
@@ -85,18 +85,26 @@ def flat_config(config: Any) -> dict[str, Any]:
   return {**record, **record.pop("run")}
 
 
-def run_identity(config: Any, *, ignore: Collection[str] = (), **extra: Any) -> dict[str, Any]:
+REMAT_FIELDS = ("scan", "structure")
+"""Config fields that change how the layers are remat'd, not the numbers: they may change on resume."""
+
+
+def run_identity(config: Any, model_config: Any, *, ignore: Collection[str] = (), **extra: Any) -> dict[str, Any]:
   """The config fields a resumed run must share with the saved one, for :class:`jaxckpt.TrainStateSaver`.
 
-  Run options never count (remat policy, outputs and devices do not change the numbers).
+  Run options never count (remat policy, outputs and devices do not change the numbers), nor do
+  :data:`REMAT_FIELDS`.
 
   Args:
     config: an experiment config.
-    ignore: more of its own fields that may change on resume (e.g. ``scan``, ``structure``).
-    **extra: entries to add (the resolved model config, the data's identity).
+    model_config: the resolved model config (a dataclass), stored as ``model_config``.
+    ignore: more of the config's own fields that may change on resume (e.g. where the data is read from).
+    **extra: entries to add (the data's identity).
   """
   record = dataclasses.asdict(config)
-  return {**{k: v for k, v in record.items() if k not in ("run", *ignore)}, **extra}
+  model = {k: v for k, v in dataclasses.asdict(model_config).items() if k not in REMAT_FIELDS}
+  return {**{k: v for k, v in record.items() if k not in ("run", *REMAT_FIELDS, *ignore)}, "model_config": model,
+          **extra}
 
 
 def check_seeds(config: Any) -> None:

@@ -50,7 +50,7 @@ class Setup:
     score: ``[eval step metrics per batch] -> {metric: float}``.
     identity: the config a resumed run must share (:func:`experiments.options.run_identity`).
     headline: first line of the log (model and data).
-    nan_hints: likely causes of a NaN for this experiment.
+    nan_hints: likely causes of a NaN beyond a high learning rate and bfloat16 overflow (named for every run).
     report: ``(final scores, history) -> (extra metrics.json entries, result lines)``; the last line gets the
       median step time appended.
     period: an evaluation period's name in log lines.
@@ -69,9 +69,9 @@ class Setup:
   score: Callable[[list[Mapping[str, Any]]], dict[str, float]]
   identity: Mapping[str, Any]
   headline: str
-  nan_hints: str
   report: Callable[[Mapping[str, float], Mapping[str, list[float]]], tuple[dict[str, Any], list[str]]]
   period: str = "epoch"
+  nan_hints: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +166,8 @@ def run(config: Any, *, check: Callable[[Any], None], setup: Callable[..., Setup
   """Trains and evaluates one run of an experiment.
 
   Args:
-    config: the experiment's config: a frozen dataclass with ``seed``, ``split_seed``, ``grad_accum_steps`` and
-      ``run`` (:class:`experiments.options.RunOptions`).
+    config: the experiment's config: a frozen dataclass with ``seed``, ``split_seed``, ``grad_accum_steps``,
+      ``learning_rate``, ``compute_dtype`` and ``run`` (:class:`experiments.options.RunOptions`).
     check: ``config -> None``, raises :class:`JaxckptError` for bad values of the experiment's own flags.
     setup: ``(config, log) -> Setup``, loads the data and describes the model (no device work before it).
     log: where progress lines go (``print`` on the CLI).
@@ -234,7 +234,10 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
   loop = train_loop(
       compiled.fn, state, batch_at=batch_at, total_steps=setup.total_steps, eval_every=setup.eval_every,
       evaluate=evaluate, identity=setup.identity, options=options, log=log, period=setup.period,
-      nan_hints=setup.nan_hints, signals=signals,
+      signals=signals,
+      nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
+                 f"(--compute-dtype {config.compute_dtype}; try float32)"
+                 + (f", or {setup.nan_hints}" if setup.nan_hints else "")),
   )
   final = evaluate(loop.state)
   extra, lines = setup.report(final, loop.history)

@@ -95,6 +95,7 @@ def write_npz(path, **arrays):
 def bad_inputs(tmp_path):
   rng = np.random.default_rng(0)
   x, y = rng.normal(size=(20, 6, 6)).astype(np.float32), np.arange(20) % 3
+  x120 = rng.normal(size=(120, 6, 6)).astype(np.float32)
   empty = tmp_path / "empty.npz"
   empty.write_bytes(b"")
   np.save(tmp_path / "plain.npy", x)
@@ -134,6 +135,15 @@ def bad_inputs(tmp_path):
       "no examples": (["--data", write_npz(tmp_path / "f.npz", x=x[:0], y=y[:0])], ["no examples"]),
       "one class": (["--data", write_npz(tmp_path / "g.npz", x=x, y=y * 0)], ["need at least 2"]),
       "nan": (["--data", write_npz(tmp_path / "h.npz", x=x * np.nan, y=y)], ["NaN or Inf"]),
+      "empty classes": (["--data", write_npz(tmp_path / "i.npz", x=x120, y=100 + np.arange(120) % 10)],
+                        ["labels 100..109 leave 100 of the 110 inferred classes", "without an example: 0..99",
+                         "--num-classes K"]),
+      "gaps": (["--data", write_npz(tmp_path / "j.npz", x=x120, y=np.arange(120) % 3 * 2)],
+               ["leave 2 of the 5 inferred classes", "without an example: 1, 3"]),
+      "label over k": (["--data", write_npz(tmp_path / "l.npz", x=x, y=y), "--num-classes", "2"],
+                       ["labels must be in 0..1 (--num-classes 2), found 2"]),
+      "num classes": (["--num-classes", "1"], ["--num-classes must be ≥ 2, got 1"]),
+      "num classes digits": (["--num-classes", "12"], ["--num-classes 12 does not fit the digits (10 classes)"]),
   }
 
 
@@ -157,6 +167,19 @@ def test_user_npz_data_trains(tmp_path):
   result = train(configure(TINY, model="mlp", epochs=1, batch_size=16, data=str(tmp_path / "d.npz")),
                  log=quiet)
   assert result.metrics["data"].endswith("d.npz")
+
+
+def test_num_classes_allows_empty_classes(tmp_path):
+  """Labels 100..109 with --num-classes 110: a 110-way head (classes 0..99 have no example, as declared)."""
+  rng = np.random.default_rng(0)
+  y = 100 + np.arange(120) % 10
+  x = (rng.normal(size=(120, 6, 6)) + (y - 100)[:, None, None]).astype(np.float32)
+  path = write_npz(tmp_path / "k.npz", x=x, y=y)
+  lines = []
+  result = train(configure(TINY, model="mlp", epochs=1, batch_size=16, data=path, num_classes=110), log=lines.append)
+  assert any("110 classes" in line for line in lines), lines
+  assert any(np.shape(leaf)[-1:] == (110,) for leaf in jax.tree.leaves(result.state.params))  # the output head
+  assert result.metrics["config"]["num_classes"] == 110
 
 
 def test_cli_smoke(tmp_path):
