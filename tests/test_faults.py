@@ -249,7 +249,8 @@ def test_directory_lock_names_the_holder_and_a_killed_holder_is_stale(tmp_path):
 
   holder = subprocess.Popen(
       [sys.executable, "-c", "import sys, time; from jaxckpt.saving import DirectoryLock; "
-       f"DirectoryLock({str(tmp_path)!r}, flag='--out').acquire(); print('held', flush=True); time.sleep(60)"],
+       f"lock = DirectoryLock({str(tmp_path)!r}, flag='--out').acquire(); print('held', flush=True); "
+       "time.sleep(60)"],
       stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
   try:
     assert holder.stdout.readline().strip() == "held"
