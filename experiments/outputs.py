@@ -55,13 +55,14 @@ def run_metrics(
 
 
 def write_metrics(out: str | None, metrics: Mapping[str, Any], log=print) -> None:
-  """Writes ``out/metrics.json`` (no-op without ``out``; in a multi-process run only process 0 writes)."""
+  """Writes ``out/metrics.json`` atomically (no-op without ``out``; in a multi-process run only process 0 writes)."""
   if out is None or jax.process_index() != 0:
     return
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, "metrics.json")
-  with open(path, "w") as f:
+  with open(path + ".tmp", "w") as f:  # then renamed: an interrupted write never leaves half a file
     json.dump(metrics, f, indent=2)
+  os.replace(path + ".tmp", path)
   log(f"wrote {path}")
 
 

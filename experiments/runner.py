@@ -239,12 +239,16 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
                  f"(--compute-dtype {config.compute_dtype}; try float32)"
                  + (f", or {setup.nan_hints}" if setup.nan_hints else "")),
   )
-  final = evaluate(loop.state)
-  extra, lines = setup.report(final, loop.history)
-  metrics = run_metrics(spec=spec, compiled=compiled, loop=loop, total_steps=setup.total_steps, **extra,
-                        **placement.describe(), config=flat_config(config), plan=plan)
-  lines = [*lines[:-1], closing_line(lines[-1], loop, total_steps=setup.total_steps, ckpt_dir=options.ckpt_dir)]
-  for line in lines:
-    log(line)
-  write_metrics(options.out, metrics, log)
+  try:
+    final = evaluate(loop.state)
+    extra, lines = setup.report(final, loop.history)
+    metrics = run_metrics(spec=spec, compiled=compiled, loop=loop, total_steps=setup.total_steps, **extra,
+                          **placement.describe(), config=flat_config(config), plan=plan)
+    lines = [*lines[:-1], closing_line(lines[-1], loop, total_steps=setup.total_steps, ckpt_dir=options.ckpt_dir)]
+    for line in lines:
+      log(line)
+    write_metrics(options.out, metrics, log)
+  except RunInterrupted as err:  # after training: every step is done (and saved, with --ckpt-dir)
+    err.step = err.total_steps = setup.total_steps
+    raise
   return RunResult(metrics, loop.state)
