@@ -56,7 +56,11 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class SignalGuard:
-  """Turns SIGINT/SIGTERM into :class:`RunInterrupted`, held back while a save is in flight (:meth:`saving`)."""
+  """Turns SIGINT/SIGTERM into :class:`RunInterrupted`, held back while a save is in flight (:meth:`saving`).
+
+  The handler raises where the main thread is; where that is a garbage-collector or ``__del__`` callback, Python
+  prints and drops the exception, so the signal is also remembered and :meth:`check` (called every step) raises it.
+  """
 
   def __init__(self):
     self._saving = False
@@ -64,10 +68,14 @@ class SignalGuard:
 
   def handle(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal handler signature
     """The signal handler: raise now, or after the save in flight."""
-    if self._saving:
-      self._pending = signum
-      return
-    raise RunInterrupted(signum)
+    self._pending = signum
+    if not self._saving:
+      raise RunInterrupted(signum)
+
+  def check(self) -> None:
+    """Raises :class:`RunInterrupted` for a signal received and not raised yet (or raised and dropped)."""
+    if self._pending is not None and not self._saving:
+      raise RunInterrupted(self._pending)
 
   @contextlib.contextmanager
   def saving(self) -> Iterator[None]:
@@ -77,9 +85,7 @@ class SignalGuard:
       yield
     finally:
       self._saving = False
-    if self._pending is not None:
-      signum, self._pending = self._pending, None
-      raise RunInterrupted(signum)
+    self.check()
 
 
 @contextlib.contextmanager
@@ -183,7 +189,7 @@ def train_loop(
   checkpointer = None
   if options.ckpt_dir is not None:
     checkpointer = jaxckpt.TrainStateSaver(options.ckpt_dir, config=identity, save_every=options.ckpt_every,
-                                        resume=options.resume, allow_config_change=options.allow_config_change)
+                                           resume=options.resume, allow_config_change=options.allow_config_change)
     state, meta = checkpointer.restore(state)
     for message in checkpointer.warnings:
       log(f"warning: {message}")
@@ -227,6 +233,8 @@ def train_loop(
 
   try:
     for step in range(start, total_steps):
+      if signals is not None:
+        signals.check()
       batch = batch_at(step)
       began = time.perf_counter()
       state, metrics = step_fn(state, batch)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+from flax import nnx
 
 import jaxckpt
 from experiments.loop import RunInterrupted, stop_on_signals, train_loop
@@ -118,8 +119,6 @@ def compile_and_describe(
   offload = jaxckpt.xla.offload_warning(spec)
   if offload is not None:
     messages.append(offload)
-  from flax import nnx
-
   types = jaxckpt.block_types(nnx.merge(graphdef, state.params, state.other))
   memory = jaxckpt.memory_stats(fn)
   log(headline)
@@ -231,6 +230,8 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
   def evaluate(state: Any) -> dict[str, float]:
     return setup.score([eval_step(state, batch) for batch in eval_batches])
 
+  if signals is not None:
+    signals.check()  # one that came during the compile and was dropped
   loop = train_loop(
       compiled.fn, state, batch_at=batch_at, total_steps=setup.total_steps, eval_every=setup.eval_every,
       evaluate=evaluate, identity=setup.identity, options=options, log=log, period=setup.period,
