@@ -134,7 +134,7 @@ def render(data: Mapping[str, Any]) -> str:
            "", ""] for part in ("kill", "signal") for kind, count in sorted(data[part]["faults"].items())]
   for part, label in (("kill", "all `kill -9`"), ("signal", "all SIGINT / SIGTERM")):
     d = data[part]
-    rows.append([label, sum(d["faults"].values()), f"{d['runs_lost']} of {d['resumes']} resumes",
+    rows.append([label, sum(d["faults"].values()), f"{d['runs_lost']} ({d['resumes']} resumes checked)",
                  "yes" if d["bit_identical"] else "NO"])
   pairs = data["pairs"]
   rows.append(["two runs started into the same directories", len(pairs["codes"]), f"{pairs['lost']} of "

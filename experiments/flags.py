@@ -57,8 +57,8 @@ def interrupted_line(prog: str, argv: Sequence[str], err: RunInterrupted) -> str
   total = f" of {err.total_steps}" if err.total_steps is not None else ""
   reached = f"at step {err.step}{total}" if err.step is not None else "before training began"
   if err.ckpt_dir is None:
-    return (f"{prog}: stopped by {name} {reached}; no checkpoint (no --ckpt-dir), so nothing to resume: rerun with "
-            "--ckpt-dir DIR to be able to")
+    return (f"{prog}: stopped by {name} {reached}; nothing was saved (no --ckpt-dir): rerun it with --ckpt-dir DIR "
+            "to be able to resume")
   kept = (f"last complete checkpoint: step {err.checkpoint} in {err.ckpt_dir}" if err.checkpoint is not None
           else f"no checkpoint saved yet in {err.ckpt_dir}")
   again = list(argv) if "--resume" in argv else [*argv, "--resume"]
