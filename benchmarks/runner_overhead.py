@@ -40,6 +40,8 @@ import jax
 
 from benchmarks import common
 from experiments import classifier, lm, loop
+from experiments import runner as experiment_runner
+from experiments.options import RunOptions, configure
 
 NAME = "runner_overhead"
 TARGET_RATIO = 0.95
@@ -57,7 +59,7 @@ def capture(module, config) -> dict[str, Any]:
     "loop_kwargs": train_loop's keyword arguments (``batch_at``, …)}``.
   """
   captured: dict[str, Any] = {}
-  real_compile = module.compile_and_describe
+  real_compile = experiment_runner.compile_and_describe
 
   def compile_hook(step, state, example, **kwargs):
     captured["step"] = step
@@ -67,8 +69,8 @@ def capture(module, config) -> dict[str, Any]:
     captured.update(step_fn=step_fn, state=state, loop_kwargs=kwargs)
     raise _Captured
 
-  with mock.patch.object(module, "compile_and_describe", compile_hook), \
-      mock.patch.object(module, "train_loop", loop_hook):
+  with mock.patch.object(experiment_runner, "compile_and_describe", compile_hook), \
+      mock.patch.object(experiment_runner, "train_loop", loop_hook):
     try:
       module.train(config, log=lambda *_: None)
     except _Captured:
@@ -87,7 +89,7 @@ def throughput(module, config, *, rounds: int, steps_per_round: int) -> dict[str
   batch_at = got["loop_kwargs"]["batch_at"]
   box = {"state": got["state"], "step": int(jax.device_get(got["state"].step))}
   hand_step = jax.jit(got["step"], donate_argnums=0)
-  options = loop.RunOptions(progress=True)
+  options = RunOptions(progress=True)
 
   def runner():
     sink = io.StringIO()
@@ -146,10 +148,10 @@ def experiments(quick: bool) -> dict[str, tuple[Any, Any, Any]]:
   """Experiment name -> (module, throughput config, compile-check config, steps per round ≈ 0.5 s); ``quick``: the
   tiny classifier only."""
   if quick:  # the smoke test: the classifier only (every compile costs seconds)
-    cls = classifier.ClassifierConfig(preset="tiny", epochs=2, progress=False)
+    cls = configure(classifier.ClassifierConfig(preset="tiny", epochs=2), progress=False)
     return {"classifier (vit tiny)": (classifier, cls, cls, 5)}
-  cls = classifier.ClassifierConfig(progress=False)  # the default run: vit small, batch 64
-  lmc = lm.LMConfig(progress=False)  # the default run: gpt tiny
+  cls = configure(classifier.ClassifierConfig(), progress=False)  # the default run: vit small, batch 64
+  lmc = configure(lm.LMConfig(), progress=False)  # the default run: gpt tiny
   return {"classifier (vit small, B=64)": (classifier, cls, dataclasses.replace(cls, epochs=2), 10),
           "lm (gpt tiny, T=64, B=8)": (lm, lmc, dataclasses.replace(lmc, steps=60, eval_every=30, eval_batches=2), 40)}
 

@@ -47,7 +47,7 @@ class ImageDataset:
 def _split_and_standardise(x: np.ndarray, y: np.ndarray, num_classes: int, source: str, *, split_seed: int,
                            test_fraction: float) -> ImageDataset:
   x_train, x_test, y_train, y_test = train_test_split(
-      x, y, test_size=test_fraction, random_state=split_seed, stratify=y if np.bincount(y).min() >= 2 else None
+      x, y, test_size=test_fraction, random_state=split_seed, stratify=y if np.unique(y, return_counts=True)[1].min() >= 2 else None
   )
   mean = x_train.mean(axis=(0, 1, 2), keepdims=True)
   std = x_train.std(axis=(0, 1, 2), keepdims=True) + 1e-6
@@ -71,15 +71,25 @@ def load_digits(*, split_seed: int = 0, test_fraction: float = 0.2) -> ImageData
                                 split_seed=split_seed, test_fraction=test_fraction)
 
 
-def load_npz(path: str, *, split_seed: int = 0, test_fraction: float = 0.2) -> ImageDataset:
+def load_npz(path: str, *, split_seed: int = 0, test_fraction: float = 0.2,
+             num_classes: int | None = None) -> ImageDataset:
   """Loads the user's images from an ``.npz`` file with arrays ``x`` and ``y``.
 
-  ``x``: float (or integer) ``[N, H, W]`` or ``[N, H, W, C]``; ``y``: integer ``[N]`` with values in ``0..K-1``
-  (K inferred as ``max(y) + 1``, ≥ 2). The file is split into train/test like the digits.
+  ``x``: float (or integer) ``[N, H, W]`` or ``[N, H, W, C]``; ``y``: integer ``[N]`` with values in ``0..K-1``.
+  K is ``num_classes`` when given (classes without examples are then allowed), else inferred as ``max(y) + 1``, and
+  then every class ``0..K-1`` must have an example: labels 100..109 would otherwise train a 110-way head with 100
+  classes no example can teach. The file is split into train/test like the digits.
+
+  Args:
+    path: the ``.npz`` file.
+    split_seed: seed of the fixed train/test split.
+    test_fraction: share of examples held out for test, in (0, 1).
+    num_classes: the class count K (``--num-classes``), ≥ 2; ``None`` infers it.
 
   Raises:
     DataError: the file is missing, unreadable or empty, lacks ``x`` or ``y``, has wrong ranks, dtypes or lengths,
-      non-finite pixels, negative labels, fewer than 2 classes, or too few examples to split.
+      non-finite pixels, negative labels, labels ≥ ``num_classes``, fewer than 2 classes, inferred classes without
+      an example (naming them), or too few examples to split.
   """
   if os.path.isdir(path):
     raise DataError(f"--data {path} is a directory; give an .npz file")
@@ -124,12 +134,22 @@ def load_npz(path: str, *, split_seed: int = 0, test_fraction: float = 0.2) -> I
     raise DataError(f"--data {path}: x holds NaN or Inf values")
   if y.min() < 0:
     raise DataError(f"--data {path}: labels must be in 0..K-1, found {int(y.min())}")
-  num_classes = int(y.max()) + 1
-  if num_classes < 2:
-    raise DataError(f"--data {path}: labels have {num_classes} class; need at least 2")
-  if num_classes > len(y):
-    raise DataError(f"--data {path}: labels go up to {num_classes - 1} but there are only {len(y)} examples "
-                    "(K is inferred as max(y) + 1); renumber the labels 0..K-1")
+  if num_classes is not None:
+    if y.max() >= num_classes:
+      raise DataError(f"--data {path}: labels must be in 0..{num_classes - 1} (--num-classes {num_classes}), found "
+                      f"{int(y.max())}")
+  else:
+    num_classes = int(y.max()) + 1
+    if num_classes < 2:
+      raise DataError(f"--data {path}: labels have {num_classes} class; need at least 2")
+    if num_classes > len(y):
+      raise DataError(f"--data {path}: labels go up to {num_classes - 1} but there are only {len(y)} examples "
+                      "(K is inferred as max(y) + 1); renumber the labels 0..K-1")
+    empty = np.flatnonzero(np.bincount(y, minlength=num_classes) == 0)
+    if empty.size:
+      raise DataError(f"--data {path}: labels {_ranges(np.unique(y))} leave {empty.size} of the {num_classes} "
+                      f"inferred classes (K = max(y) + 1) without an example: {_ranges(empty)}; renumber the labels "
+                      "0..K-1, or pass --num-classes K to keep empty classes")
   if round(x.shape[0] * test_fraction) < 1 or x.shape[0] - round(x.shape[0] * test_fraction) < 1:
     raise DataError(f"--data {path}: {x.shape[0]} example(s) are too few to split into train and test")
   try:
@@ -139,9 +159,29 @@ def load_npz(path: str, *, split_seed: int = 0, test_fraction: float = 0.2) -> I
     raise DataError(f"--data {path}: cannot split into train/test ({err})") from err
 
 
-def load_dataset(path: str | None, *, split_seed: int = 0) -> ImageDataset:
-  """The digits when ``path`` is ``None``, else :func:`load_npz` of ``path``."""
-  return load_digits(split_seed=split_seed) if path is None else load_npz(path, split_seed=split_seed)
+def _ranges(values: np.ndarray, limit: int = 8) -> str:
+  """``0..99, 105, 107`` for sorted integers (runs joined), at most ``limit`` pieces."""
+  pieces, start = [], None
+  for i, v in enumerate(values):
+    if start is None:
+      start = v
+    if i + 1 == len(values) or values[i + 1] != v + 1:
+      pieces.append(f"{start}" if start == v else f"{start}..{v}")
+      start = None
+  return ", ".join(pieces[:limit]) + (f", … ({len(pieces) - limit} more)" if len(pieces) > limit else "")
+
+
+def load_dataset(path: str | None, *, split_seed: int = 0, num_classes: int | None = None) -> ImageDataset:
+  """The digits when ``path`` is ``None``, else :func:`load_npz` of ``path``.
+
+  Raises:
+    DataError: ``num_classes`` with the digits other than 10, or a bad ``--data`` file (:func:`load_npz`).
+  """
+  if path is None:
+    if num_classes not in (None, 10):
+      raise DataError(f"--num-classes {num_classes} does not fit the digits (10 classes); it is for --data files")
+    return load_digits(split_seed=split_seed)
+  return load_npz(path, split_seed=split_seed, num_classes=num_classes)
 
 
 def train_batch(data: ImageDataset, step: int, *, batch_size: int, seed: int) -> dict[str, np.ndarray]:

@@ -16,30 +16,17 @@ import argparse
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 import optax
 
 import jaxckpt
 from experiments import text
-from experiments.loop import (
-    CLIParser,
-    RunOptions,
-    add_policy_flags,
-    add_run_flags,
-    check_seeds,
-    compile_and_describe,
-    plan_budget,
-    resolve_policy,
-    run_cli,
-    run_metrics,
-    setup_placement,
-    train_loop,
-    write_metrics,
-)
+from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from experiments.options import RunOptions, run_identity
+from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
 from jaxckpt.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
 from jaxckpt.layers import ATTENTION_IMPLEMENTATIONS
@@ -50,11 +37,9 @@ __all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_confi
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-  """One LM run. Model fields left ``None`` come from the preset."""
+  """One LM run. Model fields left ``None`` come from the preset; how it runs is in ``run``."""
 
   preset: str = "tiny"  # A key of jaxckpt.gpt.GPT_PRESETS: tiny, small, gpt2-small.
-  policy: str | None = None  # Policy spec (jaxckpt.parse_policy grammar); block types attn, mlp.
-  gradient_checkpointing: bool | None = None  # Hugging Face-style switch: True = policy full, False = none.
   structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
   max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
   attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).
@@ -74,25 +59,11 @@ class LMConfig:
   split_seed: int = 0  # The fixed train/eval split of the corpus.
   corpus: str | None = None  # A text file or folder; None = the stdlib's .py files.
   corpus_max_mib: float = text.DEFAULT_MAX_BYTES / 2**20  # Read at most this many MiB of the corpus.
-  out: str | None = None  # Directory for metrics.json.
-  ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
-  ckpt_every: int = 100  # Save every this many steps (and at the end).
-  resume: bool = False  # Continue from the latest checkpoint in ckpt_dir.
-  allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
-  nan_policy: str = "stop"  # On a NaN/Inf loss or gradient: "stop" (keep the last good checkpoint) or "skip".
-  progress: bool = True  # Show a progress bar.
-  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device.
-  coordinator: str | None = None  # HOST:PORT of process 0 (multi-process, jax.distributed); None = one process.
-  num_processes: int = 1  # Processes of a multi-process run.
-  process_id: int = 0  # This process, 0..num_processes-1.
+  run: RunOptions = RunOptions()  # Policy, outputs, checkpoints, faults, devices (experiments.options).
 
 
-@dataclasses.dataclass(frozen=True)
-class LMResult:
-  """What :func:`train` returns: the metrics (as written to metrics.json) and the final train state."""
-
-  metrics: dict[str, Any]
-  state: jaxckpt.TrainState
+LMResult = RunResult
+"""What :func:`train` returns: ``metrics`` (as written to metrics.json) and the final train ``state``."""
 
 
 def _check(config: LMConfig) -> None:
@@ -128,82 +99,47 @@ def model_config(config: LMConfig) -> GPTConfig:
   return dataclasses.replace(GPT_PRESETS[config.preset], **overrides)
 
 
-def _run_identity(config: LMConfig, model_cfg: GPTConfig, corpus: text.TextCorpus) -> dict[str, Any]:
-  """The config fields a resumed run must share with the saved one (remat choices may change: they keep numbers)."""
-  identity = {k: v for k, v in dataclasses.asdict(config).items()
-              if k not in ("policy", "gradient_checkpointing", "structure", "scan", "out", "ckpt_dir", "ckpt_every",
-                           "resume", "progress",
-                           "corpus", "allow_config_change", "nan_policy", "eval_every", "eval_batches", "mesh",
-                           "coordinator", "num_processes", "process_id")}
-  identity["model_config"] = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in ("scan", "structure")}
-  identity["corpus"] = {"source": corpus.source, "sha256": corpus.sha256}
-  return identity
-
-
-def _evaluate(eval_step, state, *, batches) -> dict[str, float]:
+def _score(results: list[Mapping[str, Any]]) -> dict[str, float]:
   """Mean loss over the fixed eval batches (equal sizes, so the mean of means is the mean per token)."""
-  results = [eval_step(state, batch) for batch in batches]
   loss = float(np.mean([float(r["loss"]) for r in results]))
   accuracy = float(np.mean([float(r["accuracy"]) for r in results]))
   return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "eval_accuracy": accuracy}
 
 
-def train(config: LMConfig, *, log=print) -> LMResult:
-  """Trains and evaluates one LM run.
-
-  Args:
-    config: the run.
-    log: where progress lines go (``print`` on the CLI).
-
-  Returns:
-    :class:`LMResult` with ``metrics`` = the contents of metrics.json: the shared keys (``schema_version``,
-    ``policy``, ``model`` = ``"gpt"``, ``preset``, ``scan``, ``compute_dtype``, ``test_accuracy`` (next-byte
-    accuracy on the eval stream, 0–1), ``train_loss`` (one mean per eval period), ``step_time_s``, ``memory``
-    (bytes), ``backend``, ``versions``, ``warnings``, …) and ``eval_loss`` (nats/byte), ``perplexity``,
-    ``eval_loss_history``, ``unigram_entropy`` (nats/byte), ``corpus`` (source, files, bytes, split sizes,
-    sha256), ``model_config``, ``tokens_per_step``, ``config``.
-
-  Raises:
-    JaxckptError: bad config values; PolicySpecError for a bad policy; DataError for a bad ``--corpus``;
-      CheckpointError for a checkpoint directory that holds another run or would be overwritten;
-      NonFiniteLossError for a NaN/Inf loss with ``nan_policy="stop"``.
-  """
-  _check(config)
-  check_seeds(config)
-  options = RunOptions.of(config)
-  options.check()
-  placement = setup_placement(options)  # before anything touches a device
-  spec = resolve_policy(config.policy, config.gradient_checkpointing)
+def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup signature
+  """The LM's part of a run: corpus, GPT, loss, optimizer, evaluation and result lines."""
   model_cfg = model_config(config)
   if model_cfg.vocab_size < text.VOCAB_SIZE:
     raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
-  budget = isinstance(spec, jaxckpt.policies.Budget)
-  placement.check_policy(spec)
-  model = build_gpt(model_cfg, policy=None if budget else spec, seed=config.seed)  # validates config and policy
   corpus = text.load_corpus(config.corpus, max_bytes=int(config.corpus_max_mib * 2**20),
                             min_window=model_cfg.seq_len + 1, split_seed=config.split_seed)
   batch_size, seq_len = model_cfg.batch_size, model_cfg.seq_len
-  placement.check_batch_size(batch_size)
   if batch_size % config.grad_accum_steps:
     raise JaxckptError(f"--grad-accum-steps {config.grad_accum_steps} must divide the batch size {batch_size}")
-  total_steps = config.steps
-  warmup = min(config.warmup_steps, total_steps // 2)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, total_steps + 1)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
-  batch_at = functools.partial(text.train_batch, corpus, batch_size=batch_size, seq_len=seq_len, seed=config.seed)
-  spec, plan = plan_budget(spec, make_model=lambda: build_gpt(model_cfg, seed=config.seed), batch=batch_at(0),
-                           loss_fn=lm_loss, tx=tx, grad_accum_steps=config.grad_accum_steps, name="gpt",
-                           preset=config.preset, log=log)
-  jaxckpt.set_policy(model, spec)
-  graphdef, state = jaxckpt.create_train_state(model, tx, seed=config.seed)
-  state = placement.state(state, model)
+  warmup = min(config.warmup_steps, config.steps // 2)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, config.steps + 1)
 
-  batch_at, example, shardings = placement.batches(batch_at, state, model)
-  del model
-  compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, tx, placement.loss(lm_loss), skip_nonfinite=config.nan_policy == "skip",
-                              grad_accum_steps=config.grad_accum_steps), state,
-      example, shardings=shardings, graphdef=graphdef, spec=spec, log=log,
+  def report(final: Mapping[str, float], history: Mapping[str, list[float]]) -> tuple[dict[str, Any], list[str]]:
+    extra = dict(model="gpt", preset=config.preset, scan=model_cfg.scan, compute_dtype=model_cfg.compute_dtype,
+                 test_accuracy=final["eval_accuracy"], eval_loss=final["eval_loss"], perplexity=final["perplexity"],
+                 eval_loss_history=history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
+                 corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
+                 model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len)
+    verdict = "below" if final["eval_loss"] < corpus.unigram_entropy else "NOT below"
+    return extra, [f"eval loss {final['eval_loss']:.4f} nats/byte (perplexity {final['perplexity']:.3f}), {verdict} "
+                   f"the unigram entropy {corpus.unigram_entropy:.4f}"]
+
+  return Setup(
+      model="gpt", preset=config.preset, make_model=lambda policy=None: build_gpt(model_cfg, policy=policy,
+                                                                                  seed=config.seed),
+      loss_fn=lm_loss,
+      tx=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay)),
+      batch_at=functools.partial(text.train_batch, corpus, batch_size=batch_size, seq_len=seq_len, seed=config.seed),
+      batch_size=batch_size, total_steps=config.steps, eval_every=config.eval_every,
+      eval_batches=text.eval_batches(corpus, batch_size=batch_size, seq_len=seq_len, num_batches=config.eval_batches),
+      score=_score, period="eval",
+      identity=run_identity(config, model_cfg, ignore=("corpus", "eval_every", "eval_batches"),
+                            corpus={"source": corpus.source, "sha256": corpus.sha256}),
       headline=(f"model gpt ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} H={model_cfg.num_heads} "
                 f"T={seq_len} B={batch_size}, {model_cfg.attention} attention, "
                 f"{'tied' if model_cfg.tie_embeddings else 'untied'} embeddings, "
@@ -211,34 +147,24 @@ def train(config: LMConfig, *, log=print) -> LMResult:
                 f"{model_cfg.compute_dtype}); corpus {corpus.source}: {corpus.files} files, {corpus.num_bytes} bytes "
                 f"({corpus.train.size} train / {corpus.eval.size} eval), unigram entropy "
                 f"{corpus.unigram_entropy:.4f} nats/byte"),
+      report=report,
   )
-  eval_step = jax.jit(jaxckpt.make_eval_step(graphdef, lm_loss))
-  batches = [placement.batch(b) for b in
-             text.eval_batches(corpus, batch_size=batch_size, seq_len=seq_len, num_batches=config.eval_batches)]
-  evaluate = functools.partial(_evaluate, eval_step, batches=batches)
-  loop = train_loop(
-      compiled.fn, state, batch_at=batch_at, total_steps=total_steps, eval_every=config.eval_every,
-      evaluate=evaluate, identity=_run_identity(config, model_cfg, corpus), options=options, log=log, period="eval",
-      nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
-                 f"(--compute-dtype {config.compute_dtype}; try float32)"),
-  )
-  final = evaluate(loop.state)
-  metrics = run_metrics(
-      spec=spec, compiled=compiled, loop=loop, total_steps=total_steps,
-      model="gpt", preset=config.preset, scan=model_cfg.scan, compute_dtype=model_cfg.compute_dtype,
-      test_accuracy=final["eval_accuracy"], eval_loss=final["eval_loss"], perplexity=final["perplexity"],
-      eval_loss_history=loop.history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
-      corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
-      model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len, **placement.describe(),
-      config=dataclasses.asdict(config), plan=plan,
-  )
-  step_time = metrics["step_time_s"]
-  verdict = "below" if final["eval_loss"] < corpus.unigram_entropy else "NOT below"
-  log(f"eval loss {final['eval_loss']:.4f} nats/byte (perplexity {final['perplexity']:.3f}), {verdict} the "
-      f"unigram entropy {corpus.unigram_entropy:.4f}; median step time "
-      f"{'n/a' if step_time is None else f'{step_time * 1e3:.1f} ms'} over {max(len(loop.step_times) - 1, 1)} steps")
-  write_metrics(config.out, metrics, log)
-  return LMResult(metrics, loop.state)
+
+
+def train(config: LMConfig, *, log=print) -> LMResult:
+  """Trains and evaluates one LM run ``config``, logging progress lines to ``log`` (``print`` on the CLI):
+  :func:`experiments.runner.run` with the LM's parts.
+
+  Returns:
+    :class:`LMResult` with ``metrics`` = the contents of metrics.json: the shared keys of
+    :func:`experiments.outputs.run_metrics`, ``model`` = ``"gpt"``, ``preset``, ``test_accuracy`` (next-byte accuracy
+    on the eval stream, 0–1), ``eval_loss`` (nats/byte), ``perplexity``, ``eval_loss_history``, ``unigram_entropy``
+    (nats/byte), ``corpus`` (source, files, bytes, split sizes, sha256), ``model_config``, ``tokens_per_step``, …
+
+  Raises:
+    DataError: a bad ``--corpus``; the others of :func:`experiments.runner.run`.
+  """
+  return run(config, check=_check, setup=_setup, log=log)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,13 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--corpus", default=None, help="a text file or folder (default: the stdlib's .py files)")
   parser.add_argument("--corpus-max-mib", type=float, default=defaults.corpus_max_mib,
                       help="read at most this many MiB of the corpus (default %(default)s)")
-  add_run_flags(parser, RunOptions.of(defaults))
+  add_run_flags(parser)
   return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; returns the exit status (2 bad input, 1 non-finite loss, each with a one-line message)."""
-  return run_cli(build_parser(), lambda args: LMConfig(**vars(args)), train, argv)
+main = command(build_parser, LMConfig, train)
+"""CLI entry point ``main(argv=None) -> exit status`` (:func:`experiments.flags.command`)."""
 
 
 if __name__ == "__main__":

@@ -5,18 +5,20 @@
   with checkpoint names from :mod:`jaxckpt.names`; models in :mod:`jaxckpt.models`.
 - Compiling so that remat works on CPU too, and compiled memory stats: :func:`jit`, :func:`compile_step`,
   :func:`memory_stats`.
-- Train steps and checkpoints: :mod:`jaxckpt.train`, :class:`Checkpointer`.
+- Train steps and saving the train state (orbax): :mod:`jaxckpt.train`, :class:`TrainStateSaver`
+  (``Checkpointer`` is its old name, kept as an alias).
 - Sharded and multi-process training (data parallel, FSDP, ``jax.distributed``): :mod:`jaxckpt.sharding`;
   multi-task heads: :mod:`jaxckpt.multitask`.
 """
 
 from jaxckpt import linen, names, sharding
 from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
-from jaxckpt.checkpointing import Checkpointer
+from jaxckpt.saving import Checkpointer, DirectoryLock, TrainStateSaver
 from jaxckpt.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
 from jaxckpt.errors import (
     CheckpointError,
     DataError,
+    DirectoryInUseError,
     JaxckptError,
     MeshSpecError,
     NonFiniteLossError,
@@ -89,8 +91,11 @@ __all__ = [
     "RematPolicyWarning",
     "policy_warnings",
     "warn_policy",
+    "TrainStateSaver",
     "Checkpointer",
+    "DirectoryLock",
     "CheckpointError",
+    "DirectoryInUseError",
     "DataError",
     "JaxckptError",
     "MeshSpecError",

@@ -11,8 +11,8 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
-    "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "MeshSpecError",
-    "StaticArgumentError", "closest", "shorten",
+    "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
+    "MeshSpecError", "StaticArgumentError", "closest", "shorten",
 ]
 
 
@@ -77,6 +77,10 @@ class DataError(JaxckptError):
 
 class CheckpointError(JaxckptError):
   """A checkpoint directory cannot be used: foreign config, corrupt, or would overwrite an existing run."""
+
+
+class DirectoryInUseError(CheckpointError):
+  """A run's ``--out`` or ``--ckpt-dir`` is held by another live run (:class:`jaxckpt.saving.DirectoryLock`)."""
 
 
 class NonFiniteLossError(JaxckptError):

@@ -127,6 +127,7 @@ def train(request: dict) -> dict:
   """One classifier run (``experiments.classifier.train``) from a JSON config; ``interrupt_at`` = raise after that
   log line prefix (like a kill after the last checkpoint before it)."""
   from experiments.classifier import ClassifierConfig, train as train_classifier
+  from experiments.options import configure
 
   interrupt_at = request.pop("interrupt_at", None)
   lines: list[str] = []
@@ -140,7 +141,7 @@ def train(request: dict) -> dict:
       raise Interrupt(line)
 
   try:
-    result = train_classifier(ClassifierConfig(**request), log=log)
+    result = train_classifier(configure(ClassifierConfig(), **request), log=log)
   except Interrupt:
     return {"interrupted": True, "lines": lines}
   import jax

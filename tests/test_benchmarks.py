@@ -66,6 +66,16 @@ def test_runner_overhead(tmp_path):
   assert check["compiles"]["setup"]  # the train step compiled before training (the log is really captured)
 
 
+def test_faults(tmp_path):
+  from benchmarks import faults
+
+  data = _run(faults, tmp_path)
+  for part in ("kill", "signal"):
+    assert data[part]["runs_lost"] == 0 and data[part]["bit_identical"], data[part]
+  assert data["pairs"]["lost"] == 0 and data["pairs"]["bit_identical"], data["pairs"]
+  assert [sorted(codes) for codes in data["pairs"]["codes"]] == [[0, 2]]
+
+
 def test_report_speed(tmp_path):
   data = _run(report_speed, tmp_path)
   assert [r["policy"] for r in data["rows"]] == ["none", "nothing_saveable", "save_only_these_names:mlp_out"]

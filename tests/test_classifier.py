@@ -1,6 +1,5 @@
 """The classifier experiment end to end: training reaches accuracy, metrics.json, resume, and bad input → exit 2."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -13,9 +12,10 @@ import pytest
 
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
+from experiments.options import configure
 from jaxckpt.schema import MEMORY_KEYS, METRICS_KEYS
 
-TINY = ClassifierConfig(preset="tiny", epochs=3, batch_size=64, progress=False)
+TINY = configure(ClassifierConfig(preset="tiny", epochs=3, batch_size=64), progress=False)
 
 
 def quiet(*_):
@@ -24,7 +24,7 @@ def quiet(*_):
 
 @pytest.fixture(scope="module")
 def tiny_run():
-  return train(dataclasses.replace(TINY, epochs=8, policy="attn=dots_saveable,mlp=full"), log=quiet)
+  return train(configure(TINY, epochs=8, policy="attn=dots_saveable,mlp=full"), log=quiet)
 
 
 def test_tiny_vit_learns_the_digits(tiny_run):
@@ -48,7 +48,7 @@ def test_metrics_schema(tiny_run, tmp_path):
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_other_models_learn(model):
-  result = train(dataclasses.replace(TINY, model=model, epochs=10, policy="full"), log=quiet)
+  result = train(configure(TINY, model=model, epochs=10, policy="full"), log=quiet)
   assert result.metrics["test_accuracy"] >= 0.85, result.metrics["test_accuracy"]
 
 
@@ -57,7 +57,7 @@ class Interrupt(Exception):
 
 
 def test_resume_after_interruption_is_bit_identical(tmp_path):
-  config = dataclasses.replace(TINY, epochs=3, policy="nothing_saveable", ckpt_every=10)
+  config = configure(TINY, epochs=3, policy="nothing_saveable", ckpt_every=10)
   straight = train(config, log=quiet)
 
   def interrupt_in_epoch_2(line):
@@ -66,10 +66,10 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
 
   ckpt = str(tmp_path / "ckpt")
   with pytest.raises(Interrupt):
-    train(dataclasses.replace(config, ckpt_dir=ckpt), log=interrupt_in_epoch_2)
+    train(configure(config, ckpt_dir=ckpt), log=interrupt_in_epoch_2)
   assert sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())[-1] == 40
   lines = []
-  resumed = train(dataclasses.replace(config, ckpt_dir=ckpt, resume=True), log=lines.append)
+  resumed = train(configure(config, ckpt_dir=ckpt, resume=True), log=lines.append)
   assert any("resumed from step 40" in line for line in lines)
   assert int(resumed.state.step) == int(straight.state.step) == 3 * (1437 // 64)
   chex.assert_trees_all_equal(resumed.state.params, straight.state.params)
@@ -78,7 +78,7 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
 
 def test_existing_run_is_never_overwritten(tmp_path, capsys):
   ckpt = str(tmp_path / "ckpt")
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
   assert main(["--preset", "tiny", "--epochs", "1", "--ckpt-dir", ckpt, "--no-progress"]) == 2
   assert "pass --resume" in capsys.readouterr().err
   # A different run (other seed) in the same directory is refused, naming the difference.
@@ -95,6 +95,7 @@ def write_npz(path, **arrays):
 def bad_inputs(tmp_path):
   rng = np.random.default_rng(0)
   x, y = rng.normal(size=(20, 6, 6)).astype(np.float32), np.arange(20) % 3
+  x120 = rng.normal(size=(120, 6, 6)).astype(np.float32)
   empty = tmp_path / "empty.npz"
   empty.write_bytes(b"")
   np.save(tmp_path / "plain.npy", x)
@@ -134,6 +135,15 @@ def bad_inputs(tmp_path):
       "no examples": (["--data", write_npz(tmp_path / "f.npz", x=x[:0], y=y[:0])], ["no examples"]),
       "one class": (["--data", write_npz(tmp_path / "g.npz", x=x, y=y * 0)], ["need at least 2"]),
       "nan": (["--data", write_npz(tmp_path / "h.npz", x=x * np.nan, y=y)], ["NaN or Inf"]),
+      "empty classes": (["--data", write_npz(tmp_path / "i.npz", x=x120, y=100 + np.arange(120) % 10)],
+                        ["labels 100..109 leave 100 of the 110 inferred classes", "without an example: 0..99",
+                         "--num-classes K"]),
+      "gaps": (["--data", write_npz(tmp_path / "j.npz", x=x120, y=np.arange(120) % 3 * 2)],
+               ["leave 2 of the 5 inferred classes", "without an example: 1, 3"]),
+      "label over k": (["--data", write_npz(tmp_path / "l.npz", x=x, y=y), "--num-classes", "2"],
+                       ["labels must be in 0..1 (--num-classes 2), found 2"]),
+      "num classes": (["--num-classes", "1"], ["--num-classes must be ≥ 2, got 1"]),
+      "num classes digits": (["--num-classes", "12"], ["--num-classes 12 does not fit the digits (10 classes)"]),
   }
 
 
@@ -154,9 +164,22 @@ def test_user_npz_data_trains(tmp_path):
   digits_like = np.load(write_npz(tmp_path / "d.npz", x=np.tile(np.eye(6, dtype=np.float32), (60, 1, 1)),
                                   y=np.arange(60) % 2))
   del digits_like
-  result = train(dataclasses.replace(TINY, model="mlp", epochs=1, batch_size=16, data=str(tmp_path / "d.npz")),
+  result = train(configure(TINY, model="mlp", epochs=1, batch_size=16, data=str(tmp_path / "d.npz")),
                  log=quiet)
   assert result.metrics["data"].endswith("d.npz")
+
+
+def test_num_classes_allows_empty_classes(tmp_path):
+  """Labels 100..109 with --num-classes 110: a 110-way head (classes 0..99 have no example, as declared)."""
+  rng = np.random.default_rng(0)
+  y = 100 + np.arange(120) % 10
+  x = (rng.normal(size=(120, 6, 6)) + (y - 100)[:, None, None]).astype(np.float32)
+  path = write_npz(tmp_path / "k.npz", x=x, y=y)
+  lines = []
+  result = train(configure(TINY, model="mlp", epochs=1, batch_size=16, data=path, num_classes=110), log=lines.append)
+  assert any("110 classes" in line for line in lines), lines
+  assert any(np.shape(leaf)[-1:] == (110,) for leaf in jax.tree.leaves(result.state.params))  # the output head
+  assert result.metrics["config"]["num_classes"] == 110
 
 
 def test_cli_smoke(tmp_path):
@@ -181,8 +204,8 @@ def test_help_lists_block_types_and_grammar(capsys):
 
 
 def test_gradient_checkpointing_switch_means_full_remat():
-  on = train(dataclasses.replace(TINY, epochs=1, policy=None, gradient_checkpointing=True), log=quiet)
-  off = train(dataclasses.replace(TINY, epochs=1, policy=None, gradient_checkpointing=False), log=quiet)
+  on = train(configure(TINY, epochs=1, policy=None, gradient_checkpointing=True), log=quiet)
+  off = train(configure(TINY, epochs=1, policy=None, gradient_checkpointing=False), log=quiet)
   assert on.metrics["policy"] == "nothing_saveable" and off.metrics["policy"] == "none"
   assert on.metrics["memory"]["temp_bytes"] < off.metrics["memory"]["temp_bytes"]
   # Remat recomputes the same values; XLA may fuse the recomputation differently, so compare to rounding.
@@ -192,5 +215,5 @@ def test_gradient_checkpointing_switch_means_full_remat():
 def test_offload_policy_on_cpu_says_it_saves_nothing():
   if jax.default_backend() != "cpu":
     pytest.skip("host and device memory differ off CPU")
-  result = train(dataclasses.replace(TINY, epochs=1, policy="offload_dot_with_no_batch_dims"), log=quiet)
+  result = train(configure(TINY, epochs=1, policy="offload_dot_with_no_batch_dims"), log=quiet)
   assert any("offloading saves no memory here" in w for w in result.metrics["warnings"])

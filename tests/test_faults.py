@@ -1,6 +1,5 @@
 """Faults: kill -9 at arbitrary moments, half-written and corrupt checkpoints, foreign directories, NaN losses."""
 
-import dataclasses
 import json
 import os
 import shutil
@@ -15,10 +14,11 @@ import pytest
 import jaxckpt
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
-from experiments.loop import params_digest
-from jaxckpt.checkpointing import TMP_MARKER
+from experiments.options import configure
+from experiments.outputs import params_digest
+from jaxckpt.saving import TMP_MARKER
 
-TINY = ClassifierConfig(preset="tiny", epochs=2, batch_size=64, progress=False, ckpt_every=10)
+TINY = configure(ClassifierConfig(preset="tiny", epochs=2, batch_size=64), progress=False, ckpt_every=10)
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",
        "--ckpt-every", "3", "--policy", "nothing_saveable"]
 
@@ -67,13 +67,13 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path):
 
 def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path):
   ckpt = tmp_path / "ckpt"
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=str(ckpt)), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=str(ckpt)), log=quiet)
   assert step_dirs(ckpt)[-1] == 22
   partial = ckpt / f"30{TMP_MARKER}-1700000000"
   (partial / "state").mkdir(parents=True)
   (partial / "state" / "half").write_bytes(b"\0" * 100)
   lines = []
-  result = train(dataclasses.replace(TINY, epochs=2, ckpt_dir=str(ckpt), resume=True,
+  result = train(configure(TINY, epochs=2, ckpt_dir=str(ckpt), resume=True,
                                      allow_config_change=True), log=lines.append)
   assert any("resumed from step 22" in line for line in lines)
   assert any("deleted 1 unfinished save" in line for line in lines)
@@ -83,14 +83,14 @@ def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path):
 
 def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
   ckpt = tmp_path / "ckpt"
-  straight = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt)), log=quiet)
+  straight = train(configure(TINY, ckpt_dir=str(ckpt)), log=quiet)
   assert step_dirs(ckpt) == [30, 40, 44]
   for root, _, files in os.walk(ckpt / "44" / "state"):
     for name in files:
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"garbage")
   lines = []
-  resumed = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt), resume=True), log=lines.append)
+  resumed = train(configure(TINY, ckpt_dir=str(ckpt), resume=True), log=lines.append)
   assert any("step 44" in line and "cannot be read" in line for line in lines), lines
   assert any("resumed from step 40" in line for line in lines)
   assert params_digest(resumed.state.params) == params_digest(straight.state.params)
@@ -98,7 +98,7 @@ def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
 
 def test_all_steps_corrupt_is_a_clear_error(tmp_path, capsys):
   ckpt = tmp_path / "ckpt"
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=str(ckpt), ckpt_every=100), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=str(ckpt), ckpt_every=100), log=quiet)
   shutil.rmtree(ckpt / "22" / "state")
   assert main(["--preset", "tiny", "--epochs", "1", "--ckpt-dir", str(ckpt), "--resume", "--no-progress"]) == 2
   err = capsys.readouterr().err
@@ -114,11 +114,11 @@ def test_foreign_directory_is_refused(tmp_path, capsys):
 
 def test_config_change_needs_to_be_allowed(tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  train(dataclasses.replace(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
+  train(configure(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
   with pytest.raises(jaxckpt.CheckpointError, match="epochs: saved 1 vs now 2"):
-    train(dataclasses.replace(TINY, epochs=2, ckpt_dir=ckpt, resume=True), log=quiet)
+    train(configure(TINY, epochs=2, ckpt_dir=ckpt, resume=True), log=quiet)
   lines = []
-  train(dataclasses.replace(TINY, epochs=2, ckpt_dir=ckpt, resume=True, allow_config_change=True), log=lines.append)
+  train(configure(TINY, epochs=2, ckpt_dir=ckpt, resume=True, allow_config_change=True), log=lines.append)
   assert any("changed config" in line for line in lines)
 
 
@@ -138,19 +138,19 @@ def nan_at_step_30(monkeypatch):
 def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, nan_at_step_30):
   ckpt = tmp_path / "ckpt"
   with pytest.raises(jaxckpt.NonFiniteLossError) as info:
-    train(dataclasses.replace(TINY, ckpt_dir=str(ckpt)), log=quiet)
+    train(configure(TINY, ckpt_dir=str(ckpt)), log=quiet)
   assert info.value.step == 30
   message = str(info.value)
   assert "step 30" in message and "learning rate" in message and "last good checkpoint (step 30)" in message
   assert step_dirs(ckpt)[-1] == 30
   lines = []  # the kept checkpoint is good: resuming it (past the bad batch with skip) works
-  result = train(dataclasses.replace(TINY, ckpt_dir=str(ckpt), resume=True, nan_policy="skip"), log=lines.append)
+  result = train(configure(TINY, ckpt_dir=str(ckpt), resume=True, nan_policy="skip"), log=lines.append)
   assert any("resumed from step 30" in line for line in lines)
   assert np.isfinite(result.metrics["train_loss"][0])
 
 
 def test_nan_skip_drops_only_that_update(nan_at_step_30):
-  result = train(dataclasses.replace(TINY, nan_policy="skip"), log=quiet)
+  result = train(configure(TINY, nan_policy="skip"), log=quiet)
   assert result.metrics["skipped_steps"] == [30]
   assert all(np.isfinite(np.asarray(p)).all() for p in jax_leaves(result.state.params))
   assert result.metrics["test_accuracy"] > 0.3
@@ -166,3 +166,199 @@ def test_nan_stop_exit_code(capsys, nan_at_step_30):
   assert main(["--preset", "tiny", "--epochs", "2", "--no-progress"]) == 1
   err = capsys.readouterr().err
   assert "non-finite loss" in err and "--nan-policy skip" in err and "Traceback" not in err
+
+
+# --- issue 15: saved work is never lost --------------------------------------------------------------------------
+
+
+def corrupt(step_dir):
+  for root, _, files in os.walk(step_dir / "state"):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+
+
+class Stop(Exception):
+  pass
+
+
+def stop_at(prefix, lines=None):
+  def log(line):
+    if lines is not None:
+      lines.append(line)
+    if line.startswith(prefix):
+      raise Stop(line)
+  return log
+
+
+@pytest.fixture(scope="module")
+def straight():
+  return train(TINY, log=quiet)
+
+
+def test_save_after_rollback_lands_and_the_next_resume_continues_from_it(tmp_path, straight):
+  """Steps 20, 30 and an unreadable 40: the resume falls back to 30, moves 40 aside (kept), and its own save of step
+  40 is written, so the next resume continues from 40 and ends bit-identical to a straight run."""
+  ckpt = tmp_path / "ckpt"
+  with pytest.raises(Stop):  # "epoch 2/" is logged after step 44, before its save: steps 20, 30, 40 are on disk
+    train(configure(TINY, ckpt_dir=str(ckpt)), log=stop_at("epoch 2/"))
+  assert step_dirs(ckpt) == [20, 30, 40]
+  corrupt(ckpt / "40")
+  lines = []
+  with pytest.raises(Stop):
+    train(configure(TINY, ckpt_dir=str(ckpt), resume=True), log=stop_at("epoch 2/", lines))
+  assert any("resumed from step 30" in line for line in lines), lines
+  assert any("moved the unreadable step(s) aside" in line for line in lines), lines
+  assert step_dirs(ckpt) == [20, 30, 40]  # the new step 40 was written (it used to be skipped silently)
+  aside = [d for d in os.listdir(ckpt) if d.startswith("40.corrupt-")]
+  assert len(aside) == 1 and (ckpt / aside[0] / "state").is_dir()  # kept for inspection, not deleted
+  lines = []
+  resumed = train(configure(TINY, ckpt_dir=str(ckpt), resume=True), log=lines.append)
+  assert any("resumed from step 40" in line for line in lines), lines
+  assert params_digest(resumed.state.params) == params_digest(straight.state.params)
+  assert resumed.metrics["train_loss"] == straight.metrics["train_loss"]
+
+
+def test_a_save_that_would_write_nothing_fails_loudly(tmp_path):
+  ckpt = tmp_path / "ckpt"
+  saver = jaxckpt.TrainStateSaver(ckpt, config={"a": 1}, save_every=2, resume=False)
+  state = {"w": np.arange(3.0)}
+  assert saver.maybe_save(2, state) and not saver.maybe_save(3, state)  # written; not due
+  assert not saver.maybe_save(2, state, force=True)  # this saver wrote step 2 already
+  other = jaxckpt.TrainStateSaver(ckpt, config={"a": 1}, save_every=2, resume=True)
+  with pytest.raises(jaxckpt.CheckpointError, match=r"cannot save step 2 .* holds step\(s\) \[2\]"):
+    other.maybe_save(2, state)
+  saver.close()
+  other.close()
+  assert jaxckpt.Checkpointer is jaxckpt.TrainStateSaver  # the old name still imports
+
+
+def test_resume_of_a_finished_run_says_nothing_left_to_train(tmp_path, capsys):
+  ckpt = str(tmp_path / "ckpt")
+  argv = ["--preset", "tiny", "--epochs", "1", "--no-progress", "--ckpt-dir", ckpt]
+  assert main(argv) == 0
+  capsys.readouterr()
+  assert main([*argv, "--resume", "--out", str(tmp_path / "out")]) == 0
+  out = capsys.readouterr().out
+  assert "nothing left to train" in out and "step 22 of 22" in out and "median step time" not in out, out
+  assert json.loads((tmp_path / "out" / "metrics.json").read_text())["steps"] == 22
+
+
+def test_directory_lock_names_the_holder_and_a_killed_holder_is_stale(tmp_path):
+  from jaxckpt.saving import DirectoryLock
+
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from jaxckpt.saving import DirectoryLock; "
+       f"lock = DirectoryLock({str(tmp_path)!r}, flag='--out').acquire(); print('held', flush=True); "
+       "time.sleep(60)"],
+      stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(jaxckpt.DirectoryInUseError, match=rf"--out {tmp_path} is in use by another run \(pid "
+                                                          rf"{holder.pid} on host .*, started 20"):
+      DirectoryLock(tmp_path, flag="--out").acquire()
+  finally:
+    holder.kill()  # SIGKILL: no release; the OS drops the flock
+    holder.wait()
+    holder.stdout.close()
+  lock = DirectoryLock(tmp_path, flag="--out").acquire()  # a killed holder's lock is stale: taken over at once
+  assert lock.stale is not None and f"pid {holder.pid}" in lock.stale
+  lock.release()
+  again = DirectoryLock(tmp_path, flag="--out").acquire()  # a released lock is not stale
+  assert again.stale is None
+  again.release()
+
+
+def test_a_second_run_into_the_same_directories_is_refused_before_compiling(tmp_path, capsys):
+  out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+  first = subprocess.Popen([*CLI, "--epochs", "6", "--out", str(out), "--ckpt-dir", str(ckpt)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+  for line in first.stdout:  # the first run holds both directories from before it compiles
+    if line.startswith("compiled in"):
+      break
+  assert main(["--preset", "tiny", "--epochs", "1", "--no-progress", "--seed", "1", "--out", str(out),
+               "--ckpt-dir", str(ckpt)]) == 2
+  captured = capsys.readouterr()
+  assert captured.err.count("\n") == 1 and f"is in use by another run (pid {first.pid} on host" in captured.err
+  assert "compiled" not in captured.out and "model " not in captured.out  # refused before building anything
+  rest = first.stdout.read()
+  assert first.wait() == 0, rest
+  first.stdout.close()
+  metrics = json.loads((out / "metrics.json").read_text())
+  assert metrics["config"]["seed"] == 0 and metrics["steps"] == 132  # the first run's results, intact
+  assert step_dirs(ckpt) == [126, 129, 132]
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_cleanly_with_one_line_and_the_resume_is_bit_identical(tmp_path, capsys, monkeypatch, signum,
+                                                                               code, straight):
+  real = classifier.train_batch
+  sent = []
+
+  def signalling(data, step, **kwargs):
+    if step == 25 and not sent:
+      sent.append(step)
+      os.kill(os.getpid(), signum)  # delivered to this (main) thread: the loop stops at the next bytecode
+    return real(data, step, **kwargs)
+
+  monkeypatch.setattr(classifier, "train_batch", signalling)
+  ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+  argv = ["--preset", "tiny", "--epochs", "2", "--no-progress", "--ckpt-every", "10", "--ckpt-dir", ckpt,
+          "--out", out]
+  assert main(argv) == code
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err, err
+  assert f"stopped by {signal.Signals(signum).name} at step " in err and " of 44" in err
+  assert f"last complete checkpoint: step 20 in {ckpt}" in err
+  command = err.split("resume with: ")[1].split()
+  assert command[:3] == ["python", "-m", "experiments.classifier"] and command[3:] == [*argv, "--resume"]
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+  assert main(command[3:]) == 0
+  assert "resumed from step 20" in capsys.readouterr().out
+  assert json.loads(open(os.path.join(out, "metrics.json")).read())["params_sha256"] == straight.metrics[
+      "params_sha256"]
+
+
+def test_a_signal_during_a_save_lets_the_save_complete(tmp_path, monkeypatch):
+  real_save = jaxckpt.TrainStateSaver.maybe_save
+
+  def save_and_signal(self, step, state, **kwargs):
+    if step == 20:
+      os.kill(os.getpid(), signal.SIGINT)  # arrives while the save is in flight
+    return real_save(self, step, state, **kwargs)
+
+  monkeypatch.setattr(jaxckpt.TrainStateSaver, "maybe_save", save_and_signal)
+  from experiments.loop import RunInterrupted
+
+  with pytest.raises(RunInterrupted) as info:
+    train(configure(TINY, ckpt_dir=str(tmp_path)), log=quiet)
+  assert (info.value.step, info.value.checkpoint, info.value.exit_code) == (20, 20, 130)
+  assert step_dirs(tmp_path) == [10, 20] and not any(TMP_MARKER in d for d in os.listdir(tmp_path))
+
+
+@pytest.mark.slow
+def test_sigint_to_a_real_process_then_resume_is_bit_identical(tmp_path):
+  """Ctrl-C of a real CLI run: exit 130, one line on stderr naming the step and the checkpoint; the printed resume
+  command finishes the run bit-identical to an uninterrupted one."""
+  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  straight = tmp_path / "straight"
+  subprocess.run([*CLI, "--out", str(straight)], check=True, env=env, capture_output=True)
+  expected = json.loads((straight / "metrics.json").read_text())
+  ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+  proc = subprocess.Popen([*CLI, "--ckpt-dir", str(ckpt), "--out", str(out)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  for line in proc.stdout:
+    if line.startswith("compiled in"):
+      break
+  time.sleep(0.5)
+  proc.send_signal(signal.SIGINT)
+  rest, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, rest + err
+  assert err.count("\n") == 1 and "stopped by SIGINT at step" in err and "Traceback" not in err, err
+  command = err.split("resume with: ")[1].split()
+  assert command[:3] == ["python", "-m", "experiments.classifier"]
+  done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True)
+  assert done.returncode == 0, done.stdout + done.stderr
+  resumed = json.loads((out / "metrics.json").read_text())
+  assert resumed["params_sha256"] == expected["params_sha256"]
+  assert resumed["train_loss"] == expected["train_loss"]

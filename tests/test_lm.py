@@ -19,12 +19,13 @@ from flax import nnx
 import jaxckpt
 from experiments import text
 from experiments.lm import LMConfig, main, model_config, train
+from experiments.options import configure
 from jaxckpt.gpt import GPT, GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
 from jaxckpt.schema import MEMORY_KEYS, METRICS_KEYS
 
 SMALL_CORPUS_MIB = 0.25  # the first 256 KiB of the stdlib's .py files: real text, loads and splits in milliseconds
-SHORT = LMConfig(preset="tiny", steps=150, eval_every=75, eval_batches=4, corpus_max_mib=SMALL_CORPUS_MIB,
-                 progress=False)
+SHORT = configure(LMConfig(preset="tiny", steps=150, eval_every=75, eval_batches=4, corpus_max_mib=SMALL_CORPUS_MIB),
+                  progress=False)
 
 
 def quiet(*_):
@@ -61,7 +62,7 @@ def test_corpus_split_and_batches_are_fixed_by_seed():
 
 @pytest.fixture(scope="module")
 def short_run():
-  return train(dataclasses.replace(SHORT, policy="attn=dots_saveable,mlp=full"), log=quiet)
+  return train(configure(SHORT, policy="attn=dots_saveable,mlp=full"), log=quiet)
 
 
 def test_eval_loss_below_unigram_entropy(short_run):
@@ -86,7 +87,7 @@ def test_metrics_schema(short_run):
 def test_default_run_beats_unigram_entropy():
   """The documented default (tiny, 600 steps, first 4 MiB of the stdlib's .py files)."""
   started = time.perf_counter()
-  metrics = train(dataclasses.replace(LMConfig(), progress=False), log=quiet).metrics
+  metrics = train(configure(LMConfig(), progress=False), log=quiet).metrics
   assert metrics["eval_loss"] < metrics["unigram_entropy"] - 0.4, metrics
   assert time.perf_counter() - started < 180
 
@@ -97,7 +98,7 @@ class Interrupt(Exception):
 
 @pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
-  config = dataclasses.replace(SHORT, steps=30, eval_every=10, ckpt_every=10, policy="nothing_saveable")
+  config = configure(SHORT, steps=30, eval_every=10, ckpt_every=10, policy="nothing_saveable")
   straight = train(config, log=quiet)
 
   def interrupt_at_eval_2(line):
@@ -106,9 +107,9 @@ def test_resume_is_bit_identical(tmp_path):
 
   ckpt = str(tmp_path / "ckpt")
   with pytest.raises(Interrupt):
-    train(dataclasses.replace(config, ckpt_dir=ckpt), log=interrupt_at_eval_2)
+    train(configure(config, ckpt_dir=ckpt), log=interrupt_at_eval_2)
   lines = []
-  resumed = train(dataclasses.replace(config, ckpt_dir=ckpt, resume=True, policy="dots_saveable"), log=lines.append)
+  resumed = train(configure(config, ckpt_dir=ckpt, resume=True, policy="dots_saveable"), log=lines.append)
   assert any("resumed from step 10" in line for line in lines)
   chex.assert_trees_all_equal(resumed.state.params, straight.state.params)
   assert resumed.metrics["eval_loss"] == straight.metrics["eval_loss"]

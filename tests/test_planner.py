@@ -330,9 +330,10 @@ def test_report_rows_for_budgets():
 @pytest.mark.slow
 def test_lm_experiment_trains_with_a_budget_plan(tmp_path):
   from experiments import lm
+  from experiments.options import configure
 
-  config = lm.LMConfig(preset="tiny", steps=4, eval_every=4, policy="budget:60%", out=str(tmp_path),
-                       progress=False, eval_batches=1)
+  config = configure(lm.LMConfig(), preset="tiny", steps=4, eval_every=4, policy="budget:60%", out=str(tmp_path),
+                     progress=False, eval_batches=1)
   result = lm.train(config, log=lambda *_: None)
   metrics = result.metrics
   assert metrics["plan"]["budget"] == "budget:60%" and metrics["policy"] == metrics["plan"]["policy"]

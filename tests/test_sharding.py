@@ -226,10 +226,11 @@ def test_two_processes_match_one_process_and_resume(tmp_path, eight_devices):
 
 def test_aux_task_run_writes_its_metrics(tmp_path):
   from experiments.classifier import ClassifierConfig, train
+  from experiments.options import configure
   from jaxckpt.schema import AUX_TASK_KEYS, METRICS_KEYS, PLACEMENT_KEYS
 
-  config = ClassifierConfig(model="mlp", preset="tiny", epochs=2, policy="full", aux_task="parity", aux_weight=0.5,
-                            progress=False, out=str(tmp_path))
+  config = configure(ClassifierConfig(), model="mlp", preset="tiny", epochs=2, policy="full", aux_task="parity",
+                     aux_weight=0.5, progress=False, out=str(tmp_path))
   lines = []
   metrics = train(config, log=lines.append).metrics
   assert set(METRICS_KEYS) | set(PLACEMENT_KEYS) | set(AUX_TASK_KEYS) <= set(metrics)

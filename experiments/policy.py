@@ -1,0 +1,83 @@
+"""The run's remat policy: from ``--policy`` and the Hugging Face-style switch, budgets planned for the run's model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+import jax
+import numpy as np
+
+import jaxckpt
+from jaxckpt.errors import JaxckptError
+from jaxckpt.planner import resolve_policy as resolve_planned
+from jaxckpt.step import ModelTarget
+
+__all__ = ["resolve_policy", "plan_budget", "policy_per_block"]
+
+
+def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> jaxckpt.policies.ModelPolicy:
+  """The run's policy from ``--policy`` and the Hugging Face-style ``--(no-)gradient-checkpointing`` switch.
+
+  ``gradient_checkpointing=True`` means ``--policy full`` and ``False`` means ``--policy none``, as
+  ``TrainingArguments(gradient_checkpointing=True)`` recomputes every block. Neither given: ``none``.
+
+  Returns:
+    A per-block spec, a layered policy (``0-3:dots_saveable;4-5:full``) or a budget (``budget:40%``, ``auto``;
+    plan it with :func:`plan_budget` once the model and optimizer exist).
+
+  Raises:
+    JaxckptError: the switch and an explicit ``--policy`` that disagree with each other.
+    PolicySpecError: a malformed ``--policy``.
+  """
+  spec = jaxckpt.policies.parse_model_policy(policy if policy is not None else "none")
+  if gradient_checkpointing is None:
+    return spec
+  switch = "--gradient-checkpointing" if gradient_checkpointing else "--no-gradient-checkpointing"
+  wanted = jaxckpt.parse_policy("full" if gradient_checkpointing else "none")
+  if policy is not None and spec != wanted:
+    raise JaxckptError(f"{switch} means --policy {wanted}, which conflicts with --policy {policy}; give one of them")
+  return wanted
+
+
+def plan_budget(spec: jaxckpt.policies.ModelPolicy, *, make_model: Callable[[], Any], batch: Any, loss_fn: Callable,
+                tx: Any, grad_accum_steps: int, name: str, preset: str | None, log) -> tuple[Any, dict | None]:
+  """Turns a budget ``--policy`` into the least-recompute plan for this run's model, batch and optimizer.
+
+  Args:
+    spec: from :func:`resolve_policy`; anything but a model-level policy to plan (a budget) is returned
+      unchanged (:func:`jaxckpt.planner.resolve_policy`, the one place budgets become plans).
+    make_model: ``() -> nnx.Module``, the run's model (built abstractly here, never allocated).
+    batch: one batch (arrays or ``jax.ShapeDtypeStruct``; only shapes are used).
+    loss_fn: the run's loss (:data:`jaxckpt.train.LossFn`).
+    tx: the run's optimizer (its state counts in the footprint).
+    grad_accum_steps: micro-batches per step.
+    name, preset: shown in the plan.
+    log: where the plan's explanation goes.
+
+  Returns:
+    ``(policy, plan_json)``: the policy to train with and :meth:`jaxckpt.planner.Plan.to_json` without the
+    candidate table (``None`` when ``spec`` was not a budget).
+
+  Raises:
+    InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
+  """
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), batch)
+  target = ModelTarget(make_model=make_model, batch=abstract, loss_fn=loss_fn, name=name, preset=preset,
+                       grad_accum_steps=grad_accum_steps)
+  policy, plan = resolve_planned(target, spec, tx=tx)
+  if plan is None:
+    return policy, None
+  log(plan.explain())
+  return policy, {k: v for k, v in plan.to_json().items() if k != "candidates"}
+
+
+def policy_per_block(spec: Any, block_types: Collection[str]) -> dict[str, Any]:
+  """``{block type: policy}`` of a per-block spec; for a layered policy ``{"first-last": {block type: policy}}``."""
+  if isinstance(spec, jaxckpt.policies.LayeredPolicy):
+    out, first = {}, 0
+    for count, sub in spec.segments:
+      out[f"{first}-{first + count - 1}"] = {block: str(sub.for_block(block)) for block in block_types}
+      first += count
+    return out
+  return {block: str(spec.for_block(block)) for block in block_types}
