@@ -49,6 +49,10 @@ def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions = RunOpt
   parser.add_argument("--num-processes", type=int, default=defaults.num_processes,
                       help="processes of the multi-process run")
   parser.add_argument("--process-id", type=int, default=defaults.process_id, help="this process, 0..N-1")
+  parser.add_argument("--profile", default=None, metavar="DIR",
+                      help="XProf trace of --profile-steps warm train steps into DIR/<policy>/ (xprof --logdir DIR)")
+  parser.add_argument("--profile-steps", type=int, default=defaults.profile_steps,
+                      help=f"steps inside the --profile trace (default {defaults.profile_steps})")
 
 
 def interrupted_line(prog: str, argv: Sequence[str], err: RunInterrupted) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
+from jaxckpt.profile import profile_trace
 from experiments.options import RunOptions
 from jaxckpt.errors import NonFiniteLossError
 
@@ -158,6 +159,7 @@ def train_loop(
     period: str = "epoch",
     log=print,
     signals: SignalGuard | None = None,
+    profile_name: str = "run",
 ) -> LoopResult:
   """Runs steps ``state.step .. total_steps - 1``, evaluating every ``eval_every`` steps and checkpointing.
 
@@ -174,6 +176,9 @@ def train_loop(
     period: name of an evaluation period in log lines.
     log: where lines go.
     signals: from :func:`stop_on_signals`: saves complete before a signal stops the run.
+    profile_name: the run's name in ``options.profile`` (the policy): with ``--profile DIR``, steps
+      ``start+1 .. start+profile_steps`` (warm: compiled, inputs allocated) are traced into ``DIR/<slug>/``
+      (:func:`jaxckpt.profile.profile_trace`); their step times include the tracer's overhead.
 
   Returns:
     :class:`LoopResult`.
@@ -231,21 +236,35 @@ def train_loop(
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
+  tracing = contextlib.ExitStack()
+  first_traced = start + 1
+  last_traced = min(first_traced + options.profile_steps, total_steps) - 1
   try:
     for step in range(start, total_steps):
       if signals is not None:
         signals.check()
+      if options.profile is not None and step == first_traced:
+        if pending is not None:  # the warm-up step ends before the trace starts
+          finish(*pending)
+          pending = None
+        run_dir = tracing.enter_context(profile_trace(options.profile, name=profile_name))
       batch = batch_at(step)
       began = time.perf_counter()
       state, metrics = step_fn(state, batch)
       if pending is not None:
         finish(*pending)
       pending = (step, metrics, began)
+      if options.profile is not None and step == last_traced and step >= first_traced:
+        finish(*pending)  # the traced steps end inside the trace
+        pending = None
+        tracing.close()
+        say(f"profiled steps {first_traced}-{last_traced} into {run_dir} (xprof --logdir {options.profile})")
       ends_period = (step + 1) % eval_every == 0 or step + 1 == total_steps
       if not ends_period and (checkpointer is None or (step + 1) % options.ckpt_every):
         continue
-      finish(*pending)
-      pending = None
+      if pending is not None:
+        finish(*pending)
+        pending = None
       if ends_period:
         scores = evaluate(state)
         history["train_loss"].append(float(np.mean(period_losses)) if period_losses else float("nan"))
@@ -265,6 +284,7 @@ def train_loop(
       err.ckpt_dir, err.checkpoint = checkpointer.directory, checkpointer.latest_saved_step()
     raise
   finally:
+    tracing.close()
     bar.close()
     if checkpointer is not None:
       checkpointer.close()

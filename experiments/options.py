@@ -13,6 +13,7 @@ from typing import Any
 
 from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
+from jaxckpt.profile import check_profile_dir
 
 __all__ = ["NAN_POLICIES", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 
@@ -37,10 +38,16 @@ class RunOptions:
   coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.
   num_processes: int = 1  # Processes of a multi-process run (with --coordinator).
   process_id: int = 0  # This process, 0..num_processes-1.
+  profile: str | None = None  # XProf log directory: a trace of profile_steps warm steps into profile/<policy>/.
+  profile_steps: int = 3  # Steps inside the trace (from the run's second step on: the first one is warm-up).
 
   def check(self) -> None:
     """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``, naming the flag."""
     check_output_dir("--out", self.out)
+    if self.profile is not None:
+      check_profile_dir(self.profile, flag="--profile")
+    if self.profile_steps < 1:
+      raise JaxckptError(f"--profile-steps must be ≥ 1, got {self.profile_steps}")
     if self.ckpt_every < 1:
       raise JaxckptError(f"--ckpt-every must be ≥ 1, got {self.ckpt_every}")
     if self.nan_policy not in NAN_POLICIES:

@@ -236,6 +236,7 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
       compiled.fn, state, batch_at=batch_at, total_steps=setup.total_steps, eval_every=setup.eval_every,
       evaluate=evaluate, identity=setup.identity, options=options, log=log, period=setup.period,
       signals=signals,
+      profile_name=str(spec) + (f"-process{jax.process_index()}" if jax.process_count() > 1 else ""),
       nan_hints=(f"a learning rate too high (--learning-rate {config.learning_rate}), bfloat16 overflow "
                  f"(--compute-dtype {config.compute_dtype}; try float32)"
                  + (f", or {setup.nan_hints}" if setup.nan_hints else "")),

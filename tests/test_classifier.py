@@ -217,3 +217,27 @@ def test_offload_policy_on_cpu_says_it_saves_nothing():
     pytest.skip("host and device memory differ off CPU")
   result = train(configure(TINY, epochs=1, policy="offload_dot_with_no_batch_dims"), log=quiet)
   assert any("offloading saves no memory here" in w for w in result.metrics["warnings"])
+
+
+def test_profile_traces_warm_steps_and_changes_no_number(tmp_path):
+  """--profile DIR writes one XProf run for the policy (the files XProf reads) and the run's results are those of a
+  run without it."""
+  from jaxckpt.profile import profile_slug, trace_files
+
+  logs = []
+  config = configure(TINY, epochs=1, policy="full")
+  plain = train(config, log=quiet)
+  profiled = train(configure(config, profile=str(tmp_path / "prof"), profile_steps=2), log=logs.append)
+  run_dir = tmp_path / "prof" / profile_slug("nothing_saveable")
+  files = trace_files(run_dir)
+  assert len(files) == 1 and files[0].endswith(".xplane.pb") and os.path.getsize(files[0]) > 0
+  assert any(line.startswith("profiled steps 1-2 into ") for line in logs)
+  assert profiled.metrics["train_loss"] == plain.metrics["train_loss"]
+  assert profiled.metrics["test_accuracy"] == plain.metrics["test_accuracy"]
+
+
+def test_profile_flag_errors(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  assert main(["--preset", "tiny", "--epochs", "1", "--profile", str(blocker), "--no-progress"]) == 2
+  assert main(["--preset", "tiny", "--epochs", "1", "--profile", str(tmp_path), "--profile-steps", "0"]) == 2
