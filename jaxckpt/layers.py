@@ -27,6 +27,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt import names
+from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.remat import module_call
@@ -445,7 +446,7 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
   """Returns the block types of a model and the checkpoint names each emits.
 
   Args:
-    module: any NNX module containing jaxckpt blocks.
+    module: any NNX module containing jaxckpt blocks or blocks applied by :func:`jaxckpt.apply_remat`.
 
   Returns:
     ``{block_type: frozenset(checkpoint names)}``, e.g. ``{"attn": {...}, "mlp": {...}}`` for a ViT.
@@ -453,6 +454,8 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
   found: dict[str, set[str]] = {}
   for block in _remat_blocks(module):
     found.setdefault(block.block_type, set()).update(block.checkpoint_names)
+  for block_type, block_names in applied_block_types(module).items():  # your own blocks (jaxckpt.apply_remat)
+    found.setdefault(block_type, set()).update(block_names)
   return {k: frozenset(v) for k, v in sorted(found.items())}
 
 
@@ -475,14 +478,18 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   Raises:
     PolicySpecError: malformed spec, a block type the model does not have, or a checkpoint name its blocks never
       emit.
-    JaxckptError: a layered policy for a model without stacks, or whose layer count or structure does not fit a
+    JaxckptError: a model without blocks (the message lists its module classes); a layered policy for a model
+      without stacks, or whose layer count or structure does not fit a
       stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
   if isinstance(parsed, Budget):
     raise JaxckptError(f"policy {str(parsed)!r} is a memory budget: plan it for the model first with "
                        "jaxckpt.planner.plan_policy(...), then set the plan it returns")
-  parsed = parsed.validate(block_types(module))
+  types = block_types(module)
+  if not types:
+    raise no_blocks_error(module, f"set_policy({str(parsed)!r})")
+  parsed = parsed.validate(types)
   stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
   if isinstance(parsed, LayeredPolicy):
     if not stacks:
@@ -496,6 +503,7 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   spec = parsed.segments[0][1] if isinstance(parsed, LayeredPolicy) else parsed
   for block in _remat_blocks(module):
     block.policy = spec
+  set_applied_policy(module, spec)
   for stack in stacks:
     stack.layered = parsed if isinstance(parsed, LayeredPolicy) else None
   return parsed

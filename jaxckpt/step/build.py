@@ -52,6 +52,15 @@ class PolicyStep:
   params: Any
 
 
+def _stand_in(leaf: Any) -> Any:
+  """A value of an abstract leaf's shape and dtype (zeros; ``key(0)`` for PRNG keys); concrete leaves as they are."""
+  if not isinstance(leaf, jax.ShapeDtypeStruct):
+    return leaf
+  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    return jax.random.split(jax.random.key(0), leaf.shape) if leaf.shape else jax.random.key(0)
+  return jnp.zeros(leaf.shape, leaf.dtype)
+
+
 def _stacks(model: nnx.Module) -> list[Stack]:
   return [m for _, m in nnx.iter_modules(model) if isinstance(m, Stack)]
 
@@ -123,7 +132,8 @@ def policy_step(target: Target, spec: PolicySpec, tx: optax.GradientTransformati
     twin_def, _, twin_other = nnx.split(twin, nnx.Param, ...)
 
     def loss_of_params(params, batch, dropout_key):
-      model = nnx.merge(twin_def, params, twin_other)
+      # Non-param state (e.g. a model's own Rngs) is abstract here: stand-in values of its shapes, inside the trace.
+      model = nnx.merge(twin_def, params, jax.tree.map(_stand_in, twin_other), copy=True)
       return target.loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)[0]
 
     return PolicyStep(spec, step, state, target.batch, loss_of_params, state.params)

@@ -2,9 +2,11 @@
 
 A *target* is one of two frozen dataclasses, all shapes given as ``jax.ShapeDtypeStruct`` (nothing is allocated):
 
-- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.layers`), a loss ``loss_fn(model,
-  batch, *, dropout_key, deterministic) -> (scalar loss, metrics)`` (default :func:`jaxckpt.classification_loss`)
-  and an example batch. The report sets each policy on the model with :func:`jaxckpt.set_policy`.
+- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.layers`) or your own model prepared
+  with :func:`jaxckpt.apply_remat`, a loss (jaxckpt's form ``loss_fn(model, batch, *, dropout_key, deterministic) ->
+  (scalar loss, metrics)``, default :func:`jaxckpt.classification_loss`, or a plain ``loss_fn(model, batch) ->
+  scalar`` whose dropout comes from the model's own ``nnx.Rngs``) and an example batch. The report sets each policy
+  on the model with :func:`jaxckpt.set_policy`.
 - :class:`LossTarget`: a pure loss ``loss(params, batch, *, policy) -> scalar`` that wraps its own blocks with
   :func:`jaxckpt.checkpoint` (``policy`` is a parsed :class:`jaxckpt.PolicySpec`), example params and batch.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -49,6 +52,7 @@ from jaxckpt.train import LossFn, classification_loss
 __all__ = [
     "ModelTarget",
     "LossTarget",
+    "plain_loss_fn",
     "Target",
     "shipped_target",
     "load_target",
@@ -73,15 +77,56 @@ SHIPPED_MODELS: dict[str, tuple[str, ...]] = {**{name: tuple(e.presets) for name
 (:mod:`jaxckpt.gpt`, block types ``attn``, ``mlp``)."""
 
 
+def _takes_jaxckpt_keywords(loss_fn: Callable) -> bool:
+  try:
+    params = inspect.signature(loss_fn).parameters
+  except (TypeError, ValueError):  # builtins / C callables: assume jaxckpt's form
+    return True
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    return True
+  return "dropout_key" in params and "deterministic" in params
+
+
+def plain_loss_fn(loss_fn: Callable[..., Any]) -> LossFn:
+  """Turns a plain ``loss_fn(model, batch) -> scalar`` (or ``-> (scalar, {metric: scalar})``) into jaxckpt's
+  :data:`~jaxckpt.train.LossFn` form; a loss already in that form (taking ``dropout_key`` and ``deterministic``
+  keywords) is returned unchanged.
+
+  The plain loss draws dropout from the model's own ``nnx.Rngs`` (whose state is part of the train state, so every
+  step draws new masks); ``dropout_key`` and ``deterministic`` are ignored.
+
+  Args:
+    loss_fn: the user's loss.
+
+  Returns:
+    ``loss(model, batch, *, dropout_key, deterministic) -> (loss, {"loss": loss, ...metrics})``.
+  """
+  if _takes_jaxckpt_keywords(loss_fn):
+    return loss_fn
+
+  def loss(model, batch, *, dropout_key=None, deterministic=False):
+    del dropout_key, deterministic  # the model's own Rngs and flags decide
+    out = loss_fn(model, batch)
+    value, metrics = out if isinstance(out, tuple) else (out, {})
+    return value, {"loss": value, **dict(metrics)}
+
+  loss.plain = loss_fn  # type: ignore[attr-defined]
+  loss.__name__ = getattr(loss_fn, "__name__", "loss")
+  return loss
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelTarget:
   """An NNX model, its loss and an example batch.
 
   Attributes:
-    make_model: ``() -> nnx.Module`` built from jaxckpt blocks; run under ``nnx.eval_shape`` (never allocated) for
-      compiled stats, and under ``jax.jit`` for ``--measure``.
+    make_model: ``() -> nnx.Module`` built from jaxckpt blocks, or your own model prepared with
+      :func:`jaxckpt.apply_remat` (``blocks=`` names its block classes; any policy, the report sets each one);
+      run under ``nnx.eval_shape`` (never allocated) for compiled stats, and under ``jax.jit`` for ``--measure``.
     batch: pytree of ``jax.ShapeDtypeStruct``, e.g. ``{"x": [B, H, W, C] float32, "y": [B] int32}``.
-    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar float32 loss, {metric: scalar})``.
+    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar float32 loss, {metric: scalar})``,
+      or a plain ``loss_fn(model, batch) -> scalar`` (dropout from the model's own Rngs), converted once here by
+      :func:`plain_loss_fn`.
     name: shown as the report's ``model``.
     preset: shown as the report's ``preset`` (``None`` for user targets).
     ref: how a fresh process rebuilds this target (for ``--measure``): ``{"model": ..., "preset": ..., ...}`` or
@@ -96,6 +141,11 @@ class ModelTarget:
   preset: str | None = None
   ref: Mapping[str, Any] | None = None
   grad_accum_steps: int = 1
+
+  def __post_init__(self):
+    if not callable(self.loss_fn):
+      raise JaxckptError(f"ModelTarget(loss_fn={self.loss_fn!r}) must be callable: loss_fn(model, batch) -> scalar")
+    object.__setattr__(self, "loss_fn", plain_loss_fn(self.loss_fn))
 
 
 @dataclasses.dataclass(frozen=True)
