@@ -60,6 +60,7 @@ __all__ = [
     "applied_block_types",
     "set_applied_policy",
     "checkpoint_names",
+    "loss_block_types",
     "is_applied",
     "original_class",
     "model_classes",
@@ -386,3 +387,31 @@ def checkpoint_names(model: nnx.Module, *args, **kwargs) -> dict[str, frozenset[
     if learned:
       setattr(block, _LEARNED, tuple(sorted(learned)))
   return applied_block_types(model)
+
+
+def loss_block_types(make_model: Callable[[], nnx.Module], loss_fn: Callable[..., Any], batch: Any
+                     ) -> dict[str, frozenset[str]]:
+  """Block type -> checkpoint names of a model's applied blocks, found by tracing its loss on an abstract batch
+  (automatic names and the names the model tags itself); nothing is allocated or computed.
+
+  Args:
+    make_model: ``() -> nnx.Module`` with blocks applied by :func:`apply_remat` (run under ``nnx.eval_shape``).
+    loss_fn: jaxckpt's form ``loss_fn(model, batch, *, dropout_key, deterministic)``.
+    batch: pytree of ``jax.ShapeDtypeStruct``.
+
+  Returns:
+    ``{block_type: frozenset(names)}`` (``{}`` for a model without applied blocks).
+  """
+  model = nnx.eval_shape(make_model)
+  static = applied_block_types(model)
+  if not static:
+    return {}
+  graphdef, state = nnx.split(model)
+  record: dict[str, set[str]] = {}
+  token = _RECORD.set(record)
+  try:
+    jax.eval_shape(lambda st, b: loss_fn(nnx.merge(graphdef, st), b, dropout_key=None, deterministic=False)[0],
+                   state, batch)
+  finally:
+    _RECORD.reset(token)
+  return {k: v | frozenset(record.get(k, ())) for k, v in static.items()}

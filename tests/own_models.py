@@ -176,3 +176,18 @@ class LinenTransformerLM(nn.Module):
           x, deterministic=deterministic)
     x = nn.LayerNorm(name="final_norm")(x)
     return nn.Dense(self.vocab, name="logits_dense")(x)
+
+
+# ------------------------------------------------------------------------------------------------- report targets
+
+
+def decoder_target(policy: str = "none"):
+  """``--target own_models:decoder_target``: the NNX decoder, its layers named as blocks, a plain loss."""
+  import jaxckpt
+  from jaxckpt.report import ModelTarget
+
+  def make_model():
+    return jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), policy, blocks={"layer": DecoderLayer})
+
+  return ModelTarget(make_model=make_model, batch={"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)},
+                     loss_fn=decoder_loss, name="own-decoder")

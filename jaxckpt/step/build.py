@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxckpt.apply import loss_block_types
 from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
 from jaxckpt.layers import Stack, block_types, set_policy
 from jaxckpt.policies import PolicySpec
@@ -68,7 +69,8 @@ def _stacks(model: nnx.Module) -> list[Stack]:
 def target_block_types(target: Target) -> dict[str, frozenset[str]]:
   """Block type -> checkpoint names its blocks emit (for validating specs and expanding ``all``)."""
   if isinstance(target, ModelTarget):
-    return block_types(nnx.eval_shape(target.make_model))
+    own = loss_block_types(target.make_model, target.loss_fn, target.batch)  # your own blocks: traced names too
+    return {**block_types(nnx.eval_shape(target.make_model)), **own}
   if target.block_types is not None:
     return {k: frozenset(v) for k, v in target.block_types.items()}
   loss = lambda p, b: target.loss(p, b, policy=PolicySpec())  # noqa: E731
