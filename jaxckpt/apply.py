@@ -49,6 +49,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.autonames import NNX_LAYERS, path_name
 from jaxckpt.errors import JaxckptError
+from jaxckpt.jaxprs import iter_eqns
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 from jaxckpt.policies.spec import _NAME_RE
 from jaxckpt.remat import module_call
@@ -184,7 +185,6 @@ def _call_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any
       jaxpr = jax.make_jaxpr(lambda st, *arrs: method(nnx.merge(graphdef, st), *arrs))(state, *arrays)
     finally:
       _RECORD.reset(token)
-    from jaxckpt.jaxprs import iter_eqns  # local: jaxprs is a leaf module, kept out of import time of layers
     record.setdefault(block_type, set()).update(
         e.params["name"] for e in iter_eqns(jaxpr) if e.primitive.name == "name")
   if not policy.remat:

@@ -51,10 +51,12 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 from jaxckpt.layers import _dropout, _split  # the NNX blocks' dropout: same key, same mask
+from jaxckpt.linen_apply import apply_remat  # your own Linen model, unedited (re-exported)
 from jaxckpt.policies import PolicySpec, parse_policy
 from jaxckpt.structure import Structure, parse_structure
 
 __all__ = [
+    "apply_remat",
     "RematBlock",
     "AttentionBlock",
     "MLPBlock",

@@ -191,3 +191,20 @@ def decoder_target(policy: str = "none"):
 
   return ModelTarget(make_model=make_model, batch={"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)},
                      loss_fn=decoder_loss, name="own-decoder")
+
+
+def linen_loss(apply_fn, params, batch):
+  """Plain next-token loss for :func:`jaxckpt.report.linen_target` (dropout on)."""
+  tokens = batch["tokens"]
+  logits = apply_fn(params, tokens[:, :-1], deterministic=False)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def linen_lm_target():
+  """``--target own_models:linen_lm_target``: the Linen LM, its decoder blocks named."""
+  from jaxckpt import linen_apply
+  from jaxckpt.report import linen_target
+
+  model = linen_apply.apply_remat(LinenTransformerLM(), "none", blocks={"layer": LinenEncoderDecoderLayer})
+  return linen_target(model, batch={"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)}, loss_fn=linen_loss,
+                      init_args=(jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32),), name="own-linen-lm")

@@ -44,6 +44,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.linen_apply import RematModule, traced_block_types
+from jaxckpt.policies import PolicySpec
 from jaxckpt.structure import parse_structure
 from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
@@ -53,6 +55,7 @@ __all__ = [
     "ModelTarget",
     "LossTarget",
     "plain_loss_fn",
+    "linen_target",
     "Target",
     "shipped_target",
     "load_target",
@@ -175,6 +178,72 @@ class LossTarget:
 
 
 Target = ModelTarget | LossTarget
+
+
+def linen_target(
+    model: Any,
+    *,
+    batch: Any,
+    loss_fn: Callable[..., jax.Array],
+    params: Any = None,
+    init_args: tuple = (),
+    dropout_rng: str = "dropout",
+    name: str = "custom",
+) -> LossTarget:
+  """Your own Linen model as a report/planner target: a :class:`LossTarget` that sets each policy on it.
+
+  Args:
+    model: the :class:`jaxckpt.linen_apply.RematModule` from :func:`jaxckpt.linen_apply.apply_remat` (any policy;
+      the tools set each one).
+    batch: pytree of ``jax.ShapeDtypeStruct`` (e.g. ``{"tokens": [B, T+1] int32}``).
+    loss_fn: ``loss_fn(apply_fn, params, batch) -> scalar float32`` where ``apply_fn(params, *args, **kwargs)`` is
+      ``model.apply({"params": params}, *args, rngs={dropout_rng: key}, **kwargs)`` under the policy being compiled
+      (pass ``deterministic=False`` / ``train=True`` yourself; the key is an input of the step, fresh per step).
+    params: the ``"params"`` collection as a pytree of ``jax.ShapeDtypeStruct``; ``None``: from
+      ``model.init(key, *init_args)`` by ``jax.eval_shape``.
+    init_args: example inputs of ``model.init`` after the key (arrays or ``jax.ShapeDtypeStruct``), used when
+      ``params`` is ``None``.
+    dropout_rng: the name of the RNG stream the model's ``nn.Dropout`` uses.
+    name: shown as the report's ``model``.
+
+  Returns:
+    A :class:`LossTarget` whose block types are the model's (traced names, :func:`jaxckpt.linen_apply.block_types`).
+    Its batch is ``{"batch": batch, "dropout_seed": uint32 scalar}``.
+
+  Raises:
+    JaxckptError: ``model`` is not a RematModule, or neither ``params`` nor ``init_args`` is given.
+
+  Example::
+
+    >>> model = jaxckpt.linen_apply.apply_remat(MyLM(), "none", blocks={"layer": DecoderBlock})
+    >>> def loss_fn(apply_fn, params, batch):
+    ...   logits = apply_fn(params, batch["tokens"][:, :-1], deterministic=False)
+    ...   return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+    >>> target = linen_target(model, batch={"tokens": jax.ShapeDtypeStruct((8, 65), jnp.int32)}, loss_fn=loss_fn,
+    ...                       init_args=(jax.ShapeDtypeStruct((8, 64), jnp.int32),))
+  """
+  if not isinstance(model, RematModule):
+    raise JaxckptError(f"linen_target(model=...) needs the RematModule from jaxckpt.linen_apply.apply_remat(module, "
+                       f"policy, blocks=...), got {type(model).__name__}")
+  if params is None:
+    if not init_args:
+      raise JaxckptError("linen_target needs params= (a pytree of jax.ShapeDtypeStruct) or init_args= (example "
+                         "inputs of model.init after the key)")
+    params = jax.eval_shape(lambda key, *a: model.init(key, *a), jax.random.key(0), *init_args)["params"]
+  wrapped_batch = {"batch": batch, "dropout_seed": jax.ShapeDtypeStruct((), jnp.uint32)}
+
+  def loss(params, wrapped, *, policy):
+    applied = model.set_policy(policy)
+    key = jax.random.key(wrapped["dropout_seed"])
+
+    def apply_fn(p, *args, **kwargs):
+      return applied.apply({"params": p}, *args, rngs={dropout_rng: key}, **kwargs)
+
+    return loss_fn(apply_fn, params, wrapped["batch"])
+
+  types = traced_block_types(lambda p, b: loss(p, b, policy=PolicySpec()), params, wrapped_batch,
+                             block_type_names=model.block_type_names)
+  return LossTarget(loss, params=params, batch=wrapped_batch, block_types=types, name=name)
 
 
 def shipped_target(
