@@ -137,3 +137,60 @@ def test_report_cli_on_a_target_and_list_blocks(capsys):
                       "--no-residuals"]) == 0
   out = capsys.readouterr().out
   assert "nothing_saveable" in out
+
+
+# ------------------------------------------------------------------------------------------------------------ Linen
+
+import flax.linen as nn  # noqa: E402
+
+from jaxckpt.report import LossTarget  # noqa: E402
+from jaxckpt.step import compile_policy  # noqa: E402
+from own_models import LinenEncoderDecoderLayer, LinenTransformerLM, linen_lm_target, linen_loss  # noqa: E402
+
+LINEN_HAND = {"none": None, "dots_saveable": CP.dots_saveable, "nothing_saveable": CP.nothing_saveable}
+
+
+class HandLinenLM(LinenTransformerLM):
+  """The same LM with remat written by hand: each layer class swapped for nn.remat(cls, policy=...)."""
+
+  policy: object = None
+
+  @nn.compact
+  def __call__(self, tokens, *, deterministic: bool = True):
+    embed = nn.Embed(self.vocab, self.dim, name="embed")
+    x = embed(tokens)
+    pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, tokens.shape[1], self.dim))
+    x = nn.Dropout(self.dropout_rate)(x + pos, deterministic=deterministic)
+    layer = LinenEncoderDecoderLayer if self.policy is None else nn.remat(
+        LinenEncoderDecoderLayer, policy=self.policy, static_argnums=(2,))  # self counts: deterministic is 2
+    for i in range(self.layers):
+      x = layer(self.heads, self.hidden, self.dropout_rate, name=f"decoder_block_{i}")(x, deterministic)
+    x = nn.LayerNorm(name="final_norm")(x)
+    return nn.Dense(self.vocab, name="logits_dense")(x)
+
+
+def linen_hand_temp(policy: str, target: LossTarget) -> int:
+  lm = HandLinenLM(policy=LINEN_HAND[policy])
+
+  def loss(params, wrapped, *, policy):
+    key = jax.random.key(wrapped["dropout_seed"])
+    apply_fn = lambda p, *a, **k: lm.apply({"params": p}, *a, rngs={"dropout": key}, **k)  # noqa: E731
+    return linen_loss(apply_fn, params, wrapped["batch"])
+
+  hand = LossTarget(loss, params=target.params, batch=target.batch, block_types={"default": set()})
+  return compile_policy(hand, jaxckpt.parse_policy("none")).memory["temp_bytes"]
+
+
+@pytest.mark.slow
+def test_report_on_own_linen_lm_orders_and_equals_hand_written():
+  target = linen_lm_target()
+  assert "SelfAttention_0.query" in target.block_types["layer"]
+  report = build_report(target, [*LINEN_HAND, "save_only_these_names:LinenMlpBlock_0.wi"], progress=False)
+  rows = {r["policy"]: r for r in report.rows}
+  assert all(r["status"] == "ok" for r in rows.values()), [r["error"] for r in rows.values()]
+  temp = {p: rows[p]["temp_bytes"] for p in rows}
+  assert temp["nothing_saveable"] < temp["dots_saveable"] < temp["none"]
+  assert temp["nothing_saveable"] < temp["save_only_these_names:LinenMlpBlock_0.wi"] < temp["none"]
+  assert rows["none"]["remat_regions"] == 0 and all(rows[p]["remat_regions"] == 2 for p in rows if p != "none")
+  for policy in LINEN_HAND:
+    assert temp[policy] == linen_hand_temp(policy, target), policy
