@@ -62,6 +62,8 @@ __all__ = [
     "set_applied_policy",
     "checkpoint_names",
     "loss_block_types",
+    "applied_layers",
+    "set_layered_policy",
     "is_applied",
     "original_class",
     "model_classes",
@@ -415,3 +417,49 @@ def loss_block_types(make_model: Callable[[], nnx.Module], loss_fn: Callable[...
   finally:
     _RECORD.reset(token)
   return {k: v | frozenset(record.get(k, ())) for k, v in static.items()}
+
+
+def _path_key(path: tuple) -> list[tuple[int, Any]]:
+  return [(0, p) if isinstance(p, int) else (1, str(p)) for p in path]
+
+
+def applied_layers(model: nnx.Module) -> tuple[list[list[nnx.Module]], list[nnx.Module]]:
+  """The applied blocks of ``model`` grouped into layers: blocks whose path holds a list index belong to the layer
+  that index names (``layers/3/attn`` and ``layers/3/mlp`` are layer 3), in path order; the others (a head, a
+  scanned stack's one stacked block) are returned apart.
+
+  Returns:
+    ``(layers, outside)``: a list of layers, each a list of blocks, and the blocks outside any layer.
+  """
+  groups: dict[tuple, list[nnx.Module]] = {}
+  outside: list[nnx.Module] = []
+  for path, block in applied_blocks(model):
+    index = next((i for i, p in enumerate(path) if isinstance(p, int)), None)
+    if index is None:
+      outside.append(block)
+    else:
+      groups.setdefault(tuple(path[:index + 1]), []).append(block)
+  return [groups[k] for k in sorted(groups, key=_path_key)], outside
+
+
+def set_layered_policy(model: nnx.Module, layered: Any) -> None:
+  """Gives layer i of ``model``'s applied blocks (:func:`applied_layers`) the spec of layer i of a
+  :class:`~jaxckpt.policies.LayeredPolicy` (validated already); blocks outside layers get the first range's spec.
+
+  Raises:
+    JaxckptError: the model's blocks are not in separate layer instances (e.g. one scanned stack: give it one
+      spec), or the policy covers another number of layers.
+  """
+  layers, outside = applied_layers(model)
+  if not layers:
+    raise JaxckptError(f"layered policy {str(layered)!r} needs separate layer instances (blocks in a list, such as "
+                       f"layers[i]); the blocks of {type(model).__name__} are not in one (a scanned stack takes one "
+                       "spec for all its layers)")
+  if len(layers) != layered.num_layers:
+    raise JaxckptError(f"layered policy {str(layered)!r} covers {layered.num_layers} layers but "
+                       f"{type(model).__name__} has {len(layers)}: ranges must cover 0-{len(layers) - 1}")
+  for blocks, spec in zip(layers, layered.layer_specs()):
+    for block in blocks:
+      setattr(block, _POLICY, spec)
+  for block in outside:
+    setattr(block, _POLICY, layered.segments[0][1])

@@ -27,7 +27,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt import names
-from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy
+from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.remat import module_call
@@ -491,6 +491,11 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
     raise no_blocks_error(module, f"set_policy({str(parsed)!r})")
   parsed = parsed.validate(types)
   stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
+  if isinstance(parsed, LayeredPolicy) and not stacks and applied_block_types(module):
+    set_layered_policy(module, parsed)  # your own model's layers (jaxckpt.apply_remat): one spec per instance
+    for block in _remat_blocks(module):
+      block.policy = parsed.segments[0][1]
+    return parsed
   if isinstance(parsed, LayeredPolicy):
     if not stacks:
       raise JaxckptError(f"layered policy {str(parsed)!r} needs a model with a jaxckpt Stack; this one has none")

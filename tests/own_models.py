@@ -181,15 +181,15 @@ class LinenTransformerLM(nn.Module):
 # ------------------------------------------------------------------------------------------------- report targets
 
 
-def decoder_target(policy: str = "none"):
+def decoder_target(policy: str = "none", *, batch: int = BATCH, blocks=None):
   """``--target own_models:decoder_target``: the NNX decoder, its layers named as blocks, a plain loss."""
   import jaxckpt
   from jaxckpt.report import ModelTarget
 
   def make_model():
-    return jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), policy, blocks={"layer": DecoderLayer})
+    return jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), policy, blocks=blocks or {"layer": DecoderLayer})
 
-  return ModelTarget(make_model=make_model, batch={"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)},
+  return ModelTarget(make_model=make_model, batch={"tokens": jax.ShapeDtypeStruct((batch, SEQ + 1), jnp.int32)},
                      loss_fn=decoder_loss, name="own-decoder")
 
 

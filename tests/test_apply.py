@@ -293,3 +293,19 @@ def test_linen_errors_are_one_line():
 def nn_conv():
   import flax.linen as nn
   return nn.Conv
+
+
+def test_layered_policy_gives_each_layer_instance_its_spec():
+  model = jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), "none", blocks=SPLIT)
+  batch = decoder_batch()
+  jaxckpt.set_policy(model, "0:full;1:none")
+  assert regions(model, batch) == 2  # layer 0's attn and mlp
+  assert [layer.attn._jaxckpt_policy for layer in model.layers] == [jaxckpt.parse_policy("full"),
+                                                                      jaxckpt.parse_policy("none")]
+  with pytest.raises(JaxckptError, match="covers 3 layers but Decoder has 2") as err:
+    jaxckpt.set_policy(model, "0-2:full")
+  one_line(err)
+  scanned = jaxckpt.apply_remat(ScannedDecoder(rngs=nnx.Rngs(0)), "none", blocks={"layer": DecoderLayer})
+  with pytest.raises(JaxckptError, match="separate layer instances") as err:
+    jaxckpt.set_policy(scanned, "0:full;1:none")
+  one_line(err)

@@ -15,7 +15,7 @@ from jaxckpt.report.policies import expand_policies
 from jaxckpt.step import step_compiler_options, target_block_types
 from jaxckpt.step.targets import plain_loss_fn
 from jaxckpt.train import abstract_train_state, make_train_step
-from own_models import BATCH, SEQ, Decoder, DecoderLayer, FeedForward, decoder_loss, decoder_target
+from own_models import BATCH, SEQ, Attention, Decoder, DecoderLayer, FeedForward, decoder_loss, decoder_target
 
 TOKENS = {"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)}
 CP = jax.checkpoint_policies
@@ -194,3 +194,39 @@ def test_report_on_own_linen_lm_orders_and_equals_hand_written():
   assert rows["none"]["remat_regions"] == 0 and all(rows[p]["remat_regions"] == 2 for p in rows if p != "none")
   for policy in LINEN_HAND:
     assert temp[policy] == linen_hand_temp(policy, target), policy
+
+
+# ---------------------------------------------------------------------------------------------------- budget plans
+
+from jaxckpt.planner import plan_policy  # noqa: E402
+from jaxckpt.planner.export import export_code  # noqa: E402
+from jaxckpt.policies import LayeredPolicy  # noqa: E402
+from own_models import ScannedDecoder  # noqa: E402
+
+
+@pytest.mark.slow
+def test_budget_plan_per_layer_for_a_list_of_layers():
+  target = decoder_target(batch=32)  # activations dominate: 60% of none's temp is reachable
+  plan = plan_policy(target, "budget:60%")
+  assert plan.num_layers == 2
+  assert plan.compiled.memory["temp_bytes"] <= plan.limit_bytes < plan.none.temp_bytes
+  assert plan.compiled.flops < min(p.flops for p in plan.history if str(p.policy) == "nothing_saveable")
+  if isinstance(plan.policy, LayeredPolicy):  # per-layer: each instance got its range's spec
+    model = target.make_model()
+    jaxckpt.set_policy(model, plan.policy)
+    assert [layer._jaxckpt_policy for layer in model.layers] == plan.policy.layer_specs()
+  code = export_code(plan, ("layer",))
+  assert "PLAN = [" in code and "jax.checkpoint" in code
+  compile(code, "export", "exec")
+
+
+@pytest.mark.slow
+def test_budget_plan_per_block_type_for_a_scanned_stack():
+  def make():
+    return jaxckpt.apply_remat(ScannedDecoder(rngs=nnx.Rngs(0)), "none", blocks={"attn": Attention, "mlp": FeedForward})
+
+  target = ModelTarget(make_model=make, batch={"tokens": jax.ShapeDtypeStruct((32, SEQ + 1), jnp.int32)},
+                       loss_fn=decoder_loss)
+  plan = plan_policy(target, "budget:80%")
+  assert plan.num_layers == 1 and not isinstance(plan.policy, LayeredPolicy)
+  assert plan.compiled.memory["temp_bytes"] <= plan.limit_bytes < plan.none.temp_bytes
