@@ -100,15 +100,16 @@ def decoder_batch(seed: int = 1, batch: int = BATCH, seq: int = SEQ):
 
 
 class ScannedDecoder(nnx.Module):
-  """The same layers stacked with ``nnx.vmap`` and applied with ``nnx.scan`` (no dropout)."""
+  """The same layers stacked with ``nnx.vmap`` (one dropout RNG stream per layer) and applied with ``nnx.scan``."""
 
-  def __init__(self, *, vocab=VOCAB, dim=DIM, heads=HEADS, hidden=HIDDEN, layers=LAYERS, rngs: nnx.Rngs):
+  def __init__(self, *, vocab=VOCAB, dim=DIM, heads=HEADS, hidden=HIDDEN, layers=LAYERS, dropout=0.1,
+               rngs: nnx.Rngs):
     self.embedder = nnx.Embed(vocab, dim, rngs=rngs)
 
     @nnx.split_rngs(splits=layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def create(rngs):
-      return DecoderLayer(dim, heads, hidden, 0.0, rngs=rngs)
+      return DecoderLayer(dim, heads, hidden, dropout, rngs=rngs)
 
     self.layers = create(rngs)
     self.final_norm = RMSNorm(dim, rngs=rngs)
@@ -118,7 +119,7 @@ class ScannedDecoder(nnx.Module):
 
     @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
     def body(x, layer):
-      return layer(x, deterministic=True)
+      return layer(x, deterministic=deterministic)
 
     x = body(x, self.layers)
     return self.embedder.attend(self.final_norm(x))

@@ -85,6 +85,12 @@ def test_scanned_stack_keeps_remat_in_the_scan_body():
   assert jaxckpt.block_types(model) == {"layer": frozenset(LAYER_NAMES)}
 
 
+def test_nested_blocks_name_their_own_layers():
+  model = jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), "none", blocks={"layer": DecoderLayer, "attn": Attention})
+  assert jaxckpt.block_types(model) == {"attn": {"q_einsum", "kv_einsum", "attn_vec_einsum"},
+                                        "layer": {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}}
+
+
 def _paths(model):
   return sorted(jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0])
 
