@@ -52,7 +52,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.jaxprs import iter_eqns
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 from jaxckpt.policies.spec import _NAME_RE
-from jaxckpt.remat import module_call
+from jaxckpt.remat import Remat, module_call
 
 __all__ = [
     "BlockMatcher",
@@ -293,19 +293,30 @@ def applied_blocks(model: nnx.Module) -> list[tuple[tuple, nnx.Module]]:
 
 def applied_block_types(model: nnx.Module) -> dict[str, frozenset[str]]:
   """Block type -> checkpoint names of the blocks :func:`apply_remat` applied in ``model`` (automatic names, plus
-  names learned by :func:`checkpoint_names`); ``{}`` when none."""
+  names learned by :func:`checkpoint_names`) and the block types of :class:`jaxckpt.Remat` wrappers (no names
+  known); ``{}`` when none."""
   found: dict[str, set[str]] = {}
   for _, block in applied_blocks(model):
     found.setdefault(getattr(block, _TYPE), set()).update(_static_names(block))
+  for wrapper in _remat_wrappers(model):  # jaxckpt.remat(module) wrappers: their block type, no names known
+    found.setdefault(wrapper.block_type, set())
   return {k: frozenset(v) for k, v in sorted(found.items())}
 
 
+def _remat_wrappers(model: nnx.Module) -> list[Remat]:
+  return [m for _, m in nnx.iter_modules(model) if isinstance(m, Remat)]
+
+
 def set_applied_policy(model: nnx.Module, spec: PolicySpec) -> int:
-  """Sets ``spec`` (already validated) on every applied block of ``model``; returns how many blocks it set."""
+  """Sets ``spec`` (already validated) on every applied block of ``model`` and every :class:`jaxckpt.Remat` wrapper;
+  returns how many it set."""
   blocks = applied_blocks(model)
   for _, block in blocks:
     setattr(block, _POLICY, spec)
-  return len(blocks)
+  wrappers = _remat_wrappers(model)
+  for wrapper in wrappers:
+    wrapper.policy = spec
+  return len(blocks) + len(wrappers)
 
 
 def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *, blocks: Mapping[str, Any]

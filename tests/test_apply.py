@@ -315,3 +315,19 @@ def test_layered_policy_gives_each_layer_instance_its_spec():
   with pytest.raises(JaxckptError, match="separate layer instances") as err:
     jaxckpt.set_policy(scanned, "0:full;1:none")
   one_line(err)
+
+
+def test_set_policy_reaches_remat_wrappers():
+  class Net(nnx.Module):
+    def __init__(self):
+      self.body = jaxckpt.remat(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), "none", block_type="mlp")
+
+    def __call__(self, x):
+      return self.body(x)
+
+  net = Net()
+  assert jaxckpt.block_types(net) == {"mlp": frozenset()}
+  jaxckpt.set_policy(net, "mlp=full")
+  assert net.body.policy == jaxckpt.parse_policy("mlp=full")
+  grad = jax.grad(lambda m, x: m(x).sum())
+  assert count_remat_regions(jax.make_jaxpr(lambda x: grad(net, x))(jnp.ones((2, 4)))) == 1
