@@ -204,9 +204,10 @@ def _applied_class(cls: type) -> type:
     def __call__(self, *args, **kwargs):
       return _call_applied(self, cls, args, kwargs)
 
-    __call__.__doc__ = f"{cls.__qualname__}.__call__ under jax.checkpoint with the block's policy (jaxckpt.apply_remat)."
+    __call__.__doc__ = f"{cls.__qualname__}.__call__ under jax.checkpoint with the block's policy (apply_remat)."
     sub = type(cls)(f"Remat{cls.__name__}", (cls,), {
-        "__call__": __call__, "__slots__": (), "__module__": cls.__module__, "__qualname__": f"Remat{cls.__qualname__}"})
+        "__call__": __call__, "__slots__": (), "__module__": cls.__module__,
+        "__qualname__": f"Remat{cls.__qualname__}"})
     _APPLIED[cls], _ORIGINAL[sub] = sub, cls
   return _APPLIED[cls]
 

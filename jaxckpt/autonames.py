@@ -29,7 +29,8 @@ NNX_LAYERS: tuple[type, ...] = tuple(
 LINEN_LAYERS: tuple[type, ...] = tuple(
     cls for cls in (
         getattr(nn, "Dense", None), getattr(nn, "DenseGeneral", None), getattr(nn, "Einsum", None),
-        getattr(nn, "Conv", None), getattr(nn, "ConvTranspose", None), getattr(nn, "MultiHeadDotProductAttention", None),
+        getattr(nn, "Conv", None), getattr(nn, "ConvTranspose", None),
+        getattr(nn, "MultiHeadDotProductAttention", None),
     ) if cls is not None)
 """Linen layers whose outputs get an automatic checkpoint name inside a matched block."""
 

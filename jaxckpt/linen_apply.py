@@ -41,7 +41,6 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.jaxprs import iter_eqns
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 from jaxckpt.policies.spec import _NAME_RE
 

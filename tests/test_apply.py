@@ -275,7 +275,8 @@ def test_linen_block_types_and_set_policy():
   x = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
   types = linen_apply.block_types(model, jax.random.key(0), x)
   assert types["mlp"] == {"wi", "wo"}
-  assert {"SelfAttention_0.query", "SelfAttention_0.key", "SelfAttention_0.value", "SelfAttention_0.out"} <= types["layer"]
+  attention = {"SelfAttention_0.query", "SelfAttention_0.key", "SelfAttention_0.value", "SelfAttention_0.out"}
+  assert attention <= types["layer"]
   assert jaxckpt.linen.apply_remat is linen_apply.apply_remat
   assert model.set_policy("mlp=full").spec == jaxckpt.parse_policy("mlp=full")
   with pytest.raises(PolicySpecError, match="valid block types: default, layer, mlp") as err:

@@ -16,7 +16,6 @@ layers; every plan is still verified by compiling it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import optax
