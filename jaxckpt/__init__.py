@@ -24,6 +24,7 @@ from jaxckpt.errors import (
     MeshSpecError,
     NonFiniteLossError,
     PolicySpecError,
+    StaticArgumentError,
 )
 from jaxckpt.multitask import AUX_TASKS, MultiTaskClassifier, multitask_loss
 from jaxckpt.layers import (
@@ -36,7 +37,7 @@ from jaxckpt.layers import (
     block_types,
     set_policy,
 )
-from jaxckpt.models import MODELS, build_model
+from jaxckpt.models import MODEL_REGISTRY, MODELS, build_model
 from jaxckpt.policies import (
     CANONICAL_POLICIES,
     POLICY_NAMES,
@@ -100,6 +101,7 @@ __all__ = [
     "MeshSpecError",
     "NonFiniteLossError",
     "PolicySpecError",
+    "StaticArgumentError",
     "AttentionBlock",
     "ConvBlock",
     "MLPBlock",
@@ -109,6 +111,7 @@ __all__ = [
     "block_types",
     "set_policy",
     "MODELS",
+    "MODEL_REGISTRY",
     "build_model",
     "CANONICAL_POLICIES",
     "POLICY_NAMES",

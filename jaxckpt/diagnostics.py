@@ -30,7 +30,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxckpt.jaxprs import sub_jaxprs
+from jaxckpt.jaxprs import CUSTOM_CALLS, emitted_checkpoint_names, sub_jaxprs
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 from jaxckpt.residuals import Residual, saved_residuals, total_residual_bytes
 
@@ -44,7 +44,7 @@ DOTS_POLICIES: tuple[str, ...] = (
 """Canonical names of the policies that save ``dot_general`` outputs."""
 
 _NO_BATCH_DIMS = ("dots_with_no_batch_dims_saveable", "offload_dot_with_no_batch_dims")
-_CUSTOM_CALLS = ("custom_vjp_call", "custom_jvp_call")
+_CUSTOM_CALLS = CUSTOM_CALLS
 # Offloading policies move what they save with device_put; saved_residuals then reports "output of device_put".
 _OFFLOADED = "device_put"
 
@@ -118,8 +118,7 @@ def _dots_message(policy: Policy, saved: list[Residual], jaxpr: Any) -> str | No
           f"operations), so the policy saves nothing here (like nothing_saveable)")
 
 
-def _names_messages(policy: Policy, saved: list[Residual], jaxpr: Any) -> list[str]:
-  emitted = {eqn.params["name"] for eqn, _ in _walk(jaxpr) if eqn.primitive.name == "name"}
+def _names_messages(policy: Policy, saved: list[Residual], emitted: frozenset[str]) -> list[str]:
   saved_names = {r.name for r in saved if r.kind == "checkpoint_name"}
   out = []
   if policy.name == "save_anything_except_these_names":
@@ -157,7 +156,9 @@ def policy_warnings(
     ``offload_dot_with_no_batch_dims``: offloaded). If not, says why: the matmuls are inside a ``custom_vjp`` whose
     forward rule hides them (kernels, callbacks), there is no ``dot_general``, every dot has batch dimensions, or the
     backward pass needs none.
-  - ``save_only_these_names`` / ``save_and_offload_only_these_names``: every name is emitted by ``fn``, and every
+  - ``save_only_these_names`` / ``save_and_offload_only_these_names``: every name is emitted by ``fn`` (names
+    tagged inside a ``custom_vjp`` forward rule or a ``custom_jvp`` rule count, see
+    :func:`jaxckpt.jaxprs.emitted_checkpoint_names`), and every
     name to be kept on device is among the saved residuals (offloaded values lose their names in JAX's report, so
     only their emission is checked).
   - ``save_anything_except_these_names``: at least one excluded name is emitted (else it is ``everything_saveable``).
@@ -204,12 +205,12 @@ def policy_warnings(
     return [f"policy everything_saveable saves every intermediate ({kept} bytes of residuals; {baseline} without "
             f"remat): it uses as much memory as no remat and adds jax.checkpoint's cost; use none, or a policy that "
             f"saves less (dots_saveable, save_only_these_names:...)"]
-  jaxpr = jax.make_jaxpr(f)(*args)
   if chosen.name in DOTS_POLICIES:
-    message = _dots_message(chosen, saved, jaxpr)
+    message = _dots_message(chosen, saved, jax.make_jaxpr(f)(*args))
     return [message] if message else []
   if chosen.names or chosen.offload_names:
-    return _names_messages(chosen, saved, jaxpr)
+    # Names tagged inside custom_vjp forward rules / custom_jvp rules count: they run under differentiation.
+    return _names_messages(chosen, saved, emitted_checkpoint_names(f, *args))
   return []
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "NonFiniteLossError", "MeshSpecError",
-    "closest", "shorten",
+    "StaticArgumentError", "closest", "shorten",
 ]
 
 
@@ -95,3 +95,20 @@ class MeshSpecError(JaxckptError):
   """A ``--mesh`` spec (``name=size[,name=size]``) or a multi-process setting is invalid: unknown axis name,
   malformed or non-positive size, repeated axis, a product of sizes that is not the device count, or a batch size
   the mesh cannot split."""
+
+
+class StaticArgumentError(JaxckptError):
+  """A static argument of a remat'd function is declared or passed the wrong way.
+
+  Raised by :func:`jaxckpt.checkpoint` when ``static_argnums``/``static_argnames`` are malformed or name no parameter
+  of the function, or when a call passes a static argument by keyword although it is declared by position (or the
+  reverse), or passes a traced value where a static Python value is needed. The message names the argument and the
+  fix.
+
+  Attributes:
+    argument: the parameter's name (or ``"#i"`` for a position without a name), or ``None``.
+  """
+
+  def __init__(self, message: str, *, argument: str | None = None):
+    self.argument = argument
+    super().__init__(message)

@@ -7,6 +7,8 @@ Nets with Sublinear Memory Cost"). The wrappers here take jaxckpt's policy strin
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +16,7 @@ import flax.linen as nn
 import jax
 from flax import nnx
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 
 __all__ = ["checkpoint", "remat", "Remat"]
@@ -24,6 +26,105 @@ def _policy_for(spec: "str | Policy | PolicySpec | None", block_type: str) -> Po
   return parse_policy(spec).for_block(block_type)
 
 
+def _static_argnums(value: Any) -> tuple[int, ...]:
+  if isinstance(value, int) and not isinstance(value, bool):
+    return (value,)
+  if isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    return tuple(value)
+  raise StaticArgumentError(f"static_argnums must be an int or a tuple of ints (positions of static arguments), "
+                            f"got {value!r}")
+
+
+def _static_argnames(value: Any) -> tuple[str, ...]:
+  if isinstance(value, str):
+    return (value,)
+  if isinstance(value, (tuple, list, set, frozenset)) and all(isinstance(v, str) for v in value):
+    return tuple(value)
+  raise StaticArgumentError(f"static_argnames must be a str or a tuple of str (names of static keyword arguments), "
+                            f"got {value!r}")
+
+
+def _parameters(fn: Callable) -> list[inspect.Parameter] | None:
+  """``fn``'s parameters, or ``None`` when its signature cannot be read (builtins, some C callables)."""
+  try:
+    return list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    return None
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _check_static_names(fn: Callable, names: tuple[str, ...], params: list[inspect.Parameter] | None) -> None:
+  """Every name in ``static_argnames`` can be passed by keyword to ``fn``."""
+  if params is None or not names:
+    return
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    return
+  by_name = {p.name: p for p in params}
+  keyword = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)]
+  fn_name = getattr(fn, "__name__", type(fn).__name__)
+  for name in names:
+    if name in by_name and by_name[name].kind is inspect.Parameter.POSITIONAL_ONLY:
+      index = params.index(by_name[name])
+      raise StaticArgumentError(
+          f"static_argnames names {name!r}, a positional-only parameter of {fn_name}: it cannot be passed by keyword; "
+          f"declare it static_argnums=({index},) instead", argument=name)
+    if name not in by_name:
+      message = (f"static_argnames names {name!r}, which is not a parameter of {fn_name}; its keyword parameters: "
+                 f"{', '.join(keyword) or '(none)'}")
+      if (close := closest(name, keyword)) is not None:
+        message += f"; did you mean {close!r}?"
+      raise StaticArgumentError(message, argument=name)
+
+
+def _reject_tracer(name: str, value: Any, how: str) -> None:
+  if isinstance(value, jax.core.Tracer):
+    raise StaticArgumentError(
+        f"static argument {name!r} ({how}) got a traced value {shorten(repr(value), 60)}; a static argument is a "
+        f"Python value (bool, int, str, tuple…) read while tracing: pass a Python value, or drop it from "
+        f"static_argnums/static_argnames so that it is traced like an array", argument=name)
+
+
+def _check_call(
+    fn_name: str,
+    params: list[inspect.Parameter] | None,
+    argnums: tuple[int, ...],
+    argnames: tuple[str, ...],
+    args: tuple,
+    kwargs: dict[str, Any],
+) -> None:
+  """Raises :class:`StaticArgumentError` when a call passes a static argument another way than it is declared."""
+  positional = [p.name for p in params if p.kind in _POSITIONAL] if params is not None else []
+  for i in argnums:
+    index = i if i >= 0 else len(args) + i
+    if 0 <= index < len(args):
+      name = positional[index] if index < len(positional) else f"#{index}"
+      _reject_tracer(name, args[index], f"static_argnums position {i}")
+      continue
+    name = positional[i] if 0 <= i < len(positional) else None
+    if name is not None and name in kwargs:
+      raise StaticArgumentError(
+          f"argument {name!r} of {fn_name} is declared static by position (static_argnums={argnums}) but was passed "
+          f"by keyword ({name}={shorten(repr(kwargs[name]), 40)}); pass it positionally (as argument {i}), or declare "
+          f"it by name: static_argnames=({name!r},)", argument=name)
+    label = f"{i} ({name!r})" if name is not None else str(i)
+    raise StaticArgumentError(
+        f"static_argnums={argnums} declares positional argument {label} of {fn_name} static, but the call passed "
+        f"{len(args)} positional argument(s); pass it positionally, or declare static arguments passed by keyword "
+        f"with static_argnames", argument=name or f"#{i}")
+  for name in argnames:
+    if name in kwargs:
+      _reject_tracer(name, kwargs[name], "static_argnames")
+    elif name in positional and positional.index(name) < len(args):
+      index = positional.index(name)
+      raise StaticArgumentError(
+          f"argument {name!r} of {fn_name} is declared static by name (static_argnames={argnames}) but was passed "
+          f"positionally (argument {index}); pass it by keyword ({name}=...), or declare it by position: "
+          f"static_argnums=({index},)", argument=name)
+
+
 def checkpoint(
     fn: Callable,
     policy: "str | Policy | PolicySpec | None",
@@ -31,30 +132,63 @@ def checkpoint(
     block_type: str = DEFAULT_BLOCK,
     prevent_cse: bool = True,
     static_argnums: int | tuple[int, ...] = (),
+    static_argnames: str | tuple[str, ...] = (),
 ) -> Callable:
   """Wraps a pure JAX function in ``jax.checkpoint`` with a jaxckpt policy (or returns it unchanged for ``none``).
+
+  Static arguments are Python values (flags such as ``train=True``) that the function reads while it is traced, e.g.
+  in an ``if``; they are not traced and not differentiated. Declare those passed by position with
+  ``static_argnums`` and those passed by keyword with ``static_argnames``. Keyword static arguments are bound to
+  ``fn`` (``functools.partial``) before ``jax.checkpoint`` sees it, so they stay Python values (JAX 0.10's own
+  ``jax.checkpoint(static_argnames=...)`` is accepted but ignored: the keyword is traced). Closing over static
+  values (``lambda x: fn(x, train=True)``) is the other way (JAX docs, ``jax.checkpoint``).
 
   Args:
     fn: a function of arrays/pytrees (use :func:`remat` or :class:`Remat` for NNX modules).
     policy: a policy spec (:func:`jaxckpt.parse_policy`); with a block map, the policy of ``block_type`` is used.
     block_type: which block type ``fn`` is, for block maps (default: the map's ``default`` policy).
     prevent_cse: passed to ``jax.checkpoint``.
-    static_argnums: passed to ``jax.checkpoint`` (prefer closing over static Python values).
+    static_argnums: positions of static arguments passed positionally (int or tuple of ints; negative counts from
+      the end), as ``jax.checkpoint``'s.
+    static_argnames: names of static arguments passed by keyword (str or tuple of str).
 
   Returns:
-    The wrapped function, same signature.
+    The wrapped function, same signature. For ``none`` (no remat) it is ``fn`` itself.
 
   Raises:
-    PolicySpecError: a malformed spec (see :func:`jaxckpt.parse_policy`).
+    PolicySpecError: a malformed spec.
+    StaticArgumentError: ``static_argnums``/``static_argnames`` malformed, or a name that is not a keyword parameter
+      of ``fn``. When the wrapped function is called: a static argument passed the other way than declared (by
+      keyword while declared in ``static_argnums``, positionally while declared in ``static_argnames``), a declared
+      position the call does not reach, or a traced value given as a static argument; the message names the
+      argument and the fix.
 
   Example::
 
-    >>> block = checkpoint(lambda w, x: jnp.tanh(x @ w), "dots_saveable")
+    >>> def block(w, x, *, train):
+    ...   return jnp.tanh(x @ w) * (0.5 if train else 1.0)
+    >>> ck = checkpoint(block, "dots_saveable", static_argnames="train")
+    >>> y = ck(w, x, train=True)
   """
+  argnums, argnames = _static_argnums(static_argnums), _static_argnames(static_argnames)
+  params = _parameters(fn)
+  _check_static_names(fn, argnames, params)
   chosen = _policy_for(policy, block_type)
   if not chosen.remat:
     return fn
-  return jax.checkpoint(fn, policy=chosen.to_jax(), prevent_cse=prevent_cse, static_argnums=static_argnums)
+  jax_policy = chosen.to_jax()
+  if not argnums and not argnames:
+    return jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)
+  fn_name = getattr(fn, "__name__", type(fn).__name__)
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    _check_call(fn_name, params, argnums, argnames, args, kwargs)
+    static = {name: kwargs.pop(name) for name in argnames if name in kwargs}
+    bound = functools.partial(fn, **static) if static else fn
+    return jax.checkpoint(bound, policy=jax_policy, prevent_cse=prevent_cse, static_argnums=argnums)(*args, **kwargs)
+
+  return wrapped
 
 
 def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool = True) -> Callable[..., Any]:
@@ -133,6 +267,8 @@ def remat(
     policy: "str | Policy | PolicySpec | None",
     *,
     block_type: str = DEFAULT_BLOCK,
+    static_argnums: int | tuple[int, ...] = (),
+    static_argnames: str | tuple[str, ...] = (),
 ) -> "Callable | Remat":
   """Wraps a function or an NNX module with a policy spec: the one-call entry point.
 
@@ -141,6 +277,8 @@ def remat(
       ``jax.checkpoint(fn, policy=...)``, or ``fn`` itself for ``none``).
     policy: a policy spec string such as ``"dots_saveable"`` or ``"save_only_these_names:qkv"``.
     block_type: which block type the target is, for block maps.
+    static_argnums, static_argnames: for a function, as :func:`checkpoint`. A module's keyword arguments are
+      always static (closed over), so these must be empty for a module.
 
   Returns:
     The wrapped module or function.
@@ -149,6 +287,7 @@ def remat(
     PolicySpecError: a malformed spec.
     JaxckptError: ``target`` is neither callable nor an NNX module; a module class (NNX or Linen) or a Linen module
       (use :func:`jaxckpt.apply_remat` / :func:`jaxckpt.linen_apply.apply_remat`, which keep parameter paths).
+    StaticArgumentError: as :func:`checkpoint`, or static arguments declared for a module.
 
   Example::
 
@@ -162,7 +301,13 @@ def remat(
                        f"{name}: name your block classes instead, jaxckpt.{'linen_apply.' if linen else ''}apply_remat("
                        f"model, policy, blocks={{'block': {name}}}) (parameter paths stay as they are)")
   if isinstance(target, nnx.Module):
+    if static_argnums or static_argnames:
+      raise StaticArgumentError(
+          f"remat of an NNX module ({type(target).__name__}) takes no static_argnums/static_argnames (got "
+          f"{static_argnums!r}/{static_argnames!r}): pass static flags as keyword arguments of the call, "
+          f"Remat(...)(x, train=True); they are always closed over, never traced")
     return Remat(target, policy, block_type=block_type)
   if not callable(target):
     raise JaxckptError(f"remat needs a function or an flax.nnx.Module, got {type(target).__name__}: {target!r}")
-  return checkpoint(target, policy, block_type=block_type)
+  return checkpoint(target, policy, block_type=block_type, static_argnums=static_argnums,
+                    static_argnames=static_argnames)

@@ -24,6 +24,14 @@ checkpoint names are lost. To see names, analyse one layer (the scan body, e.g. 
 weights) or an unrolled trace, then use ``scale_residuals(body_residuals, L)`` to get the whole stack: its total
 bytes equal those of the scanned analysis.
 
+Nested remat (checkpoint structures). A ``jax.checkpoint`` around a group of remat'd blocks (``every:K``,
+``nested``) saves only the group's inputs across the forward pass -- that is all ``saved_residuals`` of the whole
+function shows, whatever the blocks' own policies. The blocks' policies act when the backward pass recomputes the
+group: the group is run again and differentiated, and what *its* backward reads stays alive until that group's
+backward is done. ``recomputed_residuals(remat_eqn)`` lists those values for one group (found with
+:func:`jaxckpt.jaxprs.outermost_remats`). The most saved values alive at once is then the outer residuals plus one
+group's recomputed residuals at each level (Chen et al. 2016: N/K group inputs + one group of K).
+
 Bytes are ``elements * dtype itemsize``, an upper bound on what is stored: XLA may fuse some residuals away or, on
 XLA:CPU, undo remat in unrolled code (see NOTES.md); compiled memory stats are the ground truth.
 """
@@ -49,6 +57,7 @@ __all__ = [
     "group_residuals",
     "total_residual_bytes",
     "scale_residuals",
+    "recomputed_residuals",
 ]
 
 KINDS: tuple[str, ...] = ("argument", "checkpoint_name", "primitive", "scan_output", "other")
@@ -286,3 +295,62 @@ def scale_residuals(residuals: Iterable[Residual], factor: int) -> list[Residual
   return [dataclasses.replace(r, shape=(factor, *r.shape), bytes=r.bytes * factor,
                               description=f"{r.description} (x{factor} layers)")
           for r in residuals]
+
+
+def recomputed_residuals(remat_eqn: Any) -> list[Residual]:
+  """What one ``jax.checkpoint`` keeps for its own backward pass while the backward pass recomputes it.
+
+  The checkpointed function (the equation's body jaxpr) is differentiated w.r.t. its float inputs (the values the
+  outer level saved: a group's input activation, its layers' parameters); non-float inputs (PRNG keys, integers) are
+  held fixed. Remats inside the body keep their policies, so for a group of remat'd blocks the result is what the
+  blocks' policies save during the group's recomputation. Nothing is compiled or executed.
+
+  Args:
+    remat_eqn: a ``jax.checkpoint`` equation (primitive ``remat2``), e.g. from
+      :func:`jaxckpt.jaxprs.outermost_remats` of a traced loss.
+
+  Returns:
+    ``Residual`` records as :func:`saved_residuals` gives them; the body's float inputs have kind ``"argument"``.
+
+  Raises:
+    ValueError: ``remat_eqn`` is not a ``jax.checkpoint`` equation.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxckpt.jaxprs import outermost_remats
+    >>> block = jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)), policy=jax.checkpoint_policies.everything_saveable)
+    >>> group = jax.checkpoint(lambda x: block(block(x)), policy=jax.checkpoint_policies.nothing_saveable)
+    >>> (eqn,) = outermost_remats(jax.make_jaxpr(lambda x: group(x).sum())(jnp.ones(4)))
+    >>> sum(r.bytes for r in recomputed_residuals(eqn) if r.kind != "argument")  # 2 blocks x 2 cos, [4] float32
+    64
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.extend.core as jex_core  # pylint: disable=g-import-not-at-top
+
+  params = getattr(remat_eqn, "params", None)
+  body = params.get("jaxpr") if isinstance(params, dict) else None
+  if body is None or remat_eqn.primitive.name not in ("remat2", "checkpoint", "remat"):
+    raise ValueError(f"recomputed_residuals needs a jax.checkpoint equation (primitive remat2), got "
+                     f"{getattr(getattr(remat_eqn, 'primitive', None), 'name', type(remat_eqn).__name__)!r}")
+  closed = body if isinstance(body, jex_core.ClosedJaxpr) else jex_core.ClosedJaxpr(body, ())
+  fn = jex_core.jaxpr_as_fun(closed)
+  structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]
+  floats = [i for i, s in enumerate(structs) if jax.dtypes.issubdtype(s.dtype, np.inexact)]
+  fixed = [i for i in range(len(structs)) if i not in set(floats)]
+  found: list[Residual] = []
+
+  def outer(*held):
+    # The non-float inputs are tracers of this outer trace: the inner vjp sees them as constants, not as inputs.
+    def of_floats(*values):
+      args: list[Any] = [None] * len(structs)
+      for i, v in zip(floats, values):
+        args[i] = v
+      for i, v in zip(fixed, held):
+        args[i] = v
+      return fn(*args)
+
+    found.extend(saved_residuals(of_floats, *(structs[i] for i in floats)))
+    return 0
+
+  jax.make_jaxpr(outer)(*(structs[i] for i in fixed))
+  return found

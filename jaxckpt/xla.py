@@ -28,10 +28,20 @@ __all__ = [
     "compile_step",
     "memory_stats",
     "offload_warning",
+    "PEAK_BACKENDS",
 ]
 
 CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 """XLA:CPU compiler option that keeps ``jax.checkpoint``'s optimization barriers, so remat saves memory."""
+
+
+PEAK_BACKENDS: tuple[str, ...] = ("gpu", "cuda", "rocm", "tpu")
+"""Platforms whose ``CompiledMemoryStats.peak_memory_in_bytes`` is a peak: the most device memory live at once in
+XLA's buffer-assignment simulation of the program (arguments, outputs and temps; XLA:GPU fills it with
+``ComputePeakMemorySizes`` over the buffer assignment, ``xla/service/gpu/legacy_gpu_aot_compilation_result.cc``;
+not checked on a GPU or TPU here). On XLA:CPU (jax 0.10) the field
+is argument + output bytes and ignores temps (measured: 2,621,456 = 1,572,864 argument + 1,048,592 output bytes
+for a program with 1 MiB of temps), so :func:`memory_stats` reports it as ``None`` there."""
 
 
 class RematIneffectiveWarning(UserWarning):
@@ -129,16 +139,39 @@ def offload_warning(spec: "PolicySpec", backend: str | None = None) -> str | Non
           "offloading saves no memory here (it does on GPU/TPU)")
 
 
-def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int | None]:
+def _platform(compiled: Any) -> str:
+  """The platform ``compiled`` runs on (from its shardings' devices), else ``jax.default_backend()``."""
+  for shardings in (getattr(compiled, "input_shardings", None), getattr(compiled, "output_shardings", None)):
+    try:
+      leaves = jax.tree.leaves(shardings)
+    except Exception:  # noqa: BLE001 - a stand-in object without real shardings
+      continue
+    for sharding in leaves:
+      devices = getattr(sharding, "device_set", None)
+      if devices:
+        return next(iter(devices)).platform
+  return jax.default_backend()
+
+
+def memory_stats(compiled: jax.stages.Compiled, *, backend: str | None = None) -> dict[str, int | None]:
   """Reads XLA's compiled memory stats of a step under the schema's key names (:mod:`jaxckpt.schema`).
+
+  The sizes are XLA's buffer assignment: ``argument_bytes`` (inputs), ``output_bytes``, ``temp_bytes`` (every
+  intermediate, after buffer sharing), ``alias_bytes`` (outputs written into donated inputs), generated code, and
+  their ``host_*`` twins; ``footprint_bytes`` = argument + output + temp − alias is jaxckpt's device footprint.
+  ``peak_memory_bytes`` is XLA's simulated peak of live device memory where that figure is one
+  (:data:`PEAK_BACKENDS`: GPU, TPU); on CPU XLA reports argument + output bytes in that field, not a peak, so it is
+  ``None`` there -- use ``footprint_bytes``, or the report's ``--measure`` for a measured peak.
 
   Args:
     compiled: the result of ``jax.jit(f).lower(...).compile()``.
+    backend: platform name (``"cpu"``, ``"gpu"``, ``"tpu"``) the step was compiled for; default: the platform of
+      ``compiled``'s devices, else ``jax.default_backend()``.
 
   Returns:
-    ``{key: bytes}`` for every key of :data:`jaxckpt.schema.MEMORY_KEYS`, including ``footprint_bytes``
-    (argument + output + temp − alias). A field the backend does not report is ``None``. Some backends report the
-    device fields as all zeros, meaning "unknown": then they are ``None`` too, not 0.
+    ``{key: bytes}`` for every key of :data:`jaxckpt.schema.MEMORY_KEYS`, including ``footprint_bytes``. A field the
+    backend does not report is ``None``. Some backends report the device fields as all zeros, meaning "unknown":
+    then they are ``None`` too, not 0.
   """
   try:
     analysis = compiled.memory_analysis()
@@ -152,5 +185,8 @@ def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int | None]:
   if all(record[k] == 0 for k in device):
     for key in MEMORY_FIELDS:
       record[key] = None
+  platform = backend if backend is not None else _platform(compiled)
+  if platform.lower() not in PEAK_BACKENDS:
+    record["peak_memory_bytes"] = None
   record[FOOTPRINT] = footprint_bytes(record)
   return record

@@ -182,6 +182,8 @@ def test_set_policy_without_blocks_is_an_error():
     jaxckpt.set_policy(Decoder(rngs=nnx.Rngs(0)), "dots_saveable")
   text = one_line(err)
   assert "no remat block" in text and "DecoderLayer" in text and "apply_remat" in text
+  model = Decoder(rngs=nnx.Rngs(0))
+  assert jaxckpt.set_policy(model, "none") == jaxckpt.parse_policy("none")  # true as it is: nothing remats
 
 
 def test_block_map_over_unknown_block_type_lists_the_applied_ones():

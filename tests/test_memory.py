@@ -103,3 +103,39 @@ def test_grad_accumulation_lowers_temp_and_checks_divisibility():
                                  "y": jax.ShapeDtypeStruct((BATCH,), np.int32)})
   with pytest.raises(jaxckpt.JaxckptError, match="must be ≥ 1"):
     jaxckpt.make_train_step(None, tx, grad_accum_steps=0)
+
+
+class _Stats:
+  """A stand-in ``CompiledMemoryStats`` with XLA:CPU's pattern: the 'peak' is argument + output bytes."""
+
+  argument_size_in_bytes, output_size_in_bytes, temp_size_in_bytes, alias_size_in_bytes = 1000, 24, 4096, 0
+  generated_code_size_in_bytes = 0
+  peak_memory_in_bytes = 1024
+
+
+class _Compiled:
+  def memory_analysis(self):
+    return _Stats()
+
+
+@pytest.mark.parametrize("backend, peak", [("cpu", None), ("gpu", 1024), ("cuda", 1024), ("tpu", 1024),
+                                           ("METAL", None)])
+def test_peak_memory_bytes_only_where_the_backend_gives_a_peak(backend, peak):
+  """``peak_memory_bytes`` is XLA's peak on GPU/TPU and ``None`` on CPU, where the field is not a peak."""
+  record = jaxckpt.memory_stats(_Compiled(), backend=backend)
+  assert record["peak_memory_bytes"] == peak
+  assert record["temp_bytes"] == 4096 and record["footprint_bytes"] == 1000 + 24 + 4096
+
+
+def test_cpu_peak_field_is_not_a_peak_so_it_is_none():
+  """A real CPU compile: XLA's ``peak_memory_in_bytes`` equals argument + output bytes and leaves the temps out
+  (why jaxckpt reports ``None``); the platform is read from the compiled step's devices."""
+  compiled = jax.jit(lambda x, w: (jax.numpy.tanh(x @ w) @ w, jax.numpy.sin(x @ w) @ w)).lower(
+      jax.ShapeDtypeStruct((256, 512), np.float32), jax.ShapeDtypeStruct((512, 512), np.float32)).compile()
+  raw = compiled.memory_analysis()
+  assert raw.temp_size_in_bytes > 0
+  assert raw.peak_memory_in_bytes == raw.argument_size_in_bytes + raw.output_size_in_bytes
+  record = jaxckpt.memory_stats(compiled)
+  assert record["peak_memory_bytes"] is None
+  assert record["footprint_bytes"] == (raw.argument_size_in_bytes + raw.output_size_in_bytes
+                                       + raw.temp_size_in_bytes - raw.alias_size_in_bytes)

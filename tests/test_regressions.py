@@ -244,6 +244,78 @@ def test_checkpoint_static_argnums_bool_under_jit():
     assert_close(got, jax.grad(fn)(x, flag))
 
 
+def _flag_fn(x, square):
+  return jnp.sum(jnp.tanh(x) ** 2) if square else jnp.sum(jnp.sin(x))
+
+
+@pytest.mark.parametrize("policy", ["full", "dots_saveable", "none"])
+def test_checkpoint_static_argnames_by_keyword_under_jit(policy):
+  """``static_argnames`` keeps a keyword flag a Python value (JAX 0.10's own ``static_argnames`` traces it).
+
+  The issue: ``checkpoint(f, "full", static_argnums=(1,))(x, flag=True)`` raised JAX's raw ``len(args) = 1`` error;
+  declared by name, the keyword flag works under ``jax.jit(jax.grad)`` and the gradients equal no remat.
+  """
+  x = inputs()
+  ck = jaxckpt.checkpoint(_flag_fn, policy, static_argnames="square")
+  for flag in (True, False):
+    got = jax.jit(jax.grad(lambda x: ck(x, square=flag)))(x)
+    assert_close(got, jax.grad(_flag_fn)(x, flag))
+  assert_close(ck(x, square=True), _flag_fn(x, True))
+  both = jaxckpt.checkpoint(lambda w, x, *, square: _flag_fn(x @ w, square), policy, static_argnames=("square",))
+  w = inputs((D, D), seed=1)
+  assert_close(jax.grad(lambda w: both(w, x, square=False))(w), jax.grad(lambda w: _flag_fn(x @ w, False))(w))
+
+
+@pytest.mark.parametrize("declared, call, says", [
+    # declared by position, passed by keyword: names the argument and both fixes
+    (dict(static_argnums=(1,)), lambda ck, x: ck(x, square=True),
+     ["'square'", "static_argnums=(1,)", "by keyword", "positionally", "static_argnames=('square',)"]),
+    # declared by name, passed positionally
+    (dict(static_argnames="square"), lambda ck, x: ck(x, True),
+     ["'square'", "static_argnames=('square',)", "positionally", "square=...", "static_argnums=(1,)"]),
+    # declared position never reached
+    (dict(static_argnums=(1,)), lambda ck, x: ck(x),
+     ["static_argnums=(1,)", "1 ('square')", "1 positional argument"]),
+    # a traced value where a Python value is needed
+    (dict(static_argnames="square"), lambda ck, x: jax.jit(lambda x, s: ck(x, square=s))(x, True),
+     ["'square'", "traced value", "Python value"]),
+    (dict(static_argnums=1), lambda ck, x: jax.jit(lambda x, s: ck(x, s))(x, True),
+     ["'square'", "traced value", "static_argnums position 1"]),
+])
+def test_checkpoint_static_argument_passed_the_wrong_way_says_which_and_how(declared, call, says):
+  """A static flag passed another way than declared raises StaticArgumentError naming it and the fix."""
+  ck = jaxckpt.checkpoint(_flag_fn, "full", **declared)
+  with pytest.raises(jaxckpt.StaticArgumentError) as err:
+    call(ck, inputs())
+  for part in says:
+    assert part in str(err.value), (part, str(err.value))
+  assert err.value.argument == "square"
+  assert "len(args)" not in str(err.value)
+
+
+@pytest.mark.parametrize("declared, says", [
+    (dict(static_argnames="sqare"), ["'sqare'", "not a parameter of _flag_fn", "x, square", "did you mean 'square'"]),
+    (dict(static_argnums="1"), ["static_argnums must be an int or a tuple of ints", "'1'"]),
+    (dict(static_argnames=(1,)), ["static_argnames must be a str or a tuple of str", "(1,)"]),
+])
+def test_checkpoint_bad_static_declaration_raises_at_wrap_time(declared, says):
+  """Bad declarations fail when wrapping, for every policy (``none`` too, which returns ``fn`` itself)."""
+  for policy in ("full", "none"):
+    with pytest.raises(jaxckpt.StaticArgumentError) as err:
+      jaxckpt.checkpoint(_flag_fn, policy, **declared)
+    for part in says:
+      assert part in str(err.value), (part, str(err.value))
+
+
+def test_remat_function_static_argnames_and_module_refuses_them():
+  """``jaxckpt.remat`` passes static arguments through for functions; for a module it says kwargs are static."""
+  x = inputs()
+  ck = jaxckpt.remat(_flag_fn, "nothing_saveable", static_argnames="square")
+  assert_close(jax.grad(lambda x: ck(x, square=True))(x), jax.grad(_flag_fn)(x, True))
+  with pytest.raises(jaxckpt.StaticArgumentError, match="keyword arguments of the call"):
+    jaxckpt.remat(nnx.Linear(D, D, rngs=nnx.Rngs(0)), "full", static_argnames="train")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # BatchNorm statistics in remat'd blocks.
 
@@ -610,6 +682,67 @@ def test_policy_warnings_other_silent_policies():
 
   (spec,) = policy_warnings(block, x, policy="attn=full,mlp=save_only_these_names:nope", block_type="mlp")
   assert "'nope'" in spec
+
+
+@jax.custom_vjp
+def sin_tagged_residual(x):
+  """``sin(x)`` whose custom_vjp forward rule tags its residual ``cos(x)`` as ``act_cos``."""
+  return jnp.sin(x)
+
+
+sin_tagged_residual.defvjp(lambda x: (jnp.sin(x), checkpoint_name(jnp.cos(x), "act_cos")),
+                           lambda cos, g: (g * cos,))
+
+
+@jax.custom_jvp
+def tanh_tagged_rule(x):
+  """``tanh(x)`` whose custom_jvp rule tags its derivative ``1 - tanh(x)²`` as ``act_dtanh``."""
+  return jnp.tanh(x)
+
+
+@tanh_tagged_rule.defjvp
+def _tanh_tagged_rule_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  y = jnp.tanh(x)
+  return y, checkpoint_name(1 - y**2, "act_dtanh") * t
+
+
+@pytest.mark.parametrize("custom, name", [(sin_tagged_residual, "act_cos"), (tanh_tagged_rule, "act_dtanh")])
+def test_policy_warnings_count_names_emitted_inside_custom_derivative_rules(custom, name):
+  """A name tagged in a custom_vjp forward rule / custom_jvp rule is saved, and the diagnostics say so.
+
+  The issue: ``save_only_these_names:act_cos`` saved the custom_vjp residual (listed by the saved-residual analysis,
+  gradients equal) while ``policy_warnings`` claimed the function "never emits" act_cos and "saves nothing for it".
+  """
+  from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
+
+  def fn(w, x):
+    return jnp.sum(custom(x @ w) ** 2)
+
+  w, x = inputs((D, D), seed=1), inputs()
+  policy = f"save_only_these_names:{name}"
+  ck = jaxckpt.checkpoint(fn, policy)
+  saved = [(r.name, r.shape) for r in saved_residuals(ck, w, x) if r.kind == "checkpoint_name"]
+  assert saved == [(name, (B, D))]
+  assert_close(jax.grad(ck, argnums=(0, 1))(w, x), jax.grad(fn, argnums=(0, 1))(w, x))
+  assert emitted_checkpoint_names(fn, w, x) == {name}
+  assert emitted_checkpoint_names(ck, w, x) == {name}  # the rule inside jax.checkpoint too
+  rules = {e.params["name"] for e in iter_eqns(jax.make_jaxpr(fn)(w, x), rules=True) if e.primitive.name == "name"}
+  assert rules == {name}
+  assert policy_warnings(fn, w, x, policy=policy) == []
+  # A misspelt name is still reported, and the emitted list shows the rule's name.
+  (typo,) = policy_warnings(fn, w, x, policy=f"save_only_these_names:{name}x")
+  assert f"'{name}x'" in typo and "never emits" in typo and f"emitted: {name})" in typo
+
+
+def test_emitted_names_found_by_vjp_trace_when_rule_thunks_cannot_be_expanded(monkeypatch):
+  """If JAX's internal rule thunks change, the public ``jax.vjp`` trace still finds names inside rules."""
+  from jaxckpt import jaxprs
+
+  monkeypatch.setattr(jaxprs, "rule_jaxprs", lambda eqn: [])
+  fn = lambda x: jnp.sum(sin_tagged_residual(x))  # noqa: E731
+  assert jaxprs.emitted_checkpoint_names(fn, inputs()) == {"act_cos"}
+  assert not {e.primitive.name for e in jaxprs.iter_eqns(jax.make_jaxpr(fn)(inputs()), rules=True)} & {"name"}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -52,7 +52,8 @@ def check_report_schema(data):
     assert row["peak_bytes_measured"] is None or isinstance(row["peak_bytes_measured"], int)
     if row["residuals"] is not None:
       res = row["residuals"]
-      assert set(res) == {"count", "bytes", "argument_bytes", "analysed", "groups", "by_source", "items"}
+      assert set(res) == {"count", "bytes", "argument_bytes", "analysed", "levels", "groups", "by_source", "items"}
+      assert res["bytes"] == sum(level["bytes"] for level in res["levels"])
       assert row["residual_bytes"] == res["bytes"] == sum(i["bytes"] for i in res["items"] if i["kind"] != "argument")
       assert sum(g["bytes"] for g in res["groups"]) == res["bytes"] + res["argument_bytes"]
   json.loads(json.dumps(data))  # serialisable as is
@@ -250,7 +251,7 @@ def test_cli_end_to_end_writes_every_output(tmp_path, capsys):
   assert len(open(out["csv"]).read().strip().splitlines()) == 3
   assert open(out["md"]).read().count("\n| ") >= 3
   page = open(out["html"]).read()
-  assert "data:image/png;base64," in page and "<table>" in page
+  assert "Plotly.newPlot" in page and '<table class="sortable">' in page
   assert open(out["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 

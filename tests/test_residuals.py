@@ -231,3 +231,105 @@ def test_docstring_examples_run():
   result = doctest.testmod(residuals_lib, optionflags=doctest.ELLIPSIS)
   assert result.attempted >= 2
   assert result.failed == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Nested remat (checkpoint structures): what one group keeps while it is recomputed.
+
+
+def _group_of_blocks(inner_policy):
+  """``L`` blocks, each under ``jax.checkpoint(inner_policy)``, all under one ``jax.checkpoint(nothing_saveable)``."""
+  inner = jax.checkpoint(block, policy=inner_policy)
+
+  def group(x, wqkv, w1, w2):
+    for _ in range(L):
+      x = inner(x, wqkv, w1, w2)
+    return x
+
+  outer = jax.checkpoint(group, policy=jax.checkpoint_policies.nothing_saveable)
+  return lambda *args: jnp.sum(outer(*args))
+
+
+NAME_SIZES = {"qkv": B * 3 * D, "mlp_hidden": B * H}  # elements per block of each name in ``block``
+
+
+@pytest.mark.parametrize("saved", [(), ("mlp_hidden",), ("qkv", "mlp_hidden")])
+def test_recomputed_residuals_apply_the_inner_policies(saved):
+  """The forward keeps only the group input whatever the block policy; the recomputed group keeps, per block, what
+  the block policy names, plus the inputs of blocks 2..L (each block remat saves its input)."""
+  from jaxckpt.jaxprs import outermost_remats
+
+  fn = _group_of_blocks(jax.checkpoint_policies.save_only_these_names(*saved))
+  assert non_arguments(saved_residuals(fn, *ARGS)) == []
+  (eqn,) = outermost_remats(jax.make_jaxpr(fn)(*ARGS))
+  kept = non_arguments(residuals_lib.recomputed_residuals(eqn))
+  per_block = sum(NAME_SIZES[n] for n in saved)
+  assert total_residual_bytes(kept) == F32_BYTES * (L * per_block + (L - 1) * B * D)
+  named = {g.key: g.bytes for g in group_residuals(kept, by="name") if g.key is not None}
+  assert named == {n: F32_BYTES * L * NAME_SIZES[n] for n in saved}
+
+
+def test_recomputed_residuals_rejects_other_equations():
+  eqn = jax.make_jaxpr(lambda x: jnp.sin(x))(jnp.ones(3)).jaxpr.eqns[0]
+  with pytest.raises(ValueError, match="jax.checkpoint equation.*'sin'"):
+    residuals_lib.recomputed_residuals(eqn)
+
+
+def _report_residuals(structure, policy, scan=False):
+  from jaxckpt.policies import parse_policy
+  from jaxckpt.report.residuals import analyse_residuals
+  from jaxckpt.report.steps import default_optimizer, policy_step
+  from jaxckpt.report.targets import shipped_target
+
+  target = shipped_target("mlp", "tiny", structure=structure, scan=scan)
+  return analyse_residuals(policy_step(target, parse_policy(policy), default_optimizer()))
+
+
+MLP_TINY_BATCH, MLP_TINY_DIM, MLP_TINY_HIDDEN, MLP_TINY_LAYERS = 64, 64, 128, 2
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_report_residuals_under_a_structure_show_each_level(scan):
+  """Issue repro: ``mlp tiny --structure every:2`` showed identical residuals for nothing_saveable and dots_saveable
+  (only the group inputs), while their compiled temp differs. Level 1 now shows what one group keeps while it is
+  recomputed: the dots policy keeps each block's fc1 output ``[B, hidden]`` more."""
+  found = {p: _report_residuals("every:2", p, scan) for p in ("none", "nothing_saveable", "dots_saveable")}
+  for res in found.values():
+    assert [lv["level"] for lv in res["levels"]] == [0, 1]
+    assert res["bytes"] == sum(lv["bytes"] for lv in res["levels"])
+    assert res["count"] == sum(lv["count"] for lv in res["levels"])
+    assert "one group of 2 block(s)" in res["levels"][1]["analysed"]
+    assert {i["level"] for i in res["items"] if i["kind"] == "argument"} == {0}
+  outer = {p: r["levels"][0]["bytes"] for p, r in found.items()}
+  assert len(set(outer.values())) == 1  # the forward pass keeps the same group inputs under every block policy
+  level1 = {p: r["levels"][1]["bytes"] for p, r in found.items()}
+  assert level1["dots_saveable"] - level1["nothing_saveable"] == (
+      MLP_TINY_LAYERS * MLP_TINY_BATCH * MLP_TINY_HIDDEN * F32_BYTES)
+  assert level1["none"] > level1["dots_saveable"] > level1["nothing_saveable"]
+  dots = [i for i in found["dots_saveable"]["items"] if i["level"] == 1 and i["primitive"] == "dot_general"]
+  assert [i["shape"] for i in dots] == [[MLP_TINY_BATCH, MLP_TINY_HIDDEN]] * MLP_TINY_LAYERS
+
+
+def test_report_residuals_named_value_inside_groups_equals_block_structure():
+  """What the blocks' names policy keeps inside the recomputed group equals what it keeps without a structure."""
+  name = "save_only_these_names:mlp_hidden"
+  grouped, plain = _report_residuals("every:2", name), _report_residuals("block", name)
+  assert [lv["level"] for lv in plain["levels"]] == [0]
+  expected = MLP_TINY_LAYERS * MLP_TINY_BATCH * MLP_TINY_HIDDEN * F32_BYTES
+  by_name = lambda res, level: sum(i["bytes"] for i in res["items"]  # noqa: E731
+                                   if i["level"] == level and i["name"] == "mlp_hidden")
+  assert by_name(grouped, 1) == by_name(plain, 0) == expected
+  assert by_name(grouped, 0) == 0
+
+
+@pytest.mark.slow
+def test_report_residual_order_follows_compiled_temp_under_a_structure():
+  """Rows that differ in compiled temp do not show identical residuals (the issue's exact report)."""
+  from jaxckpt.report import build_report
+  from jaxckpt.report.targets import shipped_target
+
+  report = build_report(shipped_target("mlp", "tiny", structure="every:2", scan=False),
+                        ["nothing_saveable", "dots_saveable"], progress=False)
+  nothing, dots = report.row("nothing_saveable"), report.row("dots_saveable")
+  assert nothing["temp_bytes"] < dots["temp_bytes"]
+  assert nothing["residual_bytes"] < dots["residual_bytes"]

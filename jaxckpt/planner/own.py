@@ -26,7 +26,7 @@ from jaxckpt.flops import count_flops
 from jaxckpt.layers import Stack
 from jaxckpt.policies import PolicySpec
 from jaxckpt.residuals import saved_residuals
-from jaxckpt.step import ModelTarget, dropout_key_struct, policy_step
+from jaxckpt.step import ModelTarget, StepBuilder, dropout_key_struct
 
 __all__ = ["own_model_layers", "OwnModelProbe"]
 
@@ -50,18 +50,22 @@ class OwnModelProbe:
     target: the :class:`~jaxckpt.step.ModelTarget`.
     num_layers: from :func:`own_model_layers`.
     tx: the optimizer of the step (the probe traces the loss only; the step is built the same way).
+    builder: the planning's :class:`~jaxckpt.step.StepBuilder` (shares the abstract model); ``None`` makes one.
   """
 
   target: ModelTarget
   num_layers: int
   tx: optax.GradientTransformation
+  builder: StepBuilder | None = None
 
   def __post_init__(self):
     self.traces = 0
+    if self.builder is None:
+      self.builder = StepBuilder(self.target, self.tx)
 
   def measure(self, spec: PolicySpec) -> tuple[int, int]:
     """``(saved_bytes, flops)`` of one layer under ``spec`` (bytes; FLOPs of forward + backward)."""
-    step = policy_step(self.target, spec, self.tx)
+    step = self.builder.step(spec)
     found: dict[str, int] = {}
 
     def outer(batch, key):

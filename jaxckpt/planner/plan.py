@@ -33,7 +33,7 @@ from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_tab
 from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.policies import Budget, ConcretePolicy, LayeredPolicy, ModelPolicy, Policy, PolicySpec, parse_model_policy
-from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, target_block_types
+from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, step_builder
 from jaxckpt.units import format_bytes
 
 __all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
@@ -341,17 +341,18 @@ def plan_policy(
                        f"{type(target).__name__}")
   tx = tx or default_optimizer()
   cache = {} if cache is None else cache
-  types = target_block_types(target)
+  builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
+  types = builder.block_types
   model = nnx.eval_shape(target.make_model)
   own_layers = own_model_layers(model)  # your own model's layers (jaxckpt.apply_remat), else the Stack's
   if own_layers is not None:
     stack, num_layers = None, own_layers
     if candidates is None:
-      candidates = layer_candidates(OwnModelProbe(target, num_layers, tx), types)
+      candidates = layer_candidates(OwnModelProbe(target, num_layers, tx, builder), types)
   else:
     stack = _only_stack(model)
     num_layers = stack.num_layers
-    probe_step = policy_step(target, PolicySpec(), tx)
+    probe_step = builder.step(PolicySpec())
     with record_stack_inputs() as seen:
       jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
     if candidates is None:
@@ -361,7 +362,7 @@ def plan_policy(
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
     if text not in cache:
-      compiled = compile_policy(target, policy, tx=tx, options=compiler_options)
+      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
       cache[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
     return dataclasses.replace(cache[text], saved_bytes=saved)
 

@@ -3,6 +3,13 @@
 The loss is differentiated w.r.t. the params only (what the train step differentiates); the batch and dropout key
 are closed over. Layers stacked with ``scan`` would hide every checkpoint name behind "output of scan", so the
 analysis runs on the unrolled twin of the model (same parameter tree, :attr:`PolicyStep.loss_of_params`).
+
+Checkpoint structures (``every:K``, ``nested[:D]``). Each group of blocks sits under ``jax.checkpoint``, so the
+forward pass keeps only the group inputs -- the same for every block policy. The block policies act when the
+backward pass recomputes a group. So the analysis has one level per structure level: level 0 is what the forward
+pass keeps, level l ≥ 1 is what one group (the largest) keeps while it is recomputed, with its own inputs left
+out (level l−1 lists them). The row's ``bytes`` is their sum, the most saved values alive at once; rows whose
+compiled temp differs by block policy then differ here too.
 """
 
 from __future__ import annotations
@@ -11,22 +18,67 @@ from typing import Any
 
 import jax
 
+from jaxckpt.jaxprs import outermost_remats
+from jaxckpt.layers import record_stack_inputs
+from jaxckpt.residuals import Residual, group_residuals, recomputed_residuals, saved_residuals, total_residual_bytes
 from jaxckpt.step.build import PolicyStep, dropout_key_struct
-from jaxckpt.residuals import Residual, group_residuals, saved_residuals, total_residual_bytes
 
-__all__ = ["analyse_residuals", "residual_groups"]
+__all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
 
 
-def _traced_residuals(step: PolicyStep) -> list[Residual]:
-  found: list[Residual] = []
+def _signature(eqn: Any) -> tuple:
+  body = eqn.params["jaxpr"]
+  return tuple(str(v.aval) for v in body.invars), len(body.eqns), str(eqn.params.get("policy"))
+
+
+def _group_sizes(stacks: list, depth: int) -> list[int | None]:
+  """Blocks in the largest group at each level 1..depth, when one structured stack decides them (else ``None``)."""
+  if len(stacks) != 1:
+    return [None] * depth
+  stack, sizes, n = stacks[0], [], stacks[0].num_layers
+  for level in range(depth):
+    n = max(size for _, size in stack.structure.groups(n, level))
+    sizes.append(n)
+  return sizes
+
+
+def residual_levels(step: PolicyStep) -> list[tuple[str, list[Residual]]]:
+  """The residuals of ``step``'s loss w.r.t. its params, one entry per checkpoint-structure level.
+
+  Returns:
+    ``[(description, residuals), ...]``: level 0 (the forward pass of the whole loss, arguments included), then,
+    for a stack under ``every:K`` / ``nested[:D]``, one entry per group level: the largest group's
+    :func:`jaxckpt.residuals.recomputed_residuals` without its arguments (the group inputs, listed by the level
+    above). One entry for ``block`` structures and loss targets.
+  """
+  levels: list[tuple[str, list[Residual]]] = []
 
   def outer(batch, key):
     # batch and key are tracers of this outer trace: the inner vjp sees them as constants, not as inputs.
-    found.extend(saved_residuals(lambda params: step.loss_of_params(params, batch, key), step.params))
+    loss = lambda params: step.loss_of_params(params, batch, key)  # noqa: E731
+    with record_stack_inputs() as seen:
+      top = saved_residuals(loss, step.params)
+    stacks = list({id(s): s for s, _ in seen}.values())
+    depth = max((s.structure.levels - 1 for s in stacks), default=0)
+    what = "loss w.r.t. params, layers unrolled"
+    levels.append((what + (": the forward pass keeps the group inputs" if depth else ""), top))
+    if not depth:
+      return 0
+    structured = [s for s in stacks if s.structure.levels > 1]
+    jaxpr = jax.make_jaxpr(loss)(step.params)
+    for level, size in enumerate(_group_sizes(structured, depth), start=1):
+      candidates = list({_signature(e): e for e in outermost_remats(jaxpr)}.values())
+      if not candidates:
+        break
+      analysed = [(eqn, [r for r in recomputed_residuals(eqn) if r.kind != "argument"]) for eqn in candidates]
+      eqn, kept = max(analysed, key=lambda pair: total_residual_bytes(pair[1]))
+      blocks = f" of {size} block(s)" if size is not None else ""
+      levels.append((f"level {level}: one group{blocks} while the backward pass recomputes it", kept))
+      jaxpr = eqn.params["jaxpr"]
     return 0
 
   jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
-  return found
+  return levels
 
 
 def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:
@@ -51,28 +103,36 @@ def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:
 
 
 def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
-  """Lists and groups the residuals of ``step``'s loss w.r.t. its params.
+  """Lists and groups the residuals of ``step``'s loss w.r.t. its params, at every checkpoint-structure level.
 
   Args:
     step: from :func:`jaxckpt.step.build.policy_step`.
 
   Returns:
-    ``{"count", "bytes", "argument_bytes", "analysed", "groups", "by_source", "items"}``: ``bytes`` excludes
-    arguments (the params are alive anyway; it is the row's ``residual_bytes``), ``argument_bytes`` is theirs;
-    ``groups`` from :func:`residual_groups`; ``by_source``: ``[{"key": "file:line:col (fn)", "count", "bytes"}]``;
-    ``items``: every residual ``{"shape", "dtype", "bytes", "name", "kind", "primitive", "source"}``. Bytes are an
-    upper bound (XLA may fuse residuals away); compiled stats are the ground truth.
+    ``{"count", "bytes", "argument_bytes", "analysed", "levels", "groups", "by_source", "items"}``: ``bytes``
+    excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``) and, under a structure,
+    sums the levels (group inputs + what one group keeps while recomputed, see the module docstring);
+    ``argument_bytes`` is the arguments'; ``levels``: ``[{"level", "analysed", "count", "bytes"}]``, one per level
+    (one for ``block``); ``groups`` from :func:`residual_groups`, over all levels; ``by_source``:
+    ``[{"key": "file:line:col (fn)", "count", "bytes"}]``; ``items``: every residual ``{"level", "shape", "dtype",
+    "bytes", "name", "kind", "primitive", "source"}``. Bytes are an upper bound (XLA may fuse residuals away);
+    compiled stats are the ground truth.
   """
-  residuals = _traced_residuals(step)
+  levels = residual_levels(step)
+  tagged = [(level, r) for level, (_, residuals) in enumerate(levels) for r in residuals]
+  residuals = [r for _, r in tagged]
   saved = [r for r in residuals if r.kind != "argument"]
   return {
       "count": len(saved),
       "bytes": total_residual_bytes(residuals, include_arguments=False),
       "argument_bytes": sum(r.bytes for r in residuals if r.kind == "argument"),
-      "analysed": "loss w.r.t. params, layers unrolled",
+      "analysed": levels[0][0] if len(levels) == 1 else "; ".join(text for text, _ in levels),
+      "levels": [{"level": level, "analysed": text, "count": sum(r.kind != "argument" for r in rs),
+                  "bytes": total_residual_bytes(rs, include_arguments=False)}
+                 for level, (text, rs) in enumerate(levels)],
       "groups": residual_groups(residuals),
       "by_source": [{"key": g.key, "count": g.count, "bytes": g.bytes}
                     for g in group_residuals(saved, by="source")],
-      "items": [{"shape": list(r.shape), "dtype": r.dtype, "bytes": r.bytes, "name": r.name, "kind": r.kind,
-                 "primitive": r.primitive, "source": r.source} for r in residuals],
+      "items": [{"level": level, "shape": list(r.shape), "dtype": r.dtype, "bytes": r.bytes, "name": r.name,
+                 "kind": r.kind, "primitive": r.primitive, "source": r.source} for level, r in tagged],
   }

@@ -1,0 +1,302 @@
+"""Every shell and Python example in README.md runs, so no example can rot.
+
+Which fenced blocks run (the rule; new README examples are picked up automatically):
+
+- ```` ```bash ```` / ```` ```sh ```` / ```` ```shell ````: each block is one bash script (``set -euo pipefail``: every
+  command must exit 0; background jobs ``&`` are waited for and must exit 0 too), run in a fresh temporary directory
+  with the venv's ``bin`` first on ``PATH`` (``python``, ``jaxckpt-report``, ``jaxckpt-plan`` are the venv's) and the
+  repository on ``PYTHONPATH``. ``\\``-continued lines are joined; ``#`` comments are dropped.
+
+  * Install lines (``python3 -m venv ...``, ``pip install ...``) are skipped: they create a venv and install from
+    PyPI, which is how the environment running this test was made; running them here would need the network and
+    minutes, and the tests they end with are this suite.
+  * Heavy commands are shrunk by :data:`OVERRIDES`: arguments appended to every command a pattern matches (argparse
+    keeps the last value of a flag, so ``--preset tiny`` wins over the example's ``--preset small``). Shrinking keeps
+    the code path (same program, flags, policies), only sizes and step counts change. A command whose point depends
+    on its size (an absolute memory budget) is not shrunk.
+  * Files an example treats as the user's own (``my_images.npz``, ``my_texts/``, ``mypkg.targets``) are created
+    first by :data:`SETUP`, as a user would have them.
+  * Blocks with a command matched by :data:`SLOW` are marked ``slow`` (still run by ``.ci/run``).
+
+- ```` ```python ````: each block runs on its own, in a fresh namespace, in a temporary working directory: it must
+  define what it uses. A block written as an interactive session (lines starting with ``>>> ``) is a display: each
+  ``>>>`` statement runs with ``jax``, ``jnp`` and ``jaxckpt`` imported, and an output line ``ErrorType: message``
+  under it must be what the statement raises (the type's name, and the message with ``...`` matching anything).
+
+- Everything else is output or grammar and does not run: ```` ``` ```` without a language (policy examples, the EBNF
+  grammar, the file tree), ```` ```text ````. A fence language outside :data:`RUN_LANGUAGES` and
+  :data:`TEXT_LANGUAGES` fails :func:`test_every_fence_language_has_a_rule`, so a new kind of block gets a rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+SHELL_LANGUAGES = ("bash", "sh", "shell")
+PYTHON_LANGUAGES = ("python", "py")
+RUN_LANGUAGES = SHELL_LANGUAGES + PYTHON_LANGUAGES
+TEXT_LANGUAGES = ("", "text", "ebnf")
+"""Fence languages that are output, grammar or trees: never run."""
+
+SKIP = (
+    (re.compile(r"^python3? -m venv\b|\bpip install\b"),
+     "install line: creates a venv and installs from PyPI, as the environment running this test was made"),
+)
+"""``(pattern, reason)``: commands not run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+  """Arguments appended to every README command ``pattern`` matches, and why."""
+
+  pattern: str
+  extra: str
+  reason: str
+
+
+OVERRIDES: tuple[Override, ...] = (
+    Override(r"python -m experiments\.classifier", "--preset tiny --epochs 1 --no-progress",
+             "a real run trains ~1 min; the tiny preset for one epoch runs the same code"),
+    Override(r"python -m experiments\.lm",
+             "--preset tiny --max-seq-length 32 --steps 4 --eval-every 4 --eval-batches 1 --warmup-steps 1 "
+             "--no-progress", "the default run takes 600 steps"),
+    Override(r"(jaxckpt-report|python -m jaxckpt\.report) .*--model", "--preset tiny --batch-size 8",
+             "small / gpt2-small presets compile for seconds to minutes per policy"),
+    Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
+             "a relative budget (percent, auto) means the same on the tiny preset"),
+)
+
+SLOW: tuple[tuple[str, str], ...] = (
+    (r"jaxckpt-plan .*--budget \d+(\.\d+)?[KMG]i?B", "an absolute budget is tied to the model size: not shrunk"),
+    (r"--policies all", "compiles every policy of the model"),
+    (r"--measure", "runs every policy in a fresh process"),
+    (r"--num-processes", "starts a multi-process run (gloo collectives)"),
+    (r"budget:", "plans a budget: several compiles"),
+    (r"--mesh", "compiles for 8 fake devices"),
+    (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
+)
+"""``(pattern, reason)``: blocks with a matching command are marked ``slow``."""
+
+
+def _npz_images(root: Path) -> None:
+  rng = np.random.default_rng(0)
+  np.savez(root / "my_images.npz", x=rng.random((160, 8, 8), dtype=np.float32),
+           y=np.arange(160, dtype=np.int64) % 10)
+
+
+def _text_corpus(root: Path) -> None:
+  corpus = root / "my_texts"
+  corpus.mkdir()
+  for i in range(4):
+    (corpus / f"part{i}.txt").write_text("the quick brown fox jumps over the lazy dog. " * 400 + str(i))
+
+
+_TARGET_SOURCE = '''
+import jax, jax.numpy as jnp
+import jaxckpt
+from jaxckpt.report import LossTarget
+
+
+def target():
+  def loss(params, batch, *, policy):
+    block = jaxckpt.checkpoint(lambda w, x: jnp.tanh(x @ w), policy, block_type="mlp")
+    h = batch["x"]                                   # [B, D] float32
+    for w in params["w"]:                            # L x [D, D] float32
+      h = block(w, h)
+    return jnp.mean(h ** 2)
+  d = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+  return LossTarget(loss, params={"w": [d] * 2}, batch={"x": jax.ShapeDtypeStruct((8, 32), jnp.float32)},
+                    block_types={"mlp": set()}, name="my-mlp")
+'''
+
+
+def _target_package(root: Path) -> None:
+  package = root / "mypkg"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "targets.py").write_text(_TARGET_SOURCE)
+
+
+SETUP: tuple[tuple[str, Callable[[Path], None]], ...] = (
+    (r"my_images\.npz", _npz_images),
+    (r"my_texts/", _text_corpus),
+    (r"mypkg\.targets:", _target_package),
+)
+"""``(pattern, make)``: when a block's commands match, ``make(workdir)`` creates the user's files first."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  line: int  # 1-based line of the opening fence
+  language: str
+  text: str
+
+  @property
+  def id(self) -> str:
+    return f"L{self.line}-{self.language or 'text'}"
+
+
+def readme_blocks(text: str) -> list[Block]:
+  """The fenced code blocks of a Markdown text, in order."""
+  blocks, lines, i = [], text.splitlines(), 0
+  while i < len(lines):
+    opening = re.match(r"^(\s*)(```+)\s*([\w+-]*)\s*$", lines[i])
+    if not opening:
+      i += 1
+      continue
+    indent, fence, language = opening.groups()
+    body, j = [], i + 1
+    while j < len(lines) and not re.match(rf"^\s*{fence}\s*$", lines[j]):
+      body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+      j += 1
+    blocks.append(Block(i + 1, language.lower(), "\n".join(body)))
+    i = j + 1
+  return blocks
+
+
+def shell_commands(text: str) -> list[str]:
+  """A shell block's commands: continuations joined, comments and blank lines dropped."""
+  joined = re.sub(r"\s*\\\n\s*", " ", text)
+  commands = []
+  for line in joined.splitlines():
+    line = re.sub(r"(^|\s)#(\s.*)?$", "", line).strip()
+    if line:
+      commands.append(line)
+  return commands
+
+
+def skip_reason(command: str) -> str | None:
+  return next((reason for pattern, reason in SKIP if pattern.search(command)), None)
+
+
+def shrink(command: str) -> str:
+  """Appends every matching override's arguments (before a trailing ``&``)."""
+  background = command.endswith("&")
+  body = command[:-1].rstrip() if background else command
+  for override in OVERRIDES:
+    if re.search(override.pattern, body):
+      body = f"{body} {override.extra}"
+  return f"{body} &" if background else body
+
+
+def _is_display(block: Block) -> bool:
+  return any(line.startswith(">>> ") for line in block.text.splitlines())
+
+
+BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+SHELL_BLOCKS = [b for b in BLOCKS if b.language in SHELL_LANGUAGES]
+PYTHON_BLOCKS = [b for b in BLOCKS if b.language in PYTHON_LANGUAGES and not _is_display(b)]
+DISPLAY_BLOCKS = [b for b in BLOCKS if b.language in PYTHON_LANGUAGES and _is_display(b)]
+
+
+def _slow(commands: list[str]) -> str | None:
+  return next((reason for pattern, reason in SLOW for c in commands if re.search(pattern, c)), None)
+
+
+def _params(blocks: list[Block], commands_of: Callable[[Block], list[str]] = lambda b: []) -> list:
+  out = []
+  for block in blocks:
+    reason = _slow(commands_of(block))
+    out.append(pytest.param(block, id=block.id, marks=[pytest.mark.slow] if reason else []))
+  return out
+
+
+def test_every_fence_language_has_a_rule():
+  unknown = sorted({b.language for b in BLOCKS} - set(RUN_LANGUAGES) - set(TEXT_LANGUAGES))
+  assert not unknown, f"README fences with no run/not-run rule in tests/test_readme.py: {unknown}"
+  assert SHELL_BLOCKS and PYTHON_BLOCKS and DISPLAY_BLOCKS
+
+
+def test_tables_match_the_readme():
+  """Every override, slow and setup pattern matches some README command (the tables cannot rot either)."""
+  commands = [c for b in SHELL_BLOCKS for c in shell_commands(b.text)]
+  for pattern in [o.pattern for o in OVERRIDES] + [p for p, _ in SLOW] + [p for p, _ in SETUP]:
+    assert any(re.search(pattern, c) for c in commands), f"pattern {pattern!r} matches no README command"
+
+
+def test_parsing_rules():
+  """The parser joins continuations, drops comments, skips install lines and appends overrides before ``&``."""
+  text = "# a comment\nfoo --a 1 \\\n    --b 2 &   # trailing\n\npython3 -m venv .venv && pip install -e .\n"
+  (first, install) = shell_commands(text)
+  assert first == "foo --a 1 --b 2 &"
+  assert skip_reason(install) is not None and skip_reason(first) is None
+  assert shrink("python -m experiments.lm --policy full &").endswith("--no-progress &")
+  assert shrink("jaxckpt-plan --model vit --preset small --budget 14MiB --export").endswith("--export")
+  blocks = readme_blocks("x\n```bash\na\n```\n```\nb\n```\n")
+  assert [(b.line, b.language, b.text) for b in blocks] == [(2, "bash", "a"), (5, "", "b")]
+
+
+def _env() -> dict[str, str]:
+  env = dict(os.environ)
+  env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+  env.pop("XLA_FLAGS", None)  # examples set their own
+  return env
+
+
+@pytest.mark.parametrize("block", _params(SHELL_BLOCKS, lambda b: shell_commands(b.text)))
+def test_shell_example_runs(block: Block, tmp_path: Path):
+  commands = [c for c in shell_commands(block.text) if skip_reason(c) is None]
+  if not commands:
+    pytest.skip(f"README.md:{block.line}: only install lines ({SKIP[0][1]})")
+  for pattern, make in SETUP:
+    if any(re.search(pattern, c) for c in commands):
+      make(tmp_path)
+  script = "\n".join(["set -euo pipefail", *map(shrink, commands),
+                      'for job in $(jobs -p); do wait "$job"; done'])
+  done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                        timeout=1800)
+  assert done.returncode == 0, (
+      f"README.md:{block.line} failed (exit {done.returncode}):\n{script}\n--- output (tail) ---\n"
+      f"{(done.stdout + done.stderr)[-4000:]}")
+
+
+@pytest.mark.parametrize("block", _params(PYTHON_BLOCKS))
+def test_python_example_runs(block: Block, tmp_path: Path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  exec(compile(block.text, f"README.md:{block.line}", "exec"), {"__name__": "__readme__"})  # noqa: S102
+
+
+def _display_steps(text: str) -> list[tuple[str, list[str]]]:
+  steps: list[tuple[str, list[str]]] = []
+  for line in text.splitlines():
+    if line.startswith(">>> "):
+      steps.append((line[4:], []))
+    elif line.startswith("... ") and steps:
+      steps[-1] = (steps[-1][0] + "\n" + line[4:], steps[-1][1])
+    elif line.strip() and steps:
+      steps[-1][1].append(line)
+  return steps
+
+
+@pytest.mark.parametrize("block", _params(DISPLAY_BLOCKS))
+def test_display_example_says_what_it_shows(block: Block):
+  import jax
+  import jax.numpy as jnp
+
+  import jaxckpt
+
+  namespace = {"jax": jax, "jnp": jnp, "jaxckpt": jaxckpt}
+  for statement, shown in _display_steps(block.text):
+    error = re.match(r"^(\w+(?:Error|Exception|Warning)): (.*)$", shown[0]) if shown else None
+    if error is None:
+      exec(compile(statement, f"README.md:{block.line}", "single"), namespace)  # noqa: S102
+      continue
+    name, message = error.groups()
+    with pytest.raises(Exception) as raised:
+      exec(compile(statement, f"README.md:{block.line}", "single"), namespace)  # noqa: S102
+    assert type(raised.value).__name__ == name
+    pattern = ".*".join(re.escape(part) for part in message.split("..."))
+    assert re.fullmatch(pattern, str(raised.value), re.S), (message, str(raised.value))
