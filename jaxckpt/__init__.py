@@ -1,6 +1,8 @@
 """jaxckpt: gradient checkpointing (remat) for JAX/Flax as a choice you can see and measure.
 
 - Policies by name, per block: :func:`parse_policy` (grammar in :mod:`jaxckpt.policies`).
+- Your own model, unedited: :func:`apply_remat` (NNX; :mod:`jaxckpt.linen_apply` for Linen) and the names of its
+  layers, :func:`checkpoint_names`.
 - Remat wrappers and layers: :func:`remat`, :class:`Remat`, :func:`checkpoint`; NNX blocks in :mod:`jaxckpt.layers`
   with checkpoint names from :mod:`jaxckpt.names`; models in :mod:`jaxckpt.models`.
 - Compiling so that remat works on CPU too, and compiled memory stats: :func:`jit`, :func:`compile_step`,
@@ -12,6 +14,7 @@
 """
 
 from jaxckpt import linen, names, sharding
+from jaxckpt.apply import apply_remat, checkpoint_names
 from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.saving import Checkpointer, DirectoryLock, TrainStateSaver
 from jaxckpt.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
@@ -83,6 +86,8 @@ __all__ = [
     "linen",
     "names",
     "sharding",
+    "apply_remat",
+    "checkpoint_names",
     "GPT",
     "GPT_PRESETS",
     "GPTConfig",

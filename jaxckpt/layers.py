@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt import blocks, names
+from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy, parse_policy
@@ -390,7 +391,7 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
   """Returns the block types of a model and the checkpoint names each emits.
 
   Args:
-    module: any NNX module containing jaxckpt blocks.
+    module: any NNX module containing jaxckpt blocks or blocks applied by :func:`jaxckpt.apply_remat`.
 
   Returns:
     ``{block_type: frozenset(checkpoint names)}``, e.g. ``{"attn": {...}, "mlp": {...}}`` for a ViT.
@@ -398,6 +399,8 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
   found: dict[str, set[str]] = {}
   for block in remat_blocks(module):
     found.setdefault(block.block_type, set()).update(block.checkpoint_names)
+  for block_type, block_names in applied_block_types(module).items():  # your own blocks (jaxckpt.apply_remat)
+    found.setdefault(block_type, set()).update(block_names)
   return {k: frozenset(v) for k, v in sorted(found.items())}
 
 
@@ -420,15 +423,23 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   Raises:
     PolicySpecError: malformed spec, a block type the model does not have, or a checkpoint name its blocks never
       emit.
-    JaxckptError: a layered policy for a model without stacks, or whose layer count or structure does not fit a
-      stack; a budget (not yet planned).
+    JaxckptError: a remat policy for a model without blocks (the message lists its classes); a layered policy for
+      a model without stacks, or whose layer count or structure does not fit a stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
   if isinstance(parsed, Budget):
     raise JaxckptError(f"policy {str(parsed)!r} is a memory budget: plan it for the model first with "
                        "jaxckpt.planner.plan_policy(...), then set the plan it returns")
-  parsed = parsed.validate(block_types(module))
+  types = block_types(module)
+  if not types and parsed.remat:  # ``none`` on a model without blocks is true as it is; a remat policy is not
+    raise no_blocks_error(module, f"set_policy({str(parsed)!r})")
+  parsed = parsed.validate(types)
   stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
+  if isinstance(parsed, LayeredPolicy) and not stacks and applied_block_types(module):
+    set_layered_policy(module, parsed)  # your own model's layers (jaxckpt.apply_remat): one spec per instance
+    for block in _remat_blocks(module):
+      block.policy = parsed.segments[0][1]
+    return parsed
   if isinstance(parsed, LayeredPolicy):
     if not stacks:
       raise JaxckptError(f"layered policy {str(parsed)!r} needs a model with a jaxckpt Stack; this one has none")
@@ -441,6 +452,7 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   spec = parsed.segments[0][1] if isinstance(parsed, LayeredPolicy) else parsed
   for block in remat_blocks(module):
     block.policy = spec
+  set_applied_policy(module, spec)
   for stack in stacks:
     stack.layered = parsed if isinstance(parsed, LayeredPolicy) else None
   return parsed

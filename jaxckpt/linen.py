@@ -51,10 +51,12 @@ from flax import nnx
 
 from jaxckpt import blocks, names
 from jaxckpt.errors import JaxckptError
+from jaxckpt.linen_apply import apply_remat  # your own Linen model, unedited (re-exported)
 from jaxckpt.policies import PolicySpec, parse_policy
 from jaxckpt.structure import apply_layers, parse_structure
 
 __all__ = [
+    "apply_remat",
     "RematBlock",
     "AttentionBlock",
     "MLPBlock",

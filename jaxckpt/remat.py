@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import flax.linen as nn
 import jax
 from flax import nnx
 
@@ -284,7 +285,8 @@ def remat(
 
   Raises:
     PolicySpecError: a malformed spec.
-    JaxckptError: ``target`` is neither callable nor an NNX module.
+    JaxckptError: ``target`` is neither callable nor an NNX module; a module class (NNX or Linen) or a Linen module
+      (use :func:`jaxckpt.apply_remat` / :func:`jaxckpt.linen_apply.apply_remat`, which keep parameter paths).
     StaticArgumentError: as :func:`checkpoint`, or static arguments declared for a module.
 
   Example::
@@ -292,6 +294,12 @@ def remat(
     >>> mlp = jaxckpt.remat(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), "nothing_saveable")
     >>> y = mlp(jnp.ones((2, 4)))
   """
+  if isinstance(target, nn.Module) or (isinstance(target, type) and issubclass(target, (nn.Module, nnx.Module))):
+    linen = isinstance(target, nn.Module) or issubclass(target, nn.Module)
+    name, kind = (target.__name__, "class") if isinstance(target, type) else (type(target).__name__, "instance")
+    raise JaxckptError(f"remat got the {'Linen' if linen else 'NNX'} module {kind} "
+                       f"{name}: name your block classes instead, jaxckpt.{'linen_apply.' if linen else ''}apply_remat("
+                       f"model, policy, blocks={{'block': {name}}}) (parameter paths stay as they are)")
   if isinstance(target, nnx.Module):
     if static_argnums or static_argnames:
       raise StaticArgumentError(

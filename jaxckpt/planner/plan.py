@@ -30,6 +30,7 @@ from flax import nnx
 from jaxckpt.errors import JaxckptError
 from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
+from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.policies import Budget, ConcretePolicy, LayeredPolicy, ModelPolicy, Policy, PolicySpec, parse_model_policy
 from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, step_builder
@@ -308,7 +309,9 @@ def plan_policy(
 
   Args:
     target: a :class:`jaxckpt.report.ModelTarget` whose model has one :class:`~jaxckpt.Stack` (structure
-      ``block``), e.g. ``shipped_target("gpt", "small")``.
+      ``block``), e.g. ``shipped_target("gpt", "small")``, or your own model with blocks named by
+      :func:`jaxckpt.apply_remat` (per-layer plans for layers in a list, one spec for a scanned stack:
+      :mod:`jaxckpt.planner.own`).
     budget: ``budget:<size>`` (compiled ``footprint_bytes`` ≤ size), ``budget:<p>%`` (compiled ``temp_bytes`` ≤ p%
       of ``none``'s), ``auto`` / ``auto:margin=<p>%`` (footprint ≤ :func:`device_memory_bytes` × (1 − margin)), or
       the parsed :class:`~jaxckpt.policies.Budget`.
@@ -340,14 +343,20 @@ def plan_policy(
   cache = {} if cache is None else cache
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
   types = builder.block_types
-  stack = _only_stack(nnx.eval_shape(target.make_model))
-  num_layers = stack.num_layers
-
-  probe_step = builder.step(PolicySpec())
-  with record_stack_inputs() as seen:
-    jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
-  if candidates is None:
-    candidates = layer_candidates(LayerProbe(stack, seen[0][1]), types)
+  model = nnx.eval_shape(target.make_model)
+  own_layers = own_model_layers(model)  # your own model's layers (jaxckpt.apply_remat), else the Stack's
+  if own_layers is not None:
+    stack, num_layers = None, own_layers
+    if candidates is None:
+      candidates = layer_candidates(OwnModelProbe(target, num_layers, tx, builder), types)
+  else:
+    stack = _only_stack(model)
+    num_layers = stack.num_layers
+    probe_step = builder.step(PolicySpec())
+    with record_stack_inputs() as seen:
+      jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
+    if candidates is None:
+      candidates = layer_candidates(LayerProbe(stack, seen[0][1]), types)
   by_spec = {str(c.spec): c for c in candidates}
 
   def compile_point(policy, saved: int) -> CompiledPoint:
@@ -404,7 +413,7 @@ def plan_policy(
         "(or a fixed policy with --structure nested, which plans do not take)",
         budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key], policy=str(least.policy))
 
-  params = nnx.state(stack.layers, nnx.Param)
+  params = nnx.state(stack.layers, nnx.Param) if stack is not None else {}  # own layers: no slicing of a stack
   range_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
   best, best_assignment, best_predicted = full, uniform(full_cand), full.temp_bytes
   points = [(none.saved_bytes, False, none.temp_bytes), (full.saved_bytes, False, full.temp_bytes)]

@@ -24,6 +24,7 @@ from jaxckpt.report.outputs import to_table, write_outputs
 from jaxckpt.report.plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report.policies import ALL, expand_policies
 from jaxckpt.sharding import check_batch_size, make_mesh
+from jaxckpt.step.build import target_block_types
 from jaxckpt.step.flags import add_target_flags, target_from_args
 from jaxckpt.step.targets import SHIPPED_MODELS
 
@@ -48,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
           "policy grammar: block=policy pairs joined by ',' (attn=dots_saveable,mlp=full) or one policy;\n"
           "  name-taking policies: save_only_these_names:qkv+mlp_hidden\n"
           "--target package.module:function: function() returns a jaxckpt.report.ModelTarget or LossTarget\n"
-          "  (see jaxckpt.step.targets.py)\n"
+          "  (see jaxckpt.step.targets.py); your own model: ModelTarget(make_model=lambda: jaxckpt.apply_remat(\n"
+          "  model, 'none', blocks={'layer': MyLayer}), batch=..., loss_fn=lambda model, batch: loss); its\n"
+          "  checkpoint names are the layers' attribute paths (attn.q_proj, mlp.up_proj): --list-blocks prints them\n"
           "examples:\n"
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
@@ -84,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="static Pareto chart (memory vs FLOPs / time); format from the suffix: "
                            + ", ".join(PLOT_SUFFIXES))
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+  parser.add_argument("--list-blocks", action="store_true",
+                      help="print the target's block types and the checkpoint names each emits (your own model's "
+                           "automatic names included) and exit")
   return parser
 
 
@@ -102,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile is not None:
       check_profile_dir(args.profile, flag="--profile")
     target = target_from_args(args)
+    if args.list_blocks:
+      for block, block_names in target_block_types(target).items():
+        print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")
+      return 0
     expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
     mesh = None
     if args.mesh is not None:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxckpt.apply import loss_block_types
 from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
 from jaxckpt.layers import Stack, block_types, set_policy
 from jaxckpt.policies import LayeredPolicy, PolicySpec
@@ -52,6 +53,15 @@ class PolicyStep:
   params: Any
 
 
+def _stand_in(leaf: Any) -> Any:
+  """A value of an abstract leaf's shape and dtype (zeros; ``key(0)`` for PRNG keys); concrete leaves as they are."""
+  if not isinstance(leaf, jax.ShapeDtypeStruct):
+    return leaf
+  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    return jax.random.split(jax.random.key(0), leaf.shape) if leaf.shape else jax.random.key(0)
+  return jnp.zeros(leaf.shape, leaf.dtype)
+
+
 def _stacks(model: nnx.Module) -> list[Stack]:
   return [m for _, m in nnx.iter_modules(model) if isinstance(m, Stack)]
 
@@ -59,7 +69,8 @@ def _stacks(model: nnx.Module) -> list[Stack]:
 def target_block_types(target: Target) -> dict[str, frozenset[str]]:
   """Block type -> checkpoint names its blocks emit (for validating specs and expanding ``all``)."""
   if isinstance(target, ModelTarget):
-    return block_types(nnx.eval_shape(target.make_model))
+    own = loss_block_types(target.make_model, target.loss_fn, target.batch)  # your own blocks: traced names too
+    return {**block_types(nnx.eval_shape(target.make_model)), **own}
   if target.block_types is not None:
     return {k: frozenset(v) for k, v in target.block_types.items()}
   loss = lambda p, b: target.loss(p, b, policy=PolicySpec())  # noqa: E731
@@ -187,7 +198,8 @@ class StepBuilder:
     twin_def, twin_other = self._twin_graph(spec)  # here, not inside the residual analysis' trace
 
     def loss_of_params(params, batch, dropout_key):
-      model = nnx.merge(twin_def, params, twin_other)
+      # Non-param state (e.g. a model's own Rngs) is abstract here: stand-in values of its shapes, inside the trace.
+      model = nnx.merge(twin_def, params, jax.tree.map(_stand_in, twin_other), copy=True)
       return target.loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)[0]
 
     return PolicyStep(spec, step, state, target.batch, loss_of_params, state.params)

@@ -2,9 +2,11 @@
 
 A *target* is one of two frozen dataclasses, all shapes given as ``jax.ShapeDtypeStruct`` (nothing is allocated):
 
-- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.layers`), a loss ``loss_fn(model,
-  batch, *, dropout_key, deterministic) -> (scalar loss, metrics)`` (default :func:`jaxckpt.classification_loss`)
-  and an example batch. The report sets each policy on the model with :func:`jaxckpt.set_policy`.
+- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.layers`) or your own model prepared
+  with :func:`jaxckpt.apply_remat`, a loss (jaxckpt's form ``loss_fn(model, batch, *, dropout_key, deterministic) ->
+  (scalar loss, metrics)``, default :func:`jaxckpt.classification_loss`, or a plain ``loss_fn(model, batch) ->
+  scalar`` whose dropout comes from the model's own ``nnx.Rngs``) and an example batch. The report sets each policy
+  on the model with :func:`jaxckpt.set_policy`.
 - :class:`LossTarget`: a pure loss ``loss(params, batch, *, policy) -> scalar`` that wraps its own blocks with
   :func:`jaxckpt.checkpoint` (``policy`` is a parsed :class:`jaxckpt.PolicySpec`), example params and batch.
 
@@ -33,22 +35,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.linen_apply import RematModule, traced_block_types
 from jaxckpt.models import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
+from jaxckpt.policies import PolicySpec
 from jaxckpt.structure import parse_structure
 from jaxckpt.train import LossFn, classification_loss
 
 __all__ = [
     "ModelTarget",
     "LossTarget",
+    "plain_loss_fn",
+    "linen_target",
     "Target",
     "shipped_target",
     "load_target",
@@ -63,15 +71,56 @@ SHIPPED_MODELS: dict[str, tuple[str, ...]] = {name: tuple(e.presets) for name, e
 """Every ``--model`` of the tools -> its presets: the entries of :data:`jaxckpt.models.MODEL_REGISTRY`."""
 
 
+def _takes_jaxckpt_keywords(loss_fn: Callable) -> bool:
+  try:
+    params = inspect.signature(loss_fn).parameters
+  except (TypeError, ValueError):  # builtins / C callables: assume jaxckpt's form
+    return True
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    return True
+  return "dropout_key" in params and "deterministic" in params
+
+
+def plain_loss_fn(loss_fn: Callable[..., Any]) -> LossFn:
+  """Turns a plain ``loss_fn(model, batch) -> scalar`` (or ``-> (scalar, {metric: scalar})``) into jaxckpt's
+  :data:`~jaxckpt.train.LossFn` form; a loss already in that form (taking ``dropout_key`` and ``deterministic``
+  keywords) is returned unchanged.
+
+  The plain loss draws dropout from the model's own ``nnx.Rngs`` (whose state is part of the train state, so every
+  step draws new masks); ``dropout_key`` and ``deterministic`` are ignored.
+
+  Args:
+    loss_fn: the user's loss.
+
+  Returns:
+    ``loss(model, batch, *, dropout_key, deterministic) -> (loss, {"loss": loss, ...metrics})``.
+  """
+  if _takes_jaxckpt_keywords(loss_fn):
+    return loss_fn
+
+  def loss(model, batch, *, dropout_key=None, deterministic=False):
+    del dropout_key, deterministic  # the model's own Rngs and flags decide
+    out = loss_fn(model, batch)
+    value, metrics = out if isinstance(out, tuple) else (out, {})
+    return value, {"loss": value, **dict(metrics)}
+
+  loss.plain = loss_fn  # type: ignore[attr-defined]
+  loss.__name__ = getattr(loss_fn, "__name__", "loss")
+  return loss
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelTarget:
   """An NNX model, its loss and an example batch.
 
   Attributes:
-    make_model: ``() -> nnx.Module`` built from jaxckpt blocks; run under ``nnx.eval_shape`` (never allocated) for
-      compiled stats, and under ``jax.jit`` for ``--measure``.
+    make_model: ``() -> nnx.Module`` built from jaxckpt blocks, or your own model prepared with
+      :func:`jaxckpt.apply_remat` (``blocks=`` names its block classes; any policy, the report sets each one);
+      run under ``nnx.eval_shape`` (never allocated) for compiled stats, and under ``jax.jit`` for ``--measure``.
     batch: pytree of ``jax.ShapeDtypeStruct``, e.g. ``{"x": [B, H, W, C] float32, "y": [B] int32}``.
-    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar float32 loss, {metric: scalar})``.
+    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar float32 loss, {metric: scalar})``,
+      or a plain ``loss_fn(model, batch) -> scalar`` (dropout from the model's own Rngs), converted once here by
+      :func:`plain_loss_fn`.
     name: shown as the report's ``model``.
     preset: shown as the report's ``preset`` (``None`` for user targets).
     ref: how a fresh process rebuilds this target (for ``--measure``): ``{"model": ..., "preset": ..., ...}`` or
@@ -86,6 +135,11 @@ class ModelTarget:
   preset: str | None = None
   ref: Mapping[str, Any] | None = None
   grad_accum_steps: int = 1
+
+  def __post_init__(self):
+    if not callable(self.loss_fn):
+      raise JaxckptError(f"ModelTarget(loss_fn={self.loss_fn!r}) must be callable: loss_fn(model, batch) -> scalar")
+    object.__setattr__(self, "loss_fn", plain_loss_fn(self.loss_fn))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +169,72 @@ class LossTarget:
 
 
 Target = ModelTarget | LossTarget
+
+
+def linen_target(
+    model: Any,
+    *,
+    batch: Any,
+    loss_fn: Callable[..., jax.Array],
+    params: Any = None,
+    init_args: tuple = (),
+    dropout_rng: str = "dropout",
+    name: str = "custom",
+) -> LossTarget:
+  """Your own Linen model as a report/planner target: a :class:`LossTarget` that sets each policy on it.
+
+  Args:
+    model: the :class:`jaxckpt.linen_apply.RematModule` from :func:`jaxckpt.linen_apply.apply_remat` (any policy;
+      the tools set each one).
+    batch: pytree of ``jax.ShapeDtypeStruct`` (e.g. ``{"tokens": [B, T+1] int32}``).
+    loss_fn: ``loss_fn(apply_fn, params, batch) -> scalar float32`` where ``apply_fn(params, *args, **kwargs)`` is
+      ``model.apply({"params": params}, *args, rngs={dropout_rng: key}, **kwargs)`` under the policy being compiled
+      (pass ``deterministic=False`` / ``train=True`` yourself; the key is an input of the step, fresh per step).
+    params: the ``"params"`` collection as a pytree of ``jax.ShapeDtypeStruct``; ``None``: from
+      ``model.init(key, *init_args)`` by ``jax.eval_shape``.
+    init_args: example inputs of ``model.init`` after the key (arrays or ``jax.ShapeDtypeStruct``), used when
+      ``params`` is ``None``.
+    dropout_rng: the name of the RNG stream the model's ``nn.Dropout`` uses.
+    name: shown as the report's ``model``.
+
+  Returns:
+    A :class:`LossTarget` whose block types are the model's (traced names, :func:`jaxckpt.linen_apply.block_types`).
+    Its batch is ``{"batch": batch, "dropout_seed": uint32 scalar}``.
+
+  Raises:
+    JaxckptError: ``model`` is not a RematModule, or neither ``params`` nor ``init_args`` is given.
+
+  Example::
+
+    >>> model = jaxckpt.linen_apply.apply_remat(MyLM(), "none", blocks={"layer": DecoderBlock})
+    >>> def loss_fn(apply_fn, params, batch):
+    ...   logits = apply_fn(params, batch["tokens"][:, :-1], deterministic=False)
+    ...   return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+    >>> target = linen_target(model, batch={"tokens": jax.ShapeDtypeStruct((8, 65), jnp.int32)}, loss_fn=loss_fn,
+    ...                       init_args=(jax.ShapeDtypeStruct((8, 64), jnp.int32),))
+  """
+  if not isinstance(model, RematModule):
+    raise JaxckptError(f"linen_target(model=...) needs the RematModule from jaxckpt.linen_apply.apply_remat(module, "
+                       f"policy, blocks=...), got {type(model).__name__}")
+  if params is None:
+    if not init_args:
+      raise JaxckptError("linen_target needs params= (a pytree of jax.ShapeDtypeStruct) or init_args= (example "
+                         "inputs of model.init after the key)")
+    params = jax.eval_shape(lambda key, *a: model.init(key, *a), jax.random.key(0), *init_args)["params"]
+  wrapped_batch = {"batch": batch, "dropout_seed": jax.ShapeDtypeStruct((), jnp.uint32)}
+
+  def loss(params, wrapped, *, policy):
+    applied = model.set_policy(policy)
+    key = jax.random.key(wrapped["dropout_seed"])
+
+    def apply_fn(p, *args, **kwargs):
+      return applied.apply({"params": p}, *args, rngs={dropout_rng: key}, **kwargs)
+
+    return loss_fn(apply_fn, params, wrapped["batch"])
+
+  types = traced_block_types(lambda p, b: loss(p, b, policy=PolicySpec()), params, wrapped_batch,
+                             block_type_names=model.block_type_names)
+  return LossTarget(loss, params=params, batch=wrapped_batch, block_types=types, name=name)
 
 
 def shipped_target(

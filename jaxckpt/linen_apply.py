@@ -1,0 +1,326 @@
+"""Remat for your own Flax Linen model, unedited: name the block classes, keep the parameter tree.
+
+:func:`apply_remat` returns a :class:`RematModule` that you ``init`` / ``apply`` exactly like the module: while it
+runs, ``flax.linen.intercept_methods`` intercepts the ``__call__`` of every module matched by ``blocks`` and runs it
+through the lifted ``nn.checkpoint`` (a function taking the module, so variables and RNG streams are lifted and the
+recomputation draws the forward pass's dropout masks) with the policy of its block type. Nothing is renamed or
+re-nested: the parameter tree is the module's own, so existing checkpoints load.
+
+- Array arguments go through the checkpoint; everything else (``deterministic=True``, ``train=False``, ``None``) is
+  closed over as a static Python value.
+- Inside a remat'd block the outputs of the standard Linen layers (:data:`jaxckpt.autonames.LINEN_LAYERS`: ``Dense``,
+  ``DenseGeneral``, ``Einsum``, ``Conv``, ...) are tagged with checkpoint names from their module path relative to
+  the block (``MlpBlock_0.Dense_1``, ``attention.query``), so ``save_only_these_names:…`` works; :func:`block_types`
+  lists them.
+- Only ``__call__`` of a matched module is remat'd (call a block through another method and it runs as written).
+
+Idea: Flax's ``nn.remat`` / ``nn.checkpoint`` lifted transform and ``nn.intercept_methods``; swapping a block class
+for ``nn.remat(cls, policy=…)`` gives the same parameters and gradients, but needs the model's code edited.
+
+Example::
+
+  >>> model = jaxckpt.linen_apply.apply_remat(TransformerLM(cfg), "dots_saveable", blocks={"layer": DecoderBlock})
+  >>> variables = model.init(jax.random.key(0), tokens)                    # same tree as TransformerLM(cfg).init
+  >>> logits = model.apply(variables, tokens, deterministic=False, rngs={"dropout": key})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxckpt.autonames import LINEN_LAYERS, path_name
+from jaxckpt.errors import JaxckptError, PolicySpecError
+from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
+from jaxckpt.policies.spec import _NAME_RE
+
+__all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types"]
+
+
+@dataclasses.dataclass
+class _Run:
+  """State of one ``init``/``apply`` of a :class:`RematModule` (one trace)."""
+
+  spec: PolicySpec
+  matchers: tuple[tuple[str, Callable[[tuple, nn.Module], bool]], ...]
+  skip_next: bool = False  # the next intercepted __call__ is the block's own call, inside its checkpoint
+  active_type: str = ""  # the block type of that call
+  active: list[tuple[str, tuple]] = dataclasses.field(default_factory=list)  # (block type, path) of running blocks
+  matched: dict[str, int] = dataclasses.field(default_factory=dict)  # block type -> calls
+  record: dict[str, set[str]] | None = None  # block type -> names emitted (when listing names)
+
+
+_MARKER = "__jaxckpt_block__:"
+"""Prefix of the name that marks a block's remat region while listing names (never in a compiled step)."""
+
+_RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("jaxckpt_linen_run", default=None)
+_LISTING: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.ContextVar("jaxckpt_linen_listing",
+                                                                                      default=None)
+
+
+def _is_traced(leaf: Any) -> bool:
+  return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+
+
+def _block_type(run: _Run, module: nn.Module) -> str | None:
+  path = tuple(module.path)
+  for block_type, match in run.matchers:
+    if match(path, module):
+      return block_type
+  return None
+
+
+def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
+  run = _RUN.get()
+  module = context.module
+  if run is None or context.method_name != "__call__":
+    return next_fun(*args, **kwargs)
+  if run.skip_next:  # the matched block's own call, now inside nn.checkpoint: run it as written
+    run.skip_next = False
+    run.active.append((run.active_type, tuple(module.path)))
+    try:
+      return next_fun(*args, **kwargs)
+    finally:
+      run.active.pop()
+  if run.active and isinstance(module, LINEN_LAYERS):  # a standard layer inside a block: name its output
+    block_type, block_path = run.active[-1]
+    name = path_name(tuple(module.path)[len(block_path):])
+    if run.record is not None:
+      run.record.setdefault(block_type, set()).add(name)
+    return jax.tree.map(lambda v: checkpoint_name(v, name), next_fun(*args, **kwargs))
+  block_type = _block_type(run, module)
+  if block_type is None:
+    return next_fun(*args, **kwargs)
+  run.matched[block_type] = run.matched.get(block_type, 0) + 1
+  policy: Policy = run.spec.for_block(block_type)
+  leaves, treedef = jax.tree.flatten((args, kwargs))
+  traced = [_is_traced(leaf) for leaf in leaves]
+  arrays = [leaf for leaf, t in zip(leaves, traced) if t]
+
+  def fn(mdl: nn.Module, *arrs):
+    it = iter(arrs)
+    call_args, call_kwargs = treedef.unflatten([next(it) if t else leaf for leaf, t in zip(leaves, traced)])
+    if run.record is not None and arrs:  # listing names: mark this remat region as a block of this type
+      checkpoint_name(arrs[0], _MARKER + block_type)
+    run.skip_next, run.active_type = True, block_type
+    return mdl(*call_args, **call_kwargs)
+
+  if run.record is not None and not policy.remat:
+    # names are only tagged under remat; list them with a remat that saves everything (same numbers)
+    policy = Policy("everything_saveable")
+  if not policy.remat:
+    return fn(module, *arrays)
+  return nn.checkpoint(fn, policy=policy.to_jax(), prevent_cse=True)(module, *arrays)
+
+
+def _matcher(block_type: str, value: Any) -> Callable[[tuple, nn.Module], bool]:
+  classes = value if isinstance(value, tuple) else (value,) if isinstance(value, type) else None
+  if classes is not None:
+    for cls in classes:
+      if not isinstance(cls, type):
+        raise JaxckptError(f"blocks[{block_type!r}] holds {cls!r}, not a class; give Linen module classes, a tuple "
+                           "of them, or a predicate (path, module) -> bool")
+      if issubclass(cls, nnx.Module):
+        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is a Flax NNX module class: use "
+                           "jaxckpt.apply_remat(model, policy, blocks=...) for NNX models")
+      if not issubclass(cls, nn.Module):
+        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is not a flax.linen.Module class")
+    return lambda path, module: isinstance(module, classes)
+  if callable(value):
+    try:
+      inspect.signature(value).bind(("path",), None)
+    except (TypeError, ValueError) as err:
+      raise JaxckptError(f"blocks[{block_type!r}]={value!r} must take (path, module) and return a bool") from err
+    return lambda path, module: bool(value(path, module))
+  raise JaxckptError(f"blocks[{block_type!r}]={value!r}: give a Linen module class, a tuple of classes, or a "
+                     "predicate (path, module) -> bool")
+
+
+@dataclasses.dataclass(frozen=True)
+class RematModule:
+  """A Linen module whose matched blocks run under remat while it is initialised or applied.
+
+  Use it where you used the module: :meth:`init`, :meth:`apply`, :meth:`init_with_output` take the same arguments
+  and give the same variables. Other attributes are the module's.
+
+  Attributes:
+    module: your Linen module, unchanged.
+    spec: the policy spec in use.
+    blocks: ``(block type, matcher)`` pairs, from ``blocks=``.
+  """
+
+  module: nn.Module
+  spec: PolicySpec
+  blocks: tuple[tuple[str, Any], ...]
+
+  @property
+  def block_type_names(self) -> tuple[str, ...]:
+    """The block types named in ``blocks=``."""
+    return tuple(b for b, _ in self.blocks)
+
+  @contextlib.contextmanager
+  def _running(self) -> Iterator[_Run]:
+    record = _LISTING.get()  # listing names: every block remat'd (everything_saveable, same numbers) and recorded
+    spec = self.spec if record is None else PolicySpec(default=Policy("everything_saveable"))
+    run = _Run(spec, tuple((b, _matcher(b, v)) for b, v in self.blocks), record=record)
+    token = _RUN.set(run)
+    try:
+      with nn.intercept_methods(_interceptor):
+        yield run
+    finally:
+      _RUN.reset(token)
+    missing = [b for b in self.block_type_names if not run.matched.get(b)]
+    if missing:
+      raise JaxckptError(
+          f"blocks {', '.join(repr(b) for b in missing)} of apply_remat matched no module called in "
+          f"{type(self.module).__name__}: check the classes or predicates (only __call__ of a module is matched)")
+
+  def init(self, *args, **kwargs) -> Any:
+    """``module.init(*args, **kwargs)`` with the blocks remat'd: the same variables."""
+    with self._running():
+      return self.module.init(*args, **kwargs)
+
+  def init_with_output(self, *args, **kwargs) -> Any:
+    """``module.init_with_output(*args, **kwargs)`` with the blocks remat'd."""
+    with self._running():
+      return self.module.init_with_output(*args, **kwargs)
+
+  def apply(self, *args, **kwargs) -> Any:
+    """``module.apply(variables, *args, **kwargs)`` with the blocks remat'd (pass ``rngs={'dropout': key}`` as
+    usual)."""
+    with self._running():
+      return self.module.apply(*args, **kwargs)
+
+  def set_policy(self, policy: "str | Policy | PolicySpec | None") -> "RematModule":
+    """A copy with another policy (block-map keys checked against ``blocks=``; names by :func:`block_types`)."""
+    return dataclasses.replace(self, spec=_checked(parse_policy(policy), self.block_type_names))
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith("__"):
+      raise AttributeError(name)
+    return getattr(self.module, name)
+
+
+def _checked(spec: PolicySpec, block_types: tuple[str, ...]) -> PolicySpec:
+  text = spec.text or str(spec)
+  for block, _ in spec.blocks:
+    if block not in block_types:
+      raise PolicySpecError.unknown("block type", block, [*block_types, DEFAULT_BLOCK], spec=text)
+  return spec
+
+
+def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *, blocks: Mapping[str, Any]
+                ) -> RematModule:
+  """Makes the blocks of an existing Linen model run under remat with ``policy``, keeping its parameter tree.
+
+  Args:
+    module: your Linen module (unbound), unedited; a :class:`RematModule` is re-applied with the new arguments.
+    policy: a per-block policy spec (:func:`jaxckpt.parse_policy`): one policy, or a block map over the keys of
+      ``blocks`` (``attn=dots_saveable,mlp=full``); ``none`` runs the blocks as written.
+    blocks: block type -> a Linen module class (instances of it and its subclasses match), a tuple of classes, or a
+      predicate ``(path, module) -> bool`` where ``path`` is the module's scope path (``('decoder_block_0',)``).
+
+  Returns:
+    The :class:`RematModule` to ``init`` / ``apply``. A block type that matches no module raises at the first
+    ``init``/``apply`` (only then are the submodules known).
+
+  Raises:
+    JaxckptError: ``module`` is not a Linen module (an NNX one: use :func:`jaxckpt.apply_remat`), malformed
+      ``blocks``.
+    PolicySpecError: a malformed spec, or a block map naming a type not in ``blocks``.
+
+  Example::
+
+    >>> model = apply_remat(MyLM(), "save_only_these_names:MlpBlock_0.Dense_0", blocks={"layer": DecoderLayer})
+  """
+  if isinstance(module, RematModule):
+    module = module.module
+  if isinstance(module, nnx.Module):
+    raise JaxckptError(f"{type(module).__name__} is an NNX module: use jaxckpt.apply_remat(model, policy, blocks=...)")
+  if not isinstance(module, nn.Module):
+    raise JaxckptError(f"linen_apply.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
+  if not isinstance(blocks, Mapping) or not blocks:
+    raise JaxckptError(f"blocks={blocks!r} must be a non-empty dict block type -> class, tuple of classes or "
+                       "predicate, e.g. blocks={'layer': DecoderLayer}")
+  for block_type, value in blocks.items():
+    if not isinstance(block_type, str) or not _NAME_RE.match(block_type) or block_type == DEFAULT_BLOCK:
+      raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
+                         f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
+    _matcher(block_type, value)
+  spec = _checked(parse_policy(policy), tuple(blocks))
+  return RematModule(module, spec, tuple(blocks.items()))
+
+
+def traced_block_types(fn: Callable[..., Any], *args, block_type_names: tuple[str, ...] = ()
+                       ) -> dict[str, frozenset[str]]:
+  """Block type -> checkpoint names emitted while tracing ``fn(*args)``, which initialises or applies
+  :class:`RematModule` s (automatic names and the model's own tags). Nothing is computed.
+
+  Args:
+    fn: e.g. ``lambda key, x: model.init(key, x)`` or a loss that calls ``model.apply``.
+    *args: arrays or ``jax.ShapeDtypeStruct`` s.
+    block_type_names: block types to list even when they emit no name.
+
+  Returns:
+    ``{block_type: frozenset(names)}``.
+  """
+  record: dict[str, set[str]] = {b: set() for b in block_type_names}
+  token = _LISTING.set(record)
+  try:
+    jaxpr = jax.make_jaxpr(fn)(*args)
+  finally:
+    _LISTING.reset(token)
+  for block_type, names in _region_names(jaxpr).items():
+    record.setdefault(block_type, set()).update(names)
+  return {b: frozenset(v) for b, v in sorted(record.items())}
+
+
+def block_types(model: RematModule, *args, **kwargs) -> dict[str, frozenset[str]]:
+  """Block type -> checkpoint names its blocks emit (automatic names and the model's own tags), by tracing
+  ``model.init(*args, **kwargs)``; nothing is computed.
+
+  Args:
+    model: from :func:`apply_remat`.
+    *args: what ``model.init`` takes: an RNG key then the inputs (arrays or ``jax.ShapeDtypeStruct``).
+    **kwargs: keyword arguments of ``init`` (static flags such as ``deterministic=True``).
+
+  Returns:
+    ``{block_type: frozenset(names)}`` for every block type of ``blocks=``.
+
+  Raises:
+    JaxckptError: ``model`` is not a :class:`RematModule`; a block type that matched no module.
+  """
+  if not isinstance(model, RematModule):
+    raise JaxckptError(f"block_types needs the RematModule from linen_apply.apply_remat, got {type(model).__name__}")
+  return traced_block_types(lambda *a: model.init(*a, **kwargs), *args, block_type_names=model.block_type_names)
+
+
+def _region_names(jaxpr: Any) -> dict[str, set[str]]:
+  """Names emitted directly inside each marked remat region (nested regions count for their own block)."""
+  found: dict[str, set[str]] = {}
+
+  def walk(jx: Any, block: str | None) -> None:
+    jx = getattr(jx, "jaxpr", jx)
+    marks = [e.params["name"] for e in jx.eqns if e.primitive.name == "name" and e.params["name"].startswith(_MARKER)]
+    if marks:
+      block = marks[0][len(_MARKER):]
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "name" and block is not None and not eqn.params["name"].startswith(_MARKER):
+        found.setdefault(block, set()).add(eqn.params["name"])
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+            walk(sub, block)
+
+  walk(jaxpr, None)
+  return found

@@ -1,0 +1,79 @@
+"""Budget plans for your own model (blocks named with :func:`jaxckpt.apply_remat`), next to the Stack planner.
+
+A model whose blocks are separate instances in a Python list (``layers[i]``) gets *per-layer* plans: layer i is the
+applied blocks under ``…/i/…`` (:func:`jaxckpt.apply.applied_layers`), and a
+:class:`~jaxckpt.policies.LayeredPolicy` gives each layer's instances its range's spec. A model whose blocks are
+not in a list (one scanned ``nnx.vmap``/``nnx.scan`` stack, a single block) gets *per-block-type* plans: one spec for
+every block, as one "layer".
+
+Candidates are measured on the whole model's unrolled loss (the model's own layers have no common signature to call
+one alone): under a uniform spec S, the saved-residual bytes and forward + backward FLOPs of the loss w.r.t. the
+parameters, divided by the number of layers. Parts outside the blocks add the same bytes and FLOPs under every spec,
+so the differences between candidates (all the solver and the predictor use) are per-layer exact for identical
+layers; every plan is still verified by compiling it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import optax
+from flax import nnx
+
+from jaxckpt.apply import applied_block_types, applied_layers
+from jaxckpt.flops import count_flops
+from jaxckpt.layers import Stack
+from jaxckpt.policies import PolicySpec
+from jaxckpt.residuals import saved_residuals
+from jaxckpt.step import ModelTarget, StepBuilder, dropout_key_struct
+
+__all__ = ["own_model_layers", "OwnModelProbe"]
+
+
+def own_model_layers(model: nnx.Module) -> int | None:
+  """The number of layers a plan has for a model whose blocks :func:`jaxckpt.apply_remat` applied (separate layer
+  instances; 1 when its blocks are not in a list), or ``None`` for a model with a jaxckpt Stack or without applied
+  blocks (the Stack planner's case)."""
+  if any(isinstance(m, Stack) for _, m in nnx.iter_modules(model)) or not applied_block_types(model):
+    return None
+  layers, _ = applied_layers(model)
+  return len(layers) or 1
+
+
+@dataclasses.dataclass
+class OwnModelProbe:
+  """Measures a layer candidate of your own model: ``measure(spec) -> (saved_bytes, flops)`` per layer, as
+  :class:`jaxckpt.planner.candidates.LayerProbe` does for a Stack (module docstring).
+
+  Args:
+    target: the :class:`~jaxckpt.step.ModelTarget`.
+    num_layers: from :func:`own_model_layers`.
+    tx: the optimizer of the step (the probe traces the loss only; the step is built the same way).
+    builder: the planning's :class:`~jaxckpt.step.StepBuilder` (shares the abstract model); ``None`` makes one.
+  """
+
+  target: ModelTarget
+  num_layers: int
+  tx: optax.GradientTransformation
+  builder: StepBuilder | None = None
+
+  def __post_init__(self):
+    self.traces = 0
+    if self.builder is None:
+      self.builder = StepBuilder(self.target, self.tx)
+
+  def measure(self, spec: PolicySpec) -> tuple[int, int]:
+    """``(saved_bytes, flops)`` of one layer under ``spec`` (bytes; FLOPs of forward + backward)."""
+    step = self.builder.step(spec)
+    found: dict[str, int] = {}
+
+    def outer(batch, key):
+      loss = lambda params: step.loss_of_params(params, batch, key)  # noqa: E731
+      found["bytes"] = sum(r.bytes for r in saved_residuals(loss, step.params) if r.kind != "argument")
+      found["flops"] = count_flops(lambda p: jax.grad(loss)(p), step.params).total
+      return 0
+
+    jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
+    self.traces += 1
+    return found["bytes"] // self.num_layers, found["flops"] // self.num_layers
