@@ -28,7 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt import names
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy, parse_policy
+from jaxckpt.policies import Budget, LayeredPolicy, MinSaved, Policy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.remat import module_call
 from jaxckpt.structure import Structure, parse_structure
 
@@ -479,9 +479,9 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
       stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
-  if isinstance(parsed, Budget):
-    raise JaxckptError(f"policy {str(parsed)!r} is a memory budget: plan it for the model first with "
-                       "jaxckpt.planner.plan_policy(...), then set the plan it returns")
+  if isinstance(parsed, (Budget, MinSaved)):
+    raise JaxckptError(f"policy {str(parsed)!r} is model-level: resolve it for the model first with "
+                       "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
   parsed = parsed.validate(block_types(module))
   stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
   if isinstance(parsed, LayeredPolicy):

@@ -20,6 +20,7 @@ from jaxckpt.planner.plan import (
     InfeasibleBudgetError,
     Plan,
     device_memory_bytes,
+    min_saved_policy,
     plan_policy,
     resolve_policy,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "block_options",
     "device_memory_bytes",
     "exhaustive",
+    "min_saved_policy",
     "export_code",
     "layer_candidates",
     "pareto_front",
