@@ -31,7 +31,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.solve import Assignment, solve
-from jaxckpt.planner.tensors import BlockGraph, block_front, min_saved_choice, record_block_graphs
+from jaxckpt.planner.tensors import BlockGraph, block_front, min_saved_layer, record_block_graphs
 from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinSaved, ModelPolicy, Policy,
                               PolicySpec, parse_model_policy)
 from jaxckpt.policies.model import DEFAULT_MIN_SAVED_TOLERANCE
@@ -238,12 +238,12 @@ def _probe(target: Any) -> tuple[Stack, LayerProbe]:
 
 def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockGraph] | None = None,
                      ) -> tuple[PolicySpec, dict[str, BlockGraph]]:
-  """The ``min_saved`` policy of a model: per block type, the least saved set recomputing ≤ ``tolerance`` × the
-  block's forward FLOPs (:func:`jaxckpt.planner.tensors.min_saved_choice`).
+  """The ``min_saved`` policy of a model: the least saved sets of a layer's blocks recomputing ≤ ``tolerance`` × the
+  layer's forward FLOPs in all (:func:`jaxckpt.planner.tensors.min_saved_layer`).
 
   Args:
     target: a :class:`~jaxckpt.step.ModelTarget` with one :class:`~jaxckpt.Stack`.
-    tolerance: share of each block's forward FLOPs the recomputation may cost, in [0, 1).
+    tolerance: share of the layer's forward FLOPs the recomputation may cost, in [0, 1).
     tensors: block graphs already recorded (else traced here).
 
   Returns:
@@ -257,7 +257,8 @@ def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockG
                        f"{type(target).__name__}")
   if tensors is None:
     tensors = record_block_graphs(_probe(target)[1])
-  blocks = tuple((b, min_saved_choice(g, tolerance).policy) for b, g in sorted(tensors.items()))
+  chosen = min_saved_layer(tensors, tolerance)
+  blocks = tuple((b, chosen[b].policy) for b in sorted(chosen))
   return PolicySpec(blocks=blocks), dict(tensors)
 
 

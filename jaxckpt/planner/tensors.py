@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,7 @@ from jaxckpt.residuals import saved_residuals
 from jaxckpt.tagging import ValueInfo, _evaluate, value_name, walk_values
 
 __all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
+           "min_saved_layer", "record_block_graphs", "FLOPS_SHARES",
            "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS"]
 
 BYTE_COST = 1 / 16
@@ -47,6 +48,9 @@ more than its FLOPs, a copy or transpose is no longer free."""
 
 FRONT_POINTS = 12
 """Byte caps per block type swept for the front (from the no-recompute set down to nothing)."""
+
+FLOPS_SHARES = (0.0, 0.0005, 0.001, 0.002, 0.004, 0.01, 0.02, 0.05, 0.1, 0.2)
+"""Recompute-FLOPs caps (shares of the block's forward FLOPs) at which the front also takes the least-bytes set."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +290,44 @@ def min_saved_choice(graph: BlockGraph, tolerance: float) -> TensorChoice:
   return found
 
 
+def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[str, TensorChoice]:
+  """``min_saved`` for a layer: the least total saved bytes over its blocks whose recomputation costs at most
+  ``tolerance`` × the layer's forward FLOPs (Σ over blocks), shared between the blocks as the program finds best.
+
+  Args:
+    graphs: block type -> :class:`BlockGraph` of one layer.
+    tolerance: share of the layer's forward FLOPs, in [0, 1).
+
+  Returns:
+    Block type -> its :class:`TensorChoice`.
+  """
+  blocks = sorted(graphs)
+  programs = [_program(graphs[b]) for b in blocks]
+  sizes = [p[1] for p in programs]
+  n = sum(sizes)
+  offsets = np.cumsum([0] + sizes)
+  rows, lows = [], []
+  bytes_, cost, flops = np.zeros(n), np.zeros(n), np.zeros(n)
+  for k, (svals, size, a, low, b, c, f) in enumerate(programs):
+    block_rows = np.zeros((a.shape[0], n))
+    block_rows[:, offsets[k]:offsets[k] + size] = a
+    rows.append(block_rows)
+    lows.append(low)
+    bytes_[offsets[k]:offsets[k] + size], cost[offsets[k]:offsets[k] + size] = b, c
+    flops[offsets[k]:offsets[k] + size] = f
+  cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
+  base = [LinearConstraint(np.vstack(rows), np.concatenate(lows), np.inf), LinearConstraint(flops[None], -np.inf, cap)]
+  x = _milp(bytes_, n, base)
+  best = float(bytes_ @ x)
+  x2 = _milp(cost, n, base + [LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
+  x = x if x2 is None else x2
+  out = {}
+  for k, b in enumerate(blocks):
+    svals = programs[k][0]
+    out[b] = _choice(graphs[b], [v for i, v in enumerate(svals) if x[offsets[k] + i] > 0.5])
+  return out
+
+
 def block_front(graph: BlockGraph, points: int = FRONT_POINTS, tolerance: float | None = None) -> list[TensorChoice]:
   """Optimal saved sets of one block for byte caps from the no-recompute set down to nothing, Pareto-filtered.
 
@@ -306,11 +348,18 @@ def block_front(graph: BlockGraph, points: int = FRONT_POINTS, tolerance: float 
     choice = solve_block(graph, max_bytes=float(cap))
     if choice is not None:
       found.setdefault(choice.saved, choice)
+  for share in FLOPS_SHARES:  # least bytes at each recompute-FLOPs cap: the front as the FLOPs metric sees it
+    choice = solve_block(graph, max_flops=share * graph.forward_flops, minimise="bytes")
+    found.setdefault(choice.saved, choice)
   front: list[TensorChoice] = []
-  for choice in sorted(found.values(), key=lambda c: (c.bytes, c.cost)):
-    if not front or choice.cost < front[-1].cost:
-      front.append(choice)
-  return front
+  for key in ("cost", "flops"):
+    best = None
+    for choice in sorted(found.values(), key=lambda c: (c.bytes, getattr(c, key))):
+      if best is None or getattr(choice, key) < best:
+        best = getattr(choice, key)
+        if choice not in front:
+          front.append(choice)
+  return sorted(front, key=lambda c: (c.bytes, c.cost))
 
 
 def exhaustive_block(graph: BlockGraph, max_bytes: float) -> TensorChoice:

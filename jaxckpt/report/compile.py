@@ -177,6 +177,7 @@ def compile_rows(
         if residuals:
           summary = analyse_residuals(lowered.step)
           rows[i]["residual_bytes"] = summary["bytes"]
+          rows[i]["activation_residual_bytes"] = summary["activation_bytes"]
           rows[i]["residuals"] = summary
       except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
         warnings.append(f"policy {rows[i]['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")

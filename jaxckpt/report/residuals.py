@@ -11,22 +11,26 @@ from typing import Any
 
 import jax
 
+from jaxckpt.activations import parameter_only_residual_bytes
 from jaxckpt.step.build import PolicyStep, dropout_key_struct
 from jaxckpt.residuals import Residual, group_residuals, saved_residuals, total_residual_bytes
 
 __all__ = ["analyse_residuals", "residual_groups"]
 
 
-def _traced_residuals(step: PolicyStep) -> list[Residual]:
+def _traced_residuals(step: PolicyStep) -> tuple[list[Residual], int]:
   found: list[Residual] = []
+  param_only = []
 
   def outer(batch, key):
     # batch and key are tracers of this outer trace: the inner vjp sees them as constants, not as inputs.
-    found.extend(saved_residuals(lambda params: step.loss_of_params(params, batch, key), step.params))
+    loss = lambda params: step.loss_of_params(params, batch, key)  # noqa: E731
+    found.extend(saved_residuals(loss, step.params))
+    param_only.append(parameter_only_residual_bytes(loss, step.params))
     return 0
 
   jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
-  return found
+  return found, param_only[0]
 
 
 def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:
@@ -57,17 +61,21 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
     step: from :func:`jaxckpt.step.build.policy_step`.
 
   Returns:
-    ``{"count", "bytes", "argument_bytes", "analysed", "groups", "by_source", "items"}``: ``bytes`` excludes
-    arguments (the params are alive anyway; it is the row's ``residual_bytes``), ``argument_bytes`` is theirs;
+    ``{"count", "bytes", "activation_bytes", "argument_bytes", "analysed", "groups", "by_source", "items"}``:
+    ``bytes`` excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``),
+    ``activation_bytes`` also excludes values that depend on the params only (per-layer parameter slices,
+    :mod:`jaxckpt.activations`; the row's ``activation_residual_bytes``), ``argument_bytes`` is the arguments';
     ``groups`` from :func:`residual_groups`; ``by_source``: ``[{"key": "file:line:col (fn)", "count", "bytes"}]``;
     ``items``: every residual ``{"shape", "dtype", "bytes", "name", "kind", "primitive", "source"}``. Bytes are an
     upper bound (XLA may fuse residuals away); compiled stats are the ground truth.
   """
-  residuals = _traced_residuals(step)
+  residuals, param_only = _traced_residuals(step)
   saved = [r for r in residuals if r.kind != "argument"]
+  nbytes = total_residual_bytes(residuals, include_arguments=False)
   return {
       "count": len(saved),
-      "bytes": total_residual_bytes(residuals, include_arguments=False),
+      "bytes": nbytes,
+      "activation_bytes": nbytes - param_only,
       "argument_bytes": sum(r.bytes for r in residuals if r.kind == "argument"),
       "analysed": "loss w.r.t. params, layers unrolled",
       "groups": residual_groups(residuals),
