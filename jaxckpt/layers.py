@@ -480,7 +480,7 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   """
   parsed = parse_model_policy(policy)
   if isinstance(parsed, (Budget, MinSaved)):
-    raise JaxckptError(f"policy {str(parsed)!r} is model-level: resolve it for the model first with "
+    raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
                        "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
   parsed = parsed.validate(block_types(module))
   stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]

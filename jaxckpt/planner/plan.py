@@ -31,10 +31,9 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.solve import Assignment, solve
-from jaxckpt.planner.tensors import BlockGraph, block_front, min_saved_layer, record_block_graphs
+from jaxckpt.planner.tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
 from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinSaved, ModelPolicy, Policy,
                               PolicySpec, parse_model_policy)
-from jaxckpt.policies.model import DEFAULT_MIN_SAVED_TOLERANCE
 from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, target_block_types
 from jaxckpt.units import format_bytes
 
@@ -411,9 +410,7 @@ def plan_policy(
   tensors = None
   if candidates is None:
     tensors = record_block_graphs(probe) if per_tensor else {}
-    options = {b: [c.policy for c in block_front(g, tolerance=DEFAULT_MIN_SAVED_TOLERANCE) if c.names]
-               for b, g in tensors.items()}
-    candidates = layer_candidates(probe, types, options)
+    candidates = layer_candidates(probe, types, tensor_options(tensors))
   elif any(p.name == SAVE_TENSORS for c in candidates for _, p in (c.spec.blocks or (("*", c.spec.default),))):
     tensors = record_block_graphs(probe)
   by_spec = {str(c.spec): c for c in candidates}

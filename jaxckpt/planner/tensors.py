@@ -39,7 +39,7 @@ from jaxckpt.residuals import saved_residuals
 from jaxckpt.tagging import ValueInfo, _evaluate, value_name, walk_values
 
 __all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
-           "min_saved_layer", "record_block_graphs", "FLOPS_SHARES",
+           "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
            "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS"]
 
 BYTE_COST = 1 / 16
@@ -360,6 +360,28 @@ def block_front(graph: BlockGraph, points: int = FRONT_POINTS, tolerance: float 
         if choice not in front:
           front.append(choice)
   return sorted(front, key=lambda c: (c.bytes, c.cost))
+
+
+LAYER_SHARES = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+"""Tolerances (shares of a layer's forward FLOPs) of the joint ``min_saved`` sets added to the options."""
+
+
+def tensor_options(graphs: Mapping[str, BlockGraph]) -> dict[str, list[Policy]]:
+  """Per-tensor candidate policies per block type: each block's :func:`block_front` and each block's part of the
+  joint :func:`min_saved_layer` sets at :data:`LAYER_SHARES`, empty sets left out (that is ``nothing_saveable``).
+
+  Returns:
+    Block type -> distinct ``save_tensors`` policies, by increasing saved bytes.
+  """
+  chosen: dict[str, dict[tuple[int, ...], TensorChoice]] = {b: {} for b in graphs}
+  for b, g in graphs.items():
+    for c in block_front(g):
+      chosen[b].setdefault(c.saved, c)
+  for share in LAYER_SHARES:
+    for b, c in min_saved_layer(graphs, share).items():
+      chosen[b].setdefault(c.saved, c)
+  return {b: [c.policy for c in sorted(found.values(), key=lambda c: (c.bytes, c.cost)) if c.names]
+          for b, found in chosen.items()}
 
 
 def exhaustive_block(graph: BlockGraph, max_bytes: float) -> TensorChoice:
