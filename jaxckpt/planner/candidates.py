@@ -155,11 +155,15 @@ def pareto_front(candidates: Sequence[LayerCandidate]) -> list[LayerCandidate]:
 
 
 def _check_saved(probe: LayerProbe, policy: Policy, block: str) -> None:
-  """A ``save_tensors`` option must save exactly its values (JAX's saved-residual analysis of the layer)."""
+  """A ``save_tensors`` option must save nothing but its values (JAX's saved-residual analysis of the layer).
+
+  JAX may save fewer: a value the program counted as read by the backward pass that JAX's partial evaluation
+  rebuilds without it (seen for the uniform-sampling constants of a dropout mask); the measured bytes are JAX's.
+  """
   if policy.name != SAVE_TENSORS:
     return
   saved = {r.name for r in probe.last_residuals if r.kind == "checkpoint_name"}
-  if saved != set(policy.names):
+  if not saved <= set(policy.names):
     raise JaxckptError(
         f"per-tensor option {policy} of block {block!r} saves {sorted(saved)} by JAX's analysis, not the chosen "
         f"{sorted(policy.names)}: the block traced differently from when it was planned")

@@ -46,10 +46,10 @@ BYTE_COST = 1 / 16
 """Cost units (FLOPs) per output byte of a recomputed op: a float32 elementwise op costs 0.25 FLOP per element
 more than its FLOPs, a copy or transpose is no longer free."""
 
-FRONT_POINTS = 12
+FRONT_POINTS = 6
 """Byte caps per block type swept for the front (from the no-recompute set down to nothing)."""
 
-FLOPS_SHARES = (0.0, 0.0005, 0.001, 0.002, 0.004, 0.01, 0.02, 0.05, 0.1, 0.2)
+FLOPS_SHARES = (0.0, 0.002, 0.01, 0.05, 0.2)
 """Recompute-FLOPs caps (shares of the block's forward FLOPs) at which the front also takes the least-bytes set."""
 
 
@@ -161,12 +161,18 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr) -> BlockGraph:
   Returns:
     The graph with the values the backward reads (JAX's analysis) and each op's cost.
   """
-  values = tuple(walk_values(closed))
+  values = list(walk_values(closed))
+  # values of constants only (a dropout's sampling bounds): JAX folds them into the backward pass, never saves them
+  constant: set[int] = set()
+  for v in values:
+    if all(u >= 0 and u in constant for u in v.inputs) and v.primitive not in ("random_bits", "iota"):
+      constant.add(v.index)
+  values = tuple(dataclasses.replace(v, taggable=False) if v.index in constant else v for v in values)
   op_flops: dict[int, int] = {}
   op_cost: dict[int, float] = {}
   for v in values:
     if v.op not in op_cost:
-      op_flops[v.op], op_cost[v.op] = _op_cost(v.eqn)
+      op_flops[v.op], op_cost[v.op] = (0, 0.0) if v.index in constant else _op_cost(v.eqn)
   return BlockGraph(block_type, values, _needed(closed, values), op_cost, op_flops, sum(op_flops.values()))
 
 
@@ -362,7 +368,7 @@ def block_front(graph: BlockGraph, points: int = FRONT_POINTS, tolerance: float 
   return sorted(front, key=lambda c: (c.bytes, c.cost))
 
 
-LAYER_SHARES = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+LAYER_SHARES = (0.0, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 """Tolerances (shares of a layer's forward FLOPs) of the joint ``min_saved`` sets added to the options."""
 
 
