@@ -125,7 +125,7 @@ def test_layer_saves_exactly_the_chosen_tensors(gpt):
   # nothing else but the mlp block's input (the attn block's output, an argument of the mlp checkpoint)
   others = [r for r in probe.last_residuals if r.kind not in ("argument", "checkpoint_name")]
   assert [(r.primitive, r.shape) for r in others] == [("add", (8, 64, 64))]
-  assert "AttentionBlock.forward" in others[0].source
+  assert "attention" in others[0].source.lower()
 
 
 def _grads(policy, scan=True):
@@ -205,7 +205,7 @@ def test_per_tensor_budget_plan_fits_explains_and_exports(gpt):
   text = plan.explain()
   policies = [p for _, _, s in plan.layer_ranges() for _, p in s.blocks]
   if any(p.name == "save_tensors" for p in policies):
-    assert "chosen tensors" in text and "layers.py" in text
+    assert "chosen tensors" in text and ".py:" in text
   code = jaxckpt.planner.export_code(plan, ("attn", "mlp"))
   namespace = {}
   exec(compile(code, "<plan>", "exec"), namespace)
