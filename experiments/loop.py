@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -523,16 +522,14 @@ def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions) -> None
   parser.add_argument("--process-id", type=int, default=defaults.process_id, help="this process, 0..N-1")
 
 
-def run_cli(parser: argparse.ArgumentParser, make_config: Callable[[argparse.Namespace], Any],
+def run_cli(parser: CLIParser, make_config: Callable[[argparse.Namespace], Any],
             train: Callable[[Any], Any], argv: Sequence[str] | None) -> int:
   """Parses flags, trains, and maps errors to exit codes: 2 bad input (one line), 1 non-finite loss, 0 success."""
   args = parser.parse_args(argv)
   try:
     train(make_config(args))
   except NonFiniteLossError as err:  # a failed run, not bad input
-    print(f"{parser.prog}: error: {err}", file=sys.stderr)
-    return 1
+    return parser.fail(err, status=1)
   except JaxckptError as err:
-    print(f"{parser.prog}: error: {err}", file=sys.stderr)
-    return 2
+    return parser.fail(err)
   return 0

@@ -33,7 +33,7 @@ from jaxckpt.layers import (
     block_types,
     set_policy,
 )
-from jaxckpt.models import MODELS, build_model
+from jaxckpt.models import MODEL_REGISTRY, MODELS, build_model
 from jaxckpt.policies import (
     CANONICAL_POLICIES,
     POLICY_NAMES,
@@ -104,6 +104,7 @@ __all__ = [
     "block_types",
     "set_policy",
     "MODELS",
+    "MODEL_REGISTRY",
     "build_model",
     "CANONICAL_POLICIES",
     "POLICY_NAMES",

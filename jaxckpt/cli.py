@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import sys
 
 from jaxckpt.errors import JaxckptError
 
@@ -11,10 +13,49 @@ __all__ = ["CLIParser", "check_output_file", "check_output_dir"]
 
 
 class CLIParser(argparse.ArgumentParser):
-  """``argparse.ArgumentParser`` whose errors are one line on stderr with exit status 2 (no usage dump)."""
+  """``argparse.ArgumentParser`` whose errors are one line on stderr with exit status 2 (no usage dump).
+
+  The library's errors name Python arguments (``seq_len=0 must be ≥ 1``); :meth:`fail` prints them with this
+  parser's flags instead (``--seq-len 0 must be ≥ 1``): the one place where the CLIs translate them.
+  """
 
   def error(self, message: str):
     self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+  def flag_message(self, message: str) -> str:
+    """``message`` with the Python arguments behind this parser's flags written as the flags.
+
+    ``dest=value`` becomes ``--flag value`` for every flag; a bare ``dest`` becomes ``--flag`` only for names with an
+    underscore (``seq_len``, ``num_layers``), so plain words such as "model" or "preset" in a sentence stay.
+
+    Args:
+      message: an error message from the library.
+
+    Returns:
+      The message in terms of this CLI's flags.
+    """
+    for action in self._actions:
+      longs = [o for o in action.option_strings if o.startswith("--")]
+      if not longs or action.dest in ("help", argparse.SUPPRESS):
+        continue
+      flag, dest = longs[0], re.escape(action.dest)
+      message = re.sub(rf"(?<![\w.-]){dest}=(?=\S)", flag + " ", message)
+      if "_" in action.dest:
+        message = re.sub(rf"(?<![\w.-]){dest}\b", flag, message)
+    return message
+
+  def fail(self, err: Exception, status: int = 2) -> int:
+    """Prints ``err`` as one line on stderr, in terms of this parser's flags (:meth:`flag_message`).
+
+    Args:
+      err: the error (usually a :class:`~jaxckpt.JaxckptError`).
+      status: the exit status to return (2: bad input).
+
+    Returns:
+      ``status``, for ``return parser.fail(err)``.
+    """
+    print(f"{self.prog}: error: {self.flag_message(str(err))}", file=sys.stderr)
+    return status
 
 
 def check_output_file(flag: str, path: str | None) -> None:

@@ -251,15 +251,6 @@ def _integer_pow_multiplies(y: int) -> int:
   return muls + (1 if y < 0 else 0)
 
 
-def _identity_reduce_precision(eqn: Any) -> bool:
-  """A ``reduce_precision`` to its own dtype's exponent and mantissa bits (a no-op)."""
-  try:
-    info = jax.numpy.finfo(eqn.invars[0].aval.dtype)
-  except ValueError:
-    return False
-  return (eqn.params.get("exponent_bits") == info.nexp and eqn.params.get("mantissa_bits") == info.nmant)
-
-
 def _dot_general_flops(eqn: Any) -> int:
   lhs, rhs = (v.aval for v in eqn.invars[:2])
   (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
@@ -363,7 +354,8 @@ def _mesh_devices(eqn: Any) -> int:
 
 
 class _Counter:
-  """Walks a jaxpr; memoises sub-jaxprs by identity within one count."""
+  """Walks a jaxpr; memoises sub-jaxprs by identity within one count. Each equation's cost comes from
+  :data:`_RULES` (primitive name -> rule); a primitive with no rule is counted by its sub-jaxprs, or as uncounted."""
 
   def __init__(self) -> None:
     self._memo: dict[int, tuple[Any, _Tally]] = {}
@@ -381,117 +373,178 @@ class _Counter:
     return tally
 
   def _eqn(self, eqn: Any, tally: _Tally) -> None:
-    name = eqn.primitive.name
-    params = eqn.params
+    _RULES.get(eqn.primitive.name, _sub_jaxprs_rule)(self, eqn, tally)
 
-    # --- leaf primitives -------------------------------------------------
-    if name in _ZERO_COST:
-      return
-    if name == "reduce_precision" and _identity_reduce_precision(eqn):
-      return  # jax.checkpoint's guard on residuals (JAX PR 22244): XLA's simplifier removes it, nothing runs
-    if name in _ELEMENTWISE:
-      f, t = _ELEMENTWISE[name]
-      n = _out_size(eqn)
-      tally.add_flops(name, f * n)
-      tally.transcendentals += t * n
-      return
-    if name == "integer_pow":
-      tally.add_flops(name, _integer_pow_multiplies(params["y"]) * _out_size(eqn))
-      return
-    if name == "select_n":
-      cases = len(eqn.invars) - 1
-      tally.add_flops(name, max(cases - 1, 0) * _out_size(eqn))
-      return
-    if name == "dot_general":
-      tally.add_flops(name, _dot_general_flops(eqn))
-      return
-    if name == "conv_general_dilated":
-      tally.add_flops(name, _conv_flops(eqn))
-      return
-    if name in _REDUCTIONS:
-      steps = _size(eqn.invars[0].aval) - _size(eqn.outvars[0].aval)
-      tally.add_flops(name, _REDUCTIONS[name] * max(steps, 0))
-      return
-    if name in _CUMULATIVE:
-      n = _out_size(eqn)
-      tally.add_flops(name, n)
-      if name == "cumlogsumexp":
-        tally.transcendentals += 2 * n
-      return
-    if name in _REDUCE_WINDOW:
-      window = math.prod(int(d) for d in params["window_dimensions"])
-      tally.add_flops(name, _out_size(eqn) * max(window - 1, 0))
-      return
-    if name in _SCATTER_COMBINE:
-      updates = eqn.invars[-1].aval
-      tally.add_flops(name, _size(updates))
-      return
-    if name == "sort":
-      dim = params.get("dimension", -1)
-      shape = eqn.invars[0].aval.shape
-      n = int(shape[dim]) if shape else 1
-      tally.add_flops(name, _size(eqn.invars[0].aval)
-                      * max(math.ceil(math.log2(n)) if n > 1 else 0, 0))
-      return
 
-    # --- control flow ----------------------------------------------------
-    if name == "scan":
-      tally.add(self.jaxpr(params["jaxpr"]), times=int(params["length"]))
-      return
-    if name == "cond":
-      branches = [self.jaxpr(b) for b in params["branches"]]
-      best = max(branches, key=lambda b: (b.total, b.transcendentals))
-      tally.add(best)
-      tally.unbounded_loops += max(b.unbounded_loops for b in branches) \
-          - best.unbounded_loops
-      for b in branches:
-        tally.uncounted |= b.uncounted
-      return
-    if name == "while":
-      body = self.jaxpr(params["body_jaxpr"])
-      cond = self.jaxpr(params["cond_jaxpr"])
-      trips = _fori_trip_count(eqn)
-      if trips is None:
-        tally.add(body)
-        tally.add(cond)
-        tally.unbounded_loops += 1
-      else:
-        tally.add(body, times=trips)
-        tally.add(cond, times=trips + 1)
-      return
-    if name == "shard_map":
-      tally.add(self.jaxpr(params["jaxpr"]), times=_mesh_devices(eqn))
-      return
-    if name == "xla_pmap":
-      tally.add(self.jaxpr(params["call_jaxpr"]),
-                times=int(params.get("axis_size", 1)))
-      return
-    if name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
-      primal = params.get("call_jaxpr")
-      if primal is None:
-        primal = params.get("fun_jaxpr")
-      if primal is not None:
-        tally.add(self.jaxpr(primal))
-        return
-    if name in ("reduce", "reduce_window"):
-      # Generic reductions carry the scalar combiner as a jaxpr.
-      combiner = next(sub_jaxprs(eqn), None)
-      per_step = self.jaxpr(combiner).total if combiner is not None else 1
-      if name == "reduce":
-        steps = _size(eqn.invars[0].aval) - _size(eqn.outvars[0].aval)
-      else:
-        window = math.prod(int(d) for d in params["window_dimensions"])
-        steps = _size(eqn.outvars[0].aval) * max(window - 1, 0)
-      tally.add_flops(name, max(per_step, 1) * max(steps, 0))
-      return
+# ---------------------------------------------------------------------------
+# Rules: ``rule(counter, eqn, tally)`` adds one equation's cost to ``tally``.
 
-    # --- anything else that carries jaxprs (jit, remat2, closed_call, ...) --
-    subs = list(sub_jaxprs(eqn))
-    if subs:
-      for sub in subs:
-        tally.add(self.jaxpr(sub))
-      return
-    tally.uncounted.add(name)
+Rule = Callable[[_Counter, Any, _Tally], None]
+
+
+def _zero_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  """Data movement and annotations: 0 FLOPs."""
+
+
+def _flops_rule(cost: Callable[[Any], int]) -> Rule:
+  """A leaf primitive costing ``cost(eqn)`` FLOPs."""
+
+  def rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+    tally.add_flops(eqn.primitive.name, cost(eqn))
+
+  return rule
+
+
+def _elementwise_rule(flops: int, transcendentals: int) -> Rule:
+  """``flops`` FLOPs and ``transcendentals`` transcendentals per output element."""
+
+  def rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+    n = _out_size(eqn)
+    tally.add_flops(eqn.primitive.name, flops * n)
+    tally.transcendentals += transcendentals * n
+
+  return rule
+
+
+def _reduction_steps(eqn: Any) -> int:
+  """Combine steps of a reduction: input elements - output elements."""
+  return max(_size(eqn.invars[0].aval) - _size(eqn.outvars[0].aval), 0)
+
+
+def _window_steps(eqn: Any) -> int:
+  """Combine steps of a windowed reduction: output elements * (window size - 1)."""
+  window = math.prod(int(d) for d in eqn.params["window_dimensions"])
+  return _size(eqn.outvars[0].aval) * max(window - 1, 0)
+
+
+def _sort_flops(eqn: Any) -> int:
+  dim = eqn.params.get("dimension", -1)
+  shape = eqn.invars[0].aval.shape
+  n = int(shape[dim]) if shape else 1
+  return _size(eqn.invars[0].aval) * max(math.ceil(math.log2(n)) if n > 1 else 0, 0)
+
+
+def _cumlogsumexp_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  n = _out_size(eqn)
+  tally.add_flops(eqn.primitive.name, n)
+  tally.transcendentals += 2 * n
+
+
+def _scan_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  tally.add(counter.jaxpr(eqn.params["jaxpr"]), times=int(eqn.params["length"]))
+
+
+def _cond_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  branches = [counter.jaxpr(b) for b in eqn.params["branches"]]
+  best = max(branches, key=lambda b: (b.total, b.transcendentals))
+  tally.add(best)
+  tally.unbounded_loops += max(b.unbounded_loops for b in branches) - best.unbounded_loops
+  for b in branches:
+    tally.uncounted |= b.uncounted
+
+
+def _while_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  body = counter.jaxpr(eqn.params["body_jaxpr"])
+  cond = counter.jaxpr(eqn.params["cond_jaxpr"])
+  trips = _fori_trip_count(eqn)
+  if trips is None:
+    tally.add(body)
+    tally.add(cond)
+    tally.unbounded_loops += 1
+  else:
+    tally.add(body, times=trips)
+    tally.add(cond, times=trips + 1)
+
+
+def _repeated_rule(key: str, times: Callable[[Any], int]) -> Rule:
+  """The sub-jaxpr ``params[key]`` counted ``times(eqn)`` times (``shard_map``, ``xla_pmap``)."""
+
+  def rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+    tally.add(counter.jaxpr(eqn.params[key]), times=times(eqn))
+
+  return rule
+
+
+def _custom_call_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  """The primal function of a custom-derivative call (or its sub-jaxprs when it names none)."""
+  primal = eqn.params.get("call_jaxpr")
+  if primal is None:
+    primal = eqn.params.get("fun_jaxpr")
+  if primal is None:
+    _sub_jaxprs_rule(counter, eqn, tally)
+  else:
+    tally.add(counter.jaxpr(primal))
+
+
+def _generic_reduce_rule(steps: Callable[[Any], int]) -> Rule:
+  """``reduce`` / ``reduce_window`` with the scalar combiner as a jaxpr: its FLOPs (at least 1) per step."""
+
+  def rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+    combiner = next(sub_jaxprs(eqn), None)
+    per_step = counter.jaxpr(combiner).total if combiner is not None else 1
+    tally.add_flops(eqn.primitive.name, max(per_step, 1) * steps(eqn))
+
+  return rule
+
+
+def _sub_jaxprs_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  """Anything else that carries jaxprs (``jit``, ``remat2``, ``closed_call``...): each counted once; else uncounted."""
+  subs = list(sub_jaxprs(eqn))
+  for sub in subs:
+    tally.add(counter.jaxpr(sub))
+  if not subs:
+    tally.uncounted.add(eqn.primitive.name)
+
+
+def _rules() -> dict[str, Rule]:
+  """Builds :data:`_RULES`; a primitive in two tables is a bug, so it raises."""
+  entries: list[tuple[str, Rule]] = [
+      *((name, _zero_rule) for name in _ZERO_COST),
+      *((name, _elementwise_rule(f, t)) for name, (f, t) in _ELEMENTWISE.items()),
+      ("integer_pow", _flops_rule(lambda e: _integer_pow_multiplies(e.params["y"]) * _out_size(e))),
+      ("select_n", _flops_rule(lambda e: max(len(e.invars) - 2, 0) * _out_size(e))),  # one select per extra case
+      ("dot_general", _flops_rule(_dot_general_flops)),
+      ("conv_general_dilated", _flops_rule(_conv_flops)),
+      *((name, _flops_rule(lambda e, c=cost: c * _reduction_steps(e))) for name, cost in _REDUCTIONS.items()),
+      *((name, _flops_rule(_out_size)) for name in _CUMULATIVE - {"cumlogsumexp"}),
+      ("cumlogsumexp", _cumlogsumexp_rule),
+      *((name, _flops_rule(_window_steps)) for name in _REDUCE_WINDOW),
+      *((name, _flops_rule(lambda e: _size(e.invars[-1].aval))) for name in _SCATTER_COMBINE),  # per update
+      ("sort", _flops_rule(_sort_flops)),
+      ("scan", _scan_rule),
+      ("cond", _cond_rule),
+      ("while", _while_rule),
+      ("shard_map", _repeated_rule("jaxpr", _mesh_devices)),
+      ("xla_pmap", _repeated_rule("call_jaxpr", lambda e: int(e.params.get("axis_size", 1)))),
+      *((name, _custom_call_rule) for name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")),
+      ("reduce", _generic_reduce_rule(_reduction_steps)),
+      ("reduce_window", _generic_reduce_rule(_window_steps)),
+  ]
+  rules: dict[str, Rule] = {}
+  for name, rule in entries:
+    if name in rules:
+      raise AssertionError(f"primitive {name!r} has two FLOP rules")
+    rules[name] = rule
+  return rules
+
+
+_RULES: dict[str, Rule] = _rules()
+"""Primitive name -> rule; primitives not listed go to :func:`_sub_jaxprs_rule`."""
+
+
+def _reduce_precision_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  """An elementwise op, except to its own dtype's exponent and mantissa bits: jax.checkpoint wraps every saved
+  residual in one (JAX PR 22244) and XLA's simplifier removes it, so it costs nothing."""
+  try:
+    info = jax.numpy.finfo(eqn.invars[0].aval.dtype)
+    identity = eqn.params.get("exponent_bits") == info.nexp and eqn.params.get("mantissa_bits") == info.nmant
+  except ValueError:
+    identity = False
+  if not identity:
+    _elementwise_rule(1, 0)(counter, eqn, tally)
+
+
+_RULES["reduce_precision"] = _reduce_precision_rule
 
 
 def jaxpr_flops(jaxpr: jex_core.ClosedJaxpr | jex_core.Jaxpr) -> FlopCount:

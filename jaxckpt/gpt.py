@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxckpt.configs import check_config, compute_dtype
 from jaxckpt.errors import JaxckptError
-from jaxckpt.layers import ATTENTION_IMPLEMENTATIONS, Stack, TransformerBlock, set_policy
-from jaxckpt.models import COMPUTE_DTYPES
+from jaxckpt.layers import Stack, TransformerBlock, set_policy
 from jaxckpt.policies import Policy, PolicySpec
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "GPT_BLOCK_TYPES", "build_gpt", "lm_loss", "lm_batch_struct"]
@@ -46,7 +46,14 @@ GPT_BLOCK_TYPES: tuple[str, ...] = ("attn", "mlp")
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-  """A GPT-style decoder (``gpt``). Presets in :data:`GPT_PRESETS`; override with ``dataclasses.replace``."""
+  """A GPT-style decoder (``gpt``). Presets in :data:`GPT_PRESETS`; override with :func:`jaxckpt.configs.override`.
+
+  Checked when made (:func:`jaxckpt.configs.check_config`): sizes ≥ 1, ``vocab_size`` ≥ 2, ``num_heads`` divides
+  ``dim``, known ``attention``, ``structure`` and ``compute_dtype``.
+
+  Raises:
+    JaxckptError: a bad field, named as its argument (``seq_len=0 must be a whole number ≥ 1``).
+  """
 
   num_layers: int = 6  # Transformer layers L.
   dim: int = 256  # Model width d (channels per token).
@@ -62,6 +69,9 @@ class GPTConfig:
   structure: str = "block"  # Remat structure of the stack: "block", "every:K", "nested", "nested:D" (see Stack).
   compute_dtype: str = "float32"  # "float32" or "bfloat16" (parameters stay float32; logits are float32).
 
+  def __post_init__(self):
+    check_config(self)
+
 
 GPT_PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(num_layers=2, dim=64, num_heads=2, mlp_dim=256, seq_len=64, vocab_size=256, batch_size=8),
@@ -71,19 +81,6 @@ GPT_PRESETS: dict[str, GPTConfig] = {
 }
 """Preset name -> :class:`GPTConfig`: ``tiny`` (tests, seconds), ``small`` (byte-level, minutes on a CPU) and
 ``gpt2-small`` (GPT-2's 124M shapes, BPE vocabulary; for compiled-memory reports, not for CPU training)."""
-
-
-def _check(config: GPTConfig) -> jnp.dtype:
-  for name in ("num_layers", "dim", "num_heads", "mlp_dim", "seq_len", "batch_size"):
-    if getattr(config, name) < 1:
-      raise JaxckptError(f"GPTConfig.{name}={getattr(config, name)} must be ≥ 1")
-  if config.vocab_size < 2:
-    raise JaxckptError(f"GPTConfig.vocab_size={config.vocab_size} must be ≥ 2")
-  if config.attention not in ATTENTION_IMPLEMENTATIONS:
-    raise JaxckptError(f"unknown attention {config.attention!r}; valid: {', '.join(ATTENTION_IMPLEMENTATIONS)}")
-  if config.compute_dtype not in COMPUTE_DTYPES:
-    raise JaxckptError(f"unknown compute dtype {config.compute_dtype!r}; valid: {', '.join(COMPUTE_DTYPES)}")
-  return COMPUTE_DTYPES[config.compute_dtype]
 
 
 class GPT(nnx.Module):
@@ -99,7 +96,7 @@ class GPT(nnx.Module):
   """
 
   def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
-    dtype = _check(config)
+    dtype = compute_dtype(config.compute_dtype)
     self.dtype, self.seq_len, self.tie_embeddings = dtype, config.seq_len, config.tie_embeddings
     init = nnx.initializers.normal(0.02)
     self.embed = nnx.Embed(config.vocab_size, config.dim, dtype=dtype, embedding_init=init, rngs=rngs)
@@ -190,5 +187,13 @@ def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], *, dropout_key: jax.
 
 
 def lm_batch_struct(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """``{"tokens": ShapeDtypeStruct([B, T+1], int32)}``: the abstract batch of :func:`lm_loss` (for compiling)."""
+  """The abstract batch of :func:`lm_loss` (for compiling); also ``MODEL_REGISTRY["gpt"].batch``.
+
+  Args:
+    batch_size: sequences B.
+    seq_len: tokens per sequence T (the model's input length; the batch holds T+1 for the shifted targets).
+
+  Returns:
+    ``{"tokens": ShapeDtypeStruct([B, T+1], int32)}``.
+  """
   return {"tokens": jax.ShapeDtypeStruct((batch_size, seq_len + 1), jnp.int32)}

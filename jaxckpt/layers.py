@@ -10,6 +10,10 @@ blocks, ``attn`` then ``mlp`` (pre-LayerNorm; each LN + sublayer + residual is r
 Dropout is driven by explicit keys: ``dropout_key`` goes into the remat'd call as an argument, so the forward pass and
 the recomputation draw the same mask, and a stack splits it into one key per layer, so layers draw different masks.
 Static flags (``deterministic``) are closed over, never traced.
+
+The block math lives in :mod:`jaxckpt.blocks` and the stack's grouping and looping in :mod:`jaxckpt.structure`, shared
+with the Linen front-end (:mod:`jaxckpt.linen`); this module holds what is NNX's own: parameters as ``nnx.Param``,
+remat through :func:`jaxckpt.remat.module_call`, policies set in place (:func:`set_policy`).
 """
 
 from __future__ import annotations
@@ -17,20 +21,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt import names
+from jaxckpt import blocks, names
+from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import Budget, LayeredPolicy, MinSaved, Policy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.remat import module_call
-from jaxckpt.structure import Structure, parse_structure
+from jaxckpt.structure import Structure, apply_layers, apply_segments, parse_structure
 
 __all__ = [
     "RematBlock",
@@ -40,23 +43,13 @@ __all__ = [
     "TransformerBlock",
     "Stack",
     "block_types",
+    "remat_blocks",
     "set_policy",
+    "record_stack_inputs",
+    "ATTENTION_IMPLEMENTATIONS",
 ]
 
 PolicyLike = "str | Policy | PolicySpec | None"
-
-ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product_attention")
-"""``AttentionBlock(attention=...)`` choices: einsum + softmax, or ``jax.nn.dot_product_attention``."""
-
-
-def _dropout(x: jax.Array, rate: float, key: jax.Array | None, deterministic: bool) -> jax.Array:
-  """Inverted dropout with an explicit key (same key → same mask, as the recomputation needs)."""
-  if deterministic or rate == 0.0:
-    return x
-  if key is None:
-    raise JaxckptError("dropout is on (deterministic=False, rate > 0) but no dropout_key was given")
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
 _STACK_INPUTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("jaxckpt_stack_inputs", default=None)
@@ -66,7 +59,11 @@ _STACK_INPUTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("jax
 def record_stack_inputs():
   """Within this context every :class:`Stack` call appends ``(stack, jax.ShapeDtypeStruct of its input)`` to the list
   it yields: how :mod:`jaxckpt.planner` learns a layer's input shape from a traced train step (micro-batching
-  included). Only shapes are kept, so it works under ``jax.eval_shape``."""
+  included). Only shapes are kept, so it works under ``jax.eval_shape``.
+
+  Yields:
+    The list the stacks append to.
+  """
   found: list = []
   token = _STACK_INPUTS.set(found)
   try:
@@ -75,14 +72,11 @@ def record_stack_inputs():
     _STACK_INPUTS.reset(token)
 
 
-def _split(key: jax.Array | None, n: int) -> list[jax.Array | None]:
-  return [None] * n if key is None else list(jax.random.split(key, n))
-
-
-class RematBlock(nnx.Module):
+class RematBlock(blocks.BlockMath, nnx.Module):
   """Base of jaxckpt's residual blocks: a block type, the checkpoint names it emits, and a policy spec.
 
-  Subclasses define :meth:`forward`; :meth:`__call__` runs it under ``nnx.remat`` with the policy of
+  :meth:`forward` is the block's math (a :class:`jaxckpt.blocks.BlockMath` mixin, shared with the other
+  front-end); :meth:`__call__` runs it under ``nnx.remat`` with the policy of
   :attr:`block_type` (no remat for ``none``).
 
   Attributes:
@@ -99,16 +93,13 @@ class RematBlock(nnx.Module):
   checkpoint_names: ClassVar[tuple[str, ...]]
 
   def __init__(self, policy: PolicyLike = None, dropout_rate: float = 0.0):
-    if not 0.0 <= dropout_rate < 1.0:
-      raise JaxckptError(f"dropout_rate={dropout_rate} must be in [0, 1)")
+    blocks.check_dropout_rate(dropout_rate)
     self.policy = parse_policy(policy)
     self.dropout_rate = dropout_rate
 
-  def forward(self, x: jax.Array, dropout_key: jax.Array | None, *, deterministic: bool) -> jax.Array:
-    raise NotImplementedError
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the block (remat'd with its policy).
+    """Applies the block under ``jax.checkpoint`` (through ``module_call``) with the policy of its block type.
 
     Args:
       x: input activations (shape per subclass), float32 or bfloat16.
@@ -123,7 +114,7 @@ class RematBlock(nnx.Module):
     return call(self, x, dropout_key)
 
 
-class AttentionBlock(RematBlock):
+class AttentionBlock(blocks.AttentionMath, RematBlock):
   """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
 
   Emits ``qkv`` ``[B, T, 3, H, K]``, ``attn_weights`` ``[B, H, T, T]``, ``attn_context`` ``[B, T, H, K]`` and
@@ -150,7 +141,7 @@ class AttentionBlock(RematBlock):
   """
 
   block_type = "attn"
-  checkpoint_names = (names.QKV, names.ATTN_WEIGHTS, names.ATTN_CONTEXT, names.ATTN_OUT)
+  checkpoint_names = blocks.attention_checkpoint_names("xla")
 
   def __init__(
       self,
@@ -165,40 +156,17 @@ class AttentionBlock(RematBlock):
       rngs: nnx.Rngs,
   ):
     super().__init__(policy, dropout_rate)
-    if num_heads <= 0 or dim % num_heads:
-      raise JaxckptError(f"num_heads={num_heads} must be a positive divisor of dim={dim}")
-    if attention not in ATTENTION_IMPLEMENTATIONS:
-      raise JaxckptError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    blocks.check_attention(dim, num_heads, attention)
     self.num_heads, self.causal, self.dtype = num_heads, causal, dtype
     self.attention = attention
-    if attention == "dot_product_attention":
-      self.checkpoint_names = (names.QKV, names.ATTN_CONTEXT, names.ATTN_OUT)
+    if attention != "xla":
+      self.checkpoint_names = blocks.attention_checkpoint_names(attention)
     self.norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
     self.qkv = nnx.Linear(dim, 3 * dim, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(dim, dim, dtype=dtype, rngs=rngs)
 
-  def forward(self, x, dropout_key, *, deterministic):
-    """``x: [B, T, D]`` -> ``[B, T, D]``."""
-    batch, tokens, dim = x.shape
-    heads = self.num_heads
-    key_w, key_o = _split(dropout_key, 2)
-    qkv = checkpoint_name(self.qkv(self.norm(x)).reshape(batch, tokens, 3, heads, dim // heads), names.QKV)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, H, K]
-    if self.attention == "dot_product_attention":
-      context = checkpoint_name(jax.nn.dot_product_attention(q, k, v, is_causal=self.causal), names.ATTN_CONTEXT)
-      out = checkpoint_name(self.out(context.reshape(batch, tokens, dim)), names.ATTN_OUT)
-      return x + _dropout(out, self.dropout_rate, key_o, deterministic).astype(x.dtype)
-    logits = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) / math.sqrt(dim // heads)
-    if self.causal:
-      logits = jnp.where(jnp.tril(jnp.ones((tokens, tokens), bool)), logits, -jnp.inf)
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)  # [B, H, T, T]
-    weights = checkpoint_name(_dropout(weights, self.dropout_rate, key_w, deterministic), names.ATTN_WEIGHTS)
-    context = checkpoint_name(jnp.einsum("bhts,bshk->bthk", weights, v), names.ATTN_CONTEXT)
-    out = checkpoint_name(self.out(context.reshape(batch, tokens, dim)), names.ATTN_OUT)
-    return x + _dropout(out, self.dropout_rate, key_o, deterministic).astype(x.dtype)
 
-
-class MLPBlock(RematBlock):
+class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
   Emits ``mlp_hidden`` ``[..., F]`` and ``mlp_out`` ``[..., D]``.
@@ -230,14 +198,8 @@ class MLPBlock(RematBlock):
     self.fc1 = nnx.Linear(dim, hidden_dim, dtype=dtype, rngs=rngs)
     self.fc2 = nnx.Linear(hidden_dim, dim, dtype=dtype, rngs=rngs)
 
-  def forward(self, x, dropout_key, *, deterministic):
-    """``x: [..., D]`` -> ``[..., D]``."""
-    hidden = checkpoint_name(jax.nn.gelu(self.fc1(self.norm(x))), names.MLP_HIDDEN)
-    out = checkpoint_name(self.fc2(hidden), names.MLP_OUT)
-    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
 
-
-class ConvBlock(RematBlock):
+class ConvBlock(blocks.ConvMath, RematBlock):
   """Pre-norm residual conv block: ``x + Dropout(conv3x3(gelu(conv3x3(LN(x)))))``; block type ``conv``.
 
   Emits ``conv_hidden`` and ``conv_out``, both ``[B, h, w, C]``. LayerNorm normalises over channels.
@@ -269,12 +231,6 @@ class ConvBlock(RematBlock):
     self.norm = nnx.LayerNorm(channels, dtype=dtype, rngs=rngs)
     self.conv1 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
     self.conv2 = nnx.Conv(channels, channels, kernel, padding="SAME", dtype=dtype, rngs=rngs)
-
-  def forward(self, x, dropout_key, *, deterministic):
-    """``x: [B, h, w, C]`` -> ``[B, h, w, C]``."""
-    hidden = checkpoint_name(jax.nn.gelu(self.conv1(self.norm(x))), names.CONV_HIDDEN)
-    out = checkpoint_name(self.conv2(hidden), names.CONV_OUT)
-    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
 
 
 class TransformerBlock(nnx.Module):
@@ -315,10 +271,18 @@ class TransformerBlock(nnx.Module):
     self.mlp = MLPBlock(dim, mlp_dim, dropout_rate=dropout_rate, dtype=dtype, policy=policy, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, T, D]`` -> ``[B, T, D]``; ``dropout_key`` is split between the two sublayers."""
-    key_attn, key_mlp = _split(dropout_key, 2)
-    x = self.attn(x, dropout_key=key_attn, deterministic=deterministic)
-    return self.mlp(x, dropout_key=key_mlp, deterministic=deterministic)
+    """Applies the attention then the MLP block (:func:`jaxckpt.blocks.transformer`).
+
+    Args:
+      x: ``[B, T, D]``.
+      dropout_key: PRNG key, split between the two sublayers; ``None`` when dropout is off.
+      deterministic: ``True`` turns dropout off.
+
+    Returns:
+      ``[B, T, D]``.
+    """
+    return blocks.transformer(x, attn=self.attn, mlp_block=self.mlp, dropout_key=dropout_key,
+                              deterministic=deterministic)
 
 
 class Stack(nnx.Module):
@@ -392,53 +356,34 @@ class Stack(nnx.Module):
       layer_params, layer_other, key = layer
       block = nnx.merge(graphdef, layer_params, layer_other)
       if spec is not None:  # a range of a LayeredPolicy: its spec, validated by set_policy
-        for sub in _remat_blocks(block):
+        for sub in remat_blocks(block):
           sub.policy = spec
       h = block(h, dropout_key=key, deterministic=deterministic)
       return h, nnx.state(block, nnx.Not(nnx.Param))
 
-    def apply_range(h, layers, n: int, level: int):
-      """Applies ``n`` blocks (leaves of ``layers`` have a leading axis n) at nesting ``level``."""
-      if level == self.structure.levels - 1:
-        return self._loop(apply_block, h, layers, n)
-      outs, offset = [], 0
-      for count, size in self.structure.groups(n, level):
-        part = jax.tree.map(lambda a: a[offset:offset + count * size].reshape(count, size, *a.shape[1:]), layers)
-        group = jax.checkpoint(
-            functools.partial(apply_range, n=size, level=level + 1), policy=jax.checkpoint_policies.nothing_saveable
-        )
-        h, out = self._loop(group, h, part, count)
-        outs.append(jax.tree.map(lambda a: a.reshape(count * size, *a.shape[2:]), out))
-        offset += count * size
-      return h, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
-
     layers = (params, other, keys)
     if self.layered is None:
-      x, new_other = apply_range(x, layers, self.num_layers, 0)
+      x, new_other = apply_layers(apply_block, x, layers, self.num_layers, structure=self.structure, scan=self.scan)
     else:
-      outs, offset = [], 0
-      for count, spec in self.layered.segments:
-        part = jax.tree.map(lambda a: a[offset:offset + count], layers)
-        x, out = self._loop(functools.partial(apply_block, spec=spec), x, part, count)
-        outs.append(out)
-        offset += count
-      new_other = jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+      x, new_other = apply_segments(lambda spec: functools.partial(apply_block, spec=spec), x, layers,
+                                    self.layered.segments, scan=self.scan)
     nnx.update(self.layers, new_other)
     return x
 
-  def _loop(self, fn: Callable, h: jax.Array, layers, n: int):
-    """``fn(h, layer_i) -> (h, out_i)`` over the leading axis of ``layers``: ``lax.scan`` or a Python loop."""
-    if self.scan:
-      return jax.lax.scan(fn, h, layers)
-    outs = []
-    for i in range(n):
-      h, out = fn(h, jax.tree.map(lambda a: a[i], layers))
-      outs.append(out)
-    return h, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
+def remat_blocks(module: nnx.Module) -> list[RematBlock]:
+  """The jaxckpt blocks inside an NNX module, in graph order.
 
-def _remat_blocks(module: nnx.Module) -> list[RematBlock]:
+  Args:
+    module: any NNX module.
+
+  Returns:
+    Every :class:`RematBlock` found (the module itself included, if it is one).
+  """
   return [m for _, m in nnx.iter_modules(module) if isinstance(m, RematBlock)]
+
+
+_remat_blocks = remat_blocks  # the planner's name for it (jaxckpt/planner/candidates.py)
 
 
 def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
@@ -451,7 +396,7 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
     ``{block_type: frozenset(checkpoint names)}``, e.g. ``{"attn": {...}, "mlp": {...}}`` for a ViT.
   """
   found: dict[str, set[str]] = {}
-  for block in _remat_blocks(module):
+  for block in remat_blocks(module):
     found.setdefault(block.block_type, set()).update(block.checkpoint_names)
   return {k: frozenset(v) for k, v in sorted(found.items())}
 
@@ -494,13 +439,9 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
       if stack.structure.levels != 1:
         raise JaxckptError(f"layered policy {str(parsed)!r} needs structure block, the stack has {stack.structure}")
   spec = parsed.segments[0][1] if isinstance(parsed, LayeredPolicy) else parsed
-  for block in _remat_blocks(module):
+  for block in remat_blocks(module):
     block.policy = spec
   for stack in stacks:
     stack.layered = parsed if isinstance(parsed, LayeredPolicy) else None
   return parsed
 
-
-def describe_block_types(types: Mapping[str, frozenset[str]]) -> str:
-  """Renders ``{block: names}`` as ``'attn (qkv, attn_weights, …); mlp (mlp_hidden, mlp_out)'`` for ``--help``."""
-  return "; ".join(f"{block} ({', '.join(sorted(ns))})" for block, ns in types.items())

@@ -4,8 +4,12 @@ For codebases that have not moved to NNX. Each block is one *block type* (``attn
 pass runs under ``nn.remat(policy=...)`` with the policy of its block type from a jaxckpt policy spec
 (:func:`jaxckpt.parse_policy`; ``none`` = no remat), and tags the same intermediates with the same checkpoint names
 (:mod:`jaxckpt.names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
-remat'd on its own. :class:`Stack` applies N copies of a block with ``nn.scan`` over a leading layer axis (the remat
-inside the scan body) or unrolled over the same stacked parameters.
+remat'd on its own. :class:`Stack` applies N copies of a block with parameters on a leading layer axis (created by
+``nn.scan``), scanned with ``jax.lax.scan`` (the remat inside the scan body) or unrolled over the same parameters.
+
+The block math is :mod:`jaxckpt.blocks` and the stack's grouping and looping :mod:`jaxckpt.structure`, the same
+code the NNX front-end calls; this module holds what is Linen's own (module fields, ``setup``, ``nn.remat``, the
+``'dropout'`` RNG stream).
 
 Parameter trees equal the NNX ones leaf for leaf (``norm``/``qkv``/``out``, ``norm``/``fc1``/``fc2``,
 ``norm``/``conv1``/``conv2``, ``attn``/``mlp``, ``layers`` with a leading layer axis), so
@@ -36,8 +40,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -46,13 +48,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt import names
+from jaxckpt import blocks, names
 from jaxckpt.errors import JaxckptError
-from jaxckpt.layers import _dropout, _split  # the NNX blocks' dropout: same key, same mask
 from jaxckpt.policies import PolicySpec, parse_policy
-from jaxckpt.structure import Structure, parse_structure
+from jaxckpt.structure import apply_layers, parse_structure
 
 __all__ = [
     "RematBlock",
@@ -96,11 +96,6 @@ def _static_flag(name: str, value: Any) -> bool:
   )
 
 
-def _check_rate(rate: float) -> None:
-  if not 0.0 <= rate < 1.0:
-    raise JaxckptError(f"dropout_rate={rate} must be in [0, 1)")
-
-
 def _dropout_key(module: nn.Module, key: jax.Array | None, deterministic: bool) -> jax.Array | None:
   """The explicit key if given, else (dropout on) one drawn from the ``'dropout'`` RNG stream if there is one."""
   if key is None and not deterministic and module.has_rng("dropout"):
@@ -130,10 +125,11 @@ class _Validating(nn.Module):
     return parse_policy(self.policy)
 
 
-class RematBlock(_Validating):
+class RematBlock(blocks.BlockMath, _Validating):
   """Base of the Linen residual blocks: a block type, the checkpoint names it emits, and a policy spec.
 
-  Subclasses define :meth:`forward`; :meth:`__call__` runs it under ``nn.remat`` with the policy of
+  :meth:`forward` is the block's math (a :class:`jaxckpt.blocks.BlockMath` mixin, shared with the other
+  front-end); :meth:`__call__` runs it under ``nn.remat`` with the policy of
   :attr:`block_type` (no remat for ``none``), ``deterministic`` static.
 
   Attributes:
@@ -149,11 +145,9 @@ class RematBlock(_Validating):
     """``{block_type: checkpoint names}``, the argument of :meth:`jaxckpt.PolicySpec.validate`."""
     return {self.block_type: frozenset(self.checkpoint_names)}
 
-  def forward(self, x: jax.Array, dropout_key: jax.Array | None, deterministic: bool) -> jax.Array:
-    raise NotImplementedError
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the block (remat'd with its policy).
+    """Applies the block under ``nn.remat`` with the policy of its block type.
 
     Args:
       x: input activations (shape per subclass), float32 or bfloat16.
@@ -178,22 +172,25 @@ class RematBlock(_Validating):
     return forward(self, x, dropout_key, deterministic)
 
 
-class AttentionBlock(RematBlock):
+class AttentionBlock(blocks.AttentionMath, RematBlock):
   """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
 
-  Linen twin of :class:`jaxckpt.layers.AttentionBlock` (same math, parameters ``norm``/``qkv``/``out`` of the same
-  shapes, same checkpoint names ``qkv``, ``attn_weights``, ``attn_context``, ``attn_out``). ``x: [B, T, D]``.
+  Linen twin of :class:`jaxckpt.layers.AttentionBlock` (same math, :func:`jaxckpt.blocks.attention`; parameters
+  ``norm``/``qkv``/``out`` of the same shapes, same checkpoint names ``qkv``, ``attn_weights``, ``attn_context``,
+  ``attn_out``). ``x: [B, T, D]``. With ``attention="dot_product_attention"`` the core is
+  ``jax.nn.dot_product_attention`` and there are no ``attn_weights`` (nor dropout on them), as in NNX.
 
   Attributes:
     dim: model width D.
     num_heads: heads H; must divide ``dim``.
-    dropout_rate: dropout on the attention weights and on the output, in [0, 1).
+    dropout_rate: dropout on the attention weights (xla attention only) and on the output, in [0, 1).
     causal: mask future tokens (decoders).
+    attention: ``"xla"`` (einsum + softmax) or ``"dot_product_attention"`` (:data:`jaxckpt.blocks.ATTENTION_IMPLEMENTATIONS`).
     dtype: compute dtype (parameters stay float32).
     policy: policy spec (the ``attn`` entry applies).
 
   Raises:
-    JaxckptError: ``num_heads`` does not divide ``dim``, or a rate outside [0, 1).
+    JaxckptError: ``num_heads`` does not divide ``dim``, an unknown ``attention``, or a rate outside [0, 1).
     PolicySpecError: a spec invalid for this block (e.g. ``mlp=full``).
   """
 
@@ -203,39 +200,28 @@ class AttentionBlock(RematBlock):
   causal: bool = False
   dtype: Any = jnp.float32
   policy: Any = None
+  attention: str = "xla"
 
   block_type = "attn"
-  checkpoint_names = (names.QKV, names.ATTN_WEIGHTS, names.ATTN_CONTEXT, names.ATTN_OUT)
+  checkpoint_names = blocks.attention_checkpoint_names("xla")
 
   def __post_init__(self):
-    if self.num_heads <= 0 or self.dim % self.num_heads:
-      raise JaxckptError(f"num_heads={self.num_heads} must be a positive divisor of dim={self.dim}")
-    _check_rate(self.dropout_rate)
+    blocks.check_attention(self.dim, self.num_heads, self.attention)
+    blocks.check_dropout_rate(self.dropout_rate)
     super().__post_init__()
+
+  @property
+  def block_types(self) -> dict[str, frozenset[str]]:
+    """``{"attn": names}``; without ``attn_weights`` for ``attention="dot_product_attention"``."""
+    return {self.block_type: frozenset(blocks.attention_checkpoint_names(self.attention))}
 
   def setup(self):
     self.norm = nn.LayerNorm(dtype=self.dtype)
     self.qkv = nn.Dense(3 * self.dim, dtype=self.dtype)
     self.out = nn.Dense(self.dim, dtype=self.dtype)
 
-  def forward(self, x, dropout_key, deterministic):
-    """``x: [B, T, D]`` -> ``[B, T, D]``."""
-    batch, tokens, dim = x.shape
-    heads = self.num_heads
-    key_w, key_o = _split(dropout_key, 2)
-    qkv = checkpoint_name(self.qkv(self.norm(x)).reshape(batch, tokens, 3, heads, dim // heads), names.QKV)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, H, K]
-    logits = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) / math.sqrt(dim // heads)
-    if self.causal:
-      logits = jnp.where(jnp.tril(jnp.ones((tokens, tokens), bool)), logits, -jnp.inf)
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)  # [B, H, T, T]
-    weights = checkpoint_name(_dropout(weights, self.dropout_rate, key_w, deterministic), names.ATTN_WEIGHTS)
-    context = checkpoint_name(jnp.einsum("bhts,bshk->bthk", weights, v), names.ATTN_CONTEXT)
-    out = checkpoint_name(self.out(context.reshape(batch, tokens, dim)), names.ATTN_OUT)
-    return x + _dropout(out, self.dropout_rate, key_o, deterministic).astype(x.dtype)
 
-
-class MLPBlock(RematBlock):
+class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
   Linen twin of :class:`jaxckpt.layers.MLPBlock` (parameters ``norm``/``fc1``/``fc2``; names ``mlp_hidden``
@@ -259,7 +245,7 @@ class MLPBlock(RematBlock):
   checkpoint_names = (names.MLP_HIDDEN, names.MLP_OUT)
 
   def __post_init__(self):
-    _check_rate(self.dropout_rate)
+    blocks.check_dropout_rate(self.dropout_rate)
     super().__post_init__()
 
   def setup(self):
@@ -267,14 +253,8 @@ class MLPBlock(RematBlock):
     self.fc1 = nn.Dense(self.hidden_dim, dtype=self.dtype)
     self.fc2 = nn.Dense(self.dim, dtype=self.dtype)
 
-  def forward(self, x, dropout_key, deterministic):
-    """``x: [..., D]`` -> ``[..., D]``."""
-    hidden = checkpoint_name(jax.nn.gelu(self.fc1(self.norm(x))), names.MLP_HIDDEN)
-    out = checkpoint_name(self.fc2(hidden), names.MLP_OUT)
-    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
 
-
-class ConvBlock(RematBlock):
+class ConvBlock(blocks.ConvMath, RematBlock):
   """Pre-norm residual conv block: ``x + Dropout(conv(gelu(conv(LN(x)))))``; block type ``conv``.
 
   Linen twin of :class:`jaxckpt.layers.ConvBlock` (parameters ``norm``/``conv1``/``conv2``, kernels
@@ -298,7 +278,7 @@ class ConvBlock(RematBlock):
   checkpoint_names = (names.CONV_HIDDEN, names.CONV_OUT)
 
   def __post_init__(self):
-    _check_rate(self.dropout_rate)
+    blocks.check_dropout_rate(self.dropout_rate)
     super().__post_init__()
 
   def setup(self):
@@ -306,12 +286,6 @@ class ConvBlock(RematBlock):
     self.norm = nn.LayerNorm(dtype=self.dtype)
     self.conv1 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
     self.conv2 = nn.Conv(self.channels, kernel, padding="SAME", dtype=self.dtype)
-
-  def forward(self, x, dropout_key, deterministic):
-    """``x: [B, h, w, C]`` -> ``[B, h, w, C]``."""
-    hidden = checkpoint_name(jax.nn.gelu(self.conv1(self.norm(x))), names.CONV_HIDDEN)
-    out = checkpoint_name(self.conv2(hidden), names.CONV_OUT)
-    return x + _dropout(out, self.dropout_rate, dropout_key, deterministic).astype(x.dtype)
 
 
 class TransformerBlock(_Validating):
@@ -328,6 +302,11 @@ class TransformerBlock(_Validating):
     causal: causal attention mask.
     dtype: compute dtype (parameters stay float32).
     policy: policy spec with block types ``attn`` and ``mlp``.
+    attention: ``"xla"`` or ``"dot_product_attention"`` (see :class:`AttentionBlock`).
+
+  Raises:
+    JaxckptError: ``num_heads`` does not divide ``dim``, an unknown ``attention``, or a rate outside [0, 1).
+    PolicySpecError: a spec invalid for this layer.
   """
 
   dim: int
@@ -337,45 +316,63 @@ class TransformerBlock(_Validating):
   causal: bool = False
   dtype: Any = jnp.float32
   policy: Any = None
+  attention: str = "xla"
+
+  def __post_init__(self):
+    blocks.check_attention(self.dim, self.num_heads, self.attention)
+    super().__post_init__()
 
   @property
   def block_types(self) -> dict[str, frozenset[str]]:
     """``{"attn": ..., "mlp": ...}`` with the checkpoint names of each."""
-    return {"attn": frozenset(AttentionBlock.checkpoint_names), "mlp": frozenset(MLPBlock.checkpoint_names)}
+    return {"attn": frozenset(blocks.attention_checkpoint_names(self.attention)),
+            "mlp": frozenset(MLPBlock.checkpoint_names)}
 
   def setup(self):
     spec = _checked(self.spec)
-    self.attn = AttentionBlock(
-        self.dim, self.num_heads, dropout_rate=self.dropout_rate, causal=self.causal, dtype=self.dtype, policy=spec
-    )
+    self.attn = AttentionBlock(self.dim, self.num_heads, dropout_rate=self.dropout_rate, causal=self.causal,
+                               dtype=self.dtype, policy=spec, attention=self.attention)
     self.mlp = MLPBlock(self.dim, self.mlp_dim, dropout_rate=self.dropout_rate, dtype=self.dtype, policy=spec)
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """``x: [B, T, D]`` -> ``[B, T, D]``; arguments as in :meth:`RematBlock.__call__`."""
+    """Applies the attention then the MLP block (:func:`jaxckpt.blocks.transformer`), ``deterministic`` static.
+
+    Args:
+      x: ``[B, T, D]``.
+      dropout_key: PRNG key, split between the two sublayers; if ``None`` and dropout is on, one is drawn from the
+        ``'dropout'`` RNG stream.
+      deterministic: Python bool; ``True`` turns dropout off.
+
+    Returns:
+      ``[B, T, D]``.
+
+    Raises:
+      JaxckptError: ``deterministic`` is not a Python bool.
+    """
     deterministic = _static_flag("deterministic", deterministic)
-    key_attn, key_mlp = _split(_dropout_key(self, dropout_key, deterministic), 2)
-    x = self.attn(x, dropout_key=key_attn, deterministic=deterministic)
-    return self.mlp(x, dropout_key=key_mlp, deterministic=deterministic)
+    return blocks.transformer(x, attn=self.attn, mlp_block=self.mlp,
+                              dropout_key=_dropout_key(self, dropout_key, deterministic), deterministic=deterministic)
 
 
 class Stack(nn.Module):
-  """N copies of a block with parameters stacked on a leading layer axis, applied by ``nn.scan`` or unrolled.
+  """N copies of a block with parameters stacked on a leading layer axis, applied by ``jax.lax.scan`` or unrolled.
 
   Linen twin of :class:`jaxckpt.layers.Stack`. Parameters: ``{"layers": <block's tree, each leaf [N, ...]>}`` in both
   modes (and equal to the NNX stack's), so scanned and unrolled stacks share checkpoints.
 
-  - Scanned (default): ``nn.scan(variable_axes={'params': 0}, split_rngs={'params': True}, length=N)`` with the
-    block's own ``nn.remat`` inside the scan body, so the backward loop recomputes one layer at a time (remat works
-    on every backend; one layer is compiled).
+  - Parameters are created by ``nn.scan(variable_axes={'params': 0}, split_rngs={'params': True}, length=N)`` at
+    ``init``.
+  - Scanned (default): ``jax.lax.scan`` over the layers' parameter slices, ``block.apply`` with the block's own
+    ``nn.remat`` inside the scan body, so the backward loop recomputes one layer at a time (remat works on every
+    backend; one layer is compiled).
   - Unrolled (``scan=False``): a Python loop over layer ``i``'s slice of the same stacked parameters. Initialisation
-    runs the scanned path, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
+    runs ``nn.scan`` in both modes, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
     XLA:CPU compile with :func:`jaxckpt.jit` for remat to save memory.
 
-  ``structure`` groups the blocks exactly as the NNX stack does (:mod:`jaxckpt.structure`): ``every:K``
+  ``structure`` groups the blocks with the NNX stack's code (:func:`jaxckpt.structure.apply_layers`): ``every:K``
   rematerializes groups of K blocks, ``nested[:D]`` nests D levels of groups, each group under
   ``jax.checkpoint(nothing_saveable)`` with the blocks' own policies inside; runs of equal-size groups are scanned
-  (or looped with ``scan=False``). A non-``block`` structure applies the block functionally over layer slices of the
-  same stacked parameters (initialisation still runs the scanned path), so the parameter tree is unchanged.
+  (or looped with ``scan=False``). The parameter tree is the same in every mode.
 
   Layer ``i`` gets ``jax.random.split(dropout_key, N)[i]``, as in NNX. Only the ``params`` collection is supported
   (jaxckpt's blocks have no other state).
@@ -434,10 +431,7 @@ class Stack(nn.Module):
     deterministic = _static_flag("deterministic", deterministic)
     dropout_key = _dropout_key(self, dropout_key, deterministic)
     keys = None if dropout_key is None else jax.random.split(dropout_key, self.num_layers)
-    structure = parse_structure(self.structure)
-    if structure.kind != "block" and not self.is_initializing():
-      return self._grouped(structure, x, keys, deterministic)
-    if self.scan or self.is_initializing():
+    if self.is_initializing():  # nn.scan creates the stacked parameters ("layers", leading axis N)
 
       def body(layer, h, key):
         return layer(h, dropout_key=key, deterministic=deterministic), None
@@ -447,47 +441,15 @@ class Stack(nn.Module):
       )
       x, _ = scan(self.block.clone(parent=self, name="layers"), x, keys)
       return x
-    stacked = self.variables["params"]["layers"]
-    layer = self.block.clone(parent=None, name=None)
-    for i in range(self.num_layers):
-      params_i = jax.tree.map(lambda a: a[i], stacked)
-      key_i = None if keys is None else keys[i]
-      x = layer.apply({"params": params_i}, x, dropout_key=key_i, deterministic=deterministic)
-    return x
-
-  def _grouped(self, structure: Structure, x: jax.Array, keys: jax.Array | None, deterministic: bool) -> jax.Array:
-    """Applies the blocks with the grouping of ``structure``, as :meth:`jaxckpt.layers.Stack.__call__` does."""
-    stacked = self.variables["params"]["layers"]
     layer = self.block.clone(parent=None, name=None)
 
     def apply_block(h, layer_i):
       params_i, key_i = layer_i
       return layer.apply({"params": params_i}, h, dropout_key=key_i, deterministic=deterministic), None
 
-    def apply_range(h, layers, n: int, level: int):
-      """Applies ``n`` blocks (leaves of ``layers`` have a leading axis n) at nesting ``level``."""
-      if level == structure.levels - 1:
-        return self._loop(apply_block, h, layers, n)
-      offset = 0
-      for count, size in structure.groups(n, level):
-        part = jax.tree.map(lambda a: a[offset:offset + count * size].reshape(count, size, *a.shape[1:]), layers)
-        group = jax.checkpoint(
-            functools.partial(apply_range, n=size, level=level + 1), policy=jax.checkpoint_policies.nothing_saveable
-        )
-        h, _ = self._loop(group, h, part, count)
-        offset += count * size
-      return h, None
-
-    x, _ = apply_range(x, (stacked, keys), self.num_layers, 0)
+    x, _ = apply_layers(apply_block, x, (self.variables["params"]["layers"], keys), self.num_layers,
+                        structure=self.structure, scan=self.scan)
     return x
-
-  def _loop(self, fn, h: jax.Array, layers, n: int):
-    """``fn(h, layer_i) -> (h, None)`` over the leading axis of ``layers``: ``lax.scan`` or a Python loop."""
-    if self.scan:
-      return jax.lax.scan(fn, h, layers)
-    for i in range(n):
-      h, _ = fn(h, jax.tree.map(lambda a: a[i], layers))
-    return h, None
 
 
 def block_types(module: nn.Module) -> dict[str, frozenset[str]]:

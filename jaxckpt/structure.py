@@ -14,16 +14,31 @@ Flax Linen's ``nn.remat_scan(lengths=...)``; PyTorch's ``checkpoint_sequential(s
   not divide evenly get groups whose sizes differ by at most one.
 
 Grammar: ``structure := "block" | "every:" K | "nested" [":" D]`` with integers K ≥ 1, D ≥ 2.
+
+:func:`apply_layers` runs a stack of N layers with a structure, scanned or unrolled; :func:`apply_segments` runs
+consecutive layer ranges each with its own layer function (the per-range policies of a
+:class:`~jaxckpt.policies.LayeredPolicy`). Both front-ends' stacks (:class:`jaxckpt.layers.Stack` for NNX,
+:class:`jaxckpt.linen.Stack` for Linen) call them with their own "apply layer i" function.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from jaxckpt.errors import JaxckptError, closest
 
-__all__ = ["Structure", "parse_structure", "STRUCTURE_KINDS"]
+__all__ = ["Structure", "parse_structure", "STRUCTURE_KINDS", "apply_layers", "apply_segments", "loop"]
+
+LayerFn = Callable[[Any, Any], tuple[Any, Any]]
+"""``(carry, layer_i) -> (carry, out_i)``: applies one layer, ``layer_i`` its slice of the stacked inputs (parameters,
+dropout key...), ``out_i`` a pytree to stack over layers (e.g. new non-parameter state) or ``None``."""
 
 STRUCTURE_KINDS = ("block", "every", "nested")
 """Structure names; ``every`` takes ``:K``, ``nested`` an optional ``:D``."""
@@ -49,6 +64,10 @@ class Structure:
   def groups(self, n: int, level: int) -> list[tuple[int, int]]:
     """How a range of ``n`` blocks at nesting ``level`` (0 = outermost) is split.
 
+    Args:
+      n: blocks in the range, ≥ 1.
+      level: nesting level of the range, 0 .. ``levels - 2``.
+
     Returns:
       ``[(count, size), ...]``: ``count`` consecutive groups of ``size`` blocks each, in order, sizes summing to
       ``n``. Each run of equal-size groups becomes one scan.
@@ -69,6 +88,12 @@ class Structure:
 
 def parse_structure(text: "str | Structure | None") -> Structure:
   """Parses ``block``, ``every:K`` or ``nested[:D]`` (see the module docstring).
+
+  Args:
+    text: the structure text, a parsed :class:`Structure` (returned as is), or ``None`` (``block``).
+
+  Returns:
+    The :class:`Structure`.
 
   Raises:
     JaxckptError: an unknown name (with the closest valid one), a missing or non-integer K/D, K < 1 or D < 2.
@@ -100,3 +125,97 @@ def parse_structure(text: "str | Structure | None") -> Structure:
   if name == "nested" and value < 2:
     raise JaxckptError(f"structure {text!r}: nested needs D ≥ 2 levels")
   return Structure(name, value)
+
+
+def loop(fn: LayerFn, carry: Any, layers: Any, n: int, *, scan: bool) -> tuple[Any, Any]:
+  """``fn`` over the leading axis of ``layers``: ``jax.lax.scan`` or a Python loop over the same slices.
+
+  Args:
+    fn: ``(carry, layer_i) -> (carry, out_i)``.
+    carry: the initial carry, e.g. activations ``[B, T, D]``.
+    layers: pytree whose leaves have a leading axis of length ``n`` (``None`` leaves allowed).
+    n: number of iterations.
+    scan: ``True`` for ``jax.lax.scan`` (one compiled body), ``False`` for an unrolled Python loop.
+
+  Returns:
+    ``(carry, outs)``: the final carry and the ``out_i`` stacked on a new leading axis (``None`` if they are).
+  """
+  if scan:
+    return jax.lax.scan(fn, carry, layers)
+  outs = []
+  for i in range(n):
+    carry, out = fn(carry, jax.tree.map(lambda a: a[i], layers))
+    outs.append(out)
+  return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+
+def _concat(parts: Sequence[Any]) -> Any:
+  return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+
+def apply_layers(
+    apply_layer: LayerFn, carry: Any, layers: Any, num_layers: int, *, structure: "str | Structure", scan: bool
+) -> tuple[Any, Any]:
+  """Applies ``num_layers`` layers in order, grouped by ``structure``, scanned or unrolled.
+
+  With ``block`` the layers are looped one by one. With ``every:K`` or ``nested[:D]`` they are split into groups
+  (:meth:`Structure.groups`), each group's run under ``jax.checkpoint(nothing_saveable)`` so only group inputs are
+  kept across the forward pass; each run of equal-size groups is one loop (Chen et al. 2016).
+
+  Args:
+    apply_layer: ``(carry, layer_i) -> (carry, out_i)``; its own remat (the block's policy) goes inside.
+    carry: input of the first layer, e.g. ``[B, T, D]`` float32.
+    layers: pytree with a leading layer axis of length ``num_layers`` on every leaf (parameters, keys...).
+    num_layers: N ≥ 1.
+    structure: ``"block"``, ``"every:K"``, ``"nested[:D]"`` or a :class:`Structure`.
+    scan: ``jax.lax.scan`` over layers and groups (``True``) or Python loops (``False``).
+
+  Returns:
+    ``(carry, outs)``: the last layer's output and the ``out_i`` stacked over the N layers in order.
+
+  Raises:
+    JaxckptError: a malformed ``structure``.
+  """
+  structure = parse_structure(structure)
+
+  def apply_range(carry, layers, n: int, level: int):
+    """Applies ``n`` layers (leaves of ``layers`` have a leading axis n) at nesting ``level``."""
+    if level == structure.levels - 1:
+      return loop(apply_layer, carry, layers, n, scan=scan)
+    outs, offset = [], 0
+    for count, size in structure.groups(n, level):
+      part = jax.tree.map(lambda a: a[offset:offset + count * size].reshape(count, size, *a.shape[1:]), layers)
+      group = jax.checkpoint(
+          functools.partial(apply_range, n=size, level=level + 1), policy=jax.checkpoint_policies.nothing_saveable
+      )
+      carry, out = loop(group, carry, part, count, scan=scan)
+      outs.append(jax.tree.map(lambda a: a.reshape(count * size, *a.shape[2:]), out))
+      offset += count * size
+    return carry, _concat(outs)
+
+  return apply_range(carry, layers, num_layers, 0)
+
+
+def apply_segments(
+    apply_for: Callable[[Any], LayerFn], carry: Any, layers: Any, segments: Sequence[tuple[int, Any]], *, scan: bool
+) -> tuple[Any, Any]:
+  """Applies consecutive layer ranges, each with its own layer function (e.g. its own policy), one loop per range.
+
+  Args:
+    apply_for: ``setting -> apply_layer`` (see :func:`apply_layers`).
+    carry: input of the first layer.
+    layers: pytree with a leading layer axis of length ``sum(count)`` on every leaf.
+    segments: ``[(count, setting), ...]`` in layer order, e.g. the ``segments`` of a
+      :class:`~jaxckpt.policies.LayeredPolicy`.
+    scan: ``jax.lax.scan`` per range (``True``) or Python loops (``False``).
+
+  Returns:
+    ``(carry, outs)`` as in :func:`apply_layers`.
+  """
+  outs, offset = [], 0
+  for count, setting in segments:
+    part = jax.tree.map(lambda a: a[offset:offset + count], layers)
+    carry, out = loop(apply_for(setting), carry, part, count, scan=scan)
+    outs.append(out)
+    offset += count
+  return carry, _concat(outs)

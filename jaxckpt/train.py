@@ -26,6 +26,7 @@ __all__ = [
     "LossFn",
     "create_train_state",
     "abstract_train_state",
+    "abstract_state_of",
     "classification_loss",
     "make_train_step",
     "make_eval_step",
@@ -87,7 +88,22 @@ def abstract_train_state(
   Returns:
     ``(graphdef, abstract_state)``, ready for :func:`compile_train_step` (compiled stats without allocation).
   """
-  graphdef, params, other = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
+  return abstract_state_of(nnx.eval_shape(make_model), tx, seed=seed)
+
+
+def abstract_state_of(model: nnx.Module, tx: optax.GradientTransformation, *, seed: int = 0
+                      ) -> tuple[nnx.GraphDef, TrainState]:
+  """:func:`abstract_train_state` of a model that exists already (abstract from ``nnx.eval_shape``, or real).
+
+  Args:
+    model: the NNX model; only its graph and shapes are read.
+    tx: the optax optimizer.
+    seed: seed of the dropout key.
+
+  Returns:
+    ``(graphdef, abstract_state)``: leaves are ``jax.ShapeDtypeStruct`` s.
+  """
+  graphdef, params, other = nnx.split(model, nnx.Param, ...)
   state = jax.eval_shape(
       lambda p, o: TrainState(
           step=jnp.zeros((), jnp.int32), params=p, other=o, opt_state=tx.init(p), key=jax.random.key(seed)

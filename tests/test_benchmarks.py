@@ -68,8 +68,15 @@ def test_runner_overhead(tmp_path):
 
 def test_report_speed(tmp_path):
   data = _run(report_speed, tmp_path)
-  assert data["policies"] == 2 and data["wall_s_total"] > data["compile_s_min"] > 0
-  assert [r["policy"] for r in data["rows"]] == ["none", "nothing_saveable"]
+  assert [r["policy"] for r in data["rows"]] == ["none", "nothing_saveable", "save_only_these_names:mlp_out"]
+  assert data["policies"] == 3 and data["distinct"] == 2  # mlp_out saves nothing nothing_saveable does not
+  none, full, named = data["rows"]
+  assert named["same_program_as"] == "nothing_saveable" and named["temp_bytes"] == full["temp_bytes"]
+  assert named["twin_s"] is None and none["twin_s"] > 0 and full["twin_s"] > 0
+  assert data["wall_s"] > data["import_s"] > 0 and data["ratio"] == pytest.approx(data["wall_s"] / data["floor_s"])
+  for row in (none, full):  # the hand-written twin is the same program: temp bytes agree to a few percent
+    assert row["twin_temp_bytes"] == pytest.approx(row["temp_bytes"], rel=0.05)
+    assert set(row["stages_s"]) == set(report_speed.STAGES) and row["stages_s"]["compile"] > 0
 
 
 def test_truth_check(tmp_path):

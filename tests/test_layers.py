@@ -152,3 +152,44 @@ def test_transformer_block_gives_each_sublayer_its_policy():
   block = TransformerBlock(16, 2, 32, policy="attn=dots_saveable,mlp=full", rngs=nnx.Rngs(0))
   assert block.attn.policy.for_block("attn").name == "dots_saveable"
   assert block.mlp.policy.for_block("mlp").name == "nothing_saveable"
+
+
+@pytest.mark.parametrize("name", sorted(jaxckpt.MODEL_REGISTRY))
+def test_every_registry_entry_builds_feeds_and_trains_its_tiny_preset(name):
+  entry = jaxckpt.MODEL_REGISTRY[name]
+  config = entry.override("tiny", num_layers=3)
+  assert config.num_layers == 3 and isinstance(config, entry.config_cls)
+  model = nnx.eval_shape(lambda: entry.build(config, policy="full"))
+  assert tuple(jaxckpt.block_types(model)) == tuple(sorted(entry.block_types))
+  batch = entry.batch(2, config)
+  assert all(isinstance(leaf, jax.ShapeDtypeStruct) and leaf.shape[0] == 2 for leaf in jax.tree.leaves(batch))
+  graphdef, state = nnx.split(model)
+  loss, metrics = jax.eval_shape(
+      lambda s, b: entry.loss_fn(nnx.merge(graphdef, s), b, dropout_key=jax.random.key(0), deterministic=False),
+      state, batch)
+  assert loss.shape == () and loss.dtype == jnp.float32 and metrics["loss"].shape == ()
+  assert entry.default_batch_size(config) >= 1
+
+
+def test_registry_overrides_name_python_arguments():
+  gpt, vit = jaxckpt.MODEL_REGISTRY["gpt"], jaxckpt.MODEL_REGISTRY["vit"]
+  assert gpt.override("tiny", seq_len=None) is gpt.presets["tiny"]  # None keeps the preset's value
+  assert gpt.batch(4, gpt.override("tiny", seq_len=32))["tokens"].shape == (4, 33)
+  cases = [
+      (gpt, {"seq_len": 0}, "seq_len=0 must be a whole number ≥ 1"),
+      (gpt, {"num_heads": 3}, "num_heads=3 must be a positive divisor of dim=64"),
+      (gpt, {"attention": "flash"}, "attention='flash' is unknown; valid: xla, dot_product_attention"),
+      (gpt, {"nm_layers": 2}, "did you mean 'num_layers'"),
+      (vit, {"seq_len": 128}, "seq_len applies to sequence models only (gpt), got seq_len=128"),
+      (vit, {"compute_dtype": "float16"}, "compute_dtype='float16' is unknown; valid: float32, bfloat16"),
+      (vit, {"structure": "nestd"}, "did you mean 'nested'"),
+      (vit, {"dropout_rate": 1.0}, "dropout_rate=1.0 must be in [0, 1)"),
+  ]
+  for entry, overrides, message in cases:
+    with pytest.raises(jaxckpt.JaxckptError) as info:
+      entry.override("tiny", **overrides)
+    assert message in str(info.value), (overrides, str(info.value))
+  with pytest.raises(jaxckpt.JaxckptError, match="unknown preset 'huge' for model vit; valid presets: tiny, small"):
+    vit.config("huge")
+  with pytest.raises(jaxckpt.JaxckptError, match="batch_size=0"):
+    vit.batch(0)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import jaxckpt
 from jaxckpt import layers
 from jaxckpt import linen as L
 from jaxckpt.errors import JaxckptError, PolicySpecError
@@ -95,7 +96,27 @@ def _params(module, shape, seed=0):
 @pytest.mark.parametrize("kind,scan", STRUCTURES, ids=IDS)
 def test_linen_equals_nnx_with_the_same_weights_and_key(kind, scan):
   linen, shape = _linen(kind, "full", scan)
-  nnx_module = _nnx(kind, "full", scan)
+  _assert_linen_equals_nnx(linen, _nnx(kind, "full", scan), shape)
+
+
+def test_dot_product_attention_linen_equals_nnx_and_has_no_attention_weights():
+  policy = "save_only_these_names:attn_context"
+  linen = L.TransformerBlock(8, 2, 16, dropout_rate=RATE, causal=True, policy=policy, attention="dot_product_attention")
+  nnx_module = layers.TransformerBlock(8, 2, 16, dropout_rate=RATE, causal=True, policy=policy,
+                                       attention="dot_product_attention", rngs=nnx.Rngs(0))
+  _assert_linen_equals_nnx(linen, nnx_module, SEQ)
+  names = {"qkv", "attn_context", "attn_out"}
+  assert L.block_types(linen)["attn"] == jaxckpt.block_types(nnx_module)["attn"] == names
+  x, key = jax.ShapeDtypeStruct(SEQ, jnp.float32), _key(0)
+  assert emitted_checkpoint_names(_linen_loss(linen), _init(linen, SEQ), x, key) == names | {"mlp_hidden", "mlp_out"}
+  with pytest.raises(PolicySpecError, match="attn_weights"):
+    L.AttentionBlock(8, 2, attention="dot_product_attention", policy="save_only_these_names:attn_weights")
+  with pytest.raises(JaxckptError, match="attention='flash'.*dot_product_attention"):
+    L.TransformerBlock(8, 2, 16, attention="flash")
+
+
+def _assert_linen_equals_nnx(linen, nnx_module, shape):
+  """Same parameter tree, and with the NNX weights the same loss, output and gradients (dropout on)."""
   x, key = _x(shape), _key(7)
   params = L.linen_params_from_nnx(nnx_module)
   assert jax.tree.map(jnp.shape, _init(linen, shape)) == jax.tree.map(jnp.shape, params)  # same tree and shapes

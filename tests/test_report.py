@@ -250,7 +250,7 @@ def test_cli_end_to_end_writes_every_output(tmp_path, capsys):
   assert len(open(out["csv"]).read().strip().splitlines()) == 3
   assert open(out["md"]).read().count("\n| ") >= 3
   page = open(out["html"]).read()
-  assert "data:image/png;base64," in page and "<table>" in page
+  assert "Plotly.newPlot" in page and '<table class="sortable">' in page
   assert open(out["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 
 from jaxckpt.cli import CLIParser, check_output_file
@@ -75,8 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = target_from_args(args)
     plan = plan_policy(target, budget, max_rounds=args.max_rounds)
   except JaxckptError as err:
-    print(f"{parser.prog}: error: {err}", file=sys.stderr)
-    return 2
+    return parser.fail(err)
   print(plan.explain(candidates=args.explain))
   print(f"policy: {plan.policy}")
   if args.export:

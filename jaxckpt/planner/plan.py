@@ -34,7 +34,7 @@ from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.planner.tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
 from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinSaved, ModelPolicy, Policy,
                               PolicySpec, parse_model_policy)
-from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, target_block_types
+from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, step_builder
 from jaxckpt.units import format_bytes
 
 __all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
@@ -399,11 +399,12 @@ def plan_policy(
                        f"{type(target).__name__}")
   tx = tx or default_optimizer()
   cache = {} if cache is None else cache
-  types = target_block_types(target)
+  builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
+  types = builder.block_types
   stack = _only_stack(nnx.eval_shape(target.make_model))
   num_layers = stack.num_layers
 
-  probe_step = policy_step(target, PolicySpec(), tx)
+  probe_step = builder.step(PolicySpec())
   with record_stack_inputs() as seen:
     jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
   probe = LayerProbe(stack, seen[0][1])
@@ -418,7 +419,7 @@ def plan_policy(
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
     if text not in cache:
-      compiled = compile_policy(target, policy, tx=tx, options=compiler_options)
+      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
       cache[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
     return dataclasses.replace(cache[text], saved_bytes=saved)
 

@@ -10,7 +10,9 @@ in a fresh process. Rendered as a terminal table, JSON, CSV, Markdown, one self-
   :class:`LossTarget`.
 - Running it: :func:`build_report` -> :class:`Report` (``report.data`` is the JSON).
 - Outputs (:mod:`jaxckpt.report.outputs`): :func:`to_table`, :func:`to_json`, :func:`to_csv`, :func:`to_markdown`,
-  :func:`to_html`, :func:`plot_pareto`, :func:`write_outputs`.
+  :func:`write_outputs`; the interactive page :func:`to_html` (:mod:`jaxckpt.report.html`, plotly) and the static
+  chart :func:`plot_pareto` (:mod:`jaxckpt.report.plot`, matplotlib: PNG/JPEG/SVG/PDF).
+- XProf traces per policy: ``build_report(..., profile="DIR")`` (:mod:`jaxckpt.profile`).
 - CLI: ``python -m jaxckpt.report`` (:mod:`jaxckpt.report.cli`).
 """
 

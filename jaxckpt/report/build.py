@@ -20,12 +20,13 @@ from tqdm.auto import tqdm
 
 from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import ModelPolicy, parse_model_policy
+from jaxckpt.policies import ModelPolicy
+from jaxckpt.profile import check_profile_dir, profile_slug
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
 from jaxckpt.report.policies import expand_policies
-from jaxckpt.step import Target, default_optimizer, target_block_types, target_structure
+from jaxckpt.step import Target, default_optimizer, step_builder, target_structure
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
 __all__ = ["Report", "build_report", "saving_warnings"]
@@ -73,6 +74,19 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
   return out
 
 
+def _unique_slugs(policies: Sequence[str]) -> list[str]:
+  """:func:`jaxckpt.profile.profile_slug` of each policy, ``-2``, ``-3``… appended to repeats (one run each)."""
+  out: list[str] = []
+  for policy in policies:
+    slug = base = profile_slug(policy)
+    n = 1
+    while slug in out:
+      n += 1
+      slug = f"{base}-{n}"
+    out.append(slug)
+  return out
+
+
 def build_report(
     target: Target,
     policies: Sequence[str | ModelPolicy] = ("all",),
@@ -87,6 +101,8 @@ def build_report(
     tx: optax.GradientTransformation | None = None,
     progress: bool = True,
     mesh: "str | Mapping[str, int] | jax.sharding.Mesh | None" = None,
+    profile: str | None = None,
+    profile_steps: int = 3,
 ) -> Report:
   """Compiles ``target``'s train step under every policy and reports memory, FLOPs, residuals (and measurements).
 
@@ -110,6 +126,11 @@ def build_report(
       ``jax.sharding.Mesh``; :mod:`jaxckpt.sharding`): every memory statistic is then **per device** (XLA's
       ``memory_analysis()`` of the SPMD-partitioned program each device runs), FLOPs and residuals stay those of
       the whole step. ``data["mesh"]`` records it (``None`` = one device, unsharded).
+    profile: an XProf log directory: each successful policy also runs ``profile_steps`` warm steps (real inputs,
+      after the warm-up) under :func:`jaxckpt.profile.profile_trace` into ``profile/<policy slug>/``, in the same
+      fresh process as ``measure`` (:mod:`jaxckpt.report.measure`); the row's ``profile`` gives the run directory
+      and its ``*.xplane.pb`` files. ``None`` = no traces.
+    profile_steps: traced steps per policy (≥ 1).
 
   Returns:
     The :class:`Report`. Policies invalid for the target, failing to compile or to run are error rows (with a
@@ -118,7 +139,8 @@ def build_report(
   Raises:
     PolicySpecError: a spec that does not parse.
     MeshSpecError: a bad mesh, or a batch size it cannot split.
-    JaxckptError: ``measure`` with a mesh (measuring runs one device per policy).
+    JaxckptError: ``measure`` or ``profile`` with a mesh (they run one device per policy); an unwritable
+      ``profile`` directory.
   """
   tx = tx or default_optimizer()
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
@@ -127,24 +149,34 @@ def build_report(
     sizes = {a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}
     for size in sorted(sizes):
       sharding.check_batch_size(size, mesh)
-    if measure:
-      raise JaxckptError("--measure runs each policy on one device; it does not take --mesh (drop one of them)")
-  specs = expand_policies(policies, target_block_types(target))
-  rows, warnings = compile_rows(target, specs, tx=tx, jobs=jobs, xla_dump_dir=xla_dump,
+    if measure or profile is not None:
+      flag = "--measure" if measure else "--profile"
+      raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
+  if profile is not None:
+    profile = check_profile_dir(profile, flag="profile")
+  builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row
+  specs = expand_policies(policies, builder.block_types)
+  rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
                                 compiler_options=compiler_options, residuals=residuals, progress=progress,
                                 mesh=mesh)
   warnings += saving_warnings(rows)
-  if measure:
+  if measure or profile is not None:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:
-      warnings.append("target has no ref (a Python object): measured in this process, less exactly than in a "
+      done = "measured" if measure else "profiled"
+      warnings.append(f"target has no ref (a Python object): {done} in this process, less exactly than in a "
                       "fresh one per policy")
-    for row in tqdm(todo, desc="measuring policies", unit="policy", disable=not progress, leave=False):
+    names = _unique_slugs([r["policy"] for r in todo])
+    desc = "measuring policies" if measure else "profiling policies"
+    for row, name in tqdm(list(zip(todo, names)), desc=desc, unit="policy", disable=not progress, leave=False):
       try:
         policy = row["plan"]["policy"] if row["plan"] is not None else row["policy"]
-        result = measure_policy(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options)
-        row["step_time_s"] = result["step_time_s"]
-        row["peak_bytes_measured"] = result["peak_bytes_measured"]
+        result = measure_policy(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options,
+                                measure=measure, profile_dir=profile, profile_name=name, profile_steps=profile_steps)
+        if measure:
+          row["step_time_s"] = result["step_time_s"]
+          row["peak_bytes_measured"] = result["peak_bytes_measured"]
+        row["profile"] = result["profile"]
       except Exception as err:  # noqa: BLE001 - a policy that fails to run (e.g. out of memory) is an error row
         row.update(status=STATUS_ERROR, error=one_line(err))
   data = {
@@ -154,7 +186,7 @@ def build_report(
       "backend": jax.default_backend(),
       "device_count": jax.device_count(),
       "mesh": None if mesh is None else sharding.mesh_shape(mesh),
-      "structure": target_structure(target),
+      "structure": target_structure(target, model=builder.abstract_model if builder.is_model else None),
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),
       "compiler_options": report_compiler_options(compiler_options),

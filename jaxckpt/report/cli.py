@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 
 import jax
@@ -16,11 +15,13 @@ import jax
 from jaxckpt import names
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.gpt import GPT_BLOCK_TYPES
-from jaxckpt.models import COMPUTE_DTYPES, MODELS
+from jaxckpt.models import MODEL_REGISTRY
 from jaxckpt.policies import POLICY_NAMES
 from jaxckpt.report.build import build_report
+from jaxckpt.profile import check_profile_dir
+from jaxckpt.report.html import PLOTLYJS_MODES
 from jaxckpt.report.outputs import to_table, write_outputs
+from jaxckpt.report.plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report.policies import ALL, expand_policies
 from jaxckpt.sharding import check_batch_size, make_mesh
 from jaxckpt.step.flags import add_target_flags, target_from_args
@@ -34,8 +35,7 @@ PROG = "jaxckpt-report"
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
   presets = "; ".join(f"{name}: {', '.join(names_)}" for name, names_ in SHIPPED_MODELS.items())
-  blocks = "; ".join([*(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items()),
-                      f"gpt: {', '.join(GPT_BLOCK_TYPES)}"])
+  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODEL_REGISTRY.items())
   parser = CLIParser(
       prog=PROG,
       description=__doc__.split("\n\n")[0],
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
           "examples:\n"
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
+          f"  {PROG} --model vit --policies none full dots_saveable --profile prof/  # xprof --logdir prof\n"
           f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
           f"  {PROG} --target mypkg.targets:target --policies none full --json report.json\n"
           f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh fsdp=8 "
@@ -68,12 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
   parser.add_argument("--jobs", type=int, default=1, help="XLA compilations at once (default 1)")
   parser.add_argument("--no-residuals", dest="residuals", action="store_false", help="skip the residual analysis")
+  parser.add_argument("--profile", default=None, metavar="DIR",
+                      help="XProf traces of a few warm steps per policy into DIR/<policy>/ (xprof --logdir DIR)")
+  parser.add_argument("--profile-steps", type=int, default=3, help="traced steps per policy with --profile (default 3)")
   parser.add_argument("--xla-dump", default=None, metavar="DIR", help="keep XLA's memory reports per policy in DIR")
   parser.add_argument("--json", default=None, metavar="FILE")
   parser.add_argument("--csv", default=None, metavar="FILE")
   parser.add_argument("--markdown", default=None, metavar="FILE")
-  parser.add_argument("--html", default=None, metavar="FILE", help="one self-contained page, plots embedded")
-  parser.add_argument("--plot", default=None, metavar="FILE.png", help="Pareto chart (memory vs FLOPs / time)")
+  parser.add_argument("--html", default=None, metavar="FILE",
+                      help="one self-contained page: interactive charts, sortable tables")
+  parser.add_argument("--plotlyjs", choices=list(PLOTLYJS_MODES), default="inline",
+                      help="--html gets plotly.js inline (default; works offline, ~4.8 MB) or from its CDN (small)")
+  parser.add_argument("--plot", default=None, metavar="FILE",
+                      help="static Pareto chart (memory vs FLOPs / time); format from the suffix: "
+                           + ", ".join(PLOT_SUFFIXES))
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
   return parser
 
@@ -83,28 +92,35 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   try:
-    for flag in ("steps", "warmup", "jobs"):
+    for flag in ("steps", "warmup", "jobs", "profile_steps"):
       if getattr(args, flag) < 1:
-        raise JaxckptError(f"--{flag} must be ≥ 1, got {getattr(args, flag)}")
+        raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
     for flag in ("json", "csv", "markdown", "html", "plot"):
       check_output_file(f"--{flag}", getattr(args, flag))
+    if args.plot is not None:
+      plot_format(args.plot)
+    if args.profile is not None:
+      check_profile_dir(args.profile, flag="--profile")
     target = target_from_args(args)
     expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
     mesh = None
     if args.mesh is not None:
-      if args.measure:
-        raise JaxckptError("--measure runs each policy on one device; it does not take --mesh (drop one of them)")
+      if args.measure or args.profile is not None:
+        flag = "--measure" if args.measure else "--profile"
+        raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
       mesh = make_mesh(args.mesh)
       for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
         check_batch_size(size, mesh)
   except JaxckptError as err:
-    print(f"{parser.prog}: error: {err}", file=sys.stderr)
-    return 2
+    return parser.fail(err)
   report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
                         xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
-                        mesh=mesh)
+                        mesh=mesh, profile=args.profile, profile_steps=args.profile_steps)
   print(to_table(report))
   for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
-                            html_path=args.html, plot_path=args.plot):
+                            html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs):
     print(f"wrote {os.path.abspath(path)}")
+  if args.profile is not None:
+    runs = [r["profile"]["dir"] for r in report.rows if r.get("profile")]
+    print(f"wrote {len(runs)} XProf run(s) under {os.path.abspath(args.profile)}: xprof --logdir {args.profile}")
   return 0 if report.ok else 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,8 @@ from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report.residuals import analyse_residuals
 from jaxckpt.xla import offload_warning
-from jaxckpt.step import STATS_ONLY_OPTIONS, Target, lower_policy, step_compiler_options, xla_raw_flops
+from jaxckpt.step import (STATS_ONLY_OPTIONS, StepBuilder, Target, lower_policy, step_builder, step_compiler_options,
+                          xla_raw_flops)
 
 __all__ = ["compile_rows", "xla_raw_flops", "one_line", "STATS_ONLY_OPTIONS", "report_compiler_options"]
 
@@ -93,6 +95,7 @@ def compile_rows(
     specs: Sequence[ModelPolicy],
     *,
     tx: optax.GradientTransformation,
+    builder: StepBuilder | None = None,
     jobs: int = 1,
     xla_dump_dir: str | None = None,
     compiler_options: Mapping[str, Any] | None = None,
@@ -109,6 +112,7 @@ def compile_rows(
       resolved into a plan (:func:`jaxckpt.planner.resolve_policy`, sharing compiled anchors between budgets), its
       row keeping the budget as ``policy`` and the plan under ``plan``; an infeasible budget is an error row.
     tx: the optimizer of the step.
+    builder: the target's :func:`jaxckpt.step.step_builder` (for ``tx`` and ``mesh``), if the caller has one.
     jobs: XLA compilations running at once (threads), ≥ 1.
     xla_dump_dir: if set, XLA's dumps of policy ``i`` go to ``xla_dump_dir/<ii>-<policy>/`` (text files only).
     compiler_options: extra XLA options, merged with jaxckpt's remat fix.
@@ -140,6 +144,7 @@ def compile_rows(
     i, dump_dir = pending.pop(future)
     try:
       compiled = future.result()
+      rows[i]["stages_s"]["compile"] = compiled.compile_s
       rows[i].update(compiled.memory)
       rows[i]["flops_xla_raw"] = xla_raw_flops(compiled.compiled)
       rows[i]["compile_s"] = compiled.seconds
@@ -153,13 +158,15 @@ def compile_rows(
 
   resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
   warnings += [w for w in (offload_warning(p) for p in resolved if p is not None) if w is not None]
+  builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
     for i, spec in enumerate(resolved):
       if spec is None:  # a budget that could not be planned: already an error row
         bar.update(1)
         continue
       try:
-        lowered = lower_policy(target, spec, tx=tx, mesh=mesh, options=compiler_options, stats_only=stats_only)
+        lowered = lower_policy(target, spec, tx=tx, mesh=mesh, options=compiler_options, stats_only=stats_only,
+                               builder=builder)
       except Exception as err:  # noqa: BLE001 - invalid spec for this target, or a tracing error: an error row
         fail(i, err)
         if isinstance(err, JaxckptError):
@@ -172,13 +179,18 @@ def compile_rows(
         bar.update(1)
         continue
       # While XLA compiles: FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis.
+      stages = rows[i]["stages_s"] = dict(lowered.stages)
       try:
+        t0 = time.perf_counter()
         rows[i]["flops"] = lowered.flops
+        t1 = time.perf_counter()
+        stages["flops"] = t1 - t0
         if residuals:
           summary = analyse_residuals(lowered.step)
           rows[i]["residual_bytes"] = summary["bytes"]
           rows[i]["activation_residual_bytes"] = summary["activation_bytes"]
           rows[i]["residuals"] = summary
+          stages["residuals"] = time.perf_counter() - t1
       except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
         warnings.append(f"policy {rows[i]['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")
       dump_dir = None

@@ -45,9 +45,11 @@ ROW_KEYS: tuple[str, ...] = (
     "remat_regions",  # jax.checkpoint equations in the traced step (a scan body once): 0 for none, > 0 otherwise.
     "same_program_as",  # Policy of an earlier row that lowered to the identical program (stats reused), else None.
     "compile_s",  # Seconds to trace, lower and compile the step (trace + lower only when the program was reused).
+    "stages_s",  # Seconds per stage of this row: {"build", "trace", "lower", "flops", "residuals", "compile"}.
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
+    "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.profile); else None.
     "plan",  # Budget rows (budget:40%, auto): jaxckpt.planner.Plan.to_json() without candidates; else None.
 )
 """Keys of every report row, in order."""

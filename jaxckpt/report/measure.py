@@ -12,7 +12,10 @@ last stdout line) rebuilds the target from its ``ref``, compiles the step exactl
    OS and the baseline does not keep them;
 3. on GPU/TPU: ``device.memory_stats()["peak_bytes_in_use"]`` of the fresh process (inputs, steps, and the input
    initialisation's temporaries);
-4. ``step_time_s`` = median wall seconds of the ``steps`` steps (each waited for with ``block_until_ready``).
+4. ``step_time_s`` = median wall seconds of the ``steps`` steps (each waited for with ``block_until_ready``);
+5. with a profile directory (``--profile DIR``): after those, ``profile_steps`` more warm steps under
+   :func:`jaxckpt.profile.profile_trace`, one XProf run ``DIR/<policy slug>/`` per policy (the trace never overlaps
+   the measured steps). ``--profile`` without ``--measure`` skips 2 and 4.
 
 Below ~100 MiB the process's own noise (allocator pages, thread stacks) is of the same order as the step: compare
 small measured peaks by their order only. Targets without a ``ref`` (Python objects) are measured in this process,
@@ -21,6 +24,7 @@ which is less exact (its baseline keeps whatever the process freed).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -34,6 +38,7 @@ from typing import Any
 import jax
 
 from jaxckpt.policies import parse_model_policy
+from jaxckpt.profile import profile_trace, trace_files
 from jaxckpt.step import Target, compile_policy, concrete_inputs, default_optimizer, rebuild_target
 
 __all__ = ["measure_policy", "measure_in_process", "child_env", "MALLOC_ENV"]
@@ -62,8 +67,22 @@ def _reset_peak() -> bool:
     return False
 
 
+def _run_steps(compiled, state, batch, count: int, *, annotate: bool = False):
+  """Runs ``count`` steps, each waited for; returns ``(state, metrics, seconds per step)``."""
+  times, metrics = [], None
+  for i in range(count):
+    started = time.perf_counter()
+    with (jax.profiler.StepTraceAnnotation("train_step", step_num=i) if annotate else contextlib.nullcontext()):
+      state, metrics = compiled(state, batch)
+      jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - started)
+  return state, metrics, times
+
+
 def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: int = 2,
-                       compiler_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       compiler_options: Mapping[str, Any] | None = None, measure: bool = True,
+                       profile_dir: str | None = None, profile_name: str | None = None,
+                       profile_steps: int = 3) -> dict[str, Any]:
   """Compiles and runs the step of ``target`` under ``policy`` here; see the module docstring for what is measured.
 
   Args:
@@ -72,46 +91,54 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     steps: timed steps k ≥ 1.
     warmup: untimed steps before them, ≥ 1.
     compiler_options: extra XLA options (merged with the remat fix).
+    measure: time the steps and measure the peak (``False``: only warm up, e.g. to profile).
+    profile_dir: also record an XProf trace of ``profile_steps`` warm steps, after the measured ones, into
+      ``profile_dir/<slug of profile_name>/`` (:func:`jaxckpt.profile.profile_trace`); ``None`` = no trace.
+    profile_name: the trace's run name (default ``policy``).
+    profile_steps: steps inside the trace, ≥ 1, each marked with ``StepTraceAnnotation("train_step")``.
 
   Returns:
-    ``{"step_time_s": float seconds, "peak_bytes_measured": int bytes | None, "baseline_bytes": int | None,
-    "method": str}``.
+    ``{"step_time_s": float seconds | None, "peak_bytes_measured": int bytes | None, "baseline_bytes": int | None,
+    "method": str | None, "profile": {"dir": str, "files": [*.xplane.pb paths]} | None}`` (measurements ``None``
+    when ``measure`` is false).
 
   Raises:
-    PolicySpecError: an invalid spec; any error of compiling or running the step (e.g. out of memory).
+    PolicySpecError: an invalid spec; JaxckptError: an unwritable ``profile_dir``; any error of compiling or
+    running the step (e.g. out of memory).
   """
   tx = default_optimizer()
   compiled = compile_policy(target, parse_model_policy(policy), tx=tx, options=compiler_options,
                             stats_only=False).compiled
   make_inputs = concrete_inputs(target, tx)
   state, batch = make_inputs()
-  for _ in range(max(1, warmup)):
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready((state, metrics))
-  cpu = jax.default_backend() == "cpu"
-  baseline = None
-  if cpu:
-    del state, batch, metrics
-    gc.collect()
-    baseline = _status_kib("VmRSS")
-    state, batch = jax.block_until_ready(make_inputs())
-    reset = _reset_peak()
-  times = []
-  for _ in range(max(1, steps)):
-    started = time.perf_counter()
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready((state, metrics))
-    times.append(time.perf_counter() - started)
-  if cpu:
-    hwm = _status_kib("VmHWM")
-    peak = hwm - baseline if reset and hwm is not None and baseline is not None else None
-    method = "VmHWM - VmRSS baseline (after clear_refs)" if peak is not None else "unavailable (/proc not writable)"
-  else:
-    stats = jax.local_devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
-    method = "device peak_bytes_in_use"
-  return {"step_time_s": statistics.median(times), "peak_bytes_measured": None if peak is None else int(peak),
-          "baseline_bytes": baseline, "method": method}
+  state, metrics, _ = _run_steps(compiled, state, batch, max(1, warmup))
+  result: dict[str, Any] = {"step_time_s": None, "peak_bytes_measured": None, "baseline_bytes": None,
+                            "method": None, "profile": None}
+  if measure:
+    cpu = jax.default_backend() == "cpu"
+    baseline = reset = None
+    if cpu:
+      del state, batch, metrics
+      gc.collect()
+      baseline = _status_kib("VmRSS")
+      state, batch = jax.block_until_ready(make_inputs())
+      reset = _reset_peak()
+    state, metrics, times = _run_steps(compiled, state, batch, max(1, steps))
+    if cpu:
+      hwm = _status_kib("VmHWM")
+      peak = hwm - baseline if reset and hwm is not None and baseline is not None else None
+      method = "VmHWM - VmRSS baseline (after clear_refs)" if peak is not None else "unavailable (/proc not writable)"
+    else:
+      stats = jax.local_devices()[0].memory_stats() or {}
+      peak = stats.get("peak_bytes_in_use")
+      method = "device peak_bytes_in_use"
+    result.update(step_time_s=statistics.median(times), peak_bytes_measured=None if peak is None else int(peak),
+                  baseline_bytes=baseline, method=method)
+  if profile_dir is not None:
+    with profile_trace(profile_dir, name=profile_name or policy) as run_dir:
+      state, metrics, _ = _run_steps(compiled, state, batch, max(1, profile_steps), annotate=True)
+    result["profile"] = {"dir": run_dir, "files": trace_files(run_dir)}
+  return result
 
 
 def child_env() -> dict[str, str]:
@@ -125,8 +152,15 @@ def child_env() -> dict[str, str]:
 
 
 def measure_policy(target: Target, policy: str, *, steps: int = 5, warmup: int = 2,
-                   compiler_options: Mapping[str, Any] | None = None, timeout_s: float = 900.0) -> dict[str, Any]:
-  """Measures one policy in a fresh process (in this one if the target has no ``ref``).
+                   compiler_options: Mapping[str, Any] | None = None, timeout_s: float = 900.0,
+                   measure: bool = True, profile_dir: str | None = None, profile_name: str | None = None,
+                   profile_steps: int = 3) -> dict[str, Any]:
+  """Measures (and/or profiles) one policy in a fresh process (in this one if the target has no ``ref``).
+
+  Args:
+    target, policy, steps, warmup, compiler_options, measure, profile_dir, profile_name, profile_steps: as
+      :func:`measure_in_process`.
+    timeout_s: seconds the child may run.
 
   Returns:
     As :func:`measure_in_process`, plus ``"in_process": bool``.
@@ -134,23 +168,25 @@ def measure_policy(target: Target, policy: str, *, steps: int = 5, warmup: int =
   Raises:
     RuntimeError: the child failed (its last error line is the message), timed out, or printed no result.
   """
+  options = {"steps": steps, "warmup": warmup, "measure": measure, "profile_steps": profile_steps,
+             "profile_dir": None if profile_dir is None else os.path.abspath(profile_dir),
+             "profile_name": profile_name}
+  what = "measuring" if measure else "profiling"
   if target.ref is None:
-    return {**measure_in_process(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options),
-            "in_process": True}
-  request = {"ref": dict(target.ref), "policy": policy, "steps": steps, "warmup": warmup,
-             "compiler_options": dict(compiler_options or {})}
+    return {**measure_in_process(target, policy, compiler_options=compiler_options, **options), "in_process": True}
+  request = {"ref": dict(target.ref), "policy": policy, "compiler_options": dict(compiler_options or {}), **options}
   try:
     done = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(request),
                           capture_output=True, text=True, env=child_env(), timeout=timeout_s, check=False)
   except subprocess.TimeoutExpired as err:
-    raise RuntimeError(f"measuring {policy!r} timed out after {timeout_s:.0f} s") from err
+    raise RuntimeError(f"{what} {policy!r} timed out after {timeout_s:.0f} s") from err
   lines = done.stdout.strip().splitlines()
   if done.returncode != 0 or not lines:
     errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
     reason = errors[-1] if errors else f"exit status {done.returncode}"
     if done.returncode < 0:
       reason = f"killed by signal {-done.returncode} (out of memory?)"
-    raise RuntimeError(f"measuring {policy!r} failed: {reason}")
+    raise RuntimeError(f"{what} {policy!r} failed: {reason}")
   return {**json.loads(lines[-1]), "in_process": False}
 
 
@@ -160,8 +196,8 @@ _CHILD = "import sys; from jaxckpt.report.measure import _child; sys.exit(_child
 def _child() -> int:
   request = json.loads(sys.stdin.read())
   target = rebuild_target(request["ref"])
-  result = measure_in_process(target, request["policy"], steps=request["steps"], warmup=request["warmup"],
-                              compiler_options=request.get("compiler_options"))
+  options = {k: request[k] for k in ("steps", "warmup", "measure", "profile_dir", "profile_name", "profile_steps")}
+  result = measure_in_process(target, request["policy"], compiler_options=request.get("compiler_options"), **options)
   print(json.dumps(result), flush=True)
   return 0
 

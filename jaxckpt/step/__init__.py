@@ -11,6 +11,7 @@ policies.
 
 from jaxckpt.step.build import (
     PolicyStep,
+    StepBuilder,
     concrete_inputs,
     default_optimizer,
     dropout_key_struct,
@@ -25,6 +26,7 @@ from jaxckpt.step.compile import (
     compile_policy,
     lower_policy,
     sharded_target,
+    step_builder,
     step_compiler_options,
     xla_raw_flops,
 )
@@ -41,6 +43,7 @@ from jaxckpt.step.targets import (
 
 __all__ = [
     "PolicyStep",
+    "StepBuilder",
     "concrete_inputs",
     "default_optimizer",
     "dropout_key_struct",
@@ -53,6 +56,7 @@ __all__ = [
     "compile_policy",
     "lower_policy",
     "sharded_target",
+    "step_builder",
     "step_compiler_options",
     "xla_raw_flops",
     "DEFAULT_BATCH_SIZE",

@@ -17,11 +17,11 @@ from flax import nnx
 
 from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
 from jaxckpt.layers import Stack, block_types, set_policy
-from jaxckpt.policies import PolicySpec
+from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.step.targets import LossTarget, ModelTarget, Target
-from jaxckpt.train import abstract_train_state, create_train_state, make_train_step
+from jaxckpt.train import abstract_state_of, create_train_state, make_train_step
 
-__all__ = ["PolicyStep", "default_optimizer", "target_block_types", "target_structure", "policy_step",
+__all__ = ["PolicyStep", "StepBuilder", "default_optimizer", "target_block_types", "target_structure", "policy_step",
            "concrete_inputs", "dropout_key_struct"]
 
 
@@ -66,22 +66,22 @@ def target_block_types(target: Target) -> dict[str, frozenset[str]]:
   return {"default": emitted_checkpoint_names(loss, target.params, target.batch)}
 
 
-def target_structure(target: Target) -> str:
+def target_structure(target: Target, *, model: nnx.Module | None = None) -> str:
   """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``, then the stacks' checkpoint structure
-  when it is not ``block`` (e.g. ``"scan, nested:2"``)."""
+  when it is not ``block`` (e.g. ``"scan, nested:2"``).
+
+  Args:
+    target: a model or loss target.
+    model: the model target's model if already built (abstract is fine); ``None`` builds it under
+      ``nnx.eval_shape``.
+  """
   if isinstance(target, ModelTarget):
-    stacks = _stacks(nnx.eval_shape(target.make_model))
+    stacks = _stacks(model if model is not None else nnx.eval_shape(target.make_model))
     loop = "scan" if any(s.scan for s in stacks) else "unrolled"
     structures = sorted({str(s.structure) for s in stacks} - {"block"})
     return ", ".join([loop, *structures])
   jaxpr = jax.make_jaxpr(lambda p, b: target.loss(p, b, policy=PolicySpec()))(target.params, target.batch)
   return "scan" if any(e.primitive.name == "scan" for e in iter_eqns(jaxpr)) else "unrolled"
-
-
-def _model_with_policy(target: ModelTarget, spec: PolicySpec) -> nnx.Module:
-  model = target.make_model()
-  set_policy(model, spec)
-  return model
 
 
 def _loss_step(target: LossTarget, spec: PolicySpec, tx: optax.GradientTransformation):
@@ -98,12 +98,109 @@ def _loss_state(params: Any, tx: optax.GradientTransformation) -> dict[str, Any]
   return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
 
-def policy_step(target: Target, spec: PolicySpec, tx: optax.GradientTransformation) -> PolicyStep:
+class StepBuilder:
+  """Builds a target's train step under one policy after another, sharing what does not depend on the policy.
+
+  The abstract model (``nnx.eval_shape`` of ``target.make_model``, built once), its block types, the abstract train
+  state (params, optimizer state: the same for every policy) and the unrolled twin for the residual analysis are
+  made once; each :meth:`step` only sets the policy on the abstract model
+  (:func:`jaxckpt.set_policy`) and splits off its graph definitions. The report and the planner compile many
+  policies of one target through one builder.
+
+  Args:
+    target: a :class:`~jaxckpt.step.ModelTarget` or :class:`~jaxckpt.step.LossTarget`.
+    tx: the optimizer of the step.
+
+  Example::
+
+    >>> builder = StepBuilder(shipped_target("mlp", "tiny"), default_optimizer())
+    >>> steps = [builder.step(parse_policy(p)) for p in ("none", "full")]
+  """
+
+  def __init__(self, target: Target, tx: optax.GradientTransformation):
+    self.target, self.tx = target, tx
+    self._block_types: dict[str, frozenset[str]] | None = None
+    self._model: nnx.Module | None = None
+    self._twin: nnx.Module | None = None
+    self._state: Any = None
+
+  @property
+  def block_types(self) -> dict[str, frozenset[str]]:
+    """Block type -> checkpoint names (:func:`target_block_types`), computed once."""
+    if self._block_types is None:
+      self._block_types = target_block_types(self.target)
+    return self._block_types
+
+  @property
+  def is_model(self) -> bool:
+    """Whether the target is a :class:`~jaxckpt.step.ModelTarget` (else a loss target: no model)."""
+    return isinstance(self.target, ModelTarget)
+
+  @property
+  def abstract_model(self) -> nnx.Module:
+    """The target's model built once under ``nnx.eval_shape`` (model targets only); :meth:`step` sets policies on
+    it."""
+    if self._model is None:
+      self._model = nnx.eval_shape(self.target.make_model)
+    return self._model
+
+  def _twin_graph(self, spec: PolicySpec | LayeredPolicy) -> tuple[Any, Any]:
+    """The unrolled twin's ``(graphdef, non-param state)`` under ``spec``: same parameter tree, every Stack
+    unrolled, so checkpoint names survive the residual analysis."""
+    if self._twin is None:
+      self._twin = nnx.eval_shape(self.target.make_model)
+      for stack in _stacks(self._twin):
+        stack.scan = False
+    set_policy(self._twin, spec)
+    twin_def, _, twin_other = nnx.split(self._twin, nnx.Param, ...)
+    return twin_def, twin_other
+
+  def step(self, spec: PolicySpec | LayeredPolicy) -> PolicyStep:
+    """The train step under ``spec``, from shapes only (nothing is allocated).
+
+    Args:
+      spec: a concrete policy (per block, or per layer range for a model with a Stack).
+
+    Returns:
+      The :class:`PolicyStep`.
+
+    Raises:
+      PolicySpecError: the spec names a block type or checkpoint name the target does not have.
+    """
+    target, tx = self.target, self.tx
+    spec.validate(self.block_types)
+    if isinstance(target, LossTarget):
+      if self._state is None:
+        self._state = jax.eval_shape(lambda p: _loss_state(p, tx), target.params)
+      unrolled = target.unrolled_loss or target.loss
+      return PolicyStep(spec, _loss_step(target, spec, tx), self._state, target.batch,
+                        lambda params, batch, _key: unrolled(params, batch, policy=spec), self._state["params"])
+    model = self.abstract_model
+    set_policy(model, spec)
+    if self._state is None:
+      graphdef, self._state = abstract_state_of(model, tx)
+    else:
+      graphdef = nnx.graphdef(model)
+    state = self._state
+    step = make_train_step(graphdef, tx, target.loss_fn, grad_accum_steps=target.grad_accum_steps)
+
+    twin_def, twin_other = self._twin_graph(spec)  # here, not inside the residual analysis' trace
+
+    def loss_of_params(params, batch, dropout_key):
+      model = nnx.merge(twin_def, params, twin_other)
+      return target.loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)[0]
+
+    return PolicyStep(spec, step, state, target.batch, loss_of_params, state.params)
+
+
+def policy_step(target: Target, spec: PolicySpec | LayeredPolicy, tx: optax.GradientTransformation) -> PolicyStep:
   """Builds the train step of ``target`` under ``spec`` from shapes only (nothing is allocated).
+
+  One policy; for many policies of one target, :class:`StepBuilder` shares the policy-independent parts.
 
   Args:
     target: a :class:`ModelTarget` or :class:`LossTarget`.
-    spec: a parsed policy spec.
+    spec: a concrete policy (a :class:`~jaxckpt.PolicySpec`, or a :class:`~jaxckpt.policies.LayeredPolicy`).
     tx: the optimizer.
 
   Returns:
@@ -112,26 +209,7 @@ def policy_step(target: Target, spec: PolicySpec, tx: optax.GradientTransformati
   Raises:
     PolicySpecError: the spec names a block type or checkpoint name the target does not have.
   """
-  if isinstance(target, ModelTarget):
-    spec.validate(target_block_types(target))
-    graphdef, state = abstract_train_state(lambda: _model_with_policy(target, spec), tx)
-    step = make_train_step(graphdef, tx, target.loss_fn, grad_accum_steps=target.grad_accum_steps)
-    # The unrolled twin: same parameter tree, every Stack unrolled, so checkpoint names survive the analysis.
-    twin = nnx.eval_shape(lambda: _model_with_policy(target, spec))
-    for stack in _stacks(twin):
-      stack.scan = False
-    twin_def, _, twin_other = nnx.split(twin, nnx.Param, ...)
-
-    def loss_of_params(params, batch, dropout_key):
-      model = nnx.merge(twin_def, params, twin_other)
-      return target.loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)[0]
-
-    return PolicyStep(spec, step, state, target.batch, loss_of_params, state.params)
-  spec.validate(target_block_types(target))
-  state = jax.eval_shape(lambda p: _loss_state(p, tx), target.params)
-  unrolled = target.unrolled_loss or target.loss
-  return PolicyStep(spec, _loss_step(target, spec, tx), state, target.batch,
-                    lambda params, batch, _key: unrolled(params, batch, policy=spec), state["params"])
+  return StepBuilder(target, tx).step(spec)
 
 
 def concrete_inputs(target: Target, tx: optax.GradientTransformation, *, seed: int = 0) -> Callable[[], tuple[Any, Any]]:

@@ -24,17 +24,16 @@ from typing import Any
 
 import jax
 import optax
-from flax import nnx
 
 from jaxckpt import sharding
 from jaxckpt.flops import jaxpr_flops
 from jaxckpt.policies import LayeredPolicy, PolicySpec
-from jaxckpt.step.build import PolicyStep, default_optimizer, policy_step
+from jaxckpt.step.build import PolicyStep, StepBuilder, default_optimizer
 from jaxckpt.step.targets import ModelTarget, Target
 from jaxckpt.xla import memory_stats, remat_compiler_options
 
-__all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "lower_policy",
-           "compile_policy", "xla_raw_flops"]
+__all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
+           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles (executables that are never run): LLVM's optimisation level does not touch
@@ -81,6 +80,7 @@ class CompiledPolicy:
     lower_s: seconds to build, trace and lower the step.
     compile_s: seconds XLA took to compile it.
     fingerprint: hash of the lowered StableHLO text; equal fingerprints compile to the same program.
+    stages: seconds per stage, ``{"build", "trace", "lower", "compile"}``.
   """
 
   step: PolicyStep
@@ -91,6 +91,7 @@ class CompiledPolicy:
   lower_s: float
   compile_s: float
   fingerprint: str
+  stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def seconds(self) -> float:
@@ -108,6 +109,7 @@ class LoweredPolicy:
     lowered: ``jax.stages.Lowered``.
     options: the XLA options :meth:`compile` uses (:func:`step_compiler_options`).
     lower_s: seconds to build, trace and lower.
+    stages: those seconds split: ``{"build", "trace", "lower"}``.
   """
 
   step: PolicyStep
@@ -115,6 +117,7 @@ class LoweredPolicy:
   lowered: Any
   options: Mapping[str, Any]
   lower_s: float
+  stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def fingerprint(self) -> str:
@@ -140,7 +143,7 @@ class LoweredPolicy:
     compiled = self.lowered.compile(compiler_options={**self.options, **(extra_options or {})} or None)
     compile_s = time.perf_counter() - started
     return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
-                          compile_s, self.fingerprint)
+                          compile_s, self.fingerprint, {**self.stages, "compile": compile_s})
 
 
 def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
@@ -152,6 +155,21 @@ def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
       target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch, policy=policy))
 
 
+def step_builder(target: Target, *, tx: optax.GradientTransformation | None = None,
+                 mesh: jax.sharding.Mesh | None = None) -> StepBuilder:
+  """The :class:`~jaxckpt.step.StepBuilder` :func:`lower_policy` uses for ``target`` (sharded over ``mesh``).
+
+  Args:
+    target: a model or loss target.
+    tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`).
+    mesh: the device mesh the step is sharded over, or ``None``.
+
+  Returns:
+    One builder to pass to every :func:`lower_policy` / :func:`compile_policy` call of this target.
+  """
+  return StepBuilder(target if mesh is None else sharded_target(target, mesh), tx or default_optimizer())
+
+
 def lower_policy(
     target: Target,
     spec: PolicySpec | LayeredPolicy,
@@ -160,6 +178,7 @@ def lower_policy(
     mesh: jax.sharding.Mesh | None = None,
     options: Mapping[str, Any] | None = None,
     stats_only: bool = True,
+    builder: StepBuilder | None = None,
 ) -> LoweredPolicy:
   """Builds and lowers the train step of ``target`` under ``spec`` from shapes only.
 
@@ -173,6 +192,8 @@ def lower_policy(
       then per device. ``None``: one device.
     options: extra XLA options, merged over :func:`step_compiler_options`.
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (for executables that are never run).
+    builder: a :func:`step_builder` of this target, optimizer and mesh, to share the policy-independent parts
+      (abstract model, state) between policies; ``None`` makes one.
 
   Returns:
     The :class:`LoweredPolicy`.
@@ -180,19 +201,20 @@ def lower_policy(
   Raises:
     PolicySpecError: ``spec`` names a block type or checkpoint name the target does not have.
   """
-  started = time.perf_counter()
-  tx = tx or default_optimizer()
+  t0 = time.perf_counter()
+  builder = builder or step_builder(target, tx=tx, mesh=mesh)
+  step = builder.step(spec)
   kwargs: dict[str, Any] = {}
   if mesh is not None:
-    model = nnx.eval_shape(target.make_model) if isinstance(target, ModelTarget) else None
-    step = policy_step(sharded_target(target, mesh), spec, tx)
+    model = builder.abstract_model if isinstance(target, ModelTarget) else None
     kwargs = sharding.step_shardings(step.state, step.batch, mesh, model=model, params=step.params)
-  else:
-    step = policy_step(target, spec, tx)
+  t1 = time.perf_counter()
   traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
+  t2 = time.perf_counter()
   lowered = traced.lower()
-  return LoweredPolicy(step, traced, lowered, step_compiler_options(options, stats_only=stats_only),
-                       time.perf_counter() - started)
+  t3 = time.perf_counter()
+  return LoweredPolicy(step, traced, lowered, step_compiler_options(options, stats_only=stats_only), t3 - t0,
+                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2})
 
 
 def compile_policy(
@@ -203,6 +225,7 @@ def compile_policy(
     mesh: jax.sharding.Mesh | None = None,
     options: Mapping[str, Any] | None = None,
     stats_only: bool = True,
+    builder: StepBuilder | None = None,
 ) -> CompiledPolicy:
   """Compiles the train step of ``target`` under ``spec`` (:func:`lower_policy`, then XLA) without allocating.
 
@@ -217,4 +240,5 @@ def compile_policy(
     >>> compiled = compile_policy(shipped_target("mlp", "tiny"), jaxckpt.parse_policy("full"))
     >>> compiled.memory["temp_bytes"]   # int bytes
   """
-  return lower_policy(target, spec, tx=tx, mesh=mesh, options=options, stats_only=stats_only).compile()
+  return lower_policy(target, spec, tx=tx, mesh=mesh, options=options, stats_only=stats_only,
+                      builder=builder).compile()

@@ -37,13 +37,11 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.models import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
 from jaxckpt.structure import parse_structure
-from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
-from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
 from jaxckpt.train import LossFn, classification_loss
 
 __all__ = [
@@ -59,18 +57,8 @@ __all__ = [
     "SHIPPED_MODELS",
 ]
 
-IMAGE_SHAPE: tuple[int, int, int] = (8, 8, 1)
-"""``(H, W, C)`` of the shipped image models' inputs: scikit-learn's digits, as the classifier experiment uses."""
-NUM_CLASSES = 10
-"""Classes of the shipped image models (digits)."""
-DEFAULT_BATCH_SIZE = 64
-"""Examples per step of a shipped image target: the classifier's default, so report rows join its ``metrics.json``.
-The ``gpt`` target's default is its preset's batch size (the LM experiment's)."""
-
-SHIPPED_MODELS: dict[str, tuple[str, ...]] = {**{name: tuple(e.presets) for name, e in MODELS.items()},
-                                              "gpt": tuple(GPT_PRESETS)}
-"""Every ``--model`` of the report -> its presets: the image models of :data:`jaxckpt.MODELS` and ``gpt``
-(:mod:`jaxckpt.gpt`, block types ``attn``, ``mlp``)."""
+SHIPPED_MODELS: dict[str, tuple[str, ...]] = {name: tuple(e.presets) for name, e in MODEL_REGISTRY.items()}
+"""Every ``--model`` of the tools -> its presets: the entries of :data:`jaxckpt.models.MODEL_REGISTRY`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,14 +127,15 @@ def shipped_target(
     structure: str | None = None,
     grad_accum_steps: int = 1,
 ) -> ModelTarget:
-  """A shipped model (:data:`SHIPPED_MODELS`) with a preset and overrides: an image model on the digits' image shape,
-  or the ``gpt`` decoder on byte/BPE tokens with :func:`jaxckpt.gpt.lm_loss`.
+  """A shipped model of :data:`jaxckpt.models.MODEL_REGISTRY` with a preset and overrides: the entry builds it, gives
+  its example batch (image classifiers: the digits' image shape) and its loss (e.g. :func:`jaxckpt.gpt.lm_loss`).
 
   Args:
-    model: ``vit``, ``mlp``, ``cnn`` (:data:`jaxckpt.MODELS`) or ``gpt`` (:data:`jaxckpt.gpt.GPT_PRESETS`).
+    model: a registry key: ``vit``, ``mlp``, ``cnn`` or ``gpt``.
     preset: a preset of that model (``tiny``, ``small``; ``gpt`` also ``gpt2-small``).
-    batch_size: examples per step B ≥ 1; image batches are ``{"x": [B, 8, 8, 1] float32, "y": [B] int32}``, gpt
-      batches ``{"tokens": [B, T+1] int32}``. ``None``: :data:`DEFAULT_BATCH_SIZE` for images, the preset's for gpt.
+    batch_size: examples per step B ≥ 1 (the entry's ``batch``: images ``{"x": [B, 8, 8, 1] float32, "y": [B]
+      int32}``, tokens ``{"tokens": [B, T+1] int32}``). ``None``: the entry's default (64 for images, the preset's
+      for gpt).
     seq_len: tokens per example T, for sequence models only (their config has a ``seq_len`` field).
     num_layers: overrides the preset's depth (≥ 1).
     compute_dtype: ``float32`` or ``bfloat16`` (parameters stay float32); ``None`` keeps the preset's.
@@ -159,67 +148,27 @@ def shipped_target(
     The :class:`ModelTarget` (rebuildable in a fresh process through its ``ref``).
 
   Raises:
-    JaxckptError: unknown model, preset or compute dtype; ``seq_len`` for an image model; values < 1.
+    JaxckptError: unknown model or preset; a bad override (named as its argument, ``seq_len=0 must be ...``, by the
+      registry's ``override``), e.g. ``seq_len`` for an image model; ``grad_accum_steps`` not dividing the batch.
 
   Example::
 
     >>> target = shipped_target("vit", "tiny", batch_size=8, scan=False)
   """
-  if model not in SHIPPED_MODELS:
-    raise JaxckptError(f"unknown model {model!r}; valid models: {', '.join(SHIPPED_MODELS)}")
-  presets = GPT_PRESETS if model == "gpt" else MODELS[model].presets
-  if preset not in presets:
-    raise JaxckptError(f"unknown preset {preset!r} for model {model}; valid presets: {', '.join(presets)}")
-  config = presets[preset]
-  fields = {f.name for f in dataclasses.fields(config)}
+  entry = model_entry(model)
+  config = entry.override(preset, seq_len=seq_len, num_layers=num_layers, compute_dtype=compute_dtype, scan=scan,
+                          structure=None if structure is None else str(parse_structure(structure)))
   if batch_size is None:
-    batch_size = config.batch_size if model == "gpt" else DEFAULT_BATCH_SIZE
-  if batch_size < 1:
-    raise JaxckptError(f"--batch-size must be ≥ 1, got {batch_size}")
-  overrides: dict[str, Any] = {}
-  if seq_len is not None:
-    if "seq_len" not in fields:
-      sequence_models = [n for n, e in MODELS.items() if "seq_len" in {f.name for f in dataclasses.fields(e.config_cls)}]
-      sequence_models.append("gpt")  # not in MODELS: it takes tokens, not images (jaxckpt.gpt)
-      raise JaxckptError(
-          f"--seq-len applies to sequence models only ({', '.join(sequence_models) or 'none shipped yet'}); model "
-          f"{model} takes images of shape {IMAGE_SHAPE}: drop --seq-len")
-    if seq_len < 1:
-      raise JaxckptError(f"--seq-len must be ≥ 1, got {seq_len}")
-    overrides["seq_len"] = seq_len
-  if num_layers is not None:
-    if num_layers < 1:
-      raise JaxckptError(f"--layers must be ≥ 1, got {num_layers}")
-    overrides["num_layers"] = num_layers
-  if compute_dtype is not None:
-    if compute_dtype not in COMPUTE_DTYPES:
-      raise JaxckptError(f"unknown compute dtype {compute_dtype!r}; valid: {', '.join(COMPUTE_DTYPES)}")
-    overrides["compute_dtype"] = compute_dtype
-  if scan is not None:
-    overrides["scan"] = scan
-  if structure is not None:
-    overrides["structure"] = str(parse_structure(structure))
+    batch_size = entry.default_batch_size(config)
+  batch = entry.batch(batch_size, config)
+  if "batch_size" in {f.name for f in dataclasses.fields(config)}:
+    config = entry.override(config, batch_size=batch_size)
   if grad_accum_steps < 1 or batch_size % grad_accum_steps:
-    raise JaxckptError(f"--grad-accum-steps {grad_accum_steps} must be ≥ 1 and divide the batch size {batch_size}")
-  config = dataclasses.replace(config, **overrides)
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide the batch size {batch_size}")
   ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
          "compute_dtype": compute_dtype, "scan": scan, "structure": structure, "grad_accum_steps": grad_accum_steps}
-  if model == "gpt":
-    config = dataclasses.replace(config, batch_size=batch_size)
-    return ModelTarget(make_model=lambda: build_gpt(config), batch=lm_batch_struct(batch_size, config.seq_len),
-                       loss_fn=lm_loss, name=model, preset=preset, ref=ref, grad_accum_steps=grad_accum_steps)
-  batch = {
-      "x": jax.ShapeDtypeStruct((batch_size, *IMAGE_SHAPE), jnp.float32),
-      "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
-  }
-  return ModelTarget(
-      make_model=lambda: build_model(model, config, image_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES),
-      batch=batch,
-      name=model,
-      preset=preset,
-      ref=ref,
-      grad_accum_steps=grad_accum_steps,
-  )
+  return ModelTarget(make_model=lambda: entry.build(config), batch=batch, loss_fn=entry.loss_fn, name=model,
+                     preset=preset, ref=ref, grad_accum_steps=grad_accum_steps)
 
 
 def load_target(spec: str) -> Target:

@@ -1,0 +1,106 @@
+"""XProf traces: jaxckpt.profile (slugs, errors, trace files) and ``jaxckpt-report --profile`` (one run per policy)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.profile import check_profile_dir, profile_slug, profile_trace, trace_files
+from jaxckpt.report.cli import main
+
+
+def _step_events(path: str, name: str = "train_step") -> int:
+  """How many events called ``name`` the trace file at ``path`` holds (it must load as an XSpace)."""
+  data = jax.profiler.ProfileData.from_file(path)
+  return sum(1 for plane in data.planes for line in plane.lines for event in line.events if event.name == name)
+
+
+@pytest.mark.parametrize("name, slug", [
+    ("none", "none"),
+    ("attn=dots_saveable,mlp=full", "attn-dots_saveable_mlp-full"),
+    ("save_only_these_names:qkv+mlp_hidden", "save_only_these_names-qkv+mlp_hidden"),
+    ("budget:40%", "budget-40"),
+    ("layers 0-3: full", "layers_0-3-_full"),
+])
+def test_profile_slug(name, slug):
+  assert profile_slug(name) == slug
+  assert profile_slug(slug) == slug  # idempotent
+
+
+@pytest.mark.parametrize("name", ["", "%%", "/"])
+def test_profile_slug_refuses_names_without_usable_characters(name):
+  with pytest.raises(JaxckptError, match="no character usable in a directory name"):
+    profile_slug(name)
+
+
+def test_profile_trace_writes_a_loadable_trace_with_its_steps(tmp_path):
+  f = jax.jit(lambda x: jnp.tanh(x @ x).sum())
+  x = jnp.ones((64, 64))
+  f(x).block_until_ready()  # warm: the trace shows the steps, not compilation
+  with profile_trace(tmp_path, name="attn=full") as run_dir:
+    for i in range(3):
+      with jax.profiler.StepTraceAnnotation("train_step", step_num=i):
+        f(x).block_until_ready()
+  assert run_dir == os.path.join(str(tmp_path), "attn-full")
+  files = trace_files(run_dir)
+  assert len(files) == 1 and files[0].endswith(".xplane.pb")
+  assert _step_events(files[0]) == 3
+  with profile_trace(tmp_path, name="attn=full"):  # a second session adds a file, the first one stays
+    f(x).block_until_ready()
+  assert len(trace_files(run_dir)) == 2 and files[0] in trace_files(run_dir)
+
+
+def test_profile_trace_unwritable_logdir_names_the_path(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(JaxckptError, match=f"cannot create the profile directory {blocker}/none"):
+    with profile_trace(blocker, name="none"):
+      pass
+  with pytest.raises(JaxckptError, match="exists and is not a directory"):
+    check_profile_dir(blocker)
+  with pytest.raises(JaxckptError, match=f"cannot create it under {blocker}"):
+    check_profile_dir(blocker / "sub")
+  assert trace_files(tmp_path / "nothing_here") == []
+
+
+def test_report_profile_writes_one_loadable_trace_per_policy(tmp_path, capsys):
+  """--profile: per policy one run DIR/<slug>/ with one XProf trace holding exactly the traced warm steps."""
+  logdir, out = tmp_path / "profiles", tmp_path / "r.json"
+  assert main(["--model", "mlp", "--preset", "tiny", "--batch-size", "8", "--policies", "none", "full",
+               "--no-residuals", "--no-progress", "--warmup", "1", "--profile", str(logdir), "--profile-steps", "2",
+               "--json", str(out)]) == 0
+  assert f"wrote 2 XProf run(s) under {logdir}: xprof --logdir {logdir}" in capsys.readouterr().out
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["status"] for r in rows] == ["ok"] * 2
+  assert sorted(os.listdir(logdir)) == ["none", "nothing_saveable"]
+  for row in rows:
+    assert row["profile"]["dir"] == str(logdir / profile_slug(row["policy"]))
+    assert row["profile"]["files"] == trace_files(row["profile"]["dir"]) and len(row["profile"]["files"]) == 1
+    assert _step_events(row["profile"]["files"][0]) == 2
+    assert row["step_time_s"] is None and row["peak_bytes_measured"] is None  # profiled, not measured
+
+
+def _exit_status(argv):
+  try:
+    return main(argv)
+  except SystemExit as exit_info:
+    return exit_info.code
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--profile", "{file}"], "--profile={file} exists and is not a directory"),
+    (["--profile", "{file}/sub"], "--profile={file}/sub: cannot create it under {file}"),
+    (["--profile", "{dir}", "--profile-steps", "0"], "--profile-steps must be ≥ 1, got 0"),
+    (["--profile", "{dir}", "--mesh", "data=1"], "--profile runs each policy on one device"),
+])
+def test_cli_profile_bad_arguments_exit_2_before_compiling(tmp_path, capsys, argv, expected):
+  blocker = tmp_path / "f"
+  blocker.write_text("")
+  fill = lambda s: s.format(file=blocker, dir=tmp_path / "p")  # noqa: E731
+  assert _exit_status(["--model", "mlp", "--policies", "none", *map(fill, argv)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and fill(expected) in err, err
+  assert not (tmp_path / "p").exists()

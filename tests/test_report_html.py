@@ -1,0 +1,172 @@
+"""The report's HTML page (plotly charts, sortable tables; rendered in headless Chromium) and its static plot."""
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.report import build_report, shipped_target, to_html, write_outputs
+from jaxckpt.report.html import chart_figures
+from jaxckpt.report.plot import PLOT_SUFFIXES, plot_format, plot_pareto
+
+POLICIES = ["none", "full", "dots_saveable", "budget:90%"]
+
+
+@pytest.fixture(scope="module")
+def report():
+  # MLP tiny: none 287008 temp bytes, dots_saveable 243408, budget:90% plans dots_saveable on layers 0–1 (XLA:CPU).
+  return build_report(shipped_target("mlp", "tiny", batch_size=8), POLICIES, progress=False)
+
+
+def test_fixture_has_every_kind_of_row(report):
+  assert [r["status"] for r in report.rows] == ["ok"] * 4
+  plan = report.row("budget:90%")["plan"]
+  assert plan["ranges"] and plan["ranges"][0]["first"] == 0
+
+
+def test_charts_carry_exact_bytes_and_flops(report):
+  figures = chart_figures(report)
+  assert list(figures) == ["pareto", "memory", "residuals", "plan"]
+  ok = report.rows
+  # Pareto: one marker trace per policy and panel, hover data = (policy, exact bytes, exact FLOPs, ratio).
+  points = [t for t in figures["pareto"].data if t.mode == "markers"]
+  by_policy = {}
+  for t in points:
+    by_policy.setdefault(t.customdata[0][0], []).append(t.customdata[0])
+  assert set(by_policy) == {r["policy"] for r in ok}
+  none_flops = report.row("none")["flops"]
+  for r in ok:
+    temp, footprint = (c for c in by_policy[r["policy"]])
+    assert temp[1] == r["temp_bytes"] and footprint[1] == r["footprint_bytes"] and temp[2] == r["flops"]
+    assert temp[3] == pytest.approx(r["flops"] / none_flops)
+  assert [t.name for t in points if t.marker.symbol == "diamond"] == ["budget:90%", "budget:90%"]
+  # Memory: argument + output + temp stacked per policy, exact bytes in customdata.
+  memory = {t.name.split(" ")[0]: [c[0] for c in t.customdata] for t in figures["memory"].data}
+  assert memory["temp"] == [r["temp_bytes"] for r in ok]
+  assert memory["arguments"] == [r["argument_bytes"] for r in ok]
+  # Residuals: stacked segments of each policy add up to its residual bytes.
+  totals = [sum(t.customdata[i][1] for t in figures["residuals"].data) for i in range(len(ok))]
+  assert totals == [r["residual_bytes"] for r in ok]
+  # Plan: one bar per layer range of the budget row.
+  plan = report.row("budget:90%")["plan"]
+  bars = figures["plan"].data
+  assert [(b.base[0], b.base[0] + b.x[0] - 1, b.name) for b in bars] == [
+      (g["first"], g["last"], g["spec"]) for g in plan["ranges"]]
+
+
+def test_page_is_self_contained_and_sortable(report, tmp_path):
+  page = to_html(report)
+  assert page.count("plotly.js v") == 1  # the library inlined once, before the first chart
+  assert not re.search(r"<script[^>]*\ssrc=", page)  # nothing fetched: works offline
+  assert "Plotly.newPlot" in page and page.count("class='chart'") == 4
+  assert page.count('<table class="sortable">') >= 2 + len(report.rows)  # summary, plans, residuals per policy
+  none = report.row("none")
+  assert f'data-sort="{none["temp_bytes"]}"' in page and f'data-sort="{none["flops"]}"' in page
+  assert "<details>" in page and html.escape(report.row("budget:90%")["plan"]["policy"]) in page
+  small = to_html(report, plotlyjs="cdn")
+  assert len(small) < 300_000 and re.search(r'<script [^>]*src="https://cdn.plot.ly/', small)
+  assert "plotly.js v" not in to_html(report, plot=False)
+  with pytest.raises(JaxckptError, match="plotlyjs='offline' is not one of inline, cdn"):
+    to_html(report, plotlyjs="offline")
+
+
+def _chromium() -> str | None:
+  return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+
+_CLICK_TEMP = """<script>
+var th = Array.prototype.find.call(document.querySelectorAll("table.sortable")[0].tHead.rows[0].cells,
+                                   function (c) { return c.textContent === "temp"; });
+th.click(); th.click();  // descending
+</script></body></html>"""
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium on PATH (apt-get install chromium); the browser test "
+                                                 "needs a real browser")
+def test_page_renders_in_headless_chromium(report, tmp_path):
+  """Every chart draws SVG (one marker per policy and panel, one bar per policy and segment), the console shows no
+  error, and a click on the 'temp' header sorts the summary by the raw bytes."""
+  path = tmp_path / "report.html"
+  path.write_text(to_html(report).replace("</body></html>", _CLICK_TEMP))
+  done = subprocess.run(
+      [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+       "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr", "--v=0",
+       "--virtual-time-budget=10000", "--dump-dom", path.as_uri()],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  dom = done.stdout
+  # Chromium logs every console message (errors, uncaught exceptions, warnings) as ":CONSOLE" at one level.
+  assert [line for line in done.stderr.splitlines() if ":CONSOLE" in line] == []
+  starts = [(m.group(1), m.start()) for m in re.finditer(r'<div id="plot-(\w+)"', dom)]
+  charts = {}
+  for (chart_id, start), (_, end) in zip(starts, [*starts[1:], ("", len(dom))]):
+    charts[chart_id] = dom[start:end].split("<script", 1)[0]  # the drawn div, not the script that drew it
+  assert list(charts) == ["pareto", "memory", "residuals", "plan"]
+  points = {k: len(re.findall(r'class="point[" ]', body)) for k, body in charts.items()}
+  for chart_id, body in charts.items():
+    assert '<svg class="main-svg"' in body, chart_id
+  n = len(report.rows)
+  assert points["pareto"] == 2 * n  # temp and footprint panels
+  assert points["memory"] == 3 * n  # argument, output, temp bars
+  assert points["residuals"] >= n
+  assert points["plan"] == len(report.row("budget:90%")["plan"]["ranges"])
+  summary = re.search(r'<table class="sortable">.*?</table>', dom, re.S).group(0)
+  assert 'aria-sort="descending"' in summary
+  order = re.findall(r"<tr><td class=\"text\"[^>]*>([^<]+)</td>", summary)
+  expected = [r["policy"] for r in sorted(report.rows, key=lambda r: -r["temp_bytes"])]
+  assert order == expected
+
+
+def test_static_plot_writes_the_format_its_suffix_names(report, tmp_path):
+  magic = {"png": b"\x89PNG\r\n\x1a\n", "jpg": b"\xff\xd8\xff", "pdf": b"%PDF", "svg": b"<?xml"}
+  for suffix, fmt in PLOT_SUFFIXES.items():
+    path = tmp_path / f"pareto{suffix.upper() if suffix == '.jpg' else suffix}"
+    data = plot_pareto(report, str(path))
+    assert path.read_bytes() == data and data.startswith(magic[fmt]), suffix
+  assert plot_format("a.JPEG") == "jpg"
+  with pytest.raises(JaxckptError, match=r"path=\S*/out.gif: unknown image format \('.gif'\); valid suffixes: .png, "):
+    plot_pareto(report, str(tmp_path / "out.gif"))
+  with pytest.raises(JaxckptError, match="plot_path=out: unknown image format \\(no suffix\\)"):
+    write_outputs(report, json_path=str(tmp_path / "r.json"), plot_path="out")
+  assert not (tmp_path / "r.json").exists()  # refused before anything is written
+
+
+def test_static_plot_numbers_points_and_keys_them(report, tmp_path):
+  svg = plot_pareto(report, str(tmp_path / "p.svg")).decode()
+  texts = re.findall(r"<!-- (.*?) -->", svg)  # matplotlib's SVG names each text it draws
+  for r in report.rows:  # names only in the key, once each; the points carry numbers
+    assert texts.count(r["policy"]) == 1, r["policy"]
+  labels = [t for t in texts if re.fullmatch(r"\d+(,\d+)*", t)]
+  n = len(report.rows)
+  assert sorted(int(x) for label in labels for x in label.split(",")) == sorted([*range(1, n + 1)] * 2)
+  # dots_saveable (3) and the budget plan that chose it on every layer (4) coincide: one shared label per panel.
+  assert report.row("budget:90%")["temp_bytes"] == report.row("dots_saveable")["temp_bytes"]
+  assert labels.count("3,4") == 2
+
+
+def test_cli_bad_plot_suffix_exits_2_before_compiling(tmp_path, capsys):
+  from jaxckpt.report.cli import main
+
+  assert main(["--model", "mlp", "--policies", "none", "--plot", str(tmp_path / "out.gif"),
+               "--json", str(tmp_path / "r.json")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "unknown image format ('.gif')" in err and ".svg" in err
+  assert not (tmp_path / "r.json").exists()
+
+
+def test_cli_writes_html_with_plotly_and_json(tmp_path, capsys):
+  from jaxckpt.report.cli import main
+
+  out = tmp_path / "r.html"
+  assert main(["--model", "mlp", "--preset", "tiny", "--batch-size", "8", "--policies", "none", "full",
+               "--no-progress", "--no-residuals", "--html", str(out), "--plotlyjs", "cdn",
+               "--json", str(tmp_path / "r.json")]) == 0
+  page = out.read_text()
+  assert "Plotly.newPlot" in page and os.path.getsize(out) < 300_000
+  data = json.loads((tmp_path / "r.json").read_text())
+  assert all(r["profile"] is None for r in data["rows"])
