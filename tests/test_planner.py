@@ -221,7 +221,8 @@ def test_plans_recompute_no_more_than_exhaustive_search_allows(plans, name):
     if isinstance(plan, InfeasibleBudgetError) or plan.predictor is None or not plan.converged:
       continue
     checked += 1
-    assert plan.assignment.recompute_flops <= 1.02 * _exhaustive_optimum(plan) + 1, fraction
+    optimum = _exhaustive_optimum(plan)  # < 0 when a per-tensor plan recomputes less than none (see README)
+    assert plan.assignment.recompute_flops <= optimum + 0.02 * abs(optimum) + 1, fraction
   assert checked >= 2
 
 

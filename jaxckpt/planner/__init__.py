@@ -2,6 +2,9 @@
 
 Give the memory you have; get the per-layer policy with the least recomputation that fits, verified by compiling
 the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX code (:func:`export_code`).
+Candidates include per-tensor choices (:mod:`jaxckpt.planner.tensors`: a min-cut over each block's intermediates,
+applied as ``save_tensors`` policies); ``min_saved`` (:func:`min_saved_policy`) is the least saved set at almost no
+extra FLOPs.
 
 Example::
 

@@ -3,7 +3,8 @@
 Steps of :func:`plan_policy`:
 
 1. **Candidates** (:mod:`jaxckpt.planner.candidates`): per-layer specs with their saved bytes and recompute FLOPs,
-   measured on one layer of the model's stack.
+   measured on one layer of the model's stack; per block type they include the per-tensor min-cut choices of
+   :mod:`jaxckpt.planner.tensors` (``save_tensors`` policies).
 2. **Anchors**: the train step compiled under ``none`` and ``full``. Predicted and compiled bytes differ (XLA fuses
    some residuals away and adds temporaries of its own), so compiled temp bytes are predicted from the plan's total
    saved bytes S by interpolating between compiled points (S, temp), starting from these two.
