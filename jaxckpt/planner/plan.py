@@ -411,8 +411,8 @@ def plan_policy(
   probe = LayerProbe(stack, seen[0][1])
   tensors = None
   if candidates is None:
-    tensors = record_block_graphs(probe) if per_tensor else {}
-    candidates = layer_candidates(probe, types, tensor_options(tensors))
+    tensors = record_block_graphs(probe) if per_tensor else None
+    candidates = layer_candidates(probe, types, tensor_options(tensors) if tensors else None)
   elif any(p.name == SAVE_TENSORS for c in candidates for _, p in (c.spec.blocks or (("*", c.spec.default),))):
     tensors = record_block_graphs(probe)
   by_spec = {str(c.spec): c for c in candidates}

@@ -308,6 +308,8 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
     Block type -> its :class:`TensorChoice`.
   """
   blocks = sorted(graphs)
+  if not blocks:
+    return {}
   programs = [_program(graphs[b]) for b in blocks]
   sizes = [p[1] for p in programs]
   n = sum(sizes)
