@@ -32,7 +32,7 @@ from jaxckpt import blocks, names
 from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import Budget, LayeredPolicy, Policy, PolicySpec, parse_model_policy, parse_policy
+from jaxckpt.policies import Budget, LayeredPolicy, MinSaved, Policy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.remat import module_call
 from jaxckpt.structure import Structure, apply_layers, apply_segments, parse_structure
 
@@ -427,9 +427,9 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
       a model without stacks, or whose layer count or structure does not fit a stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
-  if isinstance(parsed, Budget):
-    raise JaxckptError(f"policy {str(parsed)!r} is a memory budget: plan it for the model first with "
-                       "jaxckpt.planner.plan_policy(...), then set the plan it returns")
+  if isinstance(parsed, (Budget, MinSaved)):
+    raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
+                       "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
   types = block_types(module)
   if not types and parsed.remat:  # ``none`` on a model without blocks is true as it is; a remat policy is not
     raise no_blocks_error(module, f"set_policy({str(parsed)!r})")

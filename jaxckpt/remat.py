@@ -17,7 +17,8 @@ import jax
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
-from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
+from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
+from jaxckpt.tagging import tag_values
 
 __all__ = ["checkpoint", "remat", "Remat"]
 
@@ -176,10 +177,12 @@ def checkpoint(
   chosen = _policy_for(policy, block_type)
   if not chosen.remat:
     return fn
+  fn_name = getattr(fn, "__name__", type(fn).__name__)
+  if chosen.name == SAVE_TENSORS:
+    fn = tag_values(fn, chosen.names)
   jax_policy = chosen.to_jax()
   if not argnums and not argnames:
     return jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)
-  fn_name = getattr(fn, "__name__", type(fn).__name__)
 
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
@@ -216,7 +219,8 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
       out = method(inner, *args)
       return out, nnx.state(inner, nnx.Not(nnx.Param))
 
-    out, updates = jax.checkpoint(pure, policy=jax_policy, prevent_cse=prevent_cse)(state, *args)
+    fn = tag_values(pure, policy.names, owner=module) if policy.name == SAVE_TENSORS else pure
+    out, updates = jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)(state, *args)
     nnx.update(module, updates)
     return out
 

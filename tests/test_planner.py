@@ -167,7 +167,9 @@ def plans():
     cache, candidates = {}, None
     for fraction in BUDGETS:
       try:
-        plan = plan_policy(target, Budget(fraction=fraction), cache=cache, candidates=candidates)
+        # the built-in candidates: these tests check the planner's mechanics; per-tensor plans (more candidates,
+        # slower to converge on vit tiny) are tested in tests/test_pertensor.py
+        plan = plan_policy(target, Budget(fraction=fraction), cache=cache, candidates=candidates, per_tensor=False)
         candidates = plan.candidates
         out[name, fraction] = plan
       except InfeasibleBudgetError as err:
@@ -199,7 +201,12 @@ def test_plans_fit_their_budget_or_state_the_least_memory_reached(plans, name):
 def _exhaustive_optimum(plan):
   """Least recompute over every multiset of the plan's candidates that its final predictor says fits."""
   best = None
-  cands = plan.candidates
+  # dominated candidates never help (swap one for its dominator: fewer bytes, fewer FLOPs); dropping them keeps the
+  # search exhaustive over the rest and small enough with the per-tensor candidates (this check is the test's own)
+  cands = [c for c in plan.candidates
+           if not any(d.saved_bytes <= c.saved_bytes and d.recompute_flops <= c.recompute_flops
+                      and (d.saved_bytes, d.recompute_flops) != (c.saved_bytes, c.recompute_flops)
+                      for d in plan.candidates)]
   for combo in itertools.combinations_with_replacement(range(len(cands)), plan.num_layers):
     saved = sum(cands[i].saved_bytes for i in combo)
     if plan.predictor(saved, len(set(combo)) > 1) <= plan.temp_limit_bytes:
@@ -216,7 +223,8 @@ def test_plans_recompute_no_more_than_exhaustive_search_allows(plans, name):
     if isinstance(plan, InfeasibleBudgetError) or plan.predictor is None or not plan.converged:
       continue
     checked += 1
-    assert plan.assignment.recompute_flops <= 1.02 * _exhaustive_optimum(plan) + 1, fraction
+    optimum = _exhaustive_optimum(plan)  # < 0 when a per-tensor plan recomputes less than none (see README)
+    assert plan.assignment.recompute_flops <= optimum + 0.02 * abs(optimum) + 1, fraction
   assert checked >= 2
 
 

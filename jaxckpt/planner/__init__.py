@@ -2,6 +2,9 @@
 
 Give the memory you have; get the per-layer policy with the least recomputation that fits, verified by compiling
 the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX code (:func:`export_code`).
+Candidates include per-tensor choices (:mod:`jaxckpt.planner.tensors`: a min-cut over each block's intermediates,
+applied as ``save_tensors`` policies); ``min_saved`` (:func:`min_saved_policy`) is the least saved set at almost no
+extra FLOPs.
 
 Example::
 
@@ -20,6 +23,7 @@ from jaxckpt.planner.plan import (
     InfeasibleBudgetError,
     Plan,
     device_memory_bytes,
+    min_saved_policy,
     plan_policy,
     resolve_policy,
 )
@@ -35,6 +39,7 @@ __all__ = [
     "block_options",
     "device_memory_bytes",
     "exhaustive",
+    "min_saved_policy",
     "export_code",
     "layer_candidates",
     "pareto_front",

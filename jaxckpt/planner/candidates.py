@@ -10,7 +10,8 @@ candidate spec:
 
 The candidate space per block type is ``none``, ``full`` (``nothing_saveable``), ``dots_saveable``,
 ``dots_with_no_batch_dims_saveable`` and ``save_only_these_names:S`` for every non-empty subset S of the names that
-block emits (pairs at most when it emits more than :data:`MAX_SUBSET_NAMES`). A layer candidate picks one option
+block emits (pairs at most when it emits more than :data:`MAX_SUBSET_NAMES`), plus, when given, per-tensor options
+``save_tensors:…``: the block's min-cut front over *all* its intermediates (:mod:`jaxckpt.planner.tensors`). A layer candidate picks one option
 per block type. Measuring every combination would take one trace each, so it is done in two stages: each block
 type's options are measured with the other block types at ``full`` and combined additively; then the combinations on
 that estimate's Pareto front, and the uniform (built-in) ones, are traced as whole layers and only those exact
@@ -28,9 +29,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxckpt.errors import JaxckptError
 from jaxckpt.flops import count_flops
 from jaxckpt.layers import Stack, _remat_blocks
-from jaxckpt.policies import Policy, PolicySpec
+from jaxckpt.policies import SAVE_TENSORS, Policy, PolicySpec
 from jaxckpt.residuals import saved_residuals
 
 __all__ = ["LayerCandidate", "block_options", "LayerProbe", "layer_candidates", "pareto_front", "MAX_SUBSET_NAMES"]
@@ -128,6 +130,7 @@ class LayerProbe:
 
       residuals = saved_residuals(layer, self._params, self.x)
       found["bytes"] = sum(r.bytes for r in residuals if r.kind != "argument")
+      found["residuals"] = residuals
       pullback = lambda p, x, ct: jax.vjp(layer, p, x)[1](ct)  # noqa: E731
       found["flops"] = count_flops(pullback, self._params, self.x, self.x).total
       return 0
@@ -135,6 +138,7 @@ class LayerProbe:
     key = jax.eval_shape(lambda: jax.random.key(0))
     jax.make_jaxpr(outer)(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._other), key)
     self.traces += 1
+    self.last_residuals = found["residuals"]
     return found["bytes"], found["flops"]
 
 
@@ -150,19 +154,40 @@ def pareto_front(candidates: Sequence[LayerCandidate]) -> list[LayerCandidate]:
   return front
 
 
-def layer_candidates(probe: LayerProbe, block_types: Mapping[str, Sequence[str]]) -> list[LayerCandidate]:
+def _check_saved(probe: LayerProbe, policy: Policy, block: str) -> None:
+  """A ``save_tensors`` option must save nothing but its values (JAX's saved-residual analysis of the layer).
+
+  JAX may save fewer: a value the program counted as read by the backward pass that JAX's partial evaluation
+  rebuilds without it (seen for the uniform-sampling constants of a dropout mask); the measured bytes are JAX's.
+  """
+  if policy.name != SAVE_TENSORS:
+    return
+  saved = {r.name for r in probe.last_residuals if r.kind == "checkpoint_name"}
+  if not saved <= set(policy.names):
+    raise JaxckptError(
+        f"per-tensor option {policy} of block {block!r} saves {sorted(saved)} by JAX's analysis, not the chosen "
+        f"{sorted(policy.names)}: the block traced differently from when it was planned")
+
+
+def layer_candidates(probe: LayerProbe, block_types: Mapping[str, Sequence[str]],
+                     tensor_options: Mapping[str, Sequence[Policy]] | None = None) -> list[LayerCandidate]:
   """Measures the layer candidates of a stack (two stages, see the module docstring).
 
   Args:
     probe: the :class:`LayerProbe` of the stack.
     block_types: block type -> checkpoint names it emits (:func:`jaxckpt.block_types` of the model).
+    tensor_options: block type -> extra ``save_tensors`` policies (per-tensor min-cut choices,
+      :mod:`jaxckpt.planner.tensors`); each is checked to save exactly its values.
+
+  Raises:
+    JaxckptError: a ``save_tensors`` option whose saved residuals differ from its chosen values.
 
   Returns:
     Exactly measured candidates: every uniform built-in (``none``, ``full``, the dots policies) and every
     combination on the estimated Pareto front, uniform ones first, no two with the same spec.
   """
   blocks = sorted(block_types)
-  options = {b: block_options(block_types[b]) for b in blocks}
+  options = {b: block_options(block_types[b]) + list((tensor_options or {}).get(b, ())) for b in blocks}
   full = Policy("nothing_saveable")
   base_bytes, base_flops = probe.measure(_uniform(full, blocks))
   none_bytes, none_flops = probe.measure(_uniform(Policy("none"), blocks))
@@ -172,7 +197,11 @@ def layer_candidates(probe: LayerProbe, block_types: Mapping[str, Sequence[str]]
     delta[b] = []
     for policy in options[b]:
       spec = _spec([(o, policy if o == b else full) for o in blocks])
-      nbytes, flops = (base_bytes, base_flops) if policy == full else probe.measure(spec)
+      if policy == full:
+        nbytes, flops = base_bytes, base_flops
+      else:
+        nbytes, flops = probe.measure(spec)
+        _check_saved(probe, policy, b)
       delta[b].append((policy, nbytes - base_bytes, flops - base_flops))
   estimates = []
   for combo in itertools.product(*(delta[b] for b in blocks)):

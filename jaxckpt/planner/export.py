@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from jaxckpt.planner.plan import Plan
-from jaxckpt.policies import OFFLOAD_DST, OFFLOAD_SRC, REGISTRY, Policy
+from jaxckpt.policies import OFFLOAD_DST, OFFLOAD_SRC, REGISTRY, SAVE_TENSORS, Policy
 
 __all__ = ["policy_code", "export_code"]
 
 
 def policy_code(policy: Policy) -> str:
   """The Python expression of a policy's predicate, e.g. ``cp.save_only_these_names("qkv", "mlp_hidden")``
-  (``cp`` = ``jax.checkpoint_policies``), or ``None`` for ``none`` (no ``jax.checkpoint``)."""
+  (``cp`` = ``jax.checkpoint_policies``), ``None`` for ``none`` (no ``jax.checkpoint``), or
+  ``tensors("t12_tanh", …)`` for a per-tensor policy (the snippet's tagging helper, :data:`TAGGING_CODE`)."""
   arity = REGISTRY[policy.name].arity
   quoted = lambda names: ", ".join(f'"{n}"' for n in names)  # noqa: E731
   if policy.name == "none":
     return "None"
+  if policy.name == SAVE_TENSORS:
+    return f"tensors({quoted(policy.names)})"
   if policy.name == "offload_dot_with_no_batch_dims":
     return f'cp.offload_dot_with_no_batch_dims("{OFFLOAD_SRC}", "{OFFLOAD_DST}")'
   if arity == "names":
@@ -24,6 +27,48 @@ def policy_code(policy: Policy) -> str:
             f"names_which_can_be_offloaded=[{quoted(policy.offload_names)}], offload_src=\"{OFFLOAD_SRC}\", "
             f"offload_dst=\"{OFFLOAD_DST}\")")
   return f"cp.{policy.name}"
+
+
+TAGGING_CODE = '''
+
+def tensors(*names):
+  """A per-tensor policy: the automatic names (t<n>_<primitive>) of the values to save."""
+  return ("tensors", names)
+
+
+def tag_values(fn, names):
+  """fn with value n of its jaxpr (outputs of equations in program order, jit calls inlined) tagged with
+  checkpoint_name when its producer is the named primitive; save_only_these_names(*names) then saves exactly those."""
+  from jax.ad_checkpoint import checkpoint_name
+  from jax.extend import core
+  tags = {int(n[1:].split("_", 1)[0]): n for n in names}
+
+  def run(jaxpr, consts, args, counter):
+    env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
+    read = lambda a: a.val if isinstance(a, core.Literal) else env[a]
+    for eqn in jaxpr.eqns:
+      invals = [read(a) for a in eqn.invars]
+      if eqn.primitive.name in ("jit", "pjit", "closed_call", "core_call") and "jaxpr" in eqn.params:
+        outs = run(eqn.params["jaxpr"].jaxpr, eqn.params["jaxpr"].consts, invals, counter)
+      else:
+        outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        for k in range(len(outs)):
+          name = tags.get(counter[0])
+          counter[0] += 1
+          if name and name.split("_", 1)[1] == eqn.primitive.name.replace("-", "_"):
+            outs[k] = checkpoint_name(outs[k], name)
+      env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+  def tagged(*args):
+    flat, tree = jax.tree.flatten(args)
+    closed, shape = jax.make_jaxpr(lambda *xs: fn(*jax.tree.unflatten(tree, xs)), return_shape=True)(*flat)
+    return jax.tree.unflatten(jax.tree.structure(shape), run(closed.jaxpr, closed.consts, flat, [0]))
+
+  return tagged
+'''
+"""Plain-JAX helper the exported snippet carries when a plan has per-tensor policies (``save_tensors``)."""
 
 
 def export_code(plan: Plan, block_types: tuple[str, ...] | None = None) -> str:
@@ -41,6 +86,7 @@ def export_code(plan: Plan, block_types: tuple[str, ...] | None = None) -> str:
     The code, ending with a newline.
   """
   ranges = plan.layer_ranges()
+  per_tensor = any(p.name == SAVE_TENSORS for _, _, spec in ranges for p in (spec.default, *(q for _, q in spec.blocks)))
   if block_types is None:
     named = sorted({b for _, _, spec in ranges for b, _ in spec.blocks})
     block_types = tuple(named) or ("default",)
@@ -50,6 +96,7 @@ def export_code(plan: Plan, block_types: tuple[str, ...] | None = None) -> str:
       "# Plain JAX: no jaxckpt needed. Names are the checkpoint_name tags of your blocks.",
       "import jax",
       "from jax import checkpoint_policies as cp",
+      *(TAGGING_CODE.split("\n") if per_tensor else []),
       "",
       "# (first layer, last layer, {block type: policy, or None for no remat}), layers inclusive.",
       "PLAN = [",
@@ -66,6 +113,8 @@ def export_code(plan: Plan, block_types: tuple[str, ...] | None = None) -> str:
       "  for first, last, policies in PLAN:",
       "    if first <= layer <= last:",
       "      policy = policies[block_type]",
+      "      if isinstance(policy, tuple):  # per-tensor: tag the chosen values, save exactly them",
+      "        return jax.checkpoint(tag_values(block_fn, policy[1]), policy=cp.save_only_these_names(*policy[1]))",
       "      return block_fn if policy is None else jax.checkpoint(block_fn, policy=policy)",
       '  raise IndexError(f"layer {layer} is not in the plan")',
       "",

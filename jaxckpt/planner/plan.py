@@ -3,7 +3,8 @@
 Steps of :func:`plan_policy`:
 
 1. **Candidates** (:mod:`jaxckpt.planner.candidates`): per-layer specs with their saved bytes and recompute FLOPs,
-   measured on one layer of the model's stack.
+   measured on one layer of the model's stack; per block type they include the per-tensor min-cut choices of
+   :mod:`jaxckpt.planner.tensors` (``save_tensors`` policies).
 2. **Anchors**: the train step compiled under ``none`` and ``full``. Predicted and compiled bytes differ (XLA fuses
    some residuals away and adds temporaries of its own), so compiled temp bytes are predicted from the plan's total
    saved bytes S by interpolating between compiled points (S, temp), starting from these two.
@@ -32,12 +33,14 @@ from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve
-from jaxckpt.policies import Budget, ConcretePolicy, LayeredPolicy, ModelPolicy, Policy, PolicySpec, parse_model_policy
-from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, step_builder
+from jaxckpt.planner.tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
+from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinSaved, ModelPolicy, Policy,
+                              PolicySpec, parse_model_policy)
+from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, step_builder
 from jaxckpt.units import format_bytes
 
 __all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
-           "MAX_ROUNDS"]
+           "min_saved_policy", "MAX_ROUNDS"]
 
 MAX_ROUNDS = 3
 """Default cap on verification compiles (after the two anchors): five compiles at most."""
@@ -125,6 +128,7 @@ class Plan:
   temp_limit_bytes: int | None = None
   predictor: Any = dataclasses.field(default=None, repr=False, compare=False)
   converged: bool = True
+  tensors: Mapping[str, BlockGraph] | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @property
   def rounds(self) -> int:
@@ -157,6 +161,7 @@ class Plan:
       what = _saves(spec)
       where = f"layers {first}-{last}" if last > first else f"layer {first}"
       lines.append(f"  {where}: {spec}   saves {what}")
+      lines.extend(_tensor_lines(spec, self.tensors))
     memory = self.compiled.memory
     lines.append(f"  temp: predicted {format_bytes(self.predicted_temp_bytes)}, compiled {format_bytes(memory['temp_bytes'])}"
                  f" ({memory['temp_bytes'] / self.none.temp_bytes:.2f}× none); footprint {format_bytes(memory['footprint_bytes'])}")
@@ -201,7 +206,61 @@ _SAVES = {"none": "everything (no remat)", "nothing_saveable": "nothing (recompu
 
 def _saves(spec: PolicySpec) -> str:
   pairs = spec.blocks or (("all blocks", spec.default),)
-  return "; ".join(f"{b}: {'+'.join(p.names) if p.names else _SAVES.get(p.name, p.name)}" for b, p in pairs)
+
+  def what(p: Policy) -> str:
+    if p.name == SAVE_TENSORS:
+      return f"{len(p.names)} chosen tensors (below)"
+    return "+".join(p.names) if p.names else _SAVES.get(p.name, p.name)
+
+  return "; ".join(f"{b}: {what(p)}" for b, p in pairs)
+
+
+def _tensor_lines(spec: PolicySpec, tensors: Mapping[str, BlockGraph] | None) -> list[str]:
+  """One line per value a ``save_tensors`` policy saves: name, shape, dtype, bytes and source line."""
+  lines = []
+  for block, policy in spec.blocks or (("*", spec.default),):
+    if policy.name != SAVE_TENSORS:
+      continue
+    graph = (tensors or {}).get(block)
+    by_name = {v.name: v.index for v in graph.values} if graph else {}
+    for name in policy.names:
+      lines.append(f"      {block}: {graph.describe(by_name[name]) if name in by_name else name}")
+  return lines
+
+
+def _probe(target: Any) -> tuple[Stack, LayerProbe]:
+  """The model's stack and a :class:`LayerProbe` on its first layer's input as the train step sees it."""
+  stack = _only_stack(nnx.eval_shape(target.make_model))
+  probe_step = policy_step(target, PolicySpec(), default_optimizer())
+  with record_stack_inputs() as seen:
+    jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
+  return stack, LayerProbe(stack, seen[0][1])
+
+
+def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockGraph] | None = None,
+                     ) -> tuple[PolicySpec, dict[str, BlockGraph]]:
+  """The ``min_saved`` policy of a model: the least saved sets of a layer's blocks recomputing ≤ ``tolerance`` × the
+  layer's forward FLOPs in all (:func:`jaxckpt.planner.tensors.min_saved_layer`).
+
+  Args:
+    target: a :class:`~jaxckpt.step.ModelTarget` with one :class:`~jaxckpt.Stack`.
+    tolerance: share of the layer's forward FLOPs the recomputation may cost, in [0, 1).
+    tensors: block graphs already recorded (else traced here).
+
+  Returns:
+    ``(spec, graphs)``: a spec of ``save_tensors`` policies per block type, and the block graphs.
+
+  Raises:
+    JaxckptError: a target without exactly one stack (see :func:`plan_policy`).
+  """
+  if not isinstance(target, ModelTarget):
+    raise JaxckptError(f"min_saved needs a model target (jaxckpt.step.ModelTarget with a Stack), got "
+                       f"{type(target).__name__}")
+  if tensors is None:
+    tensors = record_block_graphs(_probe(target)[1])
+  chosen = min_saved_layer(tensors, tolerance)
+  blocks = tuple((b, chosen[b].policy) for b in sorted(chosen))
+  return PolicySpec(blocks=blocks), dict(tensors)
 
 
 def device_memory_bytes() -> tuple[int, str]:
@@ -304,6 +363,7 @@ def plan_policy(
     max_rounds: int = MAX_ROUNDS,
     cache: MutableMapping[str, CompiledPoint] | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
+    per_tensor: bool = True,
 ) -> Plan:
   """Finds the least-recompute per-layer policy whose compiled train step fits ``budget`` (module docstring).
 
@@ -320,6 +380,8 @@ def plan_policy(
     max_rounds: verification compiles after the two anchors (≥ 1).
     cache: compiled points by policy text, shared between calls (the report plans several budgets with it).
     candidates: measured layer candidates to reuse (from an earlier plan's ``candidates``).
+    per_tensor: add each block type's per-tensor min-cut front (``save_tensors`` options,
+      :mod:`jaxckpt.planner.tensors`) to the candidates.
 
   Returns:
     The verified :class:`Plan`.
@@ -345,6 +407,7 @@ def plan_policy(
   types = builder.block_types
   model = nnx.eval_shape(target.make_model)
   own_layers = own_model_layers(model)  # your own model's layers (jaxckpt.apply_remat), else the Stack's
+  tensors = None
   if own_layers is not None:
     stack, num_layers = None, own_layers
     if candidates is None:
@@ -355,8 +418,12 @@ def plan_policy(
     probe_step = builder.step(PolicySpec())
     with record_stack_inputs() as seen:
       jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
+    probe = LayerProbe(stack, seen[0][1])
     if candidates is None:
-      candidates = layer_candidates(LayerProbe(stack, seen[0][1]), types)
+      tensors = record_block_graphs(probe) if per_tensor else None
+      candidates = layer_candidates(probe, types, tensor_options(tensors) if tensors else None)
+    elif any(p.name == SAVE_TENSORS for c in candidates for _, p in (c.spec.blocks or (("*", c.spec.default),))):
+      tensors = record_block_graphs(probe)
   by_spec = {str(c.spec): c for c in candidates}
 
   def compile_point(policy, saved: int) -> CompiledPoint:
@@ -395,7 +462,7 @@ def plan_policy(
   def make(point: CompiledPoint, assignment: Assignment, predicted: int, predictor=None, converged=True) -> Plan:
     return Plan(parsed, point.policy, key, limit, predicted, point, none, assignment, tuple(candidates),
                 tuple(history), num_layers, time.perf_counter() - started, memory_source, temp_limit, predictor,
-                converged)
+                converged, tensors)
 
   uniform = lambda cand: Assignment(((cand, num_layers),), cand.saved_bytes * num_layers,  # noqa: E731
                                     cand.recompute_flops * num_layers)
@@ -462,7 +529,7 @@ def resolve_policy(
 
   Returns:
     ``(policy, plan)``: the concrete policy and the :class:`Plan` it came from (``None`` when ``policy`` was not a
-    budget).
+    budget). ``min_saved`` becomes a spec of ``save_tensors`` policies (:func:`min_saved_policy`), no plan.
 
   Raises:
     PolicySpecError: a spec that does not parse.
@@ -470,6 +537,8 @@ def resolve_policy(
     JaxckptError: a budget with a mesh, or a target the planner cannot plan (see :func:`plan_policy`).
   """
   parsed = parse_model_policy(policy)
+  if isinstance(parsed, MinSaved):
+    return min_saved_policy(target, parsed.tolerance)[0], None
   if not isinstance(parsed, Budget):
     return parsed, None
   if mesh is not None:

@@ -17,7 +17,7 @@ from jaxckpt.errors import PolicySpecError, shorten
 from jaxckpt.policies.spec import Policy, PolicySpec, parse_policy
 from jaxckpt.units import format_bytes, parse_bytes
 
-__all__ = ["LayeredPolicy", "Budget", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO",
+__all__ = ["LayeredPolicy", "Budget", "MinSaved", "MIN_SAVED", "DEFAULT_MIN_SAVED_TOLERANCE", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO",
            "DEFAULT_MARGIN"]
 
 
@@ -29,6 +29,11 @@ AUTO = "auto"
 """The policy word of the least-recompute plan that fits this device's memory (``auto``, ``auto:margin=20%``)."""
 DEFAULT_MARGIN = 0.10
 """Share of the device's memory ``auto`` leaves free by default."""
+MIN_SAVED = "min_saved"
+"""The policy word of the least saved set at (almost) no extra FLOPs: ``min_saved``, ``min_saved:tol=0.05%``."""
+DEFAULT_MIN_SAVED_TOLERANCE = 0.002
+"""Recompute FLOPs ``min_saved`` allows by default, as a share of each layer's forward FLOPs (0.2% of the forward is
+about 0.07% of the train step)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +121,45 @@ class Budget:
     return f"{BUDGET}:{format_bytes(self.bytes).replace(' ', '')}"
 
 
-ModelPolicy = PolicySpec | LayeredPolicy | Budget
+@dataclasses.dataclass(frozen=True)
+class MinSaved:
+  """The top of the memory/recompute front: the least saved bytes per layer whose recomputation costs at most
+  ``tolerance`` of the layer's forward FLOPs (a min-cut of the blocks' graphs, :mod:`jaxckpt.planner.tensors`).
+
+  PyTorch's AOTAutograd min-cut partitioner makes the same choice by default (``activation_memory_budget=1``):
+  keep the forward's cost, save the smallest set the backward can be recomputed from. It needs the model, so it is
+  resolved by :func:`jaxckpt.planner.resolve_policy` into a :class:`~jaxckpt.PolicySpec` of ``save_tensors``.
+
+  Attributes:
+    tolerance: recompute FLOPs allowed, as a share of each layer's forward FLOPs, in [0, 1).
+    text: the string it was parsed from.
+  """
+
+  tolerance: float = DEFAULT_MIN_SAVED_TOLERANCE
+  text: str = dataclasses.field(default="", compare=False)
+
+  def __str__(self) -> str:
+    if self.tolerance == DEFAULT_MIN_SAVED_TOLERANCE:
+      return MIN_SAVED
+    return f"{MIN_SAVED}:tol={self.tolerance * 100:g}%"
+
+
+def _parse_min_saved(text: str, spec: str) -> MinSaved:
+  _, colon, arg = (part.strip() for part in text.partition(":"))
+  if not colon:
+    return MinSaved(text=spec)
+  key, eq, value = (part.strip() for part in arg.partition("="))
+  if key != "tol" or not eq:
+    raise PolicySpecError(f"bad argument {shorten(arg)!r} of {MIN_SAVED!r} in policy spec {shorten(spec)!r}: the only "
+                          f"one is tol=<percent> (e.g. {MIN_SAVED}:tol=0.1%)", spec=spec, bad=arg)
+  match = _PERCENT_RE.match(value)
+  if not match or not 0 <= float(match.group(1)) / 100 < 1:
+    raise PolicySpecError(f"bad tolerance {shorten(value)!r} in policy spec {shorten(spec)!r}: write a percentage in "
+                          f"[0%, 100%) such as 0.1%", spec=spec, bad=value)
+  return MinSaved(tolerance=float(match.group(1)) / 100, text=spec)
+
+
+ModelPolicy = PolicySpec | LayeredPolicy | Budget | MinSaved
 """What a model-level ``--policy`` can be: one spec for every layer, a spec per layer range, or a budget."""
 
 ConcretePolicy = PolicySpec | LayeredPolicy
@@ -199,25 +242,26 @@ def parse_model_policy(spec: "str | Policy | PolicySpec | LayeredPolicy | Budget
 
   Grammar (EBNF), on top of :func:`parse_policy`'s ``spec``::
 
-      model_policy := spec | layered | budget
+      model_policy := spec | layered | budget | min_saved
       layered      := range ":" spec (";" range ":" spec)*  # 0-3:attn=dots_saveable,mlp=full;4-11:full
       range        := int ["-" int]                          # layer indices, 0-based, inclusive, covering 0..N-1
       budget       := "budget:" (size | percent)             # budget:1.5GiB (footprint), budget:40% (of none's temp)
                     | "auto" [":margin=" percent]            # auto, auto:margin=20%
+      min_saved    := "min_saved" [":tol=" percent]         # least saved at ≤ tol extra FLOPs per block
       size         := number unit                            # binary units: B, KiB, MiB, GiB, TiB
 
   Args:
     spec: a string, or an already parsed object (returned as is; a :class:`Policy` becomes a :class:`PolicySpec`).
 
   Returns:
-    A :class:`PolicySpec`, :class:`LayeredPolicy` or :class:`Budget`. A budget is turned into a plan by
-    :func:`jaxckpt.planner.plan_policy` once the model is known.
+    A :class:`PolicySpec`, :class:`LayeredPolicy`, :class:`Budget` or :class:`MinSaved`. A budget (or
+    ``min_saved``) is turned into a concrete policy by :func:`jaxckpt.planner.resolve_policy` once the model is known.
 
   Raises:
     PolicySpecError: anything :func:`parse_policy` refuses, malformed or non-contiguous layer ranges, a budget
       without a size, with a decimal unit (``GB``), ≤ 0 or above 100%, or a margin outside [0%, 100%).
   """
-  if isinstance(spec, (LayeredPolicy, Budget)):
+  if isinstance(spec, (LayeredPolicy, Budget, MinSaved)):
     return spec
   if not isinstance(spec, str):
     return parse_policy(spec)
@@ -225,6 +269,8 @@ def parse_model_policy(spec: "str | Policy | PolicySpec | LayeredPolicy | Budget
   word = text.partition(":")[0].strip()
   if word in (BUDGET, AUTO):
     return _parse_budget(text, spec)
+  if word == MIN_SAVED:
+    return _parse_min_saved(text, spec)
   if text[:1].isdigit():
     return _parse_layered(text, spec)
   return parse_policy(spec)

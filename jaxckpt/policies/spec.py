@@ -62,6 +62,7 @@ __all__ = [
     "DEFAULT_BLOCK",
     "OFFLOAD_SRC",
     "OFFLOAD_DST",
+    "SAVE_TENSORS",
 ]
 
 DEFAULT_BLOCK = "default"
@@ -70,6 +71,10 @@ OFFLOAD_SRC = "device"
 """Memory kind offloading policies move saved values from."""
 OFFLOAD_DST = "pinned_host"
 """Memory kind offloading policies move saved values to."""
+
+SAVE_TENSORS = "save_tensors"
+"""The per-tensor policy: ``save_tensors:t12_tanh+…`` saves the values with those automatic names
+(:mod:`jaxckpt.tagging`); the remat wrappers tag them before ``jax.checkpoint``."""
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 Arity = Literal["none", "names", "save/offload"]
@@ -113,6 +118,13 @@ REGISTRY: dict[str, PolicyKind] = {
             "names",
             lambda p: _cp.save_only_these_names(*p.names),
             "save only the named checkpoints: save_only_these_names:qkv+mlp_hidden",
+        ),
+        PolicyKind(
+            "save_tensors",
+            "names",
+            lambda p: _cp.save_only_these_names(*p.names),
+            "save chosen intermediate values by automatic name (per-tensor plans of jaxckpt-plan): "
+            "save_tensors:t12_tanh+t30_dot_general",
         ),
         PolicyKind(
             "save_anything_except_these_names",
@@ -182,7 +194,10 @@ class Policy:
 
   @property
   def checkpoint_names(self) -> frozenset[str]:
-    """Every checkpoint name the policy refers to."""
+    """Every checkpoint name the policy refers to (``save_tensors``' automatic names are not checkpoint names the
+    blocks emit: :func:`jaxckpt.tagging.tag_values` adds them at trace time)."""
+    if self.name == SAVE_TENSORS:
+      return frozenset()
     return frozenset(self.names) | frozenset(self.offload_names)
 
   def to_jax(self) -> Callable[..., bool] | None:

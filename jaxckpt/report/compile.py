@@ -116,7 +116,7 @@ def compile_rows(
     jobs: XLA compilations running at once (threads), ≥ 1.
     xla_dump_dir: if set, XLA's dumps of policy ``i`` go to ``xla_dump_dir/<ii>-<policy>/`` (text files only).
     compiler_options: extra XLA options, merged with jaxckpt's remat fix.
-    residuals: run the residual analysis (``residual_bytes``, ``residuals``).
+    residuals: run the residual analysis (``residual_bytes``, ``activation_residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
     mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
@@ -188,6 +188,7 @@ def compile_rows(
         if residuals:
           summary = analyse_residuals(lowered.step)
           rows[i]["residual_bytes"] = summary["bytes"]
+          rows[i]["activation_residual_bytes"] = summary["activation_bytes"]
           rows[i]["residuals"] = summary
           stages["residuals"] = time.perf_counter() - t1
       except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing

@@ -40,6 +40,7 @@ ROW_KEYS: tuple[str, ...] = (
     "flops",  # FLOPs of the whole train step from the jaxpr (scan bodies × trip count).
     "flops_xla_raw",  # XLA's cost_analysis()["flops"] (counts a loop body once).
     "residual_bytes",  # Bytes saved for the backward pass, arguments (params, batch) excluded.
+    "activation_residual_bytes",  # residual_bytes minus values of the params only (per-layer parameter slices).
     "residuals",  # {"count", "bytes", "groups", "by_source", "items", "analysed"}: see report.residuals.
     "remat_regions",  # jax.checkpoint equations in the traced step (a scan body once): 0 for none, > 0 otherwise.
     "same_program_as",  # Policy of an earlier row that lowered to the identical program (stats reused), else None.

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from jaxckpt.activations import parameter_only_residual_bytes
 from jaxckpt.jaxprs import outermost_remats
 from jaxckpt.layers import record_stack_inputs
 from jaxckpt.residuals import Residual, group_residuals, recomputed_residuals, saved_residuals, total_residual_bytes
@@ -51,13 +52,20 @@ def residual_levels(step: PolicyStep) -> list[tuple[str, list[Residual]]]:
     :func:`jaxckpt.residuals.recomputed_residuals` without its arguments (the group inputs, listed by the level
     above). One entry for ``block`` structures and loss targets.
   """
+  return _levels(step)[0]
+
+
+def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
+  """:func:`residual_levels` and the bytes of level 0's parameter-only residuals (:mod:`jaxckpt.activations`)."""
   levels: list[tuple[str, list[Residual]]] = []
+  param_only: list[int] = []
 
   def outer(batch, key):
     # batch and key are tracers of this outer trace: the inner vjp sees them as constants, not as inputs.
     loss = lambda params: step.loss_of_params(params, batch, key)  # noqa: E731
     with record_stack_inputs() as seen:
       top = saved_residuals(loss, step.params)
+    param_only.append(parameter_only_residual_bytes(loss, step.params))
     stacks = list({id(s): s for s, _ in seen}.values())
     depth = max((s.structure.levels - 1 for s in stacks), default=0)
     what = "loss w.r.t. params, layers unrolled"
@@ -78,7 +86,7 @@ def residual_levels(step: PolicyStep) -> list[tuple[str, list[Residual]]]:
     return 0
 
   jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
-  return levels
+  return levels, param_only[0]
 
 
 def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:
@@ -109,22 +117,26 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
     step: from :func:`jaxckpt.step.build.policy_step`.
 
   Returns:
-    ``{"count", "bytes", "argument_bytes", "analysed", "levels", "groups", "by_source", "items"}``: ``bytes``
-    excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``) and, under a structure,
-    sums the levels (group inputs + what one group keeps while recomputed, see the module docstring);
+    ``{"count", "bytes", "activation_bytes", "argument_bytes", "analysed", "levels", "groups", "by_source",
+    "items"}``: ``bytes`` excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``) and,
+    under a structure, sums the levels (group inputs + what one group keeps while recomputed, see the module
+    docstring); ``activation_bytes`` also excludes values that depend on the params only (per-layer parameter
+    slices, :mod:`jaxckpt.activations`; the row's ``activation_residual_bytes``);
     ``argument_bytes`` is the arguments'; ``levels``: ``[{"level", "analysed", "count", "bytes"}]``, one per level
     (one for ``block``); ``groups`` from :func:`residual_groups`, over all levels; ``by_source``:
     ``[{"key": "file:line:col (fn)", "count", "bytes"}]``; ``items``: every residual ``{"level", "shape", "dtype",
     "bytes", "name", "kind", "primitive", "source"}``. Bytes are an upper bound (XLA may fuse residuals away);
     compiled stats are the ground truth.
   """
-  levels = residual_levels(step)
+  levels, param_only = _levels(step)
   tagged = [(level, r) for level, (_, residuals) in enumerate(levels) for r in residuals]
   residuals = [r for _, r in tagged]
   saved = [r for r in residuals if r.kind != "argument"]
+  nbytes = total_residual_bytes(residuals, include_arguments=False)
   return {
       "count": len(saved),
-      "bytes": total_residual_bytes(residuals, include_arguments=False),
+      "bytes": nbytes,
+      "activation_bytes": nbytes - param_only,
       "argument_bytes": sum(r.bytes for r in residuals if r.kind == "argument"),
       "analysed": levels[0][0] if len(levels) == 1 else "; ".join(text for text, _ in levels),
       "levels": [{"level": level, "analysed": text, "count": sum(r.kind != "argument" for r in rs),

@@ -1,0 +1,247 @@
+"""Benchmark: the memory/recompute front of per-tensor plans on GPT ``small`` vs PyTorch's min-cut partitioner.
+
+Usage: ``python benchmarks/pertensor_front.py [--preset small] [--budgets 50 30] [--quick] [--out FILE.json]``.
+
+Saved = ``activation_residual_bytes`` (JAX's saved residuals of the unrolled model, parameter-only values excluded),
+FLOPs = the train step's FLOPs (:func:`jaxckpt.count_flops`, forward + backward, all ops) ÷ ``none``'s: the units of
+the PyTorch reference points below (torch 2.14, AOTAutograd min-cut partitioner with ``activation_memory_budget``,
+measured on the same model rebuilt in PyTorch; see ``/work/shared/NOTES.md`` §5 of the project).
+
+Steps: the layer candidates of the planner (built-ins, name subsets and the per-tensor min-cut options), timed; the
+model-level front of their layer assignments (:func:`jaxckpt.planner.pareto_totals`, predicted); for each torch
+point the least-recompute assignment predicted to save no more, then measured exactly (residual analysis + FLOPs of
+the traced step); ``min_saved`` and the built-ins measured the same way; then budget plans with per-tensor options
+compiled and checked against their budget (``--budgets``, percent of no-remat temp). Writes
+``benchmarks/results/pertensor_front.json`` and a PNG of both fronts beside it. ``--quick``: GPT ``tiny``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common  # noqa: E402
+from jaxckpt.flops import count_flops  # noqa: E402
+from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
+from jaxckpt.planner.plan import _policy_of, _probe  # noqa: E402
+from jaxckpt.planner.tensors import record_block_graphs, tensor_options  # noqa: E402
+from jaxckpt.policies import parse_model_policy  # noqa: E402
+from jaxckpt.report.residuals import analyse_residuals  # noqa: E402
+from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped_target, target_block_types  # noqa: E402
+
+NAME = "pertensor_front"
+MIB = 2**20
+
+TORCH_VERSION = "2.14"
+TORCH_POINTS = (  # activation_memory_budget, saved MiB, FLOPs ÷ none (measured on the same model, see NOTES §5)
+    (1.0, 312.5, 0.9998), (0.9, 190.6, 1.0010), (0.6, 170.6, 1.0013), (0.5, 154.0, 1.0095), (0.45, 138.0, 1.0176),
+    (0.4, 122.0, 1.0257), (0.35, 108.0, 1.0529), (0.3, 92.0, 1.0839), (0.25, 78.0, 1.1111), (0.2, 62.0, 1.1421),
+    (0.15, 46.0, 1.1731), (0.1, 30.0, 1.2042))
+BEFORE = (  # jaxckpt before per-tensor plans (same units; from the issue)
+    ("none", 688.8, 1.0000), ("budget:90%", 591.8, 1.0007), ("budget:75%", 494.7, 1.0015),
+    ("budget:60%", 324.4, 1.0036), ("budget:50%", 214.7, 1.0054), ("dots_saveable", 178.1, 1.0060),
+    ("budget:40%", 138.1, 1.0251), ("dots_with_no_batch_dims_saveable", 118.1, 1.0522), ("budget:30%", 82.1, 1.1215),
+    ("save_only_these_names:qkv", 70.1, 1.1447), ("nothing_saveable", 34.1, 1.2143))
+FLOPS_SLACK = 0.001
+"""A jaxckpt plan meets a torch point with saved ≤ torch's and FLOPs ÷ none ≤ torch's + this."""
+
+
+def _measure(target, policy, none_flops=None) -> dict:
+  """Exact saved activation bytes and step FLOPs of a concrete policy (traces only, nothing compiled)."""
+  step = policy_step(target, policy, default_optimizer())
+  summary = analyse_residuals(step)
+  count = count_flops(step.step, step.state, step.batch)
+  flops = count.total
+  return {"policy": str(policy), "activation_residual_bytes": summary["activation_bytes"],
+          "residual_bytes": summary["bytes"], "flops": flops, "matmul_flops": count.by_primitive.get("dot_general", 0),
+          "flops_ratio": None if none_flops is None else flops / none_flops}
+
+
+def main(argv: list[str] | None = None) -> dict:
+  """Runs the benchmark; returns what it writes as JSON (bytes, FLOPs, seconds)."""
+  parser = common.parser(NAME, __doc__)
+  parser.add_argument("--preset", default="small")
+  parser.add_argument("--budgets", type=float, nargs="*", default=[50, 30],
+                      help="budget plans to compile and check, percent of no-remat temp")
+  parser.add_argument("--points", type=int, default=14, help="extra front points measured for the plot")
+  parser.add_argument("--no-plot", dest="plot", action="store_false")
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.preset, args.budgets, args.points = "tiny", [40], 4
+  common.check_out(parser, NAME, args)
+  started = time.perf_counter()
+  record = common.run_record(NAME, args)
+  target = shipped_target("gpt", args.preset)
+
+  t0 = time.perf_counter()
+  stack, probe = _probe(target)
+  graphs = record_block_graphs(probe)
+  options = tensor_options(graphs)
+  candidates = layer_candidates(probe, target_block_types(target), options)
+  candidate_s = time.perf_counter() - t0
+  num_layers = stack.num_layers
+  print(f"{len(candidates)} layer candidates ({sum(map(len, options.values()))} per-tensor block options) in "
+        f"{candidate_s:.1f} s", flush=True)
+
+  none = _measure(target, parse_model_policy("none"))
+  none["flops_ratio"] = 1.0
+  none["matmul_flops_ratio"] = 1.0
+  full = _measure(target, parse_model_policy("nothing_saveable"), none["flops"])
+  by_spec = {str(c.spec): c for c in candidates}
+  full_layer = by_spec["nothing_saveable"].saved_bytes
+  totals = pareto_totals(candidates, num_layers)
+
+  def predicted(a) -> tuple[float, float]:
+    act = full["activation_residual_bytes"] + a.saved_bytes - num_layers * full_layer
+    return act, (none["flops"] + a.recompute_flops) / none["flops"]
+
+  measured: dict[str, dict] = {}
+
+  def measure(policy) -> dict:
+    key = str(policy)
+    if key not in measured:
+      measured[key] = _measure(target, policy, none["flops"])
+      measured[key]["matmul_flops_ratio"] = measured[key]["matmul_flops"] / none["matmul_flops"]
+    return measured[key]
+
+  # torch points: the least-recompute assignment predicted to save no more, measured; a smaller one if it does
+  scale = 1.0 if args.preset == "small" else None
+  points = []
+  for budget, saved_mib, torch_ratio in TORCH_POINTS:
+    if scale is None:
+      break
+    limit = saved_mib * MIB
+    fits = sorted((a for a in totals if predicted(a)[0] <= limit), key=lambda a: a.recompute_flops)
+    found = None
+    for a in fits[:3]:
+      got = measure(_policy_of(a))
+      if got["activation_residual_bytes"] <= limit:
+        found = got
+        break
+    entry = {"torch_budget": budget, "torch_saved_mib": saved_mib, "torch_flops_ratio": torch_ratio, "jaxckpt": found}
+    entry["met"] = bool(found and found["flops_ratio"] <= torch_ratio + FLOPS_SLACK)
+    entry["met_matmul_only"] = bool(found and found["matmul_flops_ratio"] <= torch_ratio + FLOPS_SLACK)
+    points.append(entry)
+    what = (f"{found['activation_residual_bytes'] / MIB:.1f} MiB ×{found['flops_ratio']:.4f}" if found else "none fits")
+    print(f"torch {budget:g}: {saved_mib} MiB ×{torch_ratio:.4f} | jaxckpt {what} "
+          f"{'MET' if entry['met'] else 'not met'}", flush=True)
+
+  # min_saved and the built-ins, measured; more front points for the plot
+  named = {}
+  for text in ("min_saved", "min_saved:tol=0%", "min_saved:tol=1%", "dots_saveable", "nothing_saveable"):
+    policy, _ = resolve_policy(target, text)
+    named[text] = measure(policy)
+    print(f"{text}: {named[text]['activation_residual_bytes'] / MIB:.1f} MiB ×{named[text]['flops_ratio']:.4f}",
+          flush=True)
+  step = max(1, len(totals) // max(1, args.points))
+  front = [measure(_policy_of(a)) for a in totals[::step]]
+
+  # budget plans with per-tensor options: compiled, checked against the budget; planning time in compiles
+  budgets, cache = [], {}
+  for pct in args.budgets:
+    try:
+      plan = plan_policy(target, f"budget:{pct:g}%", cache=cache, candidates=candidates)
+    except InfeasibleBudgetError as err:
+      budgets.append({"budget_percent": pct, "feasible": False, "error": str(err)})
+      continue
+    compile_s = sum(p.compile_s for p in plan.history) / len(plan.history)
+    got = measure(plan.policy)
+    budgets.append({"budget_percent": pct, "feasible": True, "policy": str(plan.policy),
+                    "temp_bytes": plan.compiled.temp_bytes, "limit_bytes": plan.limit_bytes,
+                    "fits": plan.compiled.temp_bytes <= plan.limit_bytes, "compiles": len(plan.history),
+                    "flops_ratio": plan.flops_ratio, "activation_residual_bytes": got["activation_residual_bytes"],
+                    "planning_s": plan.seconds + candidate_s / max(1, len(args.budgets)),
+                    "mean_compile_s": compile_s})
+    b = budgets[-1]
+    print(f"budget:{pct:g}%: temp {b['temp_bytes'] / MIB:.1f} ≤ {b['limit_bytes'] / MIB:.1f} MiB: {b['fits']}, "
+          f"{b['activation_residual_bytes'] / MIB:.1f} MiB ×{b['flops_ratio']:.4f}, planning {b['planning_s']:.0f} s "
+          f"= {b['planning_s'] / compile_s:.1f} compiles", flush=True)
+  ms_policy, _ = resolve_policy(target, "min_saved")
+  ms_compiled = compile_policy(target, ms_policy)
+  record.update({
+      "preset": args.preset, "torch_version": TORCH_VERSION, "flops_slack": FLOPS_SLACK,
+      "candidates": len(candidates), "candidate_s": candidate_s,
+      "tensor_options": {b: len(o) for b, o in options.items()},
+      "none": none, "nothing_saveable": full, "named": named, "torch_points": points, "front": front,
+      "budgets": budgets, "min_saved_compiled": {"temp_bytes": ms_compiled.memory["temp_bytes"],
+                                                 "none_temp_bytes": cache["none"].temp_bytes if "none" in cache
+                                                 else None},
+      "before": [{"policy": p, "saved_mib": s, "flops_ratio": r} for p, s, r in BEFORE],
+  })
+  common.publish(record, started, _render, NAME, args)
+  if args.plot:
+    path = os.path.splitext(common.out_path(NAME, args))[0] + ".png"
+    _plot(record, path)
+    print(f"wrote {path}")
+  return record
+
+
+def _render(data) -> str:
+  rows = []
+  for p in data["torch_points"]:
+    j = p["jaxckpt"]
+    rows.append([f"{p['torch_budget']:g}", f"{p['torch_saved_mib']:.1f}", f"{p['torch_flops_ratio']:.4f}",
+                 "—" if j is None else f"{j['activation_residual_bytes'] / MIB:.1f}",
+                 "—" if j is None else f"{j['flops_ratio']:.5f}", "yes" if p["met"] else "no",
+                 "—" if j is None else f"{j['matmul_flops_ratio']:.5f}",
+                 "—" if j is None else f"`{j['policy']}`"[:90]])
+  table = common.markdown_table(["torch budget", "torch saved MiB", "torch FLOPs÷none", "jaxckpt saved MiB",
+                                 "jaxckpt FLOPs÷none", "met", "jaxckpt matmul FLOPs÷none", "jaxckpt policy"], rows)
+  named = "\n".join(f"- `{k}`: {v['activation_residual_bytes'] / MIB:.1f} MiB, FLOPs ×{v['flops_ratio']:.4f}"
+                    for k, v in data["named"].items())
+  budgets = "\n".join(
+      f"- budget:{b['budget_percent']:g}%: compiled temp {b['temp_bytes'] / MIB:.1f} MiB ≤ {b['limit_bytes'] / MIB:.1f}"
+      f" MiB ({b['fits']}), {b['activation_residual_bytes'] / MIB:.1f} MiB saved, FLOPs ×{b['flops_ratio']:.4f}, "
+      f"planning {b['planning_s']:.0f} s = {b['planning_s'] / b['mean_compile_s']:.1f} compiles"
+      if b["feasible"] else f"- budget:{b['budget_percent']:g}%: {b['error']}" for b in data["budgets"])
+  return f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}"
+
+
+def _extra(ratio: float) -> float:
+  """FLOPs ratio as extra percent (torch's 0.9998 shows as −0.02%)."""
+  return (ratio - 1) * 100
+
+
+def _plot(data, path: str) -> None:
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # noqa: PLC0415
+
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  tp = data["torch_points"]
+  if tp:
+    ax.plot([p["torch_saved_mib"] for p in tp], [_extra(p["torch_flops_ratio"]) for p in tp], "s-", color="tab:red",
+            label=f"PyTorch {data['torch_version']} min-cut (activation_memory_budget)", zorder=3)
+  ax.plot([b["saved_mib"] for b in data["before"]], [_extra(b["flops_ratio"]) for b in data["before"]], "o:",
+          color="gray",
+          label="jaxckpt before (budgets, built-ins)", zorder=2)
+  pts = sorted(list(data["front"]) + [p["jaxckpt"] for p in tp if p["jaxckpt"]] + list(data["named"].values()),
+               key=lambda f: f["activation_residual_bytes"])
+  front, best = [], None
+  for f in pts:
+    if best is None or f["flops_ratio"] < best:
+      best = f["flops_ratio"]
+      front.append(f)
+  ax.plot([f["activation_residual_bytes"] / MIB for f in front], [_extra(f["flops_ratio"]) for f in front], "D-",
+          color="tab:blue", label="jaxckpt per-tensor plans (measured)", zorder=4)
+  ms = data["named"]["min_saved"]
+  ax.scatter([ms["activation_residual_bytes"] / MIB], [_extra(ms["flops_ratio"])], marker="*", s=150, color="gold",
+             edgecolor="k", label="min_saved", zorder=5)
+  ax.set_xlabel("saved for backward, MiB (parameters excluded)")
+  ax.set_ylabel("extra train-step FLOPs vs no remat, % (symlog)")
+  ax.set_yscale("symlog", linthresh=0.1)
+  ax.set_title(f"GPT {data['preset']}: memory/recompute fronts", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,426 @@
+"""Per-tensor candidates: which intermediate values of a block to save, chosen optimally by an integer program.
+
+Per-block policies choose among a few fixed sets (matmul outputs, the hand-tagged names). A *min-cut* chooses any
+set: the backward pass of a block reads some of its forward values (JAX's own analysis says which: tag every value,
+let every tag be saveable, and list the saved residuals); each one it reads must be saved or recomputed, and a
+recomputed value needs its producer's inputs saved or recomputed in turn, down to the block's inputs (always
+there). Minimising recompute cost under a cap on saved bytes is a min-cut of the forward graph (Jain et al. 2020,
+"Checkmate", solve the general schedule as an integer program; PyTorch's AOTAutograd partitioner solves the
+no-extra-recompute case as a max-flow min-cut). Here it is a small 0-1 program solved exactly with
+:func:`scipy.optimize.milp` (HiGHS):
+
+- binaries ``s_v`` (save value ``v``; only numeric/bool values can be named) and ``r_o`` (recompute op ``o``);
+- for every value ``v`` the backward reads: ``s_v + r_op(v) ≥ 1``;
+- for every recomputed op ``o`` and input ``u`` of it produced inside the block: ``s_u + r_op(u) ≥ r_o``;
+- ``Σ bytes_v s_v ≤ cap``; minimise ``Σ cost_o r_o``, then bytes (lexicographic, two solves).
+
+``cost_o`` = FLOPs + transcendentals of the op (:mod:`jaxckpt.flops`'s per-equation rules) + :data:`BYTE_COST` per
+output byte, so memory-bound elementwise ops and copies are not recomputed for nothing. A chosen set becomes a real
+JAX policy, ``save_tensors:t12_tanh+…`` (:mod:`jaxckpt.tagging`), and JAX's saved-residual analysis confirms it
+saves exactly those values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.flops import _Counter, _Tally
+from jaxckpt.policies import Policy
+from jaxckpt.residuals import saved_residuals
+from jaxckpt.tagging import ValueInfo, _evaluate, value_name, walk_values
+
+__all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
+           "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
+           "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS"]
+
+BYTE_COST = 1 / 16
+"""Cost units (FLOPs) per output byte of a recomputed op: a float32 elementwise op costs 0.25 FLOP per element
+more than its FLOPs, a copy or transpose is no longer free."""
+
+FRONT_POINTS = 6
+"""Byte caps per block type swept for the front (from the no-recompute set down to nothing)."""
+
+FLOPS_SHARES = (0.0, 0.002, 0.01, 0.05, 0.2)
+"""Recompute-FLOPs caps (shares of the block's forward FLOPs) at which the front also takes the least-bytes set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockGraph:
+  """One block's forward graph as the min-cut sees it.
+
+  Attributes:
+    block_type: e.g. ``"attn"``.
+    values: every value of the block's jaxpr (:func:`jaxckpt.tagging.walk_values`).
+    needed: value numbers the backward pass reads (when every value is available).
+    op_cost: op number -> recompute cost (FLOPs + transcendentals + :data:`BYTE_COST` × output bytes).
+    op_flops: op number -> FLOPs (transcendentals excluded, as in XLA's ``"flops"`` and :mod:`jaxckpt.flops`).
+    forward_flops: Σ ``op_flops`` (the block's forward).
+  """
+
+  block_type: str
+  values: tuple[ValueInfo, ...]
+  needed: frozenset[int]
+  op_cost: dict[int, float]
+  op_flops: dict[int, int]
+  forward_flops: int
+
+  def describe(self, index: int) -> str:
+    """``t12_tanh [8, 256, 1024] float32 4.0 MiB from file.py:40 (forward)``."""
+    from jaxckpt.units import format_bytes  # noqa: PLC0415
+
+    v = self.values[index]
+    return f"{v.name} {list(v.shape)} {v.dtype} {format_bytes(v.bytes)} from {v.source}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorChoice:
+  """A saved set of one block and what the model predicts for it.
+
+  Attributes:
+    block_type: the block type.
+    saved: value numbers saved, sorted.
+    names: their automatic names (``save_tensors`` arguments).
+    bytes: Σ bytes of the saved values.
+    cost: Σ cost of the recomputed ops.
+    flops: Σ FLOPs of the recomputed ops (transcendentals excluded).
+  """
+
+  block_type: str
+  saved: tuple[int, ...]
+  names: tuple[str, ...]
+  bytes: int
+  cost: float
+  flops: int
+
+  @property
+  def policy(self) -> Policy:
+    """``save_tensors:<names>``, or ``nothing_saveable`` for the empty set."""
+    return Policy("save_tensors", self.names) if self.names else Policy("nothing_saveable")
+
+
+def _op_cost(eqn) -> tuple[int, float]:
+  tally = _Tally()
+  _Counter()._eqn(eqn, tally)  # noqa: SLF001 - the same per-equation rules as count_flops
+  out_bytes = sum(int(np.prod(v.aval.shape, dtype=np.int64)) * getattr(v.aval.dtype, "itemsize", 0)
+                  for v in eqn.outvars)
+  return tally.total, tally.total + tally.transcendentals + BYTE_COST * out_bytes
+
+
+def _is_float(aval) -> bool:
+  return jnp.issubdtype(aval.dtype, jnp.floating)
+
+
+def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo]) -> frozenset[int]:
+  """The values JAX's backward pass reads when every value may be saved (saved-residual analysis)."""
+  tags = {v.index: v.name for v in values if v.taggable}
+  policy = jax.checkpoint_policies.save_only_these_names(*tags.values())
+  floats = [i for i, a in enumerate(closed.in_avals) if _is_float(a)]
+  others = [i for i, a in enumerate(closed.in_avals) if not _is_float(a)]
+  found: list = []
+
+  def outer(*other_vals):
+    def fn(*float_vals):
+      args = [None] * len(closed.in_avals)
+      for i, x in zip(floats, float_vals):
+        args[i] = x
+      for i, x in zip(others, other_vals):
+        args[i] = x
+      outs = jax.checkpoint(lambda *a: _evaluate(closed, a, tags), policy=policy)(*args)
+      return [o for o in outs if _is_float(o.aval if hasattr(o, "aval") else o)]
+
+    found.extend(saved_residuals(fn, *(jax.ShapeDtypeStruct(closed.in_avals[i].shape, closed.in_avals[i].dtype)
+                                       for i in floats)))
+    return 0
+
+  jax.make_jaxpr(outer)(*(jax.ShapeDtypeStruct(closed.in_avals[i].shape, closed.in_avals[i].dtype) for i in others))
+  by_name = {v.name: v.index for v in values}
+  needed = {by_name[r.name] for r in found if r.name in by_name}
+  unknown = [r.description for r in found if r.kind not in ("argument", "checkpoint_name")]
+  if unknown:
+    raise JaxckptError(f"the backward pass reads values the per-tensor analysis cannot name: {unknown[:3]}")
+  return frozenset(needed)
+
+
+def block_graph(block_type: str, closed: jex_core.ClosedJaxpr) -> BlockGraph:
+  """The :class:`BlockGraph` of a block's traced jaxpr.
+
+  Args:
+    block_type: the block type (for names in plans).
+    closed: the block's function as :func:`jaxckpt.tagging.record_tagged` records it (the remat'd function of
+      ``(state, *args)``).
+
+  Returns:
+    The graph with the values the backward reads (JAX's analysis) and each op's cost.
+  """
+  values = list(walk_values(closed))
+  # values of constants only (a dropout's sampling bounds): JAX folds them into the backward pass, never saves them
+  constant: set[int] = set()
+  for v in values:
+    if all(u >= 0 and u in constant for u in v.inputs) and v.primitive not in ("random_bits", "iota"):
+      constant.add(v.index)
+  values = tuple(dataclasses.replace(v, taggable=False) if v.index in constant else v for v in values)
+  op_flops: dict[int, int] = {}
+  op_cost: dict[int, float] = {}
+  for v in values:
+    if v.op not in op_cost:
+      op_flops[v.op], op_cost[v.op] = (0, 0.0) if v.index in constant else _op_cost(v.eqn)
+  return BlockGraph(block_type, values, _needed(closed, values), op_cost, op_flops, sum(op_flops.values()))
+
+
+def recompute_closure(graph: BlockGraph, saved: Iterable[int]) -> set[int]:
+  """The ops the backward pass must recompute when ``saved`` values are kept (the model behind the program)."""
+  saved = set(saved)
+  ops: set[int] = set()
+  todo = [v for v in graph.needed if v not in saved]
+  seen: set[int] = set()
+  while todo:
+    v = todo.pop()
+    if v < 0 or v in seen:
+      continue
+    seen.add(v)
+    info = graph.values[v]
+    if info.op in ops:
+      continue
+    ops.add(info.op)
+    todo.extend(u for u in info.inputs if u >= 0 and u not in saved)
+  return ops
+
+
+def _choice(graph: BlockGraph, saved: Iterable[int]) -> TensorChoice:
+  saved = tuple(sorted(saved))
+  ops = recompute_closure(graph, saved)
+  return TensorChoice(graph.block_type, saved, tuple(graph.values[v].name for v in saved),
+                      sum(graph.values[v].bytes for v in saved), sum(graph.op_cost[o] for o in ops),
+                      sum(graph.op_flops[o] for o in ops))
+
+
+def _program(graph: BlockGraph):
+  """Variables (saved values, then ops), and the covering constraints, as sparse rows."""
+  relevant_ops: set[int] = set()
+  todo, seen = list(graph.needed), set()
+  while todo:  # only ancestors of needed values matter
+    v = todo.pop()
+    if v < 0 or v in seen:
+      continue
+    seen.add(v)
+    relevant_ops.add(graph.values[v].op)
+    for op_value in (w for w in graph.values if w.op == graph.values[v].op):
+      todo.extend(op_value.inputs)
+  svals = sorted(v for v in seen if graph.values[v].taggable)
+  ops = sorted(relevant_ops)
+  s_at = {v: i for i, v in enumerate(svals)}
+  r_at = {o: len(svals) + i for i, o in enumerate(ops)}
+  n = len(svals) + len(ops)
+  rows, lows = [], []
+
+  def row(entries):
+    a = np.zeros(n)
+    for j, c in entries:
+      a[j] += c
+    rows.append(a)
+
+  for v in sorted(graph.needed):
+    if v < 0:
+      continue
+    entries = [(r_at[graph.values[v].op], 1.0)] + ([(s_at[v], 1.0)] if v in s_at else [])
+    row(entries)
+    lows.append(1.0)
+  for o in ops:
+    inputs = {u for w in graph.values if w.op == o for u in w.inputs if u >= 0}
+    for u in sorted(inputs):
+      entries = [(r_at[graph.values[u].op], 1.0), (r_at[o], -1.0)] + ([(s_at[u], 1.0)] if u in s_at else [])
+      row(entries)
+      lows.append(0.0)
+  bytes_ = np.array([graph.values[v].bytes for v in svals] + [0.0] * len(ops), float)
+  cost = np.array([0.0] * len(svals) + [graph.op_cost[o] for o in ops], float)
+  flops = np.array([0.0] * len(svals) + [graph.op_flops[o] for o in ops], float)
+  a = np.array(rows) if rows else np.zeros((0, n))
+  return svals, n, a, np.array(lows), bytes_, cost, flops
+
+
+def _milp(c, n, constraints):
+  res = milp(c, constraints=constraints, integrality=np.ones(n), bounds=Bounds(0, 1),
+             options={"mip_rel_gap": 0.0})
+  if not res.success:
+    return None
+  return np.round(res.x)
+
+
+def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops: float | None = None,
+                minimise: str = "cost") -> TensorChoice | None:
+  """The optimal saved set of one block.
+
+  Args:
+    graph: from :func:`block_graph`.
+    max_bytes: cap on saved bytes (``None``: no cap).
+    max_flops: cap on recomputed FLOPs (``None``: no cap).
+    minimise: ``"cost"`` (recompute cost, then bytes) or ``"bytes"`` (saved bytes, then cost).
+
+  Returns:
+    The :class:`TensorChoice`, or ``None`` when no set meets the caps.
+
+  Raises:
+    JaxckptError: an unknown ``minimise``.
+  """
+  if minimise not in ("cost", "bytes"):
+    raise JaxckptError(f"minimise={minimise!r}; valid: cost, bytes")
+  svals, n, a, lows, bytes_, cost, flops = _program(graph)
+  base = [LinearConstraint(a, lows, np.inf)] if len(lows) else []
+  if max_bytes is not None:
+    base.append(LinearConstraint(bytes_[None], -np.inf, max_bytes))
+  if max_flops is not None:
+    base.append(LinearConstraint(flops[None], -np.inf, max_flops))
+  first, second = (cost, bytes_) if minimise == "cost" else (bytes_, cost)
+  x = _milp(first, n, base)
+  if x is None:
+    return None
+  best = float(first @ x)
+  x2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))])
+  x = x if x2 is None else x2
+  return _choice(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])
+
+
+def min_saved_choice(graph: BlockGraph, tolerance: float) -> TensorChoice:
+  """The least saved bytes whose recomputation costs at most ``tolerance`` × the block's forward FLOPs."""
+  found = solve_block(graph, max_flops=tolerance * graph.forward_flops, minimise="bytes")
+  assert found is not None  # saving every needed value recomputes nothing
+  return found
+
+
+def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[str, TensorChoice]:
+  """``min_saved`` for a layer: the least total saved bytes over its blocks whose recomputation costs at most
+  ``tolerance`` × the layer's forward FLOPs (Σ over blocks), shared between the blocks as the program finds best.
+
+  Args:
+    graphs: block type -> :class:`BlockGraph` of one layer.
+    tolerance: share of the layer's forward FLOPs, in [0, 1).
+
+  Returns:
+    Block type -> its :class:`TensorChoice`.
+  """
+  blocks = sorted(graphs)
+  if not blocks:
+    return {}
+  programs = [_program(graphs[b]) for b in blocks]
+  sizes = [p[1] for p in programs]
+  n = sum(sizes)
+  offsets = np.cumsum([0] + sizes)
+  rows, lows = [], []
+  bytes_, cost, flops = np.zeros(n), np.zeros(n), np.zeros(n)
+  for k, (svals, size, a, low, b, c, f) in enumerate(programs):
+    block_rows = np.zeros((a.shape[0], n))
+    block_rows[:, offsets[k]:offsets[k] + size] = a
+    rows.append(block_rows)
+    lows.append(low)
+    bytes_[offsets[k]:offsets[k] + size], cost[offsets[k]:offsets[k] + size] = b, c
+    flops[offsets[k]:offsets[k] + size] = f
+  cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
+  base = [LinearConstraint(np.vstack(rows), np.concatenate(lows), np.inf), LinearConstraint(flops[None], -np.inf, cap)]
+  x = _milp(bytes_, n, base)
+  best = float(bytes_ @ x)
+  x2 = _milp(cost, n, base + [LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
+  x = x if x2 is None else x2
+  out = {}
+  for k, b in enumerate(blocks):
+    svals = programs[k][0]
+    out[b] = _choice(graphs[b], [v for i, v in enumerate(svals) if x[offsets[k] + i] > 0.5])
+  return out
+
+
+def block_front(graph: BlockGraph, points: int = FRONT_POINTS, tolerance: float | None = None) -> list[TensorChoice]:
+  """Optimal saved sets of one block for byte caps from the no-recompute set down to nothing, Pareto-filtered.
+
+  Args:
+    graph: from :func:`block_graph`.
+    points: byte caps swept (linearly spaced).
+    tolerance: also add :func:`min_saved_choice` at this tolerance.
+
+  Returns:
+    Distinct :class:`TensorChoice` by increasing bytes, none beaten on both bytes and cost by another.
+  """
+  top = solve_block(graph)
+  found = {top.saved: top}
+  if tolerance is not None:
+    extra = min_saved_choice(graph, tolerance)
+    found[extra.saved] = extra
+  for cap in np.linspace(top.bytes, 0, points + 1)[1:]:
+    choice = solve_block(graph, max_bytes=float(cap))
+    if choice is not None:
+      found.setdefault(choice.saved, choice)
+  for share in FLOPS_SHARES:  # least bytes at each recompute-FLOPs cap: the front as the FLOPs metric sees it
+    choice = solve_block(graph, max_flops=share * graph.forward_flops, minimise="bytes")
+    found.setdefault(choice.saved, choice)
+  front: list[TensorChoice] = []
+  for key in ("cost", "flops"):
+    best = None
+    for choice in sorted(found.values(), key=lambda c: (c.bytes, getattr(c, key))):
+      if best is None or getattr(choice, key) < best:
+        best = getattr(choice, key)
+        if choice not in front:
+          front.append(choice)
+  return sorted(front, key=lambda c: (c.bytes, c.cost))
+
+
+LAYER_SHARES = (0.0, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+"""Tolerances (shares of a layer's forward FLOPs) of the joint ``min_saved`` sets added to the options."""
+
+
+def tensor_options(graphs: Mapping[str, BlockGraph]) -> dict[str, list[Policy]]:
+  """Per-tensor candidate policies per block type: each block's :func:`block_front` and each block's part of the
+  joint :func:`min_saved_layer` sets at :data:`LAYER_SHARES`, empty sets left out (that is ``nothing_saveable``).
+
+  Returns:
+    Block type -> distinct ``save_tensors`` policies, by increasing saved bytes.
+  """
+  chosen: dict[str, dict[tuple[int, ...], TensorChoice]] = {b: {} for b in graphs}
+  for b, g in graphs.items():
+    for c in block_front(g):
+      chosen[b].setdefault(c.saved, c)
+  for share in LAYER_SHARES:
+    for b, c in min_saved_layer(graphs, share).items():
+      chosen[b].setdefault(c.saved, c)
+  return {b: [c.policy for c in sorted(found.values(), key=lambda c: (c.bytes, c.cost)) if c.names]
+          for b, found in chosen.items()}
+
+
+def exhaustive_block(graph: BlockGraph, max_bytes: float) -> TensorChoice:
+  """:func:`solve_block` by trying every subset of the values (tests only; 2^n)."""
+  pool = sorted({v for v in range(len(graph.values)) if graph.values[v].taggable})
+  best = None
+  for k in range(len(pool) + 1):
+    for subset in itertools.combinations(pool, k):
+      choice = _choice(graph, subset)
+      if choice.bytes <= max_bytes and (best is None or (choice.cost, choice.bytes) < (best.cost, best.bytes)):
+        best = choice
+  return best
+
+
+def record_block_graphs(probe) -> dict[str, BlockGraph]:
+  """The :class:`BlockGraph` of each block type of one layer, traced as the train step traces it.
+
+  Args:
+    probe: a :class:`jaxckpt.planner.candidates.LayerProbe` of the model's stack.
+
+  Returns:
+    Block type -> graph, for every remat block type of the layer.
+  """
+  from jaxckpt.policies import PolicySpec  # noqa: PLC0415
+  from jaxckpt.tagging import record_tagged  # noqa: PLC0415
+
+  with record_tagged() as recorded:
+    probe.measure(PolicySpec(default=Policy("save_tensors", ("t0_probe",))))
+  graphs: dict[str, BlockGraph] = {}
+  for owner, closed in recorded:
+    block_type = getattr(owner, "block_type", None)
+    if block_type is not None and block_type not in graphs:
+      graphs[block_type] = block_graph(block_type, closed)
+  return graphs
