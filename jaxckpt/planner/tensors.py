@@ -34,9 +34,10 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.flops import _Counter, _Tally
-from jaxckpt.policies import Policy
+from jaxckpt.policies import Policy, PolicySpec
 from jaxckpt.residuals import saved_residuals
-from jaxckpt.tagging import ValueInfo, _evaluate, value_name, walk_values
+from jaxckpt.tagging import ValueInfo, _evaluate, record_tagged, walk_values
+from jaxckpt.units import format_bytes
 
 __all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
            "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
@@ -75,8 +76,6 @@ class BlockGraph:
 
   def describe(self, index: int) -> str:
     """``t12_tanh [8, 256, 1024] float32 4.0 MiB from file.py:40 (forward)``."""
-    from jaxckpt.units import format_bytes  # noqa: PLC0415
-
     v = self.values[index]
     return f"{v.name} {list(v.shape)} {v.dtype} {format_bytes(v.bytes)} from {v.source}"
 
@@ -413,9 +412,6 @@ def record_block_graphs(probe) -> dict[str, BlockGraph]:
   Returns:
     Block type -> graph, for every remat block type of the layer.
   """
-  from jaxckpt.policies import PolicySpec  # noqa: PLC0415
-  from jaxckpt.tagging import record_tagged  # noqa: PLC0415
-
   with record_tagged() as recorded:
     probe.measure(PolicySpec(default=Policy("save_tensors", ("t0_probe",))))
   graphs: dict[str, BlockGraph] = {}
