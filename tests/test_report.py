@@ -52,9 +52,11 @@ def check_report_schema(data):
     assert row["peak_bytes_measured"] is None or isinstance(row["peak_bytes_measured"], int)
     if row["residuals"] is not None:
       res = row["residuals"]
-      assert set(res) == {"count", "bytes", "argument_bytes", "analysed", "levels", "groups", "by_source", "items"}
+      assert set(res) == {"count", "bytes", "activation_bytes", "argument_bytes", "analysed", "levels", "groups",
+                          "by_source", "items"}
       assert res["bytes"] == sum(level["bytes"] for level in res["levels"])
       assert row["residual_bytes"] == res["bytes"] == sum(i["bytes"] for i in res["items"] if i["kind"] != "argument")
+      assert row["activation_residual_bytes"] == res["activation_bytes"] <= res["bytes"]
       assert sum(g["bytes"] for g in res["groups"]) == res["bytes"] + res["argument_bytes"]
   json.loads(json.dumps(data))  # serialisable as is
 
