@@ -222,19 +222,36 @@ def _unapply(module: nnx.Module) -> None:
 # -------------------------------------------------------------------------------------------------------- matching
 
 
-def _matcher(block_type: str, value: Any) -> Callable[[tuple, nnx.Module], bool]:
-  """Turns one ``blocks=`` value into a predicate, checking it."""
+def block_matcher(block_type: str, value: Any, *, front_end: str = "nnx") -> Callable[[tuple, Any], bool]:
+  """Turns one ``blocks=`` value into a predicate ``(path, module) -> bool``, checking it (NNX and Linen alike).
+
+  Args:
+    block_type: the ``blocks=`` key (for messages).
+    value: a module class, a tuple of classes, or a predicate ``(path, module) -> bool``.
+    front_end: ``"nnx"`` (classes must be ``flax.nnx.Module`` s) or ``"linen"`` (``flax.linen.Module`` s).
+
+  Returns:
+    The predicate.
+
+  Raises:
+    JaxckptError: a value of none of those forms, a class of the other front-end (the message names the function
+      for it), or a predicate that cannot take ``(path, module)``.
+  """
+  base, other = (nnx.Module, nn.Module) if front_end == "nnx" else (nn.Module, nnx.Module)
+  name, other_name = ("NNX", "Linen") if front_end == "nnx" else ("Linen", "NNX")
+  other_fix = ("jaxckpt.linen_apply.apply_remat(module, policy, blocks=...) for Linen models" if front_end == "nnx"
+               else "jaxckpt.apply_remat(model, policy, blocks=...) for NNX models")
   classes = value if isinstance(value, tuple) else (value,) if isinstance(value, type) else None
   if classes is not None:
     for cls in classes:
       if not isinstance(cls, type):
-        raise JaxckptError(f"blocks[{block_type!r}] holds {cls!r}, not a class; give NNX module classes, a tuple of "
-                           "them, or a predicate (path, module) -> bool")
-      if issubclass(cls, nn.Module):
-        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is a Flax Linen module class: use "
-                           "jaxckpt.linen_apply.apply_remat(module, policy, blocks=...) for Linen models")
-      if not issubclass(cls, nnx.Module):
-        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is not a flax.nnx.Module class")
+        raise JaxckptError(f"blocks[{block_type!r}] holds {cls!r}, not a class; give {name} module classes, a tuple "
+                           "of them, or a predicate (path, module) -> bool")
+      if issubclass(cls, other):
+        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is a Flax {other_name} module class: use "
+                           f"{other_fix}")
+      if not issubclass(cls, base):
+        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is not a {base.__module__}.Module class")
     wanted = tuple(_ORIGINAL.get(c, c) for c in classes)
     return lambda path, module: isinstance(module, wanted)
   if callable(value):
@@ -243,8 +260,9 @@ def _matcher(block_type: str, value: Any) -> Callable[[tuple, nnx.Module], bool]
     except (TypeError, ValueError) as err:
       raise JaxckptError(f"blocks[{block_type!r}]={value!r} must take (path, module) and return a bool") from err
     return lambda path, module: bool(value(path, module))
-  raise JaxckptError(f"blocks[{block_type!r}]={value!r}: give an NNX module class, a tuple of classes, or a "
-                     "predicate (path, module) -> bool")
+  article = "an" if name == "NNX" else "a"
+  raise JaxckptError(f"blocks[{block_type!r}]={value!r}: give {article} {name} module class, a tuple of classes, or "
+                     "a predicate (path, module) -> bool")
 
 
 def _match(model: nnx.Module, blocks: Mapping[str, Any]) -> dict[str, list[tuple[tuple, nnx.Module]]]:
@@ -256,7 +274,7 @@ def _match(model: nnx.Module, blocks: Mapping[str, Any]) -> dict[str, list[tuple
     if not isinstance(block_type, str) or not _NAME_RE.match(block_type) or block_type == DEFAULT_BLOCK:
       raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
                          f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
-    matchers[block_type] = _matcher(block_type, value)
+    matchers[block_type] = block_matcher(block_type, value)
   found: dict[str, list[tuple[tuple, nnx.Module]]] = {b: [] for b in matchers}
   seen: set[int] = set()
   for path, module in nnx.iter_modules(model):

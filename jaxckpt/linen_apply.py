@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt.apply import block_matcher
 from jaxckpt.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
@@ -123,29 +124,6 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
   return nn.checkpoint(fn, policy=policy.to_jax(), prevent_cse=True)(module, *arrays)
 
 
-def _matcher(block_type: str, value: Any) -> Callable[[tuple, nn.Module], bool]:
-  classes = value if isinstance(value, tuple) else (value,) if isinstance(value, type) else None
-  if classes is not None:
-    for cls in classes:
-      if not isinstance(cls, type):
-        raise JaxckptError(f"blocks[{block_type!r}] holds {cls!r}, not a class; give Linen module classes, a tuple "
-                           "of them, or a predicate (path, module) -> bool")
-      if issubclass(cls, nnx.Module):
-        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is a Flax NNX module class: use "
-                           "jaxckpt.apply_remat(model, policy, blocks=...) for NNX models")
-      if not issubclass(cls, nn.Module):
-        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is not a flax.linen.Module class")
-    return lambda path, module: isinstance(module, classes)
-  if callable(value):
-    try:
-      inspect.signature(value).bind(("path",), None)
-    except (TypeError, ValueError) as err:
-      raise JaxckptError(f"blocks[{block_type!r}]={value!r} must take (path, module) and return a bool") from err
-    return lambda path, module: bool(value(path, module))
-  raise JaxckptError(f"blocks[{block_type!r}]={value!r}: give a Linen module class, a tuple of classes, or a "
-                     "predicate (path, module) -> bool")
-
-
 @dataclasses.dataclass(frozen=True)
 class RematModule:
   """A Linen module whose matched blocks run under remat while it is initialised or applied.
@@ -172,7 +150,7 @@ class RematModule:
   def _running(self) -> Iterator[_Run]:
     record = _LISTING.get()  # listing names: every block remat'd (everything_saveable, same numbers) and recorded
     spec = self.spec if record is None else PolicySpec(default=Policy("everything_saveable"))
-    run = _Run(spec, tuple((b, _matcher(b, v)) for b, v in self.blocks), record=record)
+    run = _Run(spec, tuple((b, block_matcher(b, v, front_end="linen")) for b, v in self.blocks), record=record)
     token = _RUN.set(run)
     try:
       with nn.intercept_methods(_interceptor):
@@ -256,7 +234,7 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
     if not isinstance(block_type, str) or not _NAME_RE.match(block_type) or block_type == DEFAULT_BLOCK:
       raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
                          f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
-    _matcher(block_type, value)
+    block_matcher(block_type, value, front_end="linen")
   spec = _checked(parse_policy(policy), tuple(blocks))
   return RematModule(module, spec, tuple(blocks.items()))
 

@@ -14,17 +14,18 @@ from jaxckpt.report import build_report, shipped_target, to_html, write_outputs
 from jaxckpt.report.html import chart_figures
 from jaxckpt.report.plot import PLOT_SUFFIXES, plot_format, plot_pareto
 
-POLICIES = ["none", "full", "dots_saveable", "budget:90%"]
+POLICIES = ["none", "full", "dots_saveable", "budget:90%", "save_only_these_names:mlp_out"]
 
 
 @pytest.fixture(scope="module")
 def report():
-  # MLP tiny: none 287008 temp bytes, dots_saveable 243408, budget:90% plans dots_saveable on layers 0–1 (XLA:CPU).
+  # MLP tiny: none 287008 temp bytes, dots_saveable 243408; save_only_these_names:mlp_out lowers to the very program
+  # of nothing_saveable (the same point on every chart).
   return build_report(shipped_target("mlp", "tiny", batch_size=8), POLICIES, progress=False)
 
 
 def test_fixture_has_every_kind_of_row(report):
-  assert [r["status"] for r in report.rows] == ["ok"] * 4
+  assert [r["status"] for r in report.rows] == ["ok"] * 5
   plan = report.row("budget:90%")["plan"]
   assert plan["ranges"] and plan["ranges"][0]["first"] == 0
 
@@ -144,9 +145,11 @@ def test_static_plot_numbers_points_and_keys_them(report, tmp_path):
   labels = [t for t in texts if re.fullmatch(r"\d+(,\d+)*", t)]
   n = len(report.rows)
   assert sorted(int(x) for label in labels for x in label.split(",")) == sorted([*range(1, n + 1)] * 2)
-  # dots_saveable (3) and the budget plan that chose it on every layer (4) coincide: one shared label per panel.
-  assert report.row("budget:90%")["temp_bytes"] == report.row("dots_saveable")["temp_bytes"]
-  assert labels.count("3,4") == 2
+  # nothing_saveable (2) and save_only_these_names:mlp_out (5) are one program: one shared label per panel.
+  full, named = report.row("nothing_saveable"), report.row("save_only_these_names:mlp_out")
+  assert named["same_program_as"] == "nothing_saveable" and named["temp_bytes"] == full["temp_bytes"]
+  assert named["flops"] == full["flops"]
+  assert labels.count("2,5") == 2
 
 
 def test_cli_bad_plot_suffix_exits_2_before_compiling(tmp_path, capsys):
