@@ -17,6 +17,7 @@ Two stages, so a caller can overlap them (the report traces the next policy whil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import time
 from collections.abc import Mapping
@@ -119,13 +120,13 @@ class LoweredPolicy:
   lower_s: float
   stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
-  @property
+  @functools.cached_property
   def fingerprint(self) -> str:
     """Hash of the lowered module's text (identical programs, e.g. name policies that save nothing the model
     emits, share it)."""
     return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()[:16]
 
-  @property
+  @functools.cached_property
   def flops(self) -> int:
     """FLOPs of the step from its jaxpr (:func:`jaxckpt.flops.jaxpr_flops`)."""
     return jaxpr_flops(self.traced.jaxpr).total
