@@ -61,9 +61,10 @@ def capture(module, config) -> dict[str, Any]:
   captured: dict[str, Any] = {}
   real_compile = experiment_runner.compile_and_describe
 
-  def compile_hook(step, state, example, **kwargs):
-    captured["step"] = step
-    return real_compile(step, state, example, **kwargs)
+  def compile_hook(*args, **kwargs):
+    compiled = real_compile(*args, **kwargs)
+    captured["step"] = compiled.step
+    return compiled
 
   def loop_hook(step_fn, state, **kwargs):
     captured.update(step_fn=step_fn, state=state, loop_kwargs=kwargs)

@@ -39,22 +39,10 @@ class Placement:
     size = jax.tree.leaves(batch)[0].shape[0]
     return sharding.shard_batch(batch, self.mesh, global_batch_size=size)
 
-  def loss(self, loss_fn: Callable) -> Callable:
-    """``loss_fn`` computing with the parameters all-gathered over ``fsdp`` (:func:`jaxckpt.sharding.gathered_params`);
-    itself without a mesh."""
-    return sharding.gather_params_in_loss(loss_fn, self.mesh)
-
-  def step_kwargs(self, state: Any, batch: Any, model: Any) -> dict[str, Any]:
-    """``in_shardings``/``out_shardings`` of the train step (none without a mesh)."""
-    return {} if self.mesh is None else sharding.step_shardings(state, batch, self.mesh, model=model)
-
-  def batches(self, batch_at: Callable[[int], Any], state: Any, model: Any
-              ) -> tuple[Callable[[int], Any], Any, dict[str, Any]]:
-    """``(batch_at, example, step_kwargs)``: ``batch_at`` placing each host batch on the mesh, the batch of step
-    0 (placed) and the train step's shardings; the host ``batch_at``, its batch and ``{}`` without a mesh."""
-    placed = batch_at if self.mesh is None else (lambda step: self.batch(batch_at(step)))
-    example = placed(0)
-    return placed, example, self.step_kwargs(state, example, model)
+  def batches(self, batch_at: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``batch_at`` placing each host batch on the mesh (:meth:`batch`); ``batch_at`` itself without a mesh. (The
+    train step's shardings come from the step core: :func:`jaxckpt.step.compile_policy` with this ``mesh``.)"""
+    return batch_at if self.mesh is None else (lambda step: self.batch(batch_at(step)))
 
   def check_policy(self, spec: Any) -> None:
     """Raises :class:`JaxckptError` for a budget with a mesh: plans are made for one device."""

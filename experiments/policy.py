@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
-
-import jax
-import numpy as np
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError
@@ -40,19 +37,14 @@ def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> j
   return wanted
 
 
-def plan_budget(spec: jaxckpt.policies.ModelPolicy, *, make_model: Callable[[], Any], batch: Any, loss_fn: Callable,
-                tx: Any, grad_accum_steps: int, name: str, preset: str | None, log) -> tuple[Any, dict | None]:
+def plan_budget(spec: jaxckpt.policies.ModelPolicy, target: ModelTarget, *, tx: Any, log) -> tuple[Any, dict | None]:
   """Turns a budget ``--policy`` into the least-recompute plan for this run's model, batch and optimizer.
 
   Args:
     spec: from :func:`resolve_policy`; anything but a model-level policy to plan (a budget) is returned
       unchanged (:func:`jaxckpt.planner.resolve_policy`, the one place budgets become plans).
-    make_model: ``() -> nnx.Module``, the run's model (built abstractly here, never allocated).
-    batch: one batch (arrays or ``jax.ShapeDtypeStruct``; only shapes are used).
-    loss_fn: the run's loss (:data:`jaxckpt.train.LossFn`).
+    target: the run's model, loss and batch shapes (built abstractly by the planner, never allocated).
     tx: the run's optimizer (its state counts in the footprint).
-    grad_accum_steps: micro-batches per step.
-    name, preset: shown in the plan.
     log: where the plan's explanation goes.
 
   Returns:
@@ -62,9 +54,6 @@ def plan_budget(spec: jaxckpt.policies.ModelPolicy, *, make_model: Callable[[], 
   Raises:
     InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
   """
-  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), batch)
-  target = ModelTarget(make_model=make_model, batch=abstract, loss_fn=loss_fn, name=name, preset=preset,
-                       grad_accum_steps=grad_accum_steps)
   policy, plan = resolve_planned(target, spec, tx=tx)
   if plan is None:
     return policy, None

@@ -3,8 +3,8 @@
 :func:`run` takes an experiment's config and two functions of its own: ``check(config)`` (its flags' values) and
 ``setup(config, log) -> Setup`` (its data, model, loss, optimizer, evaluation and result lines). Everything else is
 here, in this order: check the run options, join the devices, hold ``--out``/``--ckpt-dir`` exclusively, resolve the
-policy (planning a budget for this model), build and place the train state, compile the train step once and print
-its memory, train (:func:`experiments.loop.train_loop`), evaluate, and write metrics.json.
+policy (planning a budget for this model), build and place the train state, compile the train step once through
+the step core (:func:`jaxckpt.step.compile_policy`, as the report and the planner do) and print its memory, train (:func:`experiments.loop.train_loop`), evaluate, and write metrics.json.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-from flax import nnx
+import numpy as np
 
 import jaxckpt
 from experiments.loop import RunInterrupted, stop_on_signals, train_loop
@@ -29,6 +28,7 @@ from experiments.policy import plan_budget, resolve_policy
 from jaxckpt import sharding
 from jaxckpt.render import memory_table, policy_summary
 from jaxckpt.saving import DirectoryLock, check_checkpoint_directory
+from jaxckpt.step import ModelTarget, compile_policy
 
 __all__ = ["Setup", "RunResult", "CompiledStep", "compile_and_describe", "run", "hold_directories"]
 
@@ -85,54 +85,66 @@ class RunResult:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledStep:
-  """A compiled train step and what was learnt compiling it (memory in bytes, seconds, warnings)."""
+  """A compiled train step and what was learnt compiling it.
+
+  Attributes:
+    fn: the executable, ``fn(state, batch) -> (state, metrics)`` (the state is donated).
+    memory: compiled memory stats (int bytes, ``None`` where the backend has none; per device with a mesh).
+    compile_s: seconds to build, trace, lower and compile the step.
+    warnings: warnings raised while compiling, and the offload note for offload policies.
+    block_types: block type -> checkpoint names of the run's model.
+    step: the step function that was compiled (uncompiled; for benchmarks that time it by hand).
+  """
 
   fn: jax.stages.Compiled
   memory: dict[str, int | None]
   compile_s: float
   warnings: list[str]
   block_types: dict[str, frozenset[str]]
+  step: Callable | None = None
 
 
 def compile_and_describe(
-    step: Callable, state: Any, example: Any, *, graphdef: Any, spec: jaxckpt.PolicySpec, headline: str, log,
-    shardings: Mapping[str, Any] | None = None
+    target: ModelTarget, spec: Any, *, tx: Any, mesh: Any, block_types: Mapping[str, frozenset[str]], headline: str,
+    log
 ) -> CompiledStep:
-  """Compiles the train step once (state donated, CPU remat fix) and logs the policy and compiled memory stats.
+  """Compiles the run's train step once through the step core and logs the policy and compiled memory stats.
+
+  The same compile path as the report and the planner (:func:`jaxckpt.step.compile_policy`: state donated, the
+  CPU remat fix, sharded over ``mesh``), with full XLA optimisation since this executable runs.
 
   Args:
-    step: from :func:`jaxckpt.make_train_step`.
-    state: the train state (its shapes fix the compiled signature).
-    example: one batch (shapes only matter).
-    graphdef: the model's graphdef (to list its block types).
-    spec: the policy spec in use.
+    target: the run's model, loss and batch shapes (:class:`jaxckpt.step.ModelTarget`).
+    spec: the concrete policy (per block or per layer range).
+    tx: the optimizer.
+    mesh: the device mesh (:class:`experiments.placement.Placement`'s), or ``None``; memory stats are then per
+      device.
+    block_types: the run's block types (for the policy summary).
     headline: first line to log (model, data).
     log: where lines go.
-    shardings: ``in_shardings``/``out_shardings`` (:meth:`Placement.step_kwargs`); memory stats are then per device.
+
+  Returns:
+    The :class:`CompiledStep`.
   """
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    started = time.perf_counter()
-    fn = jaxckpt.compile_train_step(step, state, example, **dict(shardings or {}))
-    compile_s = time.perf_counter() - started
+    compiled = compile_policy(target, spec, tx=tx, mesh=mesh, stats_only=False)
   messages = [str(w.message) for w in caught]
   offload = jaxckpt.xla.offload_warning(spec)
   if offload is not None:
     messages.append(offload)
-  types = jaxckpt.block_types(nnx.merge(graphdef, state.params, state.other))
-  memory = jaxckpt.memory_stats(fn)
+  memory = dict(compiled.memory)
   log(headline)
   for message in messages:
     log(f"warning: {message}")
-  log(f"policy {spec}: {policy_summary(spec, types)}")
-  if shardings:
-    mesh = next(s.mesh for s in jax.tree.leaves(shardings["in_shardings"]))
+  log(f"policy {spec}: {policy_summary(spec, block_types)}")
+  if mesh is not None:
     log(f"mesh {sharding.format_mesh(mesh)} over {jax.device_count()} devices in {jax.process_count()} "
         "process(es): memory below is per device")
   log(memory_table(memory))
-  log(f"compiled in {compile_s:.1f} s on {jax.default_backend()} "
+  log(f"compiled in {compiled.seconds:.1f} s on {jax.default_backend()} "
       f"(compiler options {jaxckpt.remat_compiler_options() or 'none'})")
-  return CompiledStep(fn, memory, compile_s, messages, types)
+  return CompiledStep(compiled.compiled, memory, compiled.seconds, messages, dict(block_types), compiled.step.step)
 
 
 @contextlib.contextmanager
@@ -211,19 +223,20 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
   placement.check_policy(spec)
   budget = isinstance(spec, jaxckpt.policies.Budget)
   model = setup.make_model(None if budget else spec)  # validates the policy against the model's blocks
-  spec, plan = plan_budget(spec, make_model=setup.make_model, batch=setup.batch_at(0), loss_fn=setup.loss_fn,
-                           tx=setup.tx, grad_accum_steps=config.grad_accum_steps, name=setup.model,
-                           preset=setup.preset, log=log)
+  example = setup.batch_at(0)
+  target = ModelTarget(  # what the planner plans and the step core compiles: this run's model, loss and shapes
+      make_model=setup.make_model, batch=jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), example),
+      loss_fn=setup.loss_fn, name=setup.model, preset=setup.preset, grad_accum_steps=config.grad_accum_steps,
+      skip_nonfinite=options.nan_policy == "skip")
+  spec, plan = plan_budget(spec, target, tx=setup.tx, log=log)
   jaxckpt.set_policy(model, spec)
+  block_types = jaxckpt.block_types(model)
   graphdef, state = jaxckpt.create_train_state(model, setup.tx, seed=config.seed)
   state = placement.state(state, model)
-  batch_at, example, shardings = placement.batches(setup.batch_at, state, model)
+  batch_at = placement.batches(setup.batch_at)
   del model
-  compiled = compile_and_describe(
-      jaxckpt.make_train_step(graphdef, setup.tx, placement.loss(setup.loss_fn),
-                              skip_nonfinite=options.nan_policy == "skip", grad_accum_steps=config.grad_accum_steps),
-      state, example, shardings=shardings, graphdef=graphdef, spec=spec, log=log, headline=setup.headline,
-  )
+  compiled = compile_and_describe(target, spec, tx=setup.tx, mesh=placement.mesh, block_types=block_types,
+                                  log=log, headline=setup.headline)
   eval_step = jax.jit(jaxckpt.make_eval_step(graphdef, setup.loss_fn))
   eval_batches = [placement.batch(b) for b in setup.eval_batches]
 

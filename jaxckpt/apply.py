@@ -51,7 +51,7 @@ from jaxckpt.autonames import NNX_LAYERS, path_name
 from jaxckpt.errors import JaxckptError
 from jaxckpt.jaxprs import iter_eqns
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
-from jaxckpt.policies.spec import _NAME_RE
+from jaxckpt.policies.spec import is_name
 from jaxckpt.remat import Remat, module_call
 
 __all__ = [
@@ -222,6 +222,33 @@ def _unapply(module: nnx.Module) -> None:
 # -------------------------------------------------------------------------------------------------------- matching
 
 
+def block_matchers(blocks: Any, *, front_end: str = "nnx") -> dict[str, Callable[[tuple, Any], bool]]:
+  """Checks a whole ``blocks=`` argument and turns each value into a predicate (:func:`block_matcher`).
+
+  Args:
+    blocks: ``{block type: module class | tuple of classes | predicate (path, module) -> bool}``, non-empty; block
+      types are names (letters, digits, ``_``, ``-``, ``.``), not ``default``.
+    front_end: ``"nnx"`` or ``"linen"``.
+
+  Returns:
+    ``{block type: predicate}`` in the order given.
+
+  Raises:
+    JaxckptError: ``blocks`` is not a non-empty mapping, a key is not a valid block type, or a value is invalid
+      (:func:`block_matcher`).
+  """
+  if not isinstance(blocks, Mapping) or not blocks:
+    raise JaxckptError(f"blocks={blocks!r} must be a non-empty dict block type -> class, tuple of classes or "
+                       "predicate, e.g. blocks={'layer': DecoderLayer}")
+  matchers = {}
+  for block_type, value in blocks.items():
+    if not isinstance(block_type, str) or not is_name(block_type) or block_type == DEFAULT_BLOCK:
+      raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
+                         f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
+    matchers[block_type] = block_matcher(block_type, value, front_end=front_end)
+  return matchers
+
+
 def block_matcher(block_type: str, value: Any, *, front_end: str = "nnx") -> Callable[[tuple, Any], bool]:
   """Turns one ``blocks=`` value into a predicate ``(path, module) -> bool``, checking it (NNX and Linen alike).
 
@@ -266,15 +293,7 @@ def block_matcher(block_type: str, value: Any, *, front_end: str = "nnx") -> Cal
 
 
 def _match(model: nnx.Module, blocks: Mapping[str, Any]) -> dict[str, list[tuple[tuple, nnx.Module]]]:
-  if not isinstance(blocks, Mapping) or not blocks:
-    raise JaxckptError(f"blocks={blocks!r} must be a non-empty dict block type -> class, tuple of classes or "
-                       "predicate, e.g. blocks={'layer': DecoderLayer}")
-  matchers = {}
-  for block_type, value in blocks.items():
-    if not isinstance(block_type, str) or not _NAME_RE.match(block_type) or block_type == DEFAULT_BLOCK:
-      raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
-                         f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
-    matchers[block_type] = block_matcher(block_type, value)
+  matchers = block_matchers(blocks)
   found: dict[str, list[tuple[tuple, nnx.Module]]] = {b: [] for b in matchers}
   seen: set[int] = set()
   for path, module in nnx.iter_modules(model):

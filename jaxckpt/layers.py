@@ -384,8 +384,6 @@ def remat_blocks(module: nnx.Module) -> list[RematBlock]:
   return [m for _, m in nnx.iter_modules(module) if isinstance(m, RematBlock)]
 
 
-_remat_blocks = remat_blocks  # the planner's name for it (jaxckpt/planner/candidates.py)
-
 
 def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
   """Returns the block types of a model and the checkpoint names each emits.
@@ -437,7 +435,7 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
   if isinstance(parsed, LayeredPolicy) and not stacks and applied_block_types(module):
     set_layered_policy(module, parsed)  # your own model's layers (jaxckpt.apply_remat): one spec per instance
-    for block in _remat_blocks(module):
+    for block in remat_blocks(module):
       block.policy = parsed.segments[0][1]
     return parsed
   if isinstance(parsed, LayeredPolicy):

@@ -39,11 +39,10 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.apply import block_matcher
+from jaxckpt.apply import block_matcher, block_matchers
 from jaxckpt.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
-from jaxckpt.policies.spec import _NAME_RE
 
 __all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types"]
 
@@ -227,14 +226,7 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
     raise JaxckptError(f"{type(module).__name__} is an NNX module: use jaxckpt.apply_remat(model, policy, blocks=...)")
   if not isinstance(module, nn.Module):
     raise JaxckptError(f"linen_apply.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
-  if not isinstance(blocks, Mapping) or not blocks:
-    raise JaxckptError(f"blocks={blocks!r} must be a non-empty dict block type -> class, tuple of classes or "
-                       "predicate, e.g. blocks={'layer': DecoderLayer}")
-  for block_type, value in blocks.items():
-    if not isinstance(block_type, str) or not _NAME_RE.match(block_type) or block_type == DEFAULT_BLOCK:
-      raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
-                         f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
-    block_matcher(block_type, value, front_end="linen")
+  block_matchers(blocks, front_end="linen")
   spec = _checked(parse_policy(policy), tuple(blocks))
   return RematModule(module, spec, tuple(blocks.items()))
 

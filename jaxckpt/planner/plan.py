@@ -86,7 +86,7 @@ class CompiledPoint:
     return self.memory["temp_bytes"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
   """A verified budget plan.
 
@@ -460,9 +460,11 @@ def plan_policy(
     return point.memory[key] <= limit
 
   def make(point: CompiledPoint, assignment: Assignment, predicted: int, predictor=None, converged=True) -> Plan:
-    return Plan(parsed, point.policy, key, limit, predicted, point, none, assignment, tuple(candidates),
-                tuple(history), num_layers, time.perf_counter() - started, memory_source, temp_limit, predictor,
-                converged, tensors)
+    return Plan(budget=parsed, policy=point.policy, key=key, limit_bytes=limit, predicted_temp_bytes=predicted,
+                compiled=point, none=none, assignment=assignment, candidates=tuple(candidates),
+                history=tuple(history), num_layers=num_layers, seconds=time.perf_counter() - started,
+                memory_source=memory_source, temp_limit_bytes=temp_limit, predictor=predictor, converged=converged,
+                tensors=tensors)
 
   uniform = lambda cand: Assignment(((cand, num_layers),), cand.saved_bytes * num_layers,  # noqa: E731
                                     cand.recompute_flops * num_layers)

@@ -77,6 +77,13 @@ SAVE_TENSORS = "save_tensors"
 (:mod:`jaxckpt.tagging`); the remat wrappers tag them before ``jax.checkpoint``."""
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+
+
+def is_name(text: str) -> bool:
+  """Whether ``text`` is a valid block type or checkpoint name: a letter or ``_``, then letters, digits, ``_``,
+  ``.``, ``-`` (e.g. ``attn``, ``mlp_hidden``, ``attn.q_einsum``)."""
+  return bool(_NAME_RE.match(text))
+
 Arity = Literal["none", "names", "save/offload"]
 
 

@@ -193,7 +193,8 @@ class StepBuilder:
     else:
       graphdef = nnx.graphdef(model)
     state = self._state
-    step = make_train_step(graphdef, tx, target.loss_fn, grad_accum_steps=target.grad_accum_steps)
+    step = make_train_step(graphdef, tx, target.loss_fn, grad_accum_steps=target.grad_accum_steps,
+                           skip_nonfinite=target.skip_nonfinite)
 
     twin_def, twin_other = self._twin_graph(spec)  # here, not inside the residual analysis' trace
 

@@ -126,6 +126,8 @@ class ModelTarget:
     ref: how a fresh process rebuilds this target (for ``--measure``): ``{"model": ..., "preset": ..., ...}`` or
       ``{"target": "package.module:function"}``; ``None`` = not rebuildable (measured in this process instead).
     grad_accum_steps: micro-batches per train step (:func:`jaxckpt.make_train_step`); must divide the batch size.
+    skip_nonfinite: the step keeps parameters and optimizer state when the loss or a gradient is NaN/Inf
+      (:func:`jaxckpt.make_train_step`; the experiments' ``--nan-policy skip``).
   """
 
   make_model: Callable[[], nnx.Module]
@@ -135,6 +137,7 @@ class ModelTarget:
   preset: str | None = None
   ref: Mapping[str, Any] | None = None
   grad_accum_steps: int = 1
+  skip_nonfinite: bool = False
 
   def __post_init__(self):
     if not callable(self.loss_fn):
