@@ -48,9 +48,9 @@ try:  # model-level specs (budget plans, layered policies) where this jaxckpt ha
 except ImportError:  # per-block specs only
   from jaxckpt.policies import parse_policy as parse_spec
 from jaxckpt.report import build_report, expand_policies, shipped_target
-from jaxckpt.step.build import concrete_inputs, default_optimizer, policy_step, target_block_types
+from jaxckpt.step import compile_policy
+from jaxckpt.step.build import concrete_inputs, default_optimizer, target_block_types
 from jaxckpt.structure import parse_structure
-from jaxckpt.xla import compile_step
 
 NAME = "policy_sweep"
 FULL_FLOPS_BOUND = 4 / 3
@@ -118,8 +118,8 @@ def timed_rows(args, rows: Sequence[Row], stats: dict[Row, dict[str, Any]], roun
   runs = {}
   for row in rows:
     target = _target(args, row.structure)
-    step = policy_step(target, parse_spec(stats[row]["resolved_policy"]), tx)
-    compiled = compile_step(step.step, step.state, step.batch, donate_argnums=0)  # full optimisation, remat fix
+    # The step core's compile path, full optimisation (this executable runs), remat fix.
+    compiled = compile_policy(target, parse_spec(stats[row]["resolved_policy"]), tx=tx, stats_only=False).compiled
     box = list(concrete_inputs(target, tx)())
     box[0], metrics = compiled(*box)  # warm-up: first touch, allocator caches
     jax.block_until_ready(metrics)

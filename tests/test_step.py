@@ -161,3 +161,18 @@ def test_step_builder_under_a_mesh_is_built_for_the_sharded_target(mlp_target):
   builder = step_builder(mlp_target, mesh=mesh)
   assert builder.target is not mlp_target and builder.target.loss_fn is not mlp_target.loss_fn
   assert dataclasses.replace(builder.target, loss_fn=mlp_target.loss_fn) == mlp_target
+
+
+def test_xla_dump_compiles_bypass_the_persistent_cache(mlp_target, tmp_path):
+  # The suite runs with JAX's persistent compilation cache (tests/conftest.py); its key ignores dump options, so a
+  # dump compile that hit the cache would write nothing. The first compile fills the cache; the dump one must not
+  # be served from it.
+  from jaxckpt.report import xla_dump
+
+  assert jax.config.jax_compilation_cache_dir, "tests/conftest.py sets a compilation cache for the run"
+  lowered = lower_policy(mlp_target, parse_policy("full"))
+  plain = lowered.compile()
+  dumped = lowered.compile(xla_dump.dump_options(str(tmp_path)))
+  assert dumped.memory == plain.memory
+  files = xla_dump.dump_files(str(tmp_path))
+  assert files["buffer_assignment"] is not None and files["hlo"] is not None, files  # a cache hit writes neither

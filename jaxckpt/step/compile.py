@@ -16,6 +16,7 @@ Two stages, so a caller can overlap them (the report traces the next policy whil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -25,6 +26,7 @@ from typing import Any
 
 import jax
 import optax
+from jax._src import config as jax_config  # enable_compilation_cache: the only per-compile switch
 
 from jaxckpt import sharding
 from jaxckpt.flops import jaxpr_flops
@@ -134,14 +136,21 @@ class LoweredPolicy:
   def compile(self, extra_options: Mapping[str, Any] | None = None) -> CompiledPolicy:
     """Compiles with :attr:`options` (plus ``extra_options``, e.g. XLA dump flags).
 
+    JAX's persistent compilation cache (``jax_compilation_cache_dir``), when the user enabled it, serves repeated
+    compiles; a compile with ``xla_dump_*`` options bypasses it, since its key ignores dump options and a cache hit
+    would write no dump.
+
     Returns:
       The :class:`CompiledPolicy`.
 
     Raises:
       Whatever XLA raises (e.g. out of memory): callers turn it into an error row.
     """
+    options = {**self.options, **(extra_options or {})}
+    dumping = any(key.startswith("xla_dump") for key in options)
     started = time.perf_counter()
-    compiled = self.lowered.compile(compiler_options={**self.options, **(extra_options or {})} or None)
+    with jax_config.enable_compilation_cache(False) if dumping else contextlib.nullcontext():
+      compiled = self.lowered.compile(compiler_options=options or None)
     compile_s = time.perf_counter() - started
     return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
                           compile_s, self.fingerprint, {**self.stages, "compile": compile_s})

@@ -1,0 +1,44 @@
+"""Session setup shared by every test file: one JAX persistent compilation cache for the whole run.
+
+Many tests compile the same train steps (the tiny presets under the same policies), in this process, in the other
+pytest-xdist worker and in the subprocesses of CLI and README tests. JAX's persistent compilation cache (JAX docs,
+"Persistent compilation cache") lets each program be compiled once per run: the first compile stores the
+executable, later ones load it (a tiny preset's step: ~6 s → ~0.6 s on the 2-core machine). A cache hit returns the
+same executable, so every compiled statistic is unchanged (memory stats and XLA's cost analysis checked equal).
+
+The cache lives in a fresh temporary directory made by the controlling pytest process and handed to the workers
+and to every subprocess through the environment (``JAX_COMPILATION_CACHE_DIR``); it is removed when the run ends.
+Every compile is cached (no minimum compile time or entry size). A ``JAX_COMPILATION_CACHE_DIR`` set by the person
+running the tests is left alone (and not removed). Compiles that dump XLA's passes bypass the cache
+(:meth:`jaxckpt.step.LoweredPolicy.compile`), and the compile-time benchmarks turn it off.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_OWNED = "JAXCKPT_TESTS_OWN_JAX_CACHE"  # set (to the directory) when this run made the cache directory
+
+
+def _use_run_cache() -> None:
+  """Points JAX at the run's cache before JAX is imported (conftest is imported before any test module)."""
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # a worker (inherited) or the tester's own cache
+    return
+  directory = tempfile.mkdtemp(prefix="jaxckpt-tests-jax-cache-")
+  os.environ.update({"JAX_COMPILATION_CACHE_DIR": directory, _OWNED: directory,
+                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+
+
+_use_run_cache()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+  """The controlling process removes the cache directory it made (workers and subprocesses leave it)."""
+  directory = os.environ.get(_OWNED)
+  if directory and not hasattr(config, "workerinput") and directory == os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    shutil.rmtree(directory, ignore_errors=True)
