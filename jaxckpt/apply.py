@@ -51,7 +51,7 @@ from jaxckpt.autonames import NNX_LAYERS, path_name
 from jaxckpt.errors import JaxckptError
 from jaxckpt.jaxprs import iter_eqns
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
-from jaxckpt.policies.spec import _NAME_RE
+from jaxckpt.policies.spec import NAME_RE as _NAME_RE
 from jaxckpt.remat import Remat, module_call
 
 __all__ = [

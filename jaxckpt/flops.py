@@ -97,7 +97,7 @@ import numpy as np
 
 from jaxckpt.jaxprs import sub_jaxprs
 
-__all__ = ["FlopCount", "count_flops", "jaxpr_flops"]
+__all__ = ["FlopCount", "count_flops", "jaxpr_flops", "equation_flops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,11 +368,12 @@ class _Counter:
       return hit[1]
     tally = _Tally()
     for eqn in jaxpr.eqns:
-      self._eqn(eqn, tally)
+      self.equation(eqn, tally)
     self._memo[id(jaxpr)] = (jaxpr, tally)
     return tally
 
-  def _eqn(self, eqn: Any, tally: _Tally) -> None:
+  def equation(self, eqn: Any, tally: _Tally) -> None:
+    """Adds one equation's cost to ``tally``."""
     _RULES.get(eqn.primitive.name, _sub_jaxprs_rule)(self, eqn, tally)
 
 
@@ -581,6 +582,23 @@ def jaxpr_flops(jaxpr: jex_core.ClosedJaxpr | jex_core.Jaxpr) -> FlopCount:
         f"{type(jaxpr).__name__}. To count a Python function, call "
         f"count_flops(fn, *args) (it runs jax.make_jaxpr for you).")
   return _Counter().jaxpr(jaxpr).freeze()
+
+
+def equation_flops(eqn: jex_core.JaxprEqn) -> FlopCount:
+  """Counts the FLOPs of one jaxpr equation with the same rules as :func:`jaxpr_flops`.
+
+  What the per-tensor planner (:mod:`jaxckpt.planner.tensors`) charges for recomputing one op.
+
+  Args:
+    eqn: one equation of a jaxpr (``closed.jaxpr.eqns[i]``); one with sub-jaxprs counts them as ``jaxpr_flops``
+      does (a ``scan`` body times its length, ...).
+
+  Returns:
+    A ``FlopCount`` of that equation alone (units: FLOPs; transcendentals apart).
+  """
+  counter, tally = _Counter(), _Tally()
+  counter.equation(eqn, tally)
+  return tally.freeze()
 
 
 def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FlopCount:

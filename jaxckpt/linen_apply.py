@@ -43,7 +43,7 @@ from jaxckpt.apply import block_matcher
 from jaxckpt.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
-from jaxckpt.policies.spec import _NAME_RE
+from jaxckpt.policies.spec import NAME_RE as _NAME_RE
 
 __all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types"]
 

@@ -31,7 +31,7 @@ from flax import nnx
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.flops import count_flops
-from jaxckpt.layers import Stack, _remat_blocks
+from jaxckpt.layers import Stack, remat_blocks
 from jaxckpt.policies import SAVE_TENSORS, Policy, PolicySpec
 from jaxckpt.residuals import saved_residuals
 
@@ -124,7 +124,7 @@ class LayerProbe:
       # other and key are tracers of this trace: the inner analyses see them as constants, not inputs.
       def layer(params, x):
         block = nnx.merge(graphdef, params, other, copy=True)
-        for sub in _remat_blocks(block):
+        for sub in remat_blocks(block):
           sub.policy = spec
         return block(x, dropout_key=key if self.dropout else None, deterministic=not self.dropout)
 

@@ -76,7 +76,9 @@ SAVE_TENSORS = "save_tensors"
 """The per-tensor policy: ``save_tensors:t12_tanh+…`` saves the values with those automatic names
 (:mod:`jaxckpt.tagging`); the remat wrappers tag them before ``jax.checkpoint``."""
 
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+"""A valid checkpoint name or block type: a letter or ``_``, then letters, digits, ``_``, ``.``, ``-``."""
+_NAME_RE = NAME_RE
 Arity = Literal["none", "names", "save/offload"]
 
 
