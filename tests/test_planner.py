@@ -17,12 +17,14 @@ from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.flops import count_flops, count_live_flops
 from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_loss
 from jaxckpt.planner import (InfeasibleBudgetError, LayerCandidate, block_options, exhaustive, export_code,
-                             pareto_totals, plan_policy, solve)
+                             layer_candidates, pareto_totals, plan_policy, solve)
 from jaxckpt.planner import plan as plan_module
 from jaxckpt.planner.cli import main as plan_main
+from jaxckpt.planner.tensors import record_block_graphs, tensor_options
 from jaxckpt.policies import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.report import build_report, shipped_target
 from jaxckpt.report.compile import compile_rows
+from jaxckpt.step import target_block_types
 from jaxckpt.step.build import default_optimizer, policy_step
 
 BUDGETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -167,6 +169,19 @@ def test_layer_probe_flops_add_up_to_the_train_steps(spec):
   step_extra = step_flops(spec) - step_flops("none")
   assert step_extra > 0
   assert abs(step_extra - stack.num_layers * (spec_layer - none_layer)) <= 64  # scalar conversions at most
+
+
+def test_summed_layer_candidates_equal_whole_layer_traces():
+  """Candidates the planner does not trace as whole layers (``exact=False``: every block remat'd) carry the sum of
+  their blocks' measurements; that sum must be what a whole-layer trace measures (GPT tiny, per-tensor options)."""
+  target = shipped_target("gpt", "tiny")
+  stack, probe = plan_module._probe(target)
+  options = tensor_options(record_block_graphs(probe))
+  candidates = layer_candidates(probe, target_block_types(target), options)
+  summed = [c for c in candidates if not c.exact]
+  assert summed and all(p.name != "none" for c in summed for _, p in c.spec.blocks)
+  for cand in summed[:: max(1, len(summed) // 8)]:
+    assert probe.measure(cand.spec) == (cand.saved_bytes, cand.flops), str(cand.spec)
 
 
 def test_count_live_flops_drops_dead_code():
