@@ -21,7 +21,7 @@ jaxckpt (``random_bits``); its uniform-from-bits arithmetic costs 7 per element 
 max: measured with ``jaxckpt.count_flops(jax.random.bernoulli)``), so ``rand``/``rand_like`` count 7 here. Saved =
 bytes of the tensors the backward graph takes from the forward graph, values that depend on parameters only
 excluded (jaxckpt's ``activation_residual_bytes``). Writes ``benchmarks/results/torch_mincut.json``: per budget, saved
-MiB, FLOPs ÷ no remat in this convention and counting matmuls only, and the saved tensors of one middle layer.
+MiB, FLOPs ÷ no remat in this convention and counting matmuls only, and the saved tensors grouped by shape and dtype.
 """
 
 from __future__ import annotations
@@ -272,10 +272,15 @@ def main(argv=None) -> dict:
   rows = []
 
   def row(label, got):
-    r = {k: v for k, v in got.items() if not k.endswith("_graph")}
+    r = {k: v for k, v in got.items() if not k.endswith("_graph") and k != "saved"}
+    groups = collections.Counter((tuple(t["shape"]), t["dtype"], t["parameter_only"]) for t in got["saved"])
+    r["saved"] = [{"shape": list(shape), "dtype": dtype, "parameter_only": param, "count": n,
+                   "bytes": n * next(t["bytes"] for t in got["saved"] if tuple(t["shape"]) == shape
+                                     and t["dtype"] == dtype)}
+                  for (shape, dtype, param), n in sorted(groups.items(), key=lambda kv: -kv[1])]
     r.update(label=label, activation_mib=got["activation_bytes"] / MIB, flops_ratio=got["flops"] / none["flops"],
              matmul_flops_ratio=got["matmul_flops"] / none["matmul_flops"],
-             saved_by_dtype=dict(collections.Counter(s["dtype"] for s in got["saved"] if not s["parameter_only"])))
+             saved_by_dtype=dict(collections.Counter(t["dtype"] for t in got["saved"] if not t["parameter_only"])))
     if args.dump:
       os.makedirs(args.dump, exist_ok=True)
       for kind in ("fw", "bw"):
