@@ -3,9 +3,13 @@
 Usage: ``python benchmarks/pertensor_front.py [--preset small] [--budgets 50 30] [--quick] [--out FILE.json]``.
 
 Saved = ``activation_residual_bytes`` (JAX's saved residuals of the unrolled model, parameter-only values excluded),
-FLOPs = the train step's FLOPs (:func:`jaxckpt.count_flops`, forward + backward, all ops) ÷ ``none``'s: the units of
-the PyTorch reference points below (torch 2.14, AOTAutograd min-cut partitioner with ``activation_memory_budget``,
-measured on the same model rebuilt in PyTorch; see ``/work/shared/NOTES.md`` §5 of the project).
+FLOPs = the train step's forward + backward FLOPs (:func:`jaxckpt.count_flops` of the step minus its optimizer
+update, all ops) ÷ ``none``'s. The PyTorch reference is ``benchmarks/results/torch_mincut.json``, written by
+``benchmarks/torch_mincut.py`` (a separate torch venv): the AOTAutograd min-cut partitioner's graphs at each
+``activation_memory_budget``, counted with jaxckpt's per-element FLOP rules, so both sides share one FLOP
+convention. Each torch point is compared two ways: FLOPs ÷ torch's own no-remat step (``own``), and torch's FLOPs ÷
+jaxckpt's no-remat step (``common``: the same denominator, i.e. absolute FLOPs; torch's no-remat step counts 0.06%
+more than jaxckpt's). The figures quoted in the issue (torch 2.14, another FLOP count) are kept as ``quoted``.
 
 Steps: the layer candidates of the planner (built-ins, name subsets and the per-tensor min-cut options), timed; the
 model-level front of their layer assignments (:func:`jaxckpt.planner.pareto_totals`, predicted); for each torch
@@ -17,12 +21,15 @@ compiled and checked against their budget (``--budgets``, percent of no-remat te
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import optax  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from jaxckpt.flops import count_flops  # noqa: E402
@@ -36,8 +43,10 @@ from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped
 NAME = "pertensor_front"
 MIB = 2**20
 
-TORCH_VERSION = "2.14"
-TORCH_POINTS = (  # activation_memory_budget, saved MiB, FLOPs ÷ none (measured on the same model, see NOTES §5)
+TORCH_JSON = os.path.join(common.RESULTS_DIR, "torch_mincut.json")
+"""PyTorch's min-cut points in jaxckpt's FLOP convention (``benchmarks/torch_mincut.py``)."""
+QUOTED_TORCH_VERSION = "2.14"
+QUOTED_TORCH_POINTS = (  # activation_memory_budget, saved MiB, FLOPs ÷ none, as quoted in issue 14 (NOTES §5)
     (1.0, 312.5, 0.9998), (0.9, 190.6, 1.0010), (0.6, 170.6, 1.0013), (0.5, 154.0, 1.0095), (0.45, 138.0, 1.0176),
     (0.4, 122.0, 1.0257), (0.35, 108.0, 1.0529), (0.3, 92.0, 1.0839), (0.25, 78.0, 1.1111), (0.2, 62.0, 1.1421),
     (0.15, 46.0, 1.1731), (0.1, 30.0, 1.2042))
@@ -50,12 +59,20 @@ FLOPS_SLACK = 0.001
 """A jaxckpt plan meets a torch point with saved ≤ torch's and FLOPs ÷ none ≤ torch's + this."""
 
 
-def _measure(target, policy, none_flops=None) -> dict:
-  """Exact saved activation bytes and step FLOPs of a concrete policy (traces only, nothing compiled)."""
+def _optimizer_flops(target) -> int:
+  """FLOPs of the step's optimizer update alone (the same for every policy; left out of the forward + backward)."""
+  tx = default_optimizer()
+  state = policy_step(target, parse_model_policy("none"), tx).state
+  return count_flops(lambda s: optax.apply_updates(s.params, tx.update(s.params, s.opt_state,
+                                                                 s.params)[0]), state).total
+
+
+def _measure(target, policy, none_flops=None, optimizer_flops=0) -> dict:
+  """Exact saved activation bytes and forward + backward FLOPs of a concrete policy (traces only)."""
   step = policy_step(target, policy, default_optimizer())
   summary = analyse_residuals(step)
   count = count_flops(step.step, step.state, step.batch)
-  flops = count.total
+  flops = count.total - optimizer_flops
   return {"policy": str(policy), "activation_residual_bytes": summary["activation_bytes"],
           "residual_bytes": summary["bytes"], "flops": flops, "matmul_flops": count.by_primitive.get("dot_general", 0),
           "flops_ratio": None if none_flops is None else flops / none_flops}
@@ -87,10 +104,11 @@ def main(argv: list[str] | None = None) -> dict:
   print(f"{len(candidates)} layer candidates ({sum(map(len, options.values()))} per-tensor block options) in "
         f"{candidate_s:.1f} s", flush=True)
 
-  none = _measure(target, parse_model_policy("none"))
+  optimizer_flops = _optimizer_flops(target)
+  none = _measure(target, parse_model_policy("none"), optimizer_flops=optimizer_flops)
   none["flops_ratio"] = 1.0
   none["matmul_flops_ratio"] = 1.0
-  full = _measure(target, parse_model_policy("nothing_saveable"), none["flops"])
+  full = _measure(target, parse_model_policy("nothing_saveable"), none["flops"], optimizer_flops)
   by_spec = {str(c.spec): c for c in candidates}
   full_layer = by_spec["nothing_saveable"].saved_bytes
   totals = pareto_totals(candidates, num_layers)
@@ -104,31 +122,36 @@ def main(argv: list[str] | None = None) -> dict:
   def measure(policy) -> dict:
     key = str(policy)
     if key not in measured:
-      measured[key] = _measure(target, policy, none["flops"])
+      measured[key] = _measure(target, policy, none["flops"], optimizer_flops)
       measured[key]["matmul_flops_ratio"] = measured[key]["matmul_flops"] / none["matmul_flops"]
     return measured[key]
 
-  # torch points: the least-recompute assignment predicted to save no more, measured; a smaller one if it does
-  scale = 1.0 if args.preset == "small" else None
-  points = []
-  for budget, saved_mib, torch_ratio in TORCH_POINTS:
-    if scale is None:
-      break
-    limit = saved_mib * MIB
+  def best_within(limit: float):
+    """The least-recompute assignment predicted to save ≤ limit bytes, measured; the next ones if it saves more."""
     fits = sorted((a for a in totals if predicted(a)[0] <= limit), key=lambda a: a.recompute_flops)
-    found = None
     for a in fits[:3]:
       got = measure(_policy_of(a))
       if got["activation_residual_bytes"] <= limit:
-        found = got
-        break
-    entry = {"torch_budget": budget, "torch_saved_mib": saved_mib, "torch_flops_ratio": torch_ratio, "jaxckpt": found}
-    entry["met"] = bool(found and found["flops_ratio"] <= torch_ratio + FLOPS_SLACK)
-    entry["met_matmul_only"] = bool(found and found["matmul_flops_ratio"] <= torch_ratio + FLOPS_SLACK)
+        return got
+    return None
+
+  torch = _torch_reference(TORCH_JSON, none["flops"]) if args.preset == "small" else None
+  points, quoted = [], []
+  for row in (torch or {}).get("points", []):
+    found = best_within(row["saved_mib"] * MIB)
+    entry = dict(row, jaxckpt=found)
+    for conv in ("own", "common"):
+      entry[f"met_{conv}"] = bool(found and found["flops_ratio"] <= row[f"flops_ratio_{conv}"] + FLOPS_SLACK)
+    entry["met_matmul_only"] = bool(found and found["matmul_flops_ratio"] <= row["matmul_flops_ratio"] + FLOPS_SLACK)
     points.append(entry)
-    what = (f"{found['activation_residual_bytes'] / MIB:.1f} MiB ×{found['flops_ratio']:.4f}" if found else "none fits")
-    print(f"torch {budget:g}: {saved_mib} MiB ×{torch_ratio:.4f} | jaxckpt {what} "
-          f"{'MET' if entry['met'] else 'not met'}", flush=True)
+    what = (f"{found['activation_residual_bytes'] / MIB:.1f} MiB ×{found['flops_ratio']:.5f}" if found else "none fits")
+    print(f"torch {row['budget']:g}: {row['saved_mib']:.1f} MiB ×{row['flops_ratio_own']:.5f} own, "
+          f"×{row['flops_ratio_common']:.5f} common | jaxckpt {what} met own {entry['met_own']}, common "
+          f"{entry['met_common']}", flush=True)
+  for budget, saved_mib, torch_ratio in QUOTED_TORCH_POINTS if args.preset == "small" else ():
+    found = best_within(saved_mib * MIB)
+    quoted.append({"budget": budget, "saved_mib": saved_mib, "flops_ratio": torch_ratio, "jaxckpt": found,
+                   "met": bool(found and found["flops_ratio"] <= torch_ratio + FLOPS_SLACK)})
 
   # min_saved and the built-ins, measured; more front points for the plot
   named = {}
@@ -153,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     budgets.append({"budget_percent": pct, "feasible": True, "policy": str(plan.policy),
                     "temp_bytes": plan.compiled.temp_bytes, "limit_bytes": plan.limit_bytes,
                     "fits": plan.compiled.temp_bytes <= plan.limit_bytes, "compiles": len(plan.history),
-                    "flops_ratio": plan.flops_ratio, "activation_residual_bytes": got["activation_residual_bytes"],
+                    "flops_ratio": got["flops_ratio"], "activation_residual_bytes": got["activation_residual_bytes"],
                     "planning_s": plan.seconds + candidate_s / max(1, len(args.budgets)),
                     "mean_compile_s": compile_s})
     b = budgets[-1]
@@ -163,7 +186,9 @@ def main(argv: list[str] | None = None) -> dict:
   ms_policy, _ = resolve_policy(target, "min_saved")
   ms_compiled = compile_policy(target, ms_policy)
   record.update({
-      "preset": args.preset, "torch_version": TORCH_VERSION, "flops_slack": FLOPS_SLACK,
+      "preset": args.preset, "flops_slack": FLOPS_SLACK, "optimizer_flops": optimizer_flops,
+      "torch": None if torch is None else {k: v for k, v in torch.items() if k != "points"},
+      "quoted_torch_version": QUOTED_TORCH_VERSION, "quoted_torch_points": quoted,
       "candidates": len(candidates), "candidate_s": candidate_s,
       "tensor_options": {b: len(o) for b, o in options.items()},
       "none": none, "nothing_saveable": full, "named": named, "torch_points": points, "front": front,
@@ -180,25 +205,48 @@ def main(argv: list[str] | None = None) -> dict:
   return record
 
 
+def _torch_reference(path: str, jax_none_flops: int) -> dict | None:
+  """PyTorch's min-cut points from ``torch_mincut.json`` (None when absent): per budget saved MiB, FLOPs ÷ torch's
+  own no-remat step, ÷ jaxckpt's (``common``), matmul-only ÷ torch's own."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as fh:
+    data = json.load(fh)
+  none = next(r for r in data["rows"] if r["label"] == "none")
+  points = [{"budget": r["budget"], "saved_mib": r["activation_mib"], "flops_ratio_own": r["flops_ratio"],
+             "flops_ratio_common": r["flops"] / jax_none_flops, "matmul_flops_ratio": r["matmul_flops_ratio"],
+             "torch_flops": r["flops"]} for r in data["rows"] if "budget" in r and r["activation_mib"] >= 1]
+  return {"version": data["torch_version"], "date_utc": data["date_utc"], "none_flops": none["flops"],
+          "none_saved_mib": none["activation_mib"], "jax_none_flops": jax_none_flops,
+          "none_ratio_common": none["flops"] / jax_none_flops, "points": points}
+
+
 def _render(data) -> str:
   rows = []
   for p in data["torch_points"]:
     j = p["jaxckpt"]
-    rows.append([f"{p['torch_budget']:g}", f"{p['torch_saved_mib']:.1f}", f"{p['torch_flops_ratio']:.4f}",
+    rows.append([f"{p['budget']:g}", f"{p['saved_mib']:.1f}", f"{p['flops_ratio_own']:.5f}",
+                 f"{p['flops_ratio_common']:.5f}",
                  "—" if j is None else f"{j['activation_residual_bytes'] / MIB:.1f}",
-                 "—" if j is None else f"{j['flops_ratio']:.5f}", "yes" if p["met"] else "no",
-                 "—" if j is None else f"{j['matmul_flops_ratio']:.5f}",
-                 "—" if j is None else f"`{j['policy']}`"[:90]])
-  table = common.markdown_table(["torch budget", "torch saved MiB", "torch FLOPs÷none", "jaxckpt saved MiB",
-                                 "jaxckpt FLOPs÷none", "met", "jaxckpt matmul FLOPs÷none", "jaxckpt policy"], rows)
-  named = "\n".join(f"- `{k}`: {v['activation_residual_bytes'] / MIB:.1f} MiB, FLOPs ×{v['flops_ratio']:.4f}"
+                 "—" if j is None else f"{j['flops_ratio']:.5f}",
+                 "yes" if p["met_own"] else "no", "yes" if p["met_common"] else "no",
+                 f"{p['matmul_flops_ratio']:.5f}", "—" if j is None else f"{j['matmul_flops_ratio']:.5f}"])
+  table = common.markdown_table(["torch budget", "torch saved MiB", "torch FLOPs÷own none",
+                                 "torch FLOPs÷jaxckpt none", "jaxckpt saved MiB", "jaxckpt FLOPs÷none",
+                                 "met (own)", "met (common)", "torch matmul÷none", "jaxckpt matmul÷none"], rows)
+  named = "\n".join(f"- `{k}`: {v['activation_residual_bytes'] / MIB:.1f} MiB, FLOPs ×{v['flops_ratio']:.5f}"
                     for k, v in data["named"].items())
   budgets = "\n".join(
       f"- budget:{b['budget_percent']:g}%: compiled temp {b['temp_bytes'] / MIB:.1f} MiB ≤ {b['limit_bytes'] / MIB:.1f}"
       f" MiB ({b['fits']}), {b['activation_residual_bytes'] / MIB:.1f} MiB saved, FLOPs ×{b['flops_ratio']:.4f}, "
       f"planning {b['planning_s']:.0f} s = {b['planning_s'] / b['mean_compile_s']:.1f} compiles"
       if b["feasible"] else f"- budget:{b['budget_percent']:g}%: {b['error']}" for b in data["budgets"])
-  return f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}"
+  quoted = "\n".join(
+      f"- quoted torch {q['budget']:g}: {q['saved_mib']} MiB ×{q['flops_ratio']:.4f} | jaxckpt "
+      + ("—" if q["jaxckpt"] is None else
+         f"{q['jaxckpt']['activation_residual_bytes'] / MIB:.1f} MiB ×{q['jaxckpt']['flops_ratio']:.5f}")
+      + f" met {q['met']}" for q in data.get("quoted_torch_points", []))
+  return f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}\n\n{quoted}"
 
 
 def _extra(ratio: float) -> float:
@@ -215,8 +263,14 @@ def _plot(data, path: str) -> None:
   fig, ax = plt.subplots(figsize=(7, 4.5))
   tp = data["torch_points"]
   if tp:
-    ax.plot([p["torch_saved_mib"] for p in tp], [_extra(p["torch_flops_ratio"]) for p in tp], "s-", color="tab:red",
-            label=f"PyTorch {data['torch_version']} min-cut (activation_memory_budget)", zorder=3)
+    ax.plot([p["saved_mib"] for p in tp], [_extra(p["flops_ratio_own"]) for p in tp], "s-", color="tab:red",
+            label=f"PyTorch {data['torch']['version']} min-cut, jaxckpt's FLOP rules, / torch's none", zorder=3)
+    ax.plot([p["saved_mib"] for p in tp], [_extra(p["flops_ratio_common"]) for p in tp], "s--", color="salmon",
+            label="the same / jaxckpt's none (absolute FLOPs)", zorder=3)
+  qp = data.get("quoted_torch_points") or []
+  if qp:
+    ax.plot([q["saved_mib"] for q in qp], [_extra(q["flops_ratio"]) for q in qp], "x:", color="tab:purple",
+            label=f"PyTorch {data['quoted_torch_version']} as quoted in the issue (other FLOP count)", zorder=2)
   ax.plot([b["saved_mib"] for b in data["before"]], [_extra(b["flops_ratio"]) for b in data["before"]], "o:",
           color="gray",
           label="jaxckpt before (budgets, built-ins)", zorder=2)

@@ -29,7 +29,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
 __all__ = ["tag_values", "walk_values", "value_name", "parse_value_name", "ValueInfo", "record_tagged",
-           "TAG_PREFIX"]
+           "evaluate_tagged", "TAG_PREFIX"]
 
 TAG_PREFIX = "t"
 """Automatic names are ``t<index>_<primitive>``."""
@@ -136,7 +136,22 @@ def walk_values(closed: jex_core.ClosedJaxpr) -> list[ValueInfo]:
   return values
 
 
-def _evaluate(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dict[int, str]) -> list[Any]:
+def evaluate_tagged(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dict[int, str]) -> list[Any]:
+  """Evaluates a jaxpr equation by equation, wrapping the values named in ``tags`` in ``checkpoint_name``.
+
+  Values are numbered as :func:`walk_values` numbers them (``jit``/``closed_call`` bodies inlined); value ``i``
+  gets ``checkpoint_name(value, tags[i])`` when the name's primitive part matches the producing primitive (a stale
+  name is ignored, never applied to another value). Each equation is re-bound under its own source location and
+  name stack, so JAX's saved-residual analysis still reports the model's source lines.
+
+  Args:
+    closed: the jaxpr to run (e.g. a block's function as :func:`record_tagged` records it).
+    args: its arguments, flat, in ``closed.in_avals`` order (arrays or tracers).
+    tags: value number -> automatic name (:func:`value_name`).
+
+  Returns:
+    The jaxpr's outputs, flat.
+  """
   counter = [0]
 
   def run(jaxpr, consts, args):
@@ -213,7 +228,7 @@ def tag_values(fn: Callable[..., Any], names: Sequence[str], *, owner: Any = Non
     record = _RECORD.get()
     if record is not None:
       record.append((owner, closed))
-    outs = _evaluate(closed, flat, tags)
+    outs = evaluate_tagged(closed, flat, tags)
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
   return tagged

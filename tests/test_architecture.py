@@ -128,3 +128,16 @@ def test_no_jaxckpt_import_inside_a_function():
       if inside:
         bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported} inside a function")
   assert not bad, "\n".join(bad)
+
+
+def test_no_module_imports_another_modules_private_name():
+  """``from jaxckpt.x import _name`` couples a module to another's internals: give the name a public, documented
+  name instead (e.g. :func:`jaxckpt.flops.equation_flops`, :func:`jaxckpt.tagging.evaluate_tagged`)."""
+  bad = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "jaxckpt":
+        bad.extend(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
+                   for a in node.names if a.name.startswith("_"))
+  assert not bad, "\n".join(bad)
