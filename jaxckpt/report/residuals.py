@@ -20,7 +20,7 @@ import jax
 
 from jaxckpt.activations import parameter_only_bytes
 from jaxckpt.jaxprs import outermost_remats
-from jaxckpt.layers import record_stack_inputs
+from jaxckpt.layers import record_stack_inputs, shared_block_traces
 from jaxckpt.residuals import Residual, group_residuals, recomputed_residuals, total_residual_bytes, traced_residuals
 from jaxckpt.step.build import PolicyStep, dropout_key_struct
 
@@ -86,7 +86,8 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
       jaxpr = eqn.params["jaxpr"]
     return 0
 
-  jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
+  with shared_block_traces():  # the unrolled layers' blocks traced once per (graph, policy), not once per layer
+    jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
   return levels, param_only[0]
 
 
