@@ -203,10 +203,7 @@ def make_train_step(
     value, metrics, other, grads = compute(state.params, state.other, batch, dropout_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    # g - g is 0 where g is finite and NaN where it is ±inf or NaN; a sum of zeros cannot overflow, so the sum is
-    # finite iff every element is: isfinite(g).all() without boolean reductions (XLA:CPU compiles a GPT-2-small step
-    # ~0.4 s faster and runs the check ~3x faster).
-    finite = jnp.isfinite(value) & jnp.all(jnp.array([jnp.isfinite(jnp.sum(g - g)) for g in jax.tree.leaves(grads)]))
+    finite = jnp.isfinite(value) & jnp.all(jnp.array([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
     if skip_nonfinite:
       keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
       params, opt_state, other = keep(params, state.params), keep(opt_state, state.opt_state), keep(other, state.other)
