@@ -126,12 +126,13 @@ def lower_and_compile(config: GPTConfig, policy_text: str, *, options: dict[str,
   """Traces, lowers and compiles the twin's step under one policy (nothing is allocated).
 
   Returns:
-    ``{"trace_s", "lower_s", "compile_s", "total_s"}`` (seconds) and ``"temp_bytes"`` (int bytes).
+    ``{"trace_s", "lower_s", "compile_s", "total_s"}`` (wall seconds), ``"cpu_s"`` (CPU seconds of this process
+    over the three, XLA's threads included) and ``"temp_bytes"`` (int bytes).
   """
   params, batch, opt_state = abstract_inputs(config)
   key = jax.eval_shape(lambda: jax.random.key(0))
   options = CPU_OPTIONS if options is None and jax.default_backend() == "cpu" else (options or {})
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), time.process_time()
   traced = jax.jit(train_step(config, policy_of(policy_text)), donate_argnums=(0, 1)).trace(
       params, opt_state, batch, key)
   t1 = time.perf_counter()
@@ -140,6 +141,7 @@ def lower_and_compile(config: GPTConfig, policy_text: str, *, options: dict[str,
   compiled = lowered.compile(compiler_options=options)
   t3 = time.perf_counter()
   return {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
+          "cpu_s": time.process_time() - cpu0,
           "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes)}
 
 

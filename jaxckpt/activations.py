@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-__all__ = ["parameter_only_residual_bytes"]
+__all__ = ["parameter_only_residual_bytes", "parameter_only_bytes"]
 
 
 def _nbytes(aval: Any) -> int:
@@ -33,7 +33,8 @@ def parameter_only_residual_bytes(fn: Callable[..., Any], *args: Any) -> int:
   Call it inside a trace where the batch (and dropout key) are closed-over tracers, as
   :mod:`jaxckpt.report.residuals` does: values that depend on them are activations; values computed from ``args``
   alone (and constants) are parameter-only. Arguments themselves are not counted (JAX's analysis lists them as
-  arguments, which ``residual_bytes`` already excludes).
+  arguments, which ``residual_bytes`` already excludes). Traces the vjp; with a trace already at hand
+  (:func:`jaxckpt.residuals.traced_residuals`) use :func:`parameter_only_bytes`.
 
   Args:
     fn: the function differentiated, e.g. ``params -> loss``.
@@ -45,9 +46,22 @@ def parameter_only_residual_bytes(fn: Callable[..., Any], *args: Any) -> int:
   leaves, tree = jax.tree.flatten(args)
   closed, shapes = jax.make_jaxpr(lambda *xs: jax.vjp(lambda *a: fn(*jax.tree.unflatten(tree, a)), *xs),
                                   return_shape=True)(*leaves)
-  jaxpr = closed.jaxpr
-  num_res = len(jax.tree.leaves(shapes[1]))
-  outvars = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
+  return parameter_only_bytes(closed.jaxpr, len(jax.tree.leaves(shapes[1])))
+
+
+def parameter_only_bytes(jaxpr: Any, num_residuals: int) -> int:
+  """:func:`parameter_only_residual_bytes` of a ``jax.vjp`` trace already made.
+
+  Args:
+    jaxpr: the ``jax.extend.core.Jaxpr`` of ``jax.vjp`` over the flattened differentiated arguments (its invars),
+      the batch and dropout key closed over (its constvars), e.g. :attr:`jaxckpt.residuals.TracedResiduals.jaxpr`.
+    num_residuals: how many of its last outvars are residuals.
+
+  Returns:
+    The bytes (int) of the residuals computed from the invars alone (and constants), each value once; invars
+    themselves are not counted.
+  """
+  outvars = jaxpr.outvars[len(jaxpr.outvars) - num_residuals:]
   data = set(jaxpr.constvars)  # closed-over tracers (batch, key) and constants
   for eqn in jaxpr.eqns:
     if any(not isinstance(v, jex_core.Literal) and v in data for v in eqn.invars):

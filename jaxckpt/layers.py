@@ -32,7 +32,8 @@ from jaxckpt import blocks, names
 from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import Budget, LayeredPolicy, MinSaved, Policy, PolicySpec, parse_model_policy, parse_policy
+from jaxckpt.policies import (SAVE_TENSORS, Budget, LayeredPolicy, MinSaved, Policy, PolicySpec, parse_model_policy,
+                              parse_policy)
 from jaxckpt.remat import module_call
 from jaxckpt.structure import Structure, apply_layers, apply_segments, parse_structure
 
@@ -47,6 +48,7 @@ __all__ = [
     "remat_blocks",
     "set_policy",
     "record_stack_inputs",
+    "shared_block_traces",
     "ATTENTION_IMPLEMENTATIONS",
 ]
 
@@ -71,6 +73,25 @@ def record_stack_inputs():
     yield found
   finally:
     _STACK_INPUTS.reset(token)
+
+
+_BLOCK_CALLS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("jaxckpt_block_calls", default=None)
+
+
+@contextlib.contextmanager
+def shared_block_traces():
+  """Within this context, blocks of one graph, policy and ``deterministic`` flag call one ``jax.checkpoint`` function
+  (:func:`jaxckpt.remat.module_call` with ``share_traces``), so JAX traces and differentiates that block once and
+  reuses the jaxpr from its trace cache: the L layers of an unrolled stack cost one block trace, not L. For analyses
+  that trace a model for its jaxpr (the report's residual analysis); the jaxpr is the same, but a block's Python code
+  runs once per (graph, policy, flag), so trace-time side effects inside a block happen once. ``save_tensors``
+  policies (which tag values per module) are not shared.
+  """
+  token = _BLOCK_CALLS.set({})
+  try:
+    yield
+  finally:
+    _BLOCK_CALLS.reset(token)
 
 
 class RematBlock(blocks.BlockMath, nnx.Module):
@@ -111,7 +132,14 @@ class RematBlock(blocks.BlockMath, nnx.Module):
       Output of the same shape and dtype as ``x``.
     """
     policy = self.policy.for_block(self.block_type)
-    call = module_call(lambda block, h, key: block.forward(h, key, deterministic=deterministic), policy)
+    shared = _BLOCK_CALLS.get()
+    if shared is None or policy.name == SAVE_TENSORS:
+      call = module_call(lambda block, h, key: block.forward(h, key, deterministic=deterministic), policy)
+    else:  # one call per (policy, flag) in this context; module_call shares its jax.checkpoint per block graph
+      call = shared.get((policy, deterministic))
+      if call is None:
+        call = shared[(policy, deterministic)] = module_call(
+            lambda block, h, key: block.forward(h, key, deterministic=deterministic), policy, share_traces=True)
     return call(self, x, dropout_key)
 
 

@@ -194,7 +194,8 @@ def checkpoint(
   return wrapped
 
 
-def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool = True) -> Callable[..., Any]:
+def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool = True,
+                share_traces: bool = False) -> Callable[..., Any]:
   """Returns ``call(module, *args)`` that runs ``method(module, *args)`` under ``jax.checkpoint(policy=...)``.
 
   The module is split into graphdef and state, and the state goes into the checkpointed function as an argument, so
@@ -206,21 +207,29 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
     method: ``(module, *args) -> output``; static flags are closed over.
     policy: the :class:`~jaxckpt.Policy` to apply.
     prevent_cse: passed to ``jax.checkpoint``.
+    share_traces: modules of one graph definition go through one ``jax.checkpoint`` function, so JAX's trace cache
+      traces ``method`` once for all of them (the layers of an unrolled stack); ``method`` must then depend on the
+      module's graph and state only. Not for ``save_tensors`` (it tags values per module).
   """
   if not policy.remat:
     return method
   jax_policy = policy.to_jax()
+  shared: dict[Any, Callable[..., Any]] = {}  # graph definition -> its jax.checkpoint function (share_traces)
 
   def call(module: nnx.Module, *args):
     graphdef, state = nnx.split(module)
+    checkpointed = shared.get(graphdef) if share_traces else None
+    if checkpointed is None:
+      def pure(state, *args):
+        inner = nnx.merge(graphdef, state)
+        out = method(inner, *args)
+        return out, nnx.state(inner, nnx.Not(nnx.Param))
 
-    def pure(state, *args):
-      inner = nnx.merge(graphdef, state)
-      out = method(inner, *args)
-      return out, nnx.state(inner, nnx.Not(nnx.Param))
-
-    fn = tag_values(pure, policy.names, owner=module) if policy.name == SAVE_TENSORS else pure
-    out, updates = jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)(state, *args)
+      fn = tag_values(pure, policy.names, owner=module) if policy.name == SAVE_TENSORS else pure
+      checkpointed = jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)
+      if share_traces and policy.name != SAVE_TENSORS:
+        shared[graphdef] = checkpointed
+    out, updates = checkpointed(state, *args)
     nnx.update(module, updates)
     return out
 

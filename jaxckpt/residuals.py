@@ -53,6 +53,8 @@ __all__ = [
     "Residual",
     "ResidualGroup",
     "saved_residuals",
+    "traced_residuals",
+    "TracedResiduals",
     "parse_residual",
     "group_residuals",
     "total_residual_bytes",
@@ -166,15 +168,68 @@ def parse_residual(aval: Any, description: str) -> Residual:
   return Residual(name=None, kind="other", primitive=None, source=None, **common)
 
 
-def _jax_saved_residuals() -> Callable[..., list[tuple[Any, str]]]:
+def _jax_residual_parts() -> tuple[Callable[..., list[tuple[Any, str]]], Callable[..., Any]]:
+  """JAX's ``_saved_residuals(jaxpr, arg_names)`` (the half of ``saved_residuals`` after its trace) and
+  ``api_util.debug_info`` (its argument names)."""
   try:
-    from jax._src.ad_checkpoint import saved_residuals as jax_saved_residuals  # pylint: disable=g-import-not-at-top
+    from jax._src import api_util  # pylint: disable=g-import-not-at-top
+    from jax._src.ad_checkpoint import _saved_residuals  # pylint: disable=g-import-not-at-top
   except ImportError as e:  # pragma: no cover - depends on the JAX version
     import jax  # pylint: disable=g-import-not-at-top
     raise RuntimeError(
-        f"jax._src.ad_checkpoint.saved_residuals is not available in jax {jax.__version__}; jaxckpt.residuals needs "
+        f"jax._src.ad_checkpoint._saved_residuals is not available in jax {jax.__version__}; jaxckpt.residuals needs "
         f"it (it backs the public jax.ad_checkpoint.print_saved_residuals). Pin a JAX version that has it.") from e
-  return jax_saved_residuals
+  return _saved_residuals, api_util.debug_info
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedResiduals:
+  """The residuals of one ``jax.vjp`` trace and the trace itself, for analyses that need both.
+
+  Attributes:
+    residuals: as :func:`saved_residuals` returns them.
+    jaxpr: the ``jax.extend.core.Jaxpr`` of ``jax.vjp(fn, *flat_args)``: its invars are the flattened arguments,
+      its constvars the values closed over (tracers of an enclosing trace, constants), its last
+      ``num_residuals`` outvars the residuals (in the order of ``residuals``' non-literal, non-argument entries).
+    num_residuals: how many of ``jaxpr``'s outvars are residuals.
+  """
+
+  residuals: list[Residual]
+  jaxpr: Any
+  num_residuals: int
+
+
+def traced_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> TracedResiduals:
+  """:func:`saved_residuals` and the ``jax.vjp`` jaxpr it was read from, from one trace.
+
+  The same steps as JAX's ``jax._src.ad_checkpoint.saved_residuals`` (``make_jaxpr`` of ``jax.vjp`` over the
+  flattened arguments, then its ``_saved_residuals`` over the residual outputs), with the jaxpr kept, so a second
+  analysis of the same vjp (e.g. :func:`jaxckpt.activations.parameter_only_bytes`) needs no second trace.
+
+  Args, Raises: as :func:`saved_residuals`.
+
+  Returns:
+    The :class:`TracedResiduals`.
+  """
+  if not callable(fn):
+    raise TypeError(f"saved_residuals expects a callable as its first argument, got {type(fn).__name__}")
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax_saved_residuals, debug_info_of = _jax_residual_parts()
+  in_leaves, in_tree = jax.tree.flatten((args, kwargs))
+
+  def flat_fn(*leaves):
+    a, k = jax.tree.unflatten(in_tree, leaves)
+    return fn(*a, **k)
+
+  debug_info = debug_info_of("saved_residuals", fn, args, kwargs)
+  closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat_fn, *xs), return_shape=True)(*in_leaves)
+  jaxpr = closed.jaxpr
+  num_res = jax.tree.structure(out_shape[1]).num_leaves
+  residual_jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - num_res:],
+                                 debug_info=debug_info._replace(result_paths=None))
+  pairs = jax_saved_residuals(residual_jaxpr, debug_info.arg_names or ("unknown",) * len(jaxpr.invars))
+  return TracedResiduals([parse_residual(aval, description) for aval, description in pairs], jaxpr, num_res)
 
 
 def saved_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Residual]:
@@ -196,7 +251,7 @@ def saved_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[R
 
   Raises:
     TypeError: if ``fn`` is not callable.
-    RuntimeError: if the installed JAX lacks ``jax._src.ad_checkpoint.saved_residuals``.
+    RuntimeError: if the installed JAX lacks ``jax._src.ad_checkpoint._saved_residuals``.
     Any exception raised by tracing ``jax.vjp`` of ``fn`` with these arguments.
 
   Example:
@@ -210,10 +265,7 @@ def saved_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[R
     ...  if r.kind == "checkpoint_name"]
     [('hidden', (4, 16), 256)]
   """
-  if not callable(fn):
-    raise TypeError(f"saved_residuals expects a callable as its first argument, got {type(fn).__name__}")
-  pairs = _jax_saved_residuals()(fn, *args, **kwargs)
-  return [parse_residual(aval, description) for aval, description in pairs]
+  return traced_residuals(fn, *args, **kwargs).residuals
 
 
 _GROUP_FIELDS = {"name": "name", "primitive": "primitive", "source": "source", "kind": "kind"}

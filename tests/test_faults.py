@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import nnx
 
 import jaxckpt
 from experiments import classifier
@@ -362,3 +366,34 @@ def test_sigint_to_a_real_process_then_resume_is_bit_identical(tmp_path):
   resumed = json.loads((out / "metrics.json").read_text())
   assert resumed["params_sha256"] == expected["params_sha256"]
   assert resumed["train_loss"] == expected["train_loss"]
+
+
+class _Sqrt(nnx.Module):
+  """``loss = Σ sqrt(w)``: finite at ``w = 0`` while its gradient there is +inf; ``w: [6] float32``."""
+
+  def __init__(self, w):
+    self.w = nnx.Param(jnp.asarray(w, jnp.float32))
+    self.b = nnx.Param(jnp.ones((3, 4), jnp.float32))
+
+
+def _sqrt_loss(model, batch, *, dropout_key, deterministic):
+  del dropout_key, deterministic
+  value = jnp.sqrt(model.w[...] * batch["scale"]).sum() + (model.b[...] * batch["scale"]).sum()
+  return value, {}
+
+
+@pytest.mark.parametrize("w, scale, finite", [
+    ([1.0, 4.0, 9.0, 1.0, 1.0, 1.0], 1.0, True),
+    ([1.0, 4.0, 0.0, 1.0, 1.0, 1.0], 1.0, False),  # loss finite, one gradient element +inf
+    ([1.0, 4.0, 9.0, 1.0, 1.0, 1.0], float("nan"), False),  # loss and every gradient NaN
+    ([1.0, 4.0, 9.0, 1.0, 1.0, 1.0], 3e38, False),  # the loss overflows to inf, gradients finite
+])
+def test_finite_metric_flags_any_nonfinite_gradient_element_and_skip_keeps_the_state(w, scale, finite):
+  tx = optax.sgd(0.1)
+  graphdef, state = jaxckpt.create_train_state(_Sqrt(w), tx, seed=0)
+  batch = {"scale": jnp.float32(scale)}
+  new, metrics = jax.jit(jaxckpt.make_train_step(graphdef, tx, _sqrt_loss, skip_nonfinite=True))(state, batch)
+  assert bool(metrics["finite"]) is finite
+  kept = [bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params))]
+  assert all(kept) is not finite  # skipped: every parameter kept; applied: SGD moved them
+  assert int(new.step) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+import jaxckpt
 from jaxckpt import residuals as residuals_lib
 from jaxckpt.residuals import (
     GROUP_BY,
@@ -333,3 +335,51 @@ def test_report_residual_order_follows_compiled_temp_under_a_structure():
   nothing, dots = report.row("nothing_saveable"), report.row("dots_saveable")
   assert nothing["temp_bytes"] < dots["temp_bytes"]
   assert nothing["residual_bytes"] < dots["residual_bytes"]
+
+
+@pytest.mark.parametrize("policy", ["dots_saveable", "save_only_these_names:qkv+mlp_out", "attn=full,mlp=none"])
+def test_shared_block_traces_give_the_same_residuals_from_one_block_trace(policy, monkeypatch):
+  """The report's residual analysis traces an unrolled stack with ``shared_block_traces``: identical residuals
+  (and parameter-only bytes) from one Python trace per block type instead of one per layer."""
+  from flax import nnx
+
+  from jaxckpt.activations import parameter_only_bytes
+  from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
+  from jaxckpt.layers import AttentionBlock, MLPBlock, shared_block_traces
+
+  config = GPT_PRESETS["tiny"]
+  model = nnx.eval_shape(lambda: build_gpt(dataclasses.replace(config, num_layers=3, scan=False), policy=policy))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  batch = lm_batch_struct(2, config.seq_len)
+  calls = {"attn": 0, "mlp": 0}
+  for cls, kind in ((AttentionBlock, "attn"), (MLPBlock, "mlp")):
+    forward = cls.forward
+
+    def counted(self, *args, _forward=forward, _kind=kind, **kwargs):
+      calls[_kind] += 1
+      return _forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", counted)
+
+  def analyse():
+    found = []
+
+    def outer(batch, key):
+      loss = lambda p: lm_loss(nnx.merge(graphdef, p, rest, copy=True), batch, dropout_key=key,  # noqa: E731
+                               deterministic=False)[0]
+      traced = residuals_lib.traced_residuals(loss, params)
+      found.append((traced.residuals, parameter_only_bytes(traced.jaxpr, traced.num_residuals)))
+      return 0
+
+    jax.make_jaxpr(outer)(batch, jax.eval_shape(lambda: jax.random.key(0)))
+    return found[0]
+
+  alone = analyse()
+  per_layer = dict(calls)
+  calls.update(attn=0, mlp=0)
+  with shared_block_traces():
+    shared = analyse()
+  assert shared == alone and shared[1] > 0
+  remat = {kind: jaxckpt.parse_policy(policy).for_block(kind).remat for kind in calls}
+  assert per_layer == {"attn": 3, "mlp": 3}  # one trace of each block per layer
+  assert calls == {kind: 1 if remat[kind] else 3 for kind in calls}  # remat'd blocks: one trace for the 3 layers

@@ -24,8 +24,7 @@ from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.jaxprs import count_remat_regions
-from jaxckpt.planner import resolve_policy
-from jaxckpt.policies import ModelPolicy
+from jaxckpt.policies import Budget, MinSaved, ModelPolicy, parse_model_policy
 from jaxckpt.report import xla_dump
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
@@ -63,8 +62,15 @@ def _resolve_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[di
   resolved: list[Any] = []
   for i, spec in enumerate(specs):
     try:
-      policy, plan = resolve_policy(target, spec, tx=tx, compiler_options=compiler_options, mesh=mesh, cache=cache,
-                                    candidates=candidates)
+      parsed = parse_model_policy(spec)
+      if isinstance(parsed, (Budget, MinSaved)):
+        # Imported here, not at the top: the planner pulls in scipy (≈0.5 s of the report's start), which only
+        # budgets and min_saved need; resolve_policy returns any other spec as parsed, without a plan.
+        from jaxckpt.planner import resolve_policy  # pylint: disable=g-import-not-at-top
+        policy, plan = resolve_policy(target, parsed, tx=tx, compiler_options=compiler_options, mesh=mesh,
+                                      cache=cache, candidates=candidates)
+      else:
+        policy, plan = parsed, None
     except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
       rows[i].update(status=STATUS_ERROR, error=one_line(err))
       warnings.append(f"policy {rows[i]['policy']!r}: {one_line(err)}")
@@ -178,8 +184,23 @@ def compile_rows(
       if rows[i]["status"] == STATUS_ERROR:
         bar.update(1)
         continue
-      # While XLA compiles: FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis.
       stages = rows[i]["stages_s"] = dict(lowered.stages)
+      fingerprint = lowered.fingerprint
+      if xla_dump_dir is None and fingerprint in programs:  # the same program: its stats are this row's
+        first = programs[fingerprint]
+        rows[i]["same_program_as"] = rows[first]["policy"]
+        rows[i]["compile_s"] = lowered.lower_s  # traced and lowered, not compiled
+        twins.setdefault(first, []).append(i)
+      else:
+        programs[fingerprint] = i
+        dump_dir, extra = None, {}
+        if xla_dump_dir is not None:
+          dump_dir = os.path.join(xla_dump_dir, _slug(i, rows[i]["policy"]))
+          os.makedirs(dump_dir, exist_ok=True)
+          extra = xla_dump.dump_options(dump_dir)
+        # Submitted before this row's analysis, so XLA never waits for it.
+        pending[pool.submit(lowered.compile, extra)] = (i, dump_dir)
+      # While XLA compiles: FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis.
       try:
         t0 = time.perf_counter()
         rows[i]["flops"] = lowered.flops
@@ -193,22 +214,8 @@ def compile_rows(
           stages["residuals"] = time.perf_counter() - t1
       except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
         warnings.append(f"policy {rows[i]['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")
-      dump_dir = None
-      fingerprint = lowered.fingerprint
-      if xla_dump_dir is None and fingerprint in programs:  # the same program: its stats are this row's
-        first = programs[fingerprint]
-        rows[i]["same_program_as"] = rows[first]["policy"]
-        rows[i]["compile_s"] = lowered.lower_s  # traced and lowered, not compiled
-        twins.setdefault(first, []).append(i)
+      if rows[i]["same_program_as"] is not None:
         bar.update(1)
-        continue
-      programs[fingerprint] = i
-      extra: dict[str, Any] = {}
-      if xla_dump_dir is not None:
-        dump_dir = os.path.join(xla_dump_dir, _slug(i, rows[i]["policy"]))
-        os.makedirs(dump_dir, exist_ok=True)
-        extra = xla_dump.dump_options(dump_dir)
-      pending[pool.submit(lowered.compile, extra)] = (i, dump_dir)
       for future in [f for f in pending if f.done()]:
         finish(future)
     for future in concurrent.futures.as_completed(list(pending)):

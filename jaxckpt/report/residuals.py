@@ -18,10 +18,10 @@ from typing import Any
 
 import jax
 
-from jaxckpt.activations import parameter_only_residual_bytes
+from jaxckpt.activations import parameter_only_bytes
 from jaxckpt.jaxprs import outermost_remats
-from jaxckpt.layers import record_stack_inputs
-from jaxckpt.residuals import Residual, group_residuals, recomputed_residuals, saved_residuals, total_residual_bytes
+from jaxckpt.layers import record_stack_inputs, shared_block_traces
+from jaxckpt.residuals import Residual, group_residuals, recomputed_residuals, total_residual_bytes, traced_residuals
 from jaxckpt.step.build import PolicyStep, dropout_key_struct
 
 __all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
@@ -64,8 +64,9 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
     # batch and key are tracers of this outer trace: the inner vjp sees them as constants, not as inputs.
     loss = lambda params: step.loss_of_params(params, batch, key)  # noqa: E731
     with record_stack_inputs() as seen:
-      top = saved_residuals(loss, step.params)
-    param_only.append(parameter_only_residual_bytes(loss, step.params))
+      traced = traced_residuals(loss, step.params)  # one vjp trace for both analyses
+    top = traced.residuals
+    param_only.append(parameter_only_bytes(traced.jaxpr, traced.num_residuals))
     stacks = list({id(s): s for s, _ in seen}.values())
     depth = max((s.structure.levels - 1 for s in stacks), default=0)
     what = "loss w.r.t. params, layers unrolled"
@@ -85,7 +86,8 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
       jaxpr = eqn.params["jaxpr"]
     return 0
 
-  jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
+  with shared_block_traces():  # the unrolled layers' blocks traced once per (graph, policy), not once per layer
+    jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
   return levels, param_only[0]
 
 
