@@ -58,6 +58,12 @@ def render(data: dict[str, Any]) -> str:
                              "twin temp"], rows)])
 
 
+def _uncached_env() -> dict[str, str]:
+  """This environment without JAX's persistent compilation cache: both sides must really compile (the test suite
+  runs with a cache, tests/conftest.py; a user may have one too)."""
+  return {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+
+
 def _children_cpu_s() -> float:
   """CPU seconds (user + system) of this process's finished children so far."""
   usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -72,7 +78,7 @@ def _report(args: argparse.Namespace, tmp: str) -> tuple[float, float, dict[str,
   if not args.residuals:
     cmd.append("--no-residuals")
   began, cpu = time.perf_counter(), _children_cpu_s()
-  done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_uncached_env())
   wall, cpu = time.perf_counter() - began, _children_cpu_s() - cpu
   if done.returncode != 0:
     raise SystemExit(f"{NAME}: error: the report exited {done.returncode}: "
@@ -85,10 +91,10 @@ def _floor(preset: str, policies: Sequence[str]) -> tuple[float, float, dict[str
   """The plain-JAX floor in fresh processes: ``(import seconds, CPU seconds (the import's process and the twin's
   trace + lower + compile, as the wall floor counts them), {policy: twin timings})``."""
   began, cpu = time.perf_counter(), _children_cpu_s()
-  subprocess.run([sys.executable, "-c", "import jax, jax.numpy, optax, flax.nnx"], check=True)
+  subprocess.run([sys.executable, "-c", "import jax, jax.numpy, optax, flax.nnx"], check=True, env=_uncached_env())
   import_s, import_cpu = time.perf_counter() - began, _children_cpu_s() - cpu
   done = subprocess.run([sys.executable, "-m", "benchmarks.plain_gpt", preset, *policies], capture_output=True,
-                        text=True, check=True, cwd=ROOT)
+                        text=True, check=True, cwd=ROOT, env=_uncached_env())
   twin = json.loads(done.stdout.strip().splitlines()[-1])["policies"]
   return import_s, import_cpu + sum(t["cpu_s"] for t in twin.values()), twin
 
