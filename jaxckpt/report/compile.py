@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.jaxprs import count_remat_regions
-from jaxckpt.policies import Budget, MinSaved, ModelPolicy, parse_model_policy
+from jaxckpt.planner import resolve_policy
+from jaxckpt.policies import ModelPolicy
 from jaxckpt.report import xla_dump
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
@@ -62,15 +63,8 @@ def _resolve_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[di
   resolved: list[Any] = []
   for i, spec in enumerate(specs):
     try:
-      parsed = parse_model_policy(spec)
-      if isinstance(parsed, (Budget, MinSaved)):
-        # Imported here, not at the top: the planner pulls in scipy (≈0.5 s of the report's start), which only
-        # budgets and min_saved need; resolve_policy returns any other spec as parsed, without a plan.
-        from jaxckpt.planner import resolve_policy  # pylint: disable=g-import-not-at-top
-        policy, plan = resolve_policy(target, parsed, tx=tx, compiler_options=compiler_options, mesh=mesh,
-                                      cache=cache, candidates=candidates)
-      else:
-        policy, plan = parsed, None
+      policy, plan = resolve_policy(target, spec, tx=tx, compiler_options=compiler_options, mesh=mesh, cache=cache,
+                                    candidates=candidates)
     except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
       rows[i].update(status=STATUS_ERROR, error=one_line(err))
       warnings.append(f"policy {rows[i]['policy']!r}: {one_line(err)}")
