@@ -56,6 +56,7 @@ class Interrupt(Exception):
   pass
 
 
+@pytest.mark.slow  # three runs end to end (~15 s)
 def test_resume_after_interruption_is_bit_identical(tmp_path):
   config = configure(TINY, epochs=3, policy="nothing_saveable", ckpt_every=10)
   straight = train(config, log=quiet)

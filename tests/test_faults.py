@@ -69,6 +69,7 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path):
   print(f"unfinished saves seen after kills: {seen_unfinished}")
 
 
+@pytest.mark.slow  # trains real runs end to end (~15-20 s)
 def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path):
   ckpt = tmp_path / "ckpt"
   train(configure(TINY, epochs=1, ckpt_dir=str(ckpt)), log=quiet)
@@ -139,6 +140,7 @@ def nan_at_step_30(monkeypatch):
   monkeypatch.setattr(classifier, "train_batch", poisoned)
 
 
+@pytest.mark.slow  # trains real runs end to end (~15-20 s)
 def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, nan_at_step_30):
   ckpt = tmp_path / "ckpt"
   with pytest.raises(jaxckpt.NonFiniteLossError) as info:
@@ -273,6 +275,7 @@ def test_directory_lock_names_the_holder_and_a_killed_holder_is_stale(tmp_path):
   again.release()
 
 
+@pytest.mark.slow  # trains real runs end to end (~15-20 s)
 def test_a_second_run_into_the_same_directories_is_refused_before_compiling(tmp_path, capsys):
   out, ckpt = tmp_path / "out", tmp_path / "ckpt"
   first = subprocess.Popen([*CLI, "--epochs", "6", "--out", str(out), "--ckpt-dir", str(ckpt)], stdout=subprocess.PIPE,

@@ -171,6 +171,7 @@ def test_layer_probe_flops_add_up_to_the_train_steps(spec):
   assert abs(step_extra - stack.num_layers * (spec_layer - none_layer)) <= 64  # scalar conversions at most
 
 
+@pytest.mark.slow  # traces every layer candidate of GPT twice (~15 s)
 def test_summed_layer_candidates_equal_whole_layer_traces():
   """Candidates the planner does not trace as whole layers (``exact=False``: every block remat'd) carry the sum of
   their blocks' measurements; that sum must be what a whole-layer trace measures (GPT tiny, per-tensor options)."""
@@ -208,27 +209,47 @@ def _targets():
   return {"gpt": shipped_target("gpt", "tiny", num_layers=4), "vit": shipped_target("vit", "tiny", batch_size=16)}
 
 
-@pytest.fixture(scope="module")
-def plans():
-  out = {}
-  for name, target in _targets().items():
-    cache, candidates = {}, None
-    for fraction in BUDGETS:
-      try:
-        # the built-in candidates: these tests check the planner's mechanics. Per-tensor plans stay out of this
-        # fast fixture: on gpt tiny (4 layers) they make 127 layer candidates instead of 12 and the six budgets took
-        # 157 s instead of 43 s (2-core machine, load 6); they are tested in tests/test_pertensor.py (a budget plan
-        # that fits, explains and exports, marked slow) and measured in benchmarks/pertensor_front.py
-        plan = plan_policy(target, Budget(fraction=fraction), cache=cache, candidates=candidates, per_tensor=False)
-        candidates = plan.candidates
-        out[name, fraction] = plan
-      except InfeasibleBudgetError as err:
-        out[name, fraction] = err
-    out[name, "cache"] = cache
+def _plan_budgets(name: str) -> dict:
+  """``{(name, fraction): Plan or InfeasibleBudgetError, (name, "cache"): compiled anchors}`` for one model."""
+  out, cache, candidates = {}, {}, None
+  target = _targets()[name]
+  for fraction in BUDGETS:
+    try:
+      # the built-in candidates: these tests check the planner's mechanics. Per-tensor plans stay out of this
+      # fast fixture: on gpt tiny (4 layers) they make 127 layer candidates instead of 12 and the six budgets took
+      # 157 s instead of 43 s (2-core machine, load 6); they are tested in tests/test_pertensor.py (a budget plan
+      # that fits, explains and exports, marked slow) and measured in benchmarks/pertensor_front.py
+      plan = plan_policy(target, Budget(fraction=fraction), cache=cache, candidates=candidates, per_tensor=False)
+      candidates = plan.candidates
+      out[name, fraction] = plan
+    except InfeasibleBudgetError as err:
+      out[name, fraction] = err
+  out[name, "cache"] = cache
   return out
 
 
-@pytest.mark.parametrize("name", ["gpt", "vit"])
+class _Plans:
+  """The plans of each model, made on first use: the inner loop (``-m "not slow"``) plans ViT only; GPT's tests
+  (and its ~40 s of planning) are marked slow."""
+
+  def __init__(self):
+    self._made: dict = {}
+
+  def __getitem__(self, key):
+    if key[0] not in self._made:
+      self._made[key[0]] = _plan_budgets(key[0])
+    return self._made[key[0]][key]
+
+
+@pytest.fixture(scope="module")
+def plans():
+  return _Plans()
+
+
+MODELS = [pytest.param("gpt", marks=pytest.mark.slow), "vit"]
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_plans_fit_their_budget_or_state_the_least_memory_reached(plans, name):
   full = plans[name, "cache"]["nothing_saveable"]
   none = plans[name, "cache"]["none"]
@@ -265,7 +286,7 @@ def _exhaustive_optimum(plan):
   return best
 
 
-@pytest.mark.parametrize("name", ["gpt", "vit"])
+@pytest.mark.parametrize("name", MODELS)
 def test_plans_recompute_no_more_than_exhaustive_search_allows(plans, name):
   checked = 0
   for fraction in BUDGETS:
@@ -278,7 +299,7 @@ def test_plans_recompute_no_more_than_exhaustive_search_allows(plans, name):
   assert checked >= 2
 
 
-@pytest.mark.parametrize("name", ["gpt", "vit"])
+@pytest.mark.parametrize("name", MODELS)
 def test_budget_plans_are_not_dominated_by_builtin_policies(plans, name):
   target = _targets()[name]
   specs = [parse_policy(p) for p in ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")]
@@ -292,6 +313,7 @@ def test_budget_plans_are_not_dominated_by_builtin_policies(plans, name):
       assert not dominated, (fraction, row["policy"], str(plan.policy))
 
 
+@pytest.mark.slow  # plans on GPT (the GPT half of the plans fixture, ~40 s)
 def test_plan_gradients_equal_no_remat(plans):
   plan = next(p for f in BUDGETS if not isinstance(p := plans["gpt", f], InfeasibleBudgetError) and p.policy.remat)
   loss0, grads0 = _grads("none")
@@ -307,6 +329,7 @@ def test_plan_compiled_stats_match_the_report_row(plans):
   assert rows[0]["temp_bytes"] == plan.compiled.temp_bytes and rows[0]["flops"] == plan.compiled.flops
 
 
+@pytest.mark.slow  # plans on GPT (the GPT half of the plans fixture, ~40 s)
 def test_explain_and_export(plans):
   plan = next(p for f in BUDGETS if not isinstance(p := plans["gpt", f], InfeasibleBudgetError) and p.policy.remat)
   text = plan.explain(candidates=True)

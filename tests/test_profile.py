@@ -66,6 +66,7 @@ def test_profile_trace_unwritable_logdir_names_the_path(tmp_path):
   assert trace_files(tmp_path / "nothing_here") == []
 
 
+@pytest.mark.slow  # runs and traces every policy (~10 s)
 def test_report_profile_writes_one_loadable_trace_per_policy(tmp_path, capsys):
   """--profile: per policy one run DIR/<slug>/ with one XProf trace holding exactly the traced warm steps."""
   logdir, out = tmp_path / "profiles", tmp_path / "r.json"

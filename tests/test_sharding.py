@@ -133,6 +133,7 @@ def eight_devices():
   return run_helper("all", json.dumps(TWO_PROCESS_RUN))
 
 
+@pytest.mark.slow  # the 8-device subprocess of every mesh and policy (~100 s)
 def test_every_mesh_and_policy_matches_single_device_no_remat(eight_devices):
   """The seed's DDP bug (remat + multi-task loss broke gradient sync): here loss, gradients and the loss curve of the
   multi-task model equal the single-device no-remat run on every mesh and policy, and replicas never diverge."""
@@ -155,6 +156,7 @@ def test_every_mesh_and_policy_matches_single_device_no_remat(eight_devices):
       assert r["min_replicas"] == 4 and r["fsdp_sharded_leaves"] == r["param_leaves"], where
 
 
+@pytest.mark.slow  # the 8-device subprocess of every mesh and policy (~100 s)
 def test_fsdp_shards_parameters_and_optimizer_state(eight_devices):
   """Per-device argument bytes (parameters + AdamW state + batch) under fsdp=8 ≤ 1/4 of one unsharded device's."""
   result = eight_devices["bytes"]
@@ -199,6 +201,7 @@ def run_two_processes(config: dict, tmp_path) -> list[dict]:
   return results
 
 
+@pytest.mark.slow  # the 8-device subprocess of every mesh and policy (~100 s)
 def test_two_processes_match_one_process_and_resume(tmp_path, eight_devices):
   """2 processes × 4 CPU devices (gloo) = the 1-process 8-device run's loss curve, also across a resume from the
   orbax checkpoint onto another mesh."""

@@ -73,6 +73,7 @@ def test_gradients_equal_no_remat(reference, structure, policy, scan):
   chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # trains two models (~20 s)
 def test_vit_with_structure_trains_like_without():
   config = dataclasses.replace(MODELS["vit"].presets["tiny"], num_layers=3)
   data = {"x": np.random.default_rng(0).normal(size=(4, 8, 8, 1)).astype(np.float32),
