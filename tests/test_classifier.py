@@ -204,6 +204,7 @@ def test_help_lists_block_types_and_grammar(capsys):
   assert classifier.build_parser().prog.startswith("python -m experiments.classifier")
 
 
+@pytest.mark.slow  # trains a run end to end (~10 s)
 def test_gradient_checkpointing_switch_means_full_remat():
   on = train(configure(TINY, epochs=1, policy=None, gradient_checkpointing=True), log=quiet)
   off = train(configure(TINY, epochs=1, policy=None, gradient_checkpointing=False), log=quiet)
@@ -213,6 +214,7 @@ def test_gradient_checkpointing_switch_means_full_remat():
   np.testing.assert_allclose(on.metrics["train_loss"], off.metrics["train_loss"], rtol=1e-4)
 
 
+@pytest.mark.slow  # trains a run end to end (~10 s)
 def test_offload_policy_on_cpu_says_it_saves_nothing():
   if jax.default_backend() != "cpu":
     pytest.skip("host and device memory differ off CPU")

@@ -86,6 +86,7 @@ def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path):
   assert int(result.state.step) == 44
 
 
+@pytest.mark.slow  # trains real runs end to end (~10 s)
 def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
   ckpt = tmp_path / "ckpt"
   straight = train(configure(TINY, ckpt_dir=str(ckpt)), log=quiet)
@@ -101,6 +102,7 @@ def test_corrupt_latest_step_falls_back_to_previous(tmp_path):
   assert params_digest(resumed.state.params) == params_digest(straight.state.params)
 
 
+@pytest.mark.slow  # trains real runs end to end (~10 s)
 def test_all_steps_corrupt_is_a_clear_error(tmp_path, capsys):
   ckpt = tmp_path / "ckpt"
   train(configure(TINY, epochs=1, ckpt_dir=str(ckpt), ckpt_every=100), log=quiet)
@@ -155,6 +157,7 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, nan_at_step_30):
   assert np.isfinite(result.metrics["train_loss"][0])
 
 
+@pytest.mark.slow  # trains real runs end to end (~10 s)
 def test_nan_skip_drops_only_that_update(nan_at_step_30):
   result = train(configure(TINY, nan_policy="skip"), log=quiet)
   assert result.metrics["skipped_steps"] == [30]

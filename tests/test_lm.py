@@ -291,6 +291,7 @@ def test_folder_skips_binary_files(tmp_path):
   assert (corpus.files, corpus.skipped, corpus.num_bytes) == (1, 1, 2400)
 
 
+@pytest.mark.slow  # a CLI run in a fresh process (~10 s); the classifier's smoke test stays in the inner loop
 def test_cli_smoke(tmp_path):
   out = tmp_path / "out"
   env = {**os.environ, "PYTHONPATH": os.getcwd()}

@@ -349,6 +349,7 @@ def test_explain_and_export(plans):
   np.testing.assert_allclose(jax.grad(lambda x: wrapped(2.0, x))(1.0), 2 * np.cos(1.0), rtol=1e-6)
 
 
+@pytest.mark.slow  # plans two footprint budgets (~12 s)
 def test_footprint_budget_and_auto(monkeypatch):
   target = shipped_target("mlp", "tiny")
   cache = {}

@@ -324,6 +324,7 @@ def test_policy_killed_while_measuring_is_an_error_row(tmp_path, monkeypatch):
   assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["status"] == "error"
 
 
+@pytest.mark.slow  # compiles every structure and accumulation target (~15 s)
 def test_structure_and_grad_accumulation_targets():
   """"B=64 with remat" vs "4×16 accumulated": both lower temp than B=64 without remat; structure is reported."""
   plain = build_report(shipped_target("vit", "small", batch_size=64), ["none", "full"], progress=False,
