@@ -4,7 +4,8 @@
 ``setup(config, log) -> Setup`` (its data, model, loss, optimizer, evaluation and result lines). Everything else is
 here, in this order: check the run options, join the devices, hold ``--out``/``--ckpt-dir`` exclusively, resolve the
 policy (planning a budget for this model), build and place the train state, compile the train step once through
-the step core (:func:`jaxckpt.step.compile_policy`, as the report and the planner do) and print its memory, train (:func:`experiments.loop.train_loop`), evaluate, and write metrics.json.
+the step core (:func:`jaxckpt.step.compile_policy`, as the report and the planner do) and print its memory, train
+(:func:`experiments.loop.train_loop`), evaluate, and write metrics.json.
 """
 
 from __future__ import annotations
