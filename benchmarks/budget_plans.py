@@ -130,11 +130,7 @@ def _plot(data: dict, path: str) -> None:
   ax.set_xlabel("train-step FLOPs / none")
   ax.set_ylabel("compiled temp / none")
   ax.set_title(f"{data['model']} ({data['preset']}): budget plans vs fixed policies", fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
+  common.save_plot(fig, ax, path)
 
 
 if __name__ == "__main__":

@@ -290,11 +290,7 @@ def _plot(data, path: str) -> None:
   ax.set_ylabel("extra train-step FLOPs vs no remat, % (symlog)")
   ax.set_yscale("symlog", linthresh=0.1)
   ax.set_title(f"GPT {data['preset']}: memory/recompute fronts", fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
+  common.save_plot(fig, ax, path)
 
 
 if __name__ == "__main__":
