@@ -126,6 +126,10 @@ def compile_and_describe(
 
   Returns:
     The :class:`CompiledStep`.
+
+  Raises:
+    PolicySpecError: ``spec`` names a block type or checkpoint name the run's model does not have; whatever XLA
+      raises while compiling (e.g. out of memory).
   """
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
