@@ -6,11 +6,15 @@ Usage: ``python benchmarks/report_speed.py [--preset gpt2-small] [--rounds 2] [-
 Interleaved, round by round, each in a fresh process: (1) the report's CLI as a user runs it (``python -m
 jaxckpt.report --model gpt --preset gpt2-small --policies all --json …``: 12 layers, d=768, T=1024, B=8, vocabulary
 50257; compile only, nothing allocated): its wall seconds, and each row's seconds per stage (``stages_s``: build,
-trace, lower, FLOP count, residual analysis, compile); (2) the floor: ``import jax, optax, flax`` and the plain-JAX
-twin of the same step (:mod:`benchmarks.plain_gpt`: same shapes, dropout, optimizer and compiler options, no jaxckpt
-code) traced, lowered and compiled once per *distinct* program (rows the report found identical to an earlier one are
-not compiled by the report either). The figure is ``report wall ÷ (import + Σ twin trace + lower + compile)`` per
-round, the median round published (target ≤ 1.15). CPU seconds are kept beside it (the report's process; the floor's
+trace, lower, FLOP count, residual analysis, compile); (2) the floor the issue names, a plain JAX + NNX step of the
+same model written by hand: ``import jax, optax, flax.nnx`` and :mod:`benchmarks.nnx_gpt` (``nnx.Linear`` /
+``nnx.LayerNorm`` layers, ``nnx.vmap``-created and ``nnx.scan``-applied, ``nnx.remat`` per sublayer, a functional
+``jax.value_and_grad`` + ``optax.adamw`` step; same shapes, dropout and compiler options, no jaxckpt code; its temp
+bytes equal the report's to a few hundred bytes) built, traced, lowered and compiled once per *distinct* program (rows
+the report found identical to an earlier one are not compiled by the report either); (3) the same step without NNX
+(:mod:`benchmarks.plain_gpt`, raw parameter dicts and ``jax.lax.scan``), a stricter reference. The figure is
+``report wall ÷ (import + Σ NNX twin build + trace + lower + compile)`` per round, the median round published (target
+≤ 1.15), the ratio to the plain-JAX twin beside it. CPU seconds are kept beside it (the report's process; the floor's
 import process and the twin's trace + lower + compile): on a machine shared with other jobs the wall ratio tends to
 the CPU ratio, since the report's overlap of analysis and compile needs a free second core.
 """
@@ -35,7 +39,9 @@ from benchmarks import common
 
 NAME = "report_speed"
 TARGET_RATIO = 1.15
-"""Report wall ÷ the plain-JAX floor (import + Σ distinct programs' trace + lower + compile)."""
+"""Report wall ÷ the floor (import + Σ distinct programs' trace + lower + compile by the JAX + NNX twin)."""
+TWINS = {"nnx": "benchmarks.nnx_gpt", "jax": "benchmarks.plain_gpt"}
+"""The floor's twin (``nnx``, judged) and the stricter reference without NNX (``jax``): their modules."""
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("build", "trace", "lower", "flops", "residuals", "compile")
 
@@ -45,17 +51,18 @@ def render(data: dict[str, Any]) -> str:
   verdict = {True: "met", False: "NOT met", None: "not judged at this size"}[data["meets_target"]]
   seconds = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
   rows = [[f"`{r['policy']}`", *[seconds(r["stages_s"].get(k)) for k in STAGES], seconds(r["twin_s"]),
-           f"`{r['same_program_as']}`" if r["same_program_as"] else "", common.mib(r["temp_bytes"]),
-           common.mib(r["twin_temp_bytes"])] for r in data["rows"]]
+           seconds(r.get("jax_twin_s")), f"`{r['same_program_as']}`" if r["same_program_as"] else "",
+           common.mib(r["temp_bytes"]), common.mib(r["twin_temp_bytes"])] for r in data["rows"]]
   return "\n".join([
       f"`{data['command']}`: **{data['report_wall_s']:.1f} s** wall for {data['policies']} policies ({data['distinct']} "
-      f"distinct programs) against a plain-JAX floor of {data['floor_s']:.1f} s (import {data['import_s']:.1f} s + "
-      f"twin trace + lower + compile {data['twin_s_sum']:.1f} s): **{data['ratio']:.2f}×** the floor (median of "
-      f"{data['rounds']} interleaved rounds: {', '.join(f'{r:.2f}' for r in data['ratios'])}; target ≤ "
-      f"{data['target_ratio']}: {verdict}); CPU seconds in that round: report {data['report_cpu_s']:.1f} s, floor "
+      f"distinct programs) against a JAX + NNX floor of {data['floor_s']:.1f} s (import {data['import_s']:.1f} s + "
+      f"twin build + trace + lower + compile {data['twin_s_sum']:.1f} s): **{data['ratio']:.2f}×** the floor (median "
+      f"of {data['rounds']} interleaved rounds: {', '.join(f'{r:.2f}' for r in data['ratios'])}; target ≤ "
+      f"{data['target_ratio']}: {verdict}); {data['jax_ratio']:.2f}× the same step without NNX "
+      f"({data['jax_floor_s']:.1f} s); CPU seconds in that round: report {data['report_cpu_s']:.1f} s, floor "
       f"{data['floor_cpu_s']:.1f} s ({data['cpu_ratio']:.2f}×); {common.header(data)}", "",
-      common.markdown_table(["policy", *[f"{k} (s)" for k in STAGES], "twin (s)", "same program as", "temp",
-                             "twin temp"], rows)])
+      common.markdown_table(["policy", *[f"{k} (s)" for k in STAGES], "NNX twin (s)", "JAX twin (s)",
+                             "same program as", "temp", "twin temp"], rows)])
 
 
 def _uncached_env() -> dict[str, str]:
@@ -87,13 +94,13 @@ def _report(args: argparse.Namespace, tmp: str) -> tuple[float, float, dict[str,
     return wall, cpu, json.load(f), cmd
 
 
-def _floor(preset: str, policies: Sequence[str]) -> tuple[float, float, dict[str, Any]]:
-  """The plain-JAX floor in fresh processes: ``(import seconds, CPU seconds (the import's process and the twin's
-  trace + lower + compile, as the wall floor counts them), {policy: twin timings})``."""
+def _floor(preset: str, policies: Sequence[str], twin: str = "nnx") -> tuple[float, float, dict[str, Any]]:
+  """A floor in fresh processes: ``(import seconds, CPU seconds (the import's process and the twin's
+  trace + lower + compile, as the wall floor counts them), {policy: twin timings})``; ``twin`` keys :data:`TWINS`."""
   began, cpu = time.perf_counter(), _children_cpu_s()
   subprocess.run([sys.executable, "-c", "import jax, jax.numpy, optax, flax.nnx"], check=True, env=_uncached_env())
   import_s, import_cpu = time.perf_counter() - began, _children_cpu_s() - cpu
-  done = subprocess.run([sys.executable, "-m", "benchmarks.plain_gpt", preset, *policies], capture_output=True,
+  done = subprocess.run([sys.executable, "-m", TWINS[twin], preset, *policies], capture_output=True,
                         text=True, check=True, cwd=ROOT, env=_uncached_env())
   twin = json.loads(done.stdout.strip().splitlines()[-1])["policies"]
   return import_s, import_cpu + sum(t["cpu_s"] for t in twin.values()), twin
@@ -125,13 +132,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       distinct = [r["policy"] for r in report["rows"] if r["status"] == "ok" and not r["same_program_as"]]
       import_s, floor_cpu, twin = _floor(args.preset, distinct)
       floor = import_s + sum(t["total_s"] for t in twin.values())
+      jax_import_s, _, jax_twin = _floor(args.preset, distinct, "jax")
+      jax_floor = jax_import_s + sum(t["total_s"] for t in jax_twin.values())
       rounds.append({"wall_s": wall, "import_s": import_s, "floor_s": floor, "ratio": wall / floor,
-                     "cpu_s": cpu, "floor_cpu_s": floor_cpu, "report": report, "twin": twin})
+                     "jax_floor_s": jax_floor, "jax_ratio": wall / jax_floor,
+                     "cpu_s": cpu, "floor_cpu_s": floor_cpu, "report": report, "twin": twin, "jax_twin": jax_twin})
   median = sorted(rounds, key=lambda r: r["ratio"])[len(rounds) // 2]  # the upper median round
   rows = [{"policy": r["policy"], "status": r["status"], "stages_s": r["stages_s"] or {},
            "same_program_as": r["same_program_as"], "compile_s": r["compile_s"], "temp_bytes": r["temp_bytes"],
            "twin_s": median["twin"].get(r["policy"], {}).get("total_s"),
-           "twin_temp_bytes": median["twin"].get(r["policy"], {}).get("temp_bytes")}
+           "twin_temp_bytes": median["twin"].get(r["policy"], {}).get("temp_bytes"),
+           "jax_twin_s": median["jax_twin"].get(r["policy"], {}).get("total_s"),
+           "jax_twin_temp_bytes": median["jax_twin"].get(r["policy"], {}).get("temp_bytes")}
           for r in median["report"]["rows"]]
   judged = (args.preset, args.policies) == ("gpt2-small", ["all"])
   record.update({
@@ -139,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "rounds": args.rounds, "ratios": [r["ratio"] for r in rounds], "ratio": median["ratio"],
       "report_wall_s": median["wall_s"], "import_s": median["import_s"], "floor_s": median["floor_s"],
       "twin_s_sum": median["floor_s"] - median["import_s"], "target_ratio": TARGET_RATIO,
+      "jax_floor_s": median["jax_floor_s"], "jax_ratio": median["jax_ratio"],
       "report_cpu_s": median["cpu_s"], "floor_cpu_s": median["floor_cpu_s"],
       "cpu_ratio": median["cpu_s"] / median["floor_cpu_s"],
       "meets_target": median["ratio"] <= TARGET_RATIO if judged else None,

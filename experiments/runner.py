@@ -232,7 +232,7 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
   target = ModelTarget(  # what the planner plans and the step core compiles: this run's model, loss and shapes
       make_model=setup.make_model, batch=jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), example),
       loss_fn=setup.loss_fn, name=setup.model, preset=setup.preset, grad_accum_steps=config.grad_accum_steps,
-      skip_nonfinite=options.nan_policy == "skip")
+      skip_nonfinite=options.nan_policy == "skip", metrics=True)  # the loop reads loss, accuracy and finite
   spec, plan = plan_budget(spec, target, tx=setup.tx, log=log)
   jaxckpt.set_policy(model, spec)
   block_types = jaxckpt.block_types(model)

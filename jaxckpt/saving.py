@@ -33,7 +33,6 @@ from typing import Any
 
 import filelock
 import jax
-import orbax.checkpoint as ocp
 
 from jaxckpt.errors import CheckpointError, DirectoryInUseError
 
@@ -184,6 +183,8 @@ class TrainStateSaver:
       max_to_keep: int = 3,
       allow_config_change: bool = False,
   ):
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top  (only runs that save pay its import)
+
     if save_every < 1:
       raise CheckpointError(f"checkpoint interval {save_every} must be ≥ 1 step")
     self.directory = os.path.abspath(os.fspath(directory))
@@ -235,6 +236,8 @@ class TrainStateSaver:
       CheckpointError: the stored config differs from this run's (unless ``allow_config_change``), or no listed step
         can be read.
     """
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
     steps = sorted(self._manager.all_steps(), reverse=True)
     if not steps:
       return state, {}
@@ -307,6 +310,8 @@ class TrainStateSaver:
       CheckpointError: the directory already holds step ``step`` or a later one that this saver did not write (it
         would not be written, or not be the latest), or the save finished without the step on disk.
     """
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
     if not force and step % self.save_every:
       return False
     if step in self._written:

@@ -145,6 +145,7 @@ def make_train_step(
     *,
     skip_nonfinite: bool = False,
     grad_accum_steps: int = 1,
+    metrics: bool = True,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
   """Builds ``step(state, batch) -> (new_state, metrics)``: value_and_grad of ``loss_fn`` and one optimizer update.
 
@@ -158,6 +159,11 @@ def make_train_step(
       averaging gradients before one optimizer update: the step's activations are those of one micro-batch (the
       other memory lever besides remat). Micro-batch i uses dropout key ``fold_in(step_key, i)``; metrics are means
       over micro-batches. The batch size must be divisible by it.
+    metrics: return the loss function's metrics and ``finite`` (bool: the loss and every gradient element are
+      finite; a training loop reads it). ``False`` returns ``{"loss": loss}`` only (and ``finite`` when
+      ``skip_nonfinite``): the plain step, the same program as ``jax.value_and_grad`` + ``optax`` written by hand.
+      The memory report compiles that one: the ``finite`` check costs XLA:CPU ≈0.3 s of compile CPU on GPT-2-small
+      (one reduction per gradient leaf) and at most a few hundred temp bytes.
 
   Returns:
     A pure function, to be compiled with :func:`compile_train_step` (or :func:`jaxckpt.jit`, donating the state).
@@ -200,15 +206,18 @@ def make_train_step(
   def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
     dropout_key = jax.random.fold_in(state.key, state.step)
     compute = grad_fn if grad_accum_steps == 1 else accumulated
-    value, metrics, other, grads = compute(state.params, state.other, batch, dropout_key)
+    value, step_metrics, other, grads = compute(state.params, state.other, batch, dropout_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(value) & jnp.all(jnp.array([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+    out = {**step_metrics} if metrics else {"loss": value}
+    if metrics or skip_nonfinite:
+      finite = jnp.isfinite(value) & jnp.all(jnp.array([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+      out["finite"] = finite
     if skip_nonfinite:
       keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
       params, opt_state, other = keep(params, state.params), keep(opt_state, state.opt_state), keep(other, state.other)
     new_state = state.replace(step=state.step + 1, params=params, other=other, opt_state=opt_state)
-    return new_state, {**metrics, "finite": finite}
+    return new_state, out
 
   return step
 

@@ -85,8 +85,10 @@ def test_report_speed(tmp_path):
   assert named["twin_s"] is None and none["twin_s"] > 0 and full["twin_s"] > 0
   assert data["report_wall_s"] > data["import_s"] > 0
   assert data["ratio"] == pytest.approx(data["report_wall_s"] / data["floor_s"])
-  for row in (none, full):  # the hand-written twin is the same program: temp bytes agree to a few percent
-    assert row["twin_temp_bytes"] == pytest.approx(row["temp_bytes"], rel=0.05)
+  assert data["jax_ratio"] == pytest.approx(data["report_wall_s"] / data["jax_floor_s"])
+  for row in (none, full):  # the JAX + NNX twin is the same program (to a few scalars); the plain-JAX one is close
+    assert abs(row["twin_temp_bytes"] - row["temp_bytes"]) <= 1024
+    assert row["jax_twin_temp_bytes"] == pytest.approx(row["temp_bytes"], rel=0.05)
     assert set(row["stages_s"]) == set(report_speed.STAGES) and row["stages_s"]["compile"] > 0
 
 

@@ -403,3 +403,26 @@ def test_finite_metric_flags_any_nonfinite_gradient_element_and_skip_keeps_the_s
   kept = [bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params))]
   assert all(kept) is not finite  # skipped: every parameter kept; applied: SGD moved them
   assert int(new.step) == 1
+
+
+def _sqrt_metrics_loss(model, batch, *, dropout_key, deterministic):
+  value, _ = _sqrt_loss(model, batch, dropout_key=dropout_key, deterministic=deterministic)
+  return value, {"loss": value, "half": value / 2}
+
+
+def test_plain_step_returns_the_loss_only_and_the_same_update():
+  """``metrics=False`` is the plain step the report compiles: the same parameters, ``{"loss"}`` only (``finite``
+  too when it skips non-finite updates, which needs it)."""
+  tx = optax.sgd(0.1)
+  graphdef, state = jaxckpt.create_train_state(_Sqrt([1.0, 4.0, 0.0, 1.0, 1.0, 1.0]), tx, seed=0)
+  batch = {"scale": jnp.float32(1.0)}
+  full_new, full = jax.jit(jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss))(state, batch)
+  plain_new, plain = jax.jit(jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, metrics=False))(state, batch)
+  assert set(full) == {"loss", "half", "finite"} and set(plain) == {"loss"}
+  assert float(plain["loss"]) == float(full["loss"])
+  assert all(bool(jnp.array_equal(a, b, equal_nan=True))
+             for a, b in zip(jax.tree.leaves(plain_new.params), jax.tree.leaves(full_new.params)))
+  skip = jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, metrics=False, skip_nonfinite=True)
+  skip_new, skipped = jax.jit(skip)(state, batch)
+  assert set(skipped) == {"loss", "finite"} and not bool(skipped["finite"])  # one gradient element is +inf
+  assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(skip_new.params), jax.tree.leaves(state.params)))

@@ -1,7 +1,8 @@
 """The train step of a target under one policy: abstract inputs for compiling, concrete ones for measuring.
 
-The step is the full training step jaxckpt's experiments run: ``jax.value_and_grad`` of the loss w.r.t. the params
-and one ``optax.adamw`` update, with the state donated (:func:`jaxckpt.make_train_step` for model targets).
+The step is the training step a user writes: ``jax.value_and_grad`` of the loss w.r.t. the params and one
+``optax.adamw`` update, with the state donated (:func:`jaxckpt.make_train_step` for model targets; with the loss
+function's metrics and the ``finite`` flag when the target asks, as the experiments do).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class StepBuilder:
       graphdef = nnx.graphdef(model)
     state = self._state
     step = make_train_step(graphdef, tx, target.loss_fn, grad_accum_steps=target.grad_accum_steps,
-                           skip_nonfinite=target.skip_nonfinite)
+                           skip_nonfinite=target.skip_nonfinite, metrics=target.metrics)
 
     twin_def, twin_other = self._twin_graph(spec)  # here, not inside the residual analysis' trace
 

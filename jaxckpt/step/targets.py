@@ -128,6 +128,9 @@ class ModelTarget:
     grad_accum_steps: micro-batches per train step (:func:`jaxckpt.make_train_step`); must divide the batch size.
     skip_nonfinite: the step keeps parameters and optimizer state when the loss or a gradient is NaN/Inf
       (:func:`jaxckpt.make_train_step`; the experiments' ``--nan-policy skip``).
+    metrics: the step also returns the loss function's metrics and the ``finite`` flag (a training loop reads
+      them: the experiments set it). ``False`` (default): the plain step a user writes — ``jax.value_and_grad`` of
+      the loss and one optimizer update — which the report and the planner compile.
   """
 
   make_model: Callable[[], nnx.Module]
@@ -138,6 +141,7 @@ class ModelTarget:
   ref: Mapping[str, Any] | None = None
   grad_accum_steps: int = 1
   skip_nonfinite: bool = False
+  metrics: bool = False
 
   def __post_init__(self):
     if not callable(self.loss_fn):
