@@ -75,8 +75,9 @@ class BlockGraph:
     forward_flops: Σ ``op_flops`` (the block's forward).
     parameter_only: value numbers computed from parameter inputs (and constants) alone; empty for a block, whose
       parameters are not among its jaxpr inputs. Their bytes count ×:data:`PARAMETER_ONLY_WEIGHT` under a cap.
-    fixed_bytes: bytes the region keeps whatever is chosen, counted in every choice's ``activation_bytes`` (for
-      the whole loss: its batch and dropout key, which the backward pass reads); 0 for a block.
+    fixed_bytes: bytes the region may keep whatever is chosen, counted in every choice's ``activation_bytes``
+      (for the whole loss: its batch and dropout key, kept when the backward pass reads them, an upper bound);
+      0 for a block.
   """
 
   block_type: str
@@ -134,12 +135,16 @@ def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.floating)
 
 
-def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo]) -> frozenset[int]:
-  """The values JAX's backward pass reads when every value may be saved (saved-residual analysis)."""
+def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo], num_parameters: int = 0) -> frozenset[int]:
+  """The values JAX's backward pass reads when every value may be saved (saved-residual analysis): differentiated
+  w.r.t. the first ``num_parameters`` inputs, or (0) w.r.t. every float input."""
   tags = {v.index: v.name for v in values if v.taggable}
   policy = jax.checkpoint_policies.save_only_these_names(*tags.values())
-  floats = [i for i, a in enumerate(closed.in_avals) if _is_float(a)]
-  others = [i for i, a in enumerate(closed.in_avals) if not _is_float(a)]
+  if num_parameters:
+    floats = list(range(num_parameters))
+  else:
+    floats = [i for i, a in enumerate(closed.in_avals) if _is_float(a)]
+  others = [i for i in range(len(closed.in_avals)) if i not in set(floats)]
   found: list = []
 
   def outer(*other_vals):
@@ -159,7 +164,9 @@ def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo]) -> frozen
   jax.make_jaxpr(outer)(*(jax.ShapeDtypeStruct(closed.in_avals[i].shape, closed.in_avals[i].dtype) for i in others))
   by_name = {v.name: v.index for v in values}
   needed = {by_name[r.name] for r in found if r.name in by_name}
-  unknown = [r.description for r in found if r.kind not in ("argument", "checkpoint_name")]
+  # closed-over inputs (token ids, keys) and constants read as "from a constant": available without recomputing
+  unknown = [r.description for r in found if r.kind not in ("argument", "checkpoint_name")
+             and not r.description.startswith("from a constant")]
   if unknown:
     raise JaxckptError(f"the backward pass reads values the per-tensor analysis cannot name: {unknown[:3]}")
   return frozenset(needed)
@@ -168,7 +175,8 @@ def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo]) -> frozen
 def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters: int = 0) -> BlockGraph:
   """The :class:`BlockGraph` of a block's (or a whole loss's) traced jaxpr.
 
-  Float inputs are differentiated, the others (token ids, PRNG keys) closed over, as in the train step.
+  Float inputs are differentiated (the parameters only when ``num_parameters`` is given), the others (token ids,
+  PRNG keys) closed over, as in the train step.
 
   Args:
     block_type: the block type (for names in plans; ``"whole"`` for the whole loss).
@@ -208,7 +216,7 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters
   for v in values:
     if v.op not in op_cost:
       op_flops[v.op], op_cost[v.op] = (0, 0.0) if v.index in constant else _op_cost(v.eqn)
-  return BlockGraph(block_type, values, _needed(closed, values), op_cost, op_flops, sum(op_flops.values()),
+  return BlockGraph(block_type, values, _needed(closed, values, num_parameters), op_cost, op_flops, sum(op_flops.values()),
                     frozenset(parameter_only), fixed_bytes)
 
 
