@@ -108,6 +108,8 @@ class TensorChoice:
     flops: Σ FLOPs of the recomputed ops (transcendentals excluded).
     activation_bytes: Σ bytes of the saved values that are not parameter-only, plus the graph's ``fixed_bytes``
       (equal to ``bytes`` for a block).
+    mip_gap: the relative optimality gap HiGHS proved for the first objective: 0.0 optimal, > 0 when a time limit
+      stopped the solve (:func:`solve_block`'s ``time_limit``).
   """
 
   block_type: str
@@ -117,6 +119,7 @@ class TensorChoice:
   cost: float
   flops: int
   activation_bytes: int | None = None
+  mip_gap: float = 0.0
 
   @property
   def policy(self) -> Policy:
@@ -304,16 +307,22 @@ def _program(graph: BlockGraph):
   return svals, n, a, np.array(lows), bytes_, cost, flops
 
 
-def _milp(c, n, constraints):
-  res = milp(c, constraints=constraints, integrality=np.ones(n), bounds=Bounds(0, 1),
-             options={"mip_rel_gap": 0.0})
-  if not res.success:
-    return None
-  return np.round(res.x)
+def _milp(c, n, constraints, time_limit: float | None = None):
+  """``(x, gap)``: HiGHS's 0-1 solution and its proven relative gap (0: optimal; > 0 when ``time_limit`` seconds
+  stopped it with a feasible solution), or ``None`` when infeasible (or stopped before any feasible solution)."""
+  options = {"mip_rel_gap": 0.0}
+  if time_limit is not None:
+    options["time_limit"] = float(time_limit)
+  res = milp(c, constraints=constraints, integrality=np.ones(n), bounds=Bounds(0, 1), options=options)
+  if res.success:
+    return np.round(res.x), 0.0
+  if res.status == 1 and res.x is not None:  # time limit, with a feasible solution
+    return np.round(res.x), float(res.mip_gap)
+  return None
 
 
 def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops: float | None = None,
-                minimise: str = "cost") -> TensorChoice | None:
+                minimise: str = "cost", time_limit: float | None = None) -> TensorChoice | None:
   """The optimal saved set of one block.
 
   Args:
@@ -322,6 +331,9 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
       ×:data:`PARAMETER_ONLY_WEIGHT`, plus the graph's ``fixed_bytes``.
     max_flops: cap on recomputed FLOPs (``None``: no cap).
     minimise: ``"cost"`` (recompute cost, then bytes) or ``"bytes"`` (saved bytes, then cost).
+    time_limit: seconds HiGHS may spend on each of the two solves (``None``: until proven optimal). Past it the
+      best feasible set found is taken and its proven gap kept in ``mip_gap`` (whole-loss graphs: thousands of
+      binaries, six identical layers' symmetric choices make proofs slow).
 
   Returns:
     The :class:`TensorChoice`, or ``None`` when no set meets the caps.
@@ -338,13 +350,15 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
   if max_flops is not None:
     base.append(LinearConstraint(flops[None], -np.inf, max_flops))
   first, second = (cost, bytes_) if minimise == "cost" else (bytes_, cost)
-  x = _milp(first, n, base)
-  if x is None:
+  found = _milp(first, n, base, time_limit)
+  if found is None:
     return None
+  x, gap = found
   best = float(first @ x)
-  x2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))])
-  x = x if x2 is None else x2
-  return _choice(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])
+  found2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))],
+                 time_limit)
+  x = x if found2 is None else found2[0]
+  return dataclasses.replace(_choice(graph, [v for i, v in enumerate(svals) if x[i] > 0.5]), mip_gap=gap)
 
 
 def min_saved_choice(graph: BlockGraph, tolerance: float) -> TensorChoice:
@@ -377,10 +391,10 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
   base = [LinearConstraint(covering, np.concatenate([p[3] for p in programs]), np.inf),
           LinearConstraint(flops[None], -np.inf, cap)]
-  x = _milp(bytes_, n, base)
+  x = _milp(bytes_, n, base)[0]
   best = float(bytes_ @ x)
   x2 = _milp(cost, n, base + [LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
-  x = x if x2 is None else x2
+  x = x if x2 is None else x2[0]
   out = {}
   for k, b in enumerate(blocks):
     svals = programs[k][0]
