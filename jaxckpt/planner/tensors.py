@@ -358,7 +358,17 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
   found2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))],
                  time_limit)
   x = x if found2 is None else found2[0]
-  return dataclasses.replace(_choice(graph, [v for i, v in enumerate(svals) if x[i] > 0.5]), mip_gap=gap)
+  return dataclasses.replace(_choice(graph, _used(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])),
+                             mip_gap=gap)
+
+
+def _used(graph: BlockGraph, saved: Iterable[int]) -> list[int]:
+  """``saved`` without values nothing reads (neither the backward pass nor a recomputed op): a solve stopped by its
+  time limit may keep some, and JAX would not save them."""
+  saved = list(saved)
+  ops = recompute_closure(graph, saved)
+  read = set(graph.needed) | {u for v in graph.values if v.op in ops for u in v.inputs}
+  return [v for v in saved if v in read]
 
 
 def min_saved_choice(graph: BlockGraph, tolerance: float) -> TensorChoice:
