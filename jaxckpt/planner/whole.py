@@ -15,8 +15,8 @@ References: Jain et al. 2020, "Checkmate: Breaking the Memory Wall with Optimal 
 integer program); PyTorch's AOTAutograd min-cut rematerialization partitioner (``torch._functorch.partitioners``,
 ``activation_memory_budget``), the plan this one is compared with (``benchmarks/pertensor_front.py``).
 
-On GPT ``small`` (6 layers, 851 equations, 1181 values) the program has ≈ 1.4k binaries; HiGHS solves most caps
-in 0.5–20 s on one CPU core and needs minutes to prove some optimal, hence a time limit per solve
+On GPT ``small`` (6 layers, 851 equations, 1181 values) the program has 2100 binaries × 1549 covering rows; HiGHS
+solves most caps in 0.3–13 s on one CPU core and needs minutes to prove some optimal, hence a time limit per solve
 (:data:`TIME_LIMIT`; the proven gap is kept).
 
 Example::
