@@ -15,8 +15,13 @@ Steps: the layer candidates of the planner (built-ins, name subsets and the per-
 model-level front of their layer assignments (:func:`jaxckpt.planner.pareto_totals`, predicted); for each torch
 point the least-recompute assignment predicted to save no more, then measured exactly (residual analysis + FLOPs of
 the traced step); ``min_saved`` and the built-ins measured the same way; then budget plans with per-tensor options
-compiled and checked against their budget (``--budgets``, percent of no-remat temp). Writes
-``benchmarks/results/pertensor_front.json`` and a PNG of both fronts beside it. ``--quick``: GPT ``tiny``.
+compiled and checked against their budget (``--budgets``, percent of no-remat temp). Then the **whole-loss** front
+(:mod:`jaxckpt.planner.whole`: one remat region around the loss, layers unrolled, one 0-1 program over the whole
+graph): for each torch point (both conventions and the quoted figures) the least-recompute whole-loss plan saving no
+more, measured the same way (``jax.value_and_grad`` of the loss w.r.t. the params, FLOPs ÷ the same loss without
+remat; ``common``: its extra FLOPs over that ÷ the step's no-remat FLOPs). ``--whole-only`` recomputes just that
+part into an existing JSON (the block part and its run header are kept). Writes
+``benchmarks/results/pertensor_front.json`` and a PNG of the fronts beside it. ``--quick``: GPT ``tiny``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from benchmarks import common  # noqa: E402
 from jaxckpt.flops import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
 from jaxckpt.planner.plan import _policy_of, _probe  # noqa: E402
-from jaxckpt.planner.tensors import record_block_graphs, tensor_options  # noqa: E402
+from jaxckpt.planner.tensors import _program, record_block_graphs, tensor_options  # noqa: E402
+from jaxckpt.planner.whole import measure_whole, target_whole_loss, whole_graph, whole_plan  # noqa: E402
 from jaxckpt.policies import parse_model_policy  # noqa: E402
 from jaxckpt.report.residuals import analyse_residuals  # noqa: E402
 from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped_target, target_block_types  # noqa: E402
@@ -86,13 +92,17 @@ def main(argv: list[str] | None = None) -> dict:
                       help="budget plans to compile and check, percent of no-remat temp")
   parser.add_argument("--points", type=int, default=14, help="extra front points measured for the plot")
   parser.add_argument("--no-plot", dest="plot", action="store_false")
+  parser.add_argument("--whole-only", action="store_true",
+                      help="only (re)measure the whole-loss front into the existing JSON at --out")
   args = parser.parse_args(argv)
   if args.quick:
     args.preset, args.budgets, args.points = "tiny", [40], 4
   common.check_out(parser, NAME, args)
   started = time.perf_counter()
-  record = common.run_record(NAME, args)
   target = shipped_target("gpt", args.preset)
+  if args.whole_only:
+    return _whole_only(parser, target, args)
+  record = common.run_record(NAME, args)
 
   t0 = time.perf_counter()
   stack, probe = _probe(target)
@@ -196,12 +206,126 @@ def main(argv: list[str] | None = None) -> dict:
                                                  "none_temp_bytes": cache["none"].temp_bytes if "none" in cache
                                                  else None},
       "before": [{"policy": p, "saved_mib": s, "flops_ratio": r} for p, s, r in BEFORE],
+      "whole": whole_front(target, torch, none["flops"]),
   })
   common.publish(record, started, _render, NAME, args)
   if args.plot:
     path = os.path.splitext(common.out_path(NAME, args))[0] + ".png"
     _plot(record, path)
     print(f"wrote {path}")
+  return record
+
+
+WHOLE_SHARES = (0.5, 0.2)
+"""Caps (shares of no remat's saved activation bytes) of the whole-loss front when there are no torch points."""
+
+
+def whole_front(target, torch: dict | None, step_none_flops: int) -> dict:
+  """The whole-loss per-tensor front at each torch point's saved bytes (:mod:`jaxckpt.planner.whole`), measured.
+
+  Args:
+    target: the GPT target.
+    torch: :func:`_torch_reference`'s result, or ``None`` (then caps at :data:`WHOLE_SHARES` of no remat's bytes).
+    step_none_flops: the train step's forward + backward FLOPs without remat (the block front's denominator).
+
+  Returns:
+    ``{"graph": {...sizes, seconds}, "none": {...}, "plans": [{cap_bytes, predicted, measured, solve_s}],
+    "torch_points": [...], "quoted_torch_points": [...]}``; ratios: ``flops_ratio`` ÷ the same loss without remat
+    (count_flops), ``live_flops_ratio`` likewise after dead-code elimination, ``flops_ratio_step``: 1 + extra FLOPs ÷
+    ``step_none_flops``.
+  """
+  t0 = time.perf_counter()
+  loss = target_whole_loss(target)
+  graph = whole_graph(loss)
+  graph_s = time.perf_counter() - t0
+  svals, n, a, *_ = _program(graph)
+  none = measure_whole(loss)
+  print(f"whole loss: {len(loss.closed.jaxpr.eqns)} equations, {len(graph.values)} values, {len(graph.needed)} read "
+        f"by the backward; program {n} binaries ({len(svals)} values, {n - len(svals)} ops), {a.shape[0]} rows; "
+        f"graph {graph_s:.1f} s; no remat {none.activation_residual_bytes / MIB:.1f} MiB", flush=True)
+  plans: dict[int, dict] = {}
+
+  def plan_at(cap: float) -> dict:
+    key = int(cap)
+    if key not in plans:
+      t1 = time.perf_counter()
+      plan = whole_plan(loss, max_bytes=cap, graph=graph)
+      solve_s = time.perf_counter() - t1
+      got = measure_whole(loss, plan.loss_fn)
+      extra = got.flops - none.flops
+      plans[key] = {"cap_bytes": key, "solve_s": solve_s, "mip_gap": plan.choice.mip_gap, "saved": len(plan.choice.names),
+                    "predicted_activation_bytes": plan.choice.activation_bytes,
+                    "predicted_recompute_flops": plan.choice.flops,
+                    "activation_residual_bytes": got.activation_residual_bytes,
+                    "residual_bytes": got.residual_bytes, "flops": got.flops, "live_flops": got.live_flops,
+                    "flops_ratio": got.flops / none.flops, "live_flops_ratio": got.live_flops / none.live_flops,
+                    "flops_ratio_step": 1 + extra / step_none_flops,
+                    "saves_exactly_the_chosen_set": got.saved_names == frozenset(plan.choice.names)}
+      p = plans[key]
+      print(f"whole ≤ {cap / MIB:.1f} MiB: {p['activation_residual_bytes'] / MIB:.1f} MiB ×{p['flops_ratio']:.5f} "
+            f"(live ×{p['live_flops_ratio']:.5f}, step ×{p['flops_ratio_step']:.5f}), solve {solve_s:.1f} s "
+            f"(gap {p['mip_gap']:.2g}), "
+            f"exact set {p['saves_exactly_the_chosen_set']}", flush=True)
+    return plans[key]
+
+  t1 = time.perf_counter()
+  least = whole_plan(loss, max_flops=0, minimise="bytes", graph=graph)
+  least_s = time.perf_counter() - t1
+  least_got = plan_at(least.choice.activation_bytes)  # the cheapest plan within those bytes: recomputes nothing
+  print(f"whole, no recompute: least {least.choice.activation_bytes / MIB:.1f} MiB ({least_s:.1f} s)", flush=True)
+  points, quoted = [], []
+  if torch is not None:
+    for row in torch["points"]:
+      got = plan_at(row["saved_mib"] * MIB)
+      fits = got["activation_residual_bytes"] <= row["saved_mib"] * MIB
+      points.append({"budget": row["budget"], "saved_mib": row["saved_mib"],
+                     "flops_ratio_own": row["flops_ratio_own"], "flops_ratio_common": row["flops_ratio_common"],
+                     "cap_bytes": int(row["saved_mib"] * MIB),
+                     "miss_own": got["flops_ratio"] - row["flops_ratio_own"] - FLOPS_SLACK,
+                     "miss_common": got["flops_ratio_step"] - row["flops_ratio_common"] - FLOPS_SLACK,
+                     "met_own": fits and got["flops_ratio"] <= row["flops_ratio_own"] + FLOPS_SLACK,
+                     "met_common": fits and got["flops_ratio_step"] <= row["flops_ratio_common"] + FLOPS_SLACK})
+    for budget, saved_mib, torch_ratio in QUOTED_TORCH_POINTS:
+      got = plan_at(saved_mib * MIB)
+      quoted.append({"budget": budget, "saved_mib": saved_mib, "flops_ratio": torch_ratio,
+                     "cap_bytes": int(saved_mib * MIB), "miss": got["flops_ratio"] - torch_ratio - FLOPS_SLACK,
+                     "met": got["activation_residual_bytes"] <= saved_mib * MIB
+                     and got["flops_ratio"] <= torch_ratio + FLOPS_SLACK})
+  else:
+    for share in WHOLE_SHARES:
+      plan_at(share * none.activation_residual_bytes)
+  return {"graph": {"equations": len(loss.closed.jaxpr.eqns), "values": len(graph.values),
+                    "needed": len(graph.needed), "binaries": n, "saveable": len(svals), "rows": int(a.shape[0]),
+                    "graph_s": graph_s, "fixed_bytes": graph.fixed_bytes,
+                    "parameter_only_bytes": sum(graph.values[v].bytes for v in graph.parameter_only)},
+          "none": {"activation_residual_bytes": none.activation_residual_bytes, "residual_bytes": none.residual_bytes,
+                   "flops": none.flops, "live_flops": none.live_flops},
+          "step_none_flops": step_none_flops, "seconds": time.perf_counter() - t0,
+          "no_recompute": {"cap_bytes": least_got["cap_bytes"], "solve_s": least_s,
+                           "mip_gap": least.choice.mip_gap},
+          "plans": sorted(plans.values(), key=lambda p: p["cap_bytes"]), "torch_points": points,
+          "quoted_torch_points": quoted}
+
+
+def _whole_only(parser, target, args) -> dict:
+  """``--whole-only``: the whole-loss front into the JSON at :func:`common.out_path` (its other keys kept)."""
+  path = common.out_path(NAME, args)
+  if not os.path.exists(path):
+    parser.error(f"--whole-only needs the JSON of a full run at {path}; run without --whole-only first")
+  with open(path) as fh:
+    record = json.load(fh)
+  load = os.getloadavg()
+  t0 = time.perf_counter()
+  torch = _torch_reference(TORCH_JSON, record["none"]["flops"]) if args.preset == "small" else None
+  record["whole"] = whole_front(target, torch, record["none"]["flops"])
+  record["whole"].update({"date_utc": common.run_record(NAME, args)["date_utc"], "loadavg_start": list(load),
+                          "loadavg_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0})
+  print(_render(record))
+  print(f"wrote {common.write_json(path, record)}")
+  if args.plot:
+    png = os.path.splitext(path)[0] + ".png"
+    _plot(record, png)
+    print(f"wrote {png}")
   return record
 
 
@@ -246,7 +370,40 @@ def _render(data) -> str:
       + ("—" if q["jaxckpt"] is None else
          f"{q['jaxckpt']['activation_residual_bytes'] / MIB:.1f} MiB ×{q['jaxckpt']['flops_ratio']:.5f}")
       + f" met {q['met']}" for q in data.get("quoted_torch_points", []))
-  return f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}\n\n{quoted}"
+  return f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}\n\n{quoted}\n\n{_render_whole(data)}"
+
+
+def _render_whole(data) -> str:
+  """The whole-loss front beside the torch points (empty when the JSON has none)."""
+  whole = data.get("whole")
+  if not whole:
+    return ""
+  by_cap = {p["cap_bytes"]: p for p in whole["plans"]}
+  rows = []
+  for t in whole["torch_points"]:
+    p = by_cap[t["cap_bytes"]]
+    rows.append([f"{t['budget']:g}", f"{t['saved_mib']:.1f}", f"{t['flops_ratio_own']:.5f}",
+                 f"{t['flops_ratio_common']:.5f}", f"{p['activation_residual_bytes'] / MIB:.1f}",
+                 f"{p['flops_ratio']:.5f}", f"{p['flops_ratio_step']:.5f}",
+                 "yes" if t["met_own"] else f"no (by {t['miss_own']:.5f})",
+                 "yes" if t["met_common"] else f"no (by {t['miss_common']:.5f})",
+                 f"{p['solve_s']:.1f}" + (f" ({p['mip_gap']:.1e})" if p["mip_gap"] else "")])
+  table = common.markdown_table(["torch budget", "torch saved MiB", "torch FLOPs÷own none", "torch FLOPs÷jaxckpt none",
+                                 "whole saved MiB", "whole FLOPs÷none", "whole FLOPs÷step none", "met (own)",
+                                 "met (common)", "solve s (gap)"], rows)
+  quoted = "\n".join(
+      f"- quoted torch {q['budget']:g}: {q['saved_mib']} MiB ×{q['flops_ratio']:.4f} | whole "
+      f"{by_cap[q['cap_bytes']]['activation_residual_bytes'] / MIB:.1f} MiB ×{by_cap[q['cap_bytes']]['flops_ratio']:.5f}"
+      f" met {q['met']}" + ("" if q["met"] else f" (by {q['miss']:.5f})") for q in whole["quoted_torch_points"])
+  g = whole["graph"]
+  head = (f"Whole-loss plans: {g['equations']} equations, {g['values']} values, program {g['binaries']} binaries × "
+          f"{g['rows']} rows; {whole['seconds']:.0f} s")
+  if whole.get("no_recompute"):
+    p = by_cap[whole["no_recompute"]["cap_bytes"]]
+    head += (f"\n\nLeast saved with no recompute: {p['activation_residual_bytes'] / MIB:.1f} MiB "
+             f"×{p['flops_ratio']:.5f} (live ×{p['live_flops_ratio']:.5f})")
+  return f"{head}\n\n{table}\n\n{quoted}" if rows else head
+
 
 
 def _extra(ratio: float) -> float:
@@ -282,7 +439,16 @@ def _plot(data, path: str) -> None:
       best = f["flops_ratio"]
       front.append(f)
   ax.plot([f["activation_residual_bytes"] / MIB for f in front], [_extra(f["flops_ratio"]) for f in front], "D-",
-          color="tab:blue", label="jaxckpt per-tensor plans (measured)", zorder=4)
+          color="tab:blue", label="jaxckpt per-block per-tensor plans (measured)", zorder=4)
+  whole = data.get("whole")
+  if whole:
+    wp, best = [], None
+    for p in sorted(whole["plans"], key=lambda p: (p["activation_residual_bytes"], p["flops_ratio"])):
+      if best is None or p["flops_ratio"] < best:  # Pareto-filtered, as the block front
+        best = p["flops_ratio"]
+        wp.append(p)
+    ax.plot([p["activation_residual_bytes"] / MIB for p in wp], [_extra(p["flops_ratio"]) for p in wp], "^-",
+            color="tab:green", label="jaxckpt whole-loss per-tensor plans (one remat region, measured)", zorder=4)
   ms = data["named"]["min_saved"]
   ax.scatter([ms["activation_residual_bytes"] / MIB], [_extra(ms["flops_ratio"])], marker="*", s=150, color="gold",
              edgecolor="k", label="min_saved", zorder=5)

@@ -4,7 +4,8 @@ Give the memory you have; get the per-layer policy with the least recomputation 
 the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX code (:func:`export_code`).
 Candidates include per-tensor choices (:mod:`jaxckpt.planner.tensors`: a min-cut over each block's intermediates,
 applied as ``save_tensors`` policies); ``min_saved`` (:func:`min_saved_policy`) is the least saved set at almost no
-extra FLOPs.
+extra FLOPs. Whole-loss plans (:mod:`jaxckpt.planner.whole`, :func:`whole_plan`) put one remat region around the
+whole loss, layers unrolled, and choose its saved set with the same program.
 
 Example::
 
@@ -28,6 +29,7 @@ from jaxckpt.planner.plan import (
     resolve_policy,
 )
 from jaxckpt.planner.solve import Assignment, exhaustive, pareto_totals, solve
+from jaxckpt.planner.whole import WholeLoss, WholePlan, measure_whole, target_whole_loss, whole_loss, whole_plan
 
 __all__ = [
     "Assignment",
@@ -47,4 +49,10 @@ __all__ = [
     "plan_policy",
     "resolve_policy",
     "solve",
+    "WholeLoss",
+    "WholePlan",
+    "measure_whole",
+    "target_whole_loss",
+    "whole_loss",
+    "whole_plan",
 ]

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import block_diag, csr_array
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.flops import equation_flops
@@ -41,11 +42,16 @@ from jaxckpt.units import format_bytes
 
 __all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
            "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
-           "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS"]
+           "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS", "PARAMETER_ONLY_WEIGHT"]
 
 BYTE_COST = 1 / 16
 """Cost units (FLOPs) per output byte of a recomputed op: a float32 elementwise op costs 0.25 FLOP per element
 more than its FLOPs, a copy or transpose is no longer free."""
+
+PARAMETER_ONLY_WEIGHT = 1 / 1024
+"""Weight of a parameter-only value's bytes under the byte cap (graphs with parameters among their inputs, e.g. the
+whole loss of :mod:`jaxckpt.planner.whole`): such values (per-layer weight slices) are not activations, so they
+barely count, but not zero, so the program saves none it does not need."""
 
 FRONT_POINTS = 6
 """Byte caps per block type swept for the front (from the no-recompute set down to nothing)."""
@@ -67,6 +73,11 @@ class BlockGraph:
     op_cost: op number -> recompute cost (FLOPs + transcendentals + :data:`BYTE_COST` × output bytes).
     op_flops: op number -> FLOPs (transcendentals excluded, as in XLA's ``"flops"`` and :mod:`jaxckpt.flops`).
     forward_flops: Σ ``op_flops`` (the block's forward).
+    parameter_only: value numbers computed from parameter inputs (and constants) alone; empty for a block, whose
+      parameters are not among its jaxpr inputs. Their bytes count ×:data:`PARAMETER_ONLY_WEIGHT` under a cap.
+    fixed_bytes: bytes the region may keep whatever is chosen, counted in every choice's ``activation_bytes``
+      (for the whole loss: its batch and dropout key, kept when the backward pass reads them, an upper bound);
+      0 for a block.
   """
 
   block_type: str
@@ -75,6 +86,8 @@ class BlockGraph:
   op_cost: dict[int, float]
   op_flops: dict[int, int]
   forward_flops: int
+  parameter_only: frozenset[int] = frozenset()
+  fixed_bytes: int = 0
 
   def describe(self, index: int) -> str:
     """``t12_tanh [8, 256, 1024] float32 4.0 MiB from file.py:40 (forward)``."""
@@ -93,6 +106,10 @@ class TensorChoice:
     bytes: Σ bytes of the saved values.
     cost: Σ cost of the recomputed ops.
     flops: Σ FLOPs of the recomputed ops (transcendentals excluded).
+    activation_bytes: Σ bytes of the saved values that are not parameter-only, plus the graph's ``fixed_bytes``
+      (equal to ``bytes`` for a block).
+    mip_gap: the relative optimality gap HiGHS proved for the first objective: 0.0 optimal, > 0 when a time limit
+      stopped the solve (:func:`solve_block`'s ``time_limit``).
   """
 
   block_type: str
@@ -101,6 +118,8 @@ class TensorChoice:
   bytes: int
   cost: float
   flops: int
+  activation_bytes: int | None = None
+  mip_gap: float = 0.0
 
   @property
   def policy(self) -> Policy:
@@ -119,12 +138,16 @@ def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.floating)
 
 
-def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo]) -> frozenset[int]:
-  """The values JAX's backward pass reads when every value may be saved (saved-residual analysis)."""
+def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo], num_parameters: int = 0) -> frozenset[int]:
+  """The values JAX's backward pass reads when every value may be saved (saved-residual analysis): differentiated
+  w.r.t. the first ``num_parameters`` inputs, or (0) w.r.t. every float input."""
   tags = {v.index: v.name for v in values if v.taggable}
   policy = jax.checkpoint_policies.save_only_these_names(*tags.values())
-  floats = [i for i, a in enumerate(closed.in_avals) if _is_float(a)]
-  others = [i for i, a in enumerate(closed.in_avals) if not _is_float(a)]
+  if num_parameters:
+    floats = list(range(num_parameters))
+  else:
+    floats = [i for i, a in enumerate(closed.in_avals) if _is_float(a)]
+  others = [i for i in range(len(closed.in_avals)) if i not in set(floats)]
   found: list = []
 
   def outer(*other_vals):
@@ -144,23 +167,37 @@ def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo]) -> frozen
   jax.make_jaxpr(outer)(*(jax.ShapeDtypeStruct(closed.in_avals[i].shape, closed.in_avals[i].dtype) for i in others))
   by_name = {v.name: v.index for v in values}
   needed = {by_name[r.name] for r in found if r.name in by_name}
-  unknown = [r.description for r in found if r.kind not in ("argument", "checkpoint_name")]
+  # closed-over inputs (token ids, keys) and constants read as "from a constant": available without recomputing
+  unknown = [r.description for r in found if r.kind not in ("argument", "checkpoint_name")
+             and not r.description.startswith("from a constant")]
   if unknown:
     raise JaxckptError(f"the backward pass reads values the per-tensor analysis cannot name: {unknown[:3]}")
   return frozenset(needed)
 
 
-def block_graph(block_type: str, closed: jex_core.ClosedJaxpr) -> BlockGraph:
-  """The :class:`BlockGraph` of a block's traced jaxpr.
+def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters: int = 0) -> BlockGraph:
+  """The :class:`BlockGraph` of a block's (or a whole loss's) traced jaxpr.
+
+  Float inputs are differentiated (the parameters only when ``num_parameters`` is given), the others (token ids,
+  PRNG keys) closed over, as in the train step.
 
   Args:
-    block_type: the block type (for names in plans).
+    block_type: the block type (for names in plans; ``"whole"`` for the whole loss).
     closed: the block's function as :func:`jaxckpt.tagging.record_tagged` records it (the remat'd function of
-      ``(state, *args)``).
+      ``(state, *args)``), or a whole loss ``(*param_leaves, *batch_leaves, key) -> scalar``.
+    num_parameters: how many leading inputs are parameters (the whole loss); values computed from them alone are
+      the graph's ``parameter_only`` values, and the bytes of the non-parameter inputs its ``fixed_bytes``. 0 for a
+      block (its inputs are kept outside it).
 
   Returns:
     The graph with the values the backward reads (JAX's analysis) and each op's cost.
+
+  Raises:
+    JaxckptError: ``num_parameters`` outside ``[0, number of inputs]``; the backward pass reads a value the
+      analysis cannot name.
   """
+  if not 0 <= num_parameters <= len(closed.in_avals):
+    raise JaxckptError(f"num_parameters={num_parameters} must be in [0, {len(closed.in_avals)}] (the jaxpr's inputs)")
   values = list(walk_values(closed))
   # values of constants only (a dropout's sampling bounds): JAX folds them into the backward pass, never saves them
   constant: set[int] = set()
@@ -168,12 +205,22 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr) -> BlockGraph:
     if all(u >= 0 and u in constant for u in v.inputs) and v.primitive not in ("random_bits", "iota"):
       constant.add(v.index)
   values = tuple(dataclasses.replace(v, taggable=False) if v.index in constant else v for v in values)
+  parameter_only: set[int] = set()
+  fixed_bytes = 0
+  if num_parameters:
+    for v in values:
+      if v.index not in constant and all((u < 0 and -1 - u < num_parameters) or u in constant or u in parameter_only
+                                         for u in v.inputs):
+        parameter_only.add(v.index)
+    fixed_bytes = sum(int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
+                      for a in closed.in_avals[num_parameters:])
   op_flops: dict[int, int] = {}
   op_cost: dict[int, float] = {}
   for v in values:
     if v.op not in op_cost:
       op_flops[v.op], op_cost[v.op] = (0, 0.0) if v.index in constant else _op_cost(v.eqn)
-  return BlockGraph(block_type, values, _needed(closed, values), op_cost, op_flops, sum(op_flops.values()))
+  return BlockGraph(block_type, values, _needed(closed, values, num_parameters), op_cost, op_flops, sum(op_flops.values()),
+                    frozenset(parameter_only), fixed_bytes)
 
 
 def recompute_closure(graph: BlockGraph, saved: Iterable[int]) -> set[int]:
@@ -200,11 +247,25 @@ def _choice(graph: BlockGraph, saved: Iterable[int]) -> TensorChoice:
   ops = recompute_closure(graph, saved)
   return TensorChoice(graph.block_type, saved, tuple(graph.values[v].name for v in saved),
                       sum(graph.values[v].bytes for v in saved), sum(graph.op_cost[o] for o in ops),
-                      sum(graph.op_flops[o] for o in ops))
+                      sum(graph.op_flops[o] for o in ops),
+                      graph.fixed_bytes + sum(graph.values[v].bytes for v in saved if v not in graph.parameter_only))
+
+
+def _weighted_bytes(graph: BlockGraph, v: int) -> float:
+  """A value's bytes as the byte cap counts them (parameter-only values ×:data:`PARAMETER_ONLY_WEIGHT`)."""
+  return graph.values[v].bytes * (PARAMETER_ONLY_WEIGHT if v in graph.parameter_only else 1.0)
 
 
 def _program(graph: BlockGraph):
-  """Variables (saved values, then ops), and the covering constraints, as sparse rows."""
+  """Variables (saved values, then ops), and the covering constraints, as a sparse matrix.
+
+  Returns ``(svals, n, a, lows, bytes_, cost, flops)``: ``a`` a ``scipy.sparse.csr_array`` of covering rows
+  (``a @ x ≥ lows``), ``bytes_`` the weighted bytes of each variable (:func:`_weighted_bytes`; 0 for ops).
+  """
+  op_values: dict[int, list[ValueInfo]] = {}
+  for w in graph.values:
+    op_values.setdefault(w.op, []).append(w)
+  op_inputs = {o: sorted({u for w in ws for u in w.inputs if u >= 0}) for o, ws in op_values.items()}
   relevant_ops: set[int] = set()
   todo, seen = list(graph.needed), set()
   while todo:  # only ancestors of needed values matter
@@ -212,58 +273,67 @@ def _program(graph: BlockGraph):
     if v < 0 or v in seen:
       continue
     seen.add(v)
-    relevant_ops.add(graph.values[v].op)
-    for op_value in (w for w in graph.values if w.op == graph.values[v].op):
-      todo.extend(op_value.inputs)
+    op = graph.values[v].op
+    if op not in relevant_ops:
+      relevant_ops.add(op)
+      todo.extend(op_inputs[op])
   svals = sorted(v for v in seen if graph.values[v].taggable)
   ops = sorted(relevant_ops)
   s_at = {v: i for i, v in enumerate(svals)}
   r_at = {o: len(svals) + i for i, o in enumerate(ops)}
   n = len(svals) + len(ops)
-  rows, lows = [], []
+  data, cols, indptr, lows = [], [], [0], []
 
-  def row(entries):
-    a = np.zeros(n)
+  def row(entries, low):
     for j, c in entries:
-      a[j] += c
-    rows.append(a)
+      cols.append(j)
+      data.append(c)
+    indptr.append(len(cols))
+    lows.append(low)
 
   for v in sorted(graph.needed):
     if v < 0:
       continue
-    entries = [(r_at[graph.values[v].op], 1.0)] + ([(s_at[v], 1.0)] if v in s_at else [])
-    row(entries)
-    lows.append(1.0)
+    row([(r_at[graph.values[v].op], 1.0)] + ([(s_at[v], 1.0)] if v in s_at else []), 1.0)
   for o in ops:
-    inputs = {u for w in graph.values if w.op == o for u in w.inputs if u >= 0}
-    for u in sorted(inputs):
-      entries = [(r_at[graph.values[u].op], 1.0), (r_at[o], -1.0)] + ([(s_at[u], 1.0)] if u in s_at else [])
-      row(entries)
-      lows.append(0.0)
-  bytes_ = np.array([graph.values[v].bytes for v in svals] + [0.0] * len(ops), float)
+    for u in op_inputs[o]:
+      if graph.values[u].op == o:
+        continue
+      row([(r_at[graph.values[u].op], 1.0), (r_at[o], -1.0)] + ([(s_at[u], 1.0)] if u in s_at else []), 0.0)
+  bytes_ = np.array([_weighted_bytes(graph, v) for v in svals] + [0.0] * len(ops), float)
   cost = np.array([0.0] * len(svals) + [graph.op_cost[o] for o in ops], float)
   flops = np.array([0.0] * len(svals) + [graph.op_flops[o] for o in ops], float)
-  a = np.array(rows) if rows else np.zeros((0, n))
+  a = csr_array((np.array(data, float), np.array(cols, np.int64), np.array(indptr, np.int64)), shape=(len(lows), n))
   return svals, n, a, np.array(lows), bytes_, cost, flops
 
 
-def _milp(c, n, constraints):
-  res = milp(c, constraints=constraints, integrality=np.ones(n), bounds=Bounds(0, 1),
-             options={"mip_rel_gap": 0.0})
-  if not res.success:
-    return None
-  return np.round(res.x)
+def _milp(c, n, constraints, time_limit: float | None = None):
+  """``(x, gap)``: HiGHS's 0-1 solution and its proven relative gap (0: optimal; > 0 when ``time_limit`` seconds
+  stopped it with a feasible solution), or ``None`` when infeasible (or stopped before any feasible solution)."""
+  options = {"mip_rel_gap": 0.0}
+  if time_limit is not None:
+    options["time_limit"] = float(time_limit)
+  res = milp(c, constraints=constraints, integrality=np.ones(n), bounds=Bounds(0, 1), options=options)
+  if res.success:
+    return np.round(res.x), 0.0
+  if res.status == 1 and res.x is not None:  # time limit, with a feasible solution
+    return np.round(res.x), float(res.mip_gap)
+  return None
 
 
 def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops: float | None = None,
-                minimise: str = "cost") -> TensorChoice | None:
+                minimise: str = "cost", time_limit: float | None = None) -> TensorChoice | None:
   """The optimal saved set of one block.
 
   Args:
     graph: from :func:`block_graph`.
-    max_bytes: cap on saved bytes (``None``: no cap).
+    max_bytes: cap on saved bytes (``None``: no cap): Σ bytes of the saved values, parameter-only ones
+      ×:data:`PARAMETER_ONLY_WEIGHT`, plus the graph's ``fixed_bytes``.
     max_flops: cap on recomputed FLOPs (``None``: no cap).
     minimise: ``"cost"`` (recompute cost, then bytes) or ``"bytes"`` (saved bytes, then cost).
+    time_limit: seconds HiGHS may spend on each of the two solves (``None``: until proven optimal). Past it the
+      best feasible set found is taken and its proven gap kept in ``mip_gap`` (whole-loss graphs: thousands of
+      binaries, six identical layers' symmetric choices make proofs slow).
 
   Returns:
     The :class:`TensorChoice`, or ``None`` when no set meets the caps.
@@ -276,17 +346,29 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
   svals, n, a, lows, bytes_, cost, flops = _program(graph)
   base = [LinearConstraint(a, lows, np.inf)] if len(lows) else []
   if max_bytes is not None:
-    base.append(LinearConstraint(bytes_[None], -np.inf, max_bytes))
+    base.append(LinearConstraint(bytes_[None], -np.inf, max_bytes - graph.fixed_bytes))
   if max_flops is not None:
     base.append(LinearConstraint(flops[None], -np.inf, max_flops))
   first, second = (cost, bytes_) if minimise == "cost" else (bytes_, cost)
-  x = _milp(first, n, base)
-  if x is None:
+  found = _milp(first, n, base, time_limit)
+  if found is None:
     return None
+  x, gap = found
   best = float(first @ x)
-  x2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))])
-  x = x if x2 is None else x2
-  return _choice(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])
+  found2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))],
+                 time_limit)
+  x = x if found2 is None else found2[0]
+  return dataclasses.replace(_choice(graph, _used(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])),
+                             mip_gap=gap)
+
+
+def _used(graph: BlockGraph, saved: Iterable[int]) -> list[int]:
+  """``saved`` without values nothing reads (neither the backward pass nor a recomputed op): a solve stopped by its
+  time limit may keep some, and JAX would not save them."""
+  saved = list(saved)
+  ops = recompute_closure(graph, saved)
+  read = set(graph.needed) | {u for v in graph.values if v.op in ops for u in v.inputs}
+  return [v for v in saved if v in read]
 
 
 def min_saved_choice(graph: BlockGraph, tolerance: float) -> TensorChoice:
@@ -314,21 +396,15 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   sizes = [p[1] for p in programs]
   n = sum(sizes)
   offsets = np.cumsum([0] + sizes)
-  rows, lows = [], []
-  bytes_, cost, flops = np.zeros(n), np.zeros(n), np.zeros(n)
-  for k, (svals, size, a, low, b, c, f) in enumerate(programs):
-    block_rows = np.zeros((a.shape[0], n))
-    block_rows[:, offsets[k]:offsets[k] + size] = a
-    rows.append(block_rows)
-    lows.append(low)
-    bytes_[offsets[k]:offsets[k] + size], cost[offsets[k]:offsets[k] + size] = b, c
-    flops[offsets[k]:offsets[k] + size] = f
+  bytes_, cost, flops = (np.concatenate([p[k] for p in programs]) for k in (4, 5, 6))
+  covering = block_diag([p[2] for p in programs], format="csr")
   cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
-  base = [LinearConstraint(np.vstack(rows), np.concatenate(lows), np.inf), LinearConstraint(flops[None], -np.inf, cap)]
-  x = _milp(bytes_, n, base)
+  base = [LinearConstraint(covering, np.concatenate([p[3] for p in programs]), np.inf),
+          LinearConstraint(flops[None], -np.inf, cap)]
+  x = _milp(bytes_, n, base)[0]
   best = float(bytes_ @ x)
   x2 = _milp(cost, n, base + [LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
-  x = x if x2 is None else x2
+  x = x if x2 is None else x2[0]
   out = {}
   for k, b in enumerate(blocks):
     svals = programs[k][0]
@@ -393,14 +469,18 @@ def tensor_options(graphs: Mapping[str, BlockGraph]) -> dict[str, list[Policy]]:
 
 
 def exhaustive_block(graph: BlockGraph, max_bytes: float) -> TensorChoice:
-  """:func:`solve_block` by trying every subset of the values (tests only; 2^n)."""
+  """:func:`solve_block` by trying every subset of the values (tests only; 2^n): the least cost, then the least
+  bytes as the cap counts them, among the subsets within ``max_bytes``."""
   pool = sorted({v for v in range(len(graph.values)) if graph.values[v].taggable})
-  best = None
+  best, best_key = None, None
   for k in range(len(pool) + 1):
     for subset in itertools.combinations(pool, k):
+      weighted = graph.fixed_bytes + sum(_weighted_bytes(graph, v) for v in subset)
+      if weighted > max_bytes:
+        continue
       choice = _choice(graph, subset)
-      if choice.bytes <= max_bytes and (best is None or (choice.cost, choice.bytes) < (best.cost, best.bytes)):
-        best = choice
+      if best is None or (choice.cost, weighted) < best_key:
+        best, best_key = choice, (choice.cost, weighted)
   return best
 
 
