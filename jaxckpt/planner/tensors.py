@@ -30,8 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import block_diag, csr_array
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.flops import equation_flops
@@ -262,6 +260,8 @@ def _program(graph: BlockGraph):
   Returns ``(svals, n, a, lows, bytes_, cost, flops)``: ``a`` a ``scipy.sparse.csr_array`` of covering rows
   (``a @ x ≥ lows``), ``bytes_`` the weighted bytes of each variable (:func:`_weighted_bytes`; 0 for ops).
   """
+  # scipy is imported where a program is built or solved: importing it costs 0.3 s that only planning pays.
+  from scipy import sparse  # pylint: disable=g-import-not-at-top
   op_values: dict[int, list[ValueInfo]] = {}
   for w in graph.values:
     op_values.setdefault(w.op, []).append(w)
@@ -303,17 +303,20 @@ def _program(graph: BlockGraph):
   bytes_ = np.array([_weighted_bytes(graph, v) for v in svals] + [0.0] * len(ops), float)
   cost = np.array([0.0] * len(svals) + [graph.op_cost[o] for o in ops], float)
   flops = np.array([0.0] * len(svals) + [graph.op_flops[o] for o in ops], float)
-  a = csr_array((np.array(data, float), np.array(cols, np.int64), np.array(indptr, np.int64)), shape=(len(lows), n))
+  a = sparse.csr_array((np.array(data, float), np.array(cols, np.int64), np.array(indptr, np.int64)),
+                       shape=(len(lows), n))
   return svals, n, a, np.array(lows), bytes_, cost, flops
 
 
 def _milp(c, n, constraints, time_limit: float | None = None):
   """``(x, gap)``: HiGHS's 0-1 solution and its proven relative gap (0: optimal; > 0 when ``time_limit`` seconds
   stopped it with a feasible solution), or ``None`` when infeasible (or stopped before any feasible solution)."""
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
   options = {"mip_rel_gap": 0.0}
   if time_limit is not None:
     options["time_limit"] = float(time_limit)
-  res = milp(c, constraints=constraints, integrality=np.ones(n), bounds=Bounds(0, 1), options=options)
+  res = optimize.milp(c, constraints=constraints, integrality=np.ones(n), bounds=optimize.Bounds(0, 1),
+                       options=options)
   if res.success:
     return np.round(res.x), 0.0
   if res.status == 1 and res.x is not None:  # time limit, with a feasible solution
@@ -341,22 +344,23 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
   Raises:
     JaxckptError: an unknown ``minimise``.
   """
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
   if minimise not in ("cost", "bytes"):
     raise JaxckptError(f"minimise={minimise!r}; valid: cost, bytes")
   svals, n, a, lows, bytes_, cost, flops = _program(graph)
-  base = [LinearConstraint(a, lows, np.inf)] if len(lows) else []
+  base = [optimize.LinearConstraint(a, lows, np.inf)] if len(lows) else []
   if max_bytes is not None:
-    base.append(LinearConstraint(bytes_[None], -np.inf, max_bytes - graph.fixed_bytes))
+    base.append(optimize.LinearConstraint(bytes_[None], -np.inf, max_bytes - graph.fixed_bytes))
   if max_flops is not None:
-    base.append(LinearConstraint(flops[None], -np.inf, max_flops))
+    base.append(optimize.LinearConstraint(flops[None], -np.inf, max_flops))
   first, second = (cost, bytes_) if minimise == "cost" else (bytes_, cost)
   found = _milp(first, n, base, time_limit)
   if found is None:
     return None
   x, gap = found
   best = float(first @ x)
-  found2 = _milp(second, n, base + [LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))],
-                 time_limit)
+  tie = optimize.LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))
+  found2 = _milp(second, n, base + [tie], time_limit)
   x = x if found2 is None else found2[0]
   return dataclasses.replace(_choice(graph, _used(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])),
                              mip_gap=gap)
@@ -389,6 +393,7 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   Returns:
     Block type -> its :class:`TensorChoice`.
   """
+  from scipy import optimize, sparse  # pylint: disable=g-import-not-at-top
   blocks = sorted(graphs)
   if not blocks:
     return {}
@@ -397,13 +402,13 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   n = sum(sizes)
   offsets = np.cumsum([0] + sizes)
   bytes_, cost, flops = (np.concatenate([p[k] for p in programs]) for k in (4, 5, 6))
-  covering = block_diag([p[2] for p in programs], format="csr")
+  covering = sparse.block_diag([p[2] for p in programs], format="csr")
   cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
-  base = [LinearConstraint(covering, np.concatenate([p[3] for p in programs]), np.inf),
-          LinearConstraint(flops[None], -np.inf, cap)]
+  base = [optimize.LinearConstraint(covering, np.concatenate([p[3] for p in programs]), np.inf),
+          optimize.LinearConstraint(flops[None], -np.inf, cap)]
   x = _milp(bytes_, n, base)[0]
   best = float(bytes_ @ x)
-  x2 = _milp(cost, n, base + [LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
+  x2 = _milp(cost, n, base + [optimize.LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
   x = x if x2 is None else x2[0]
   out = {}
   for k, b in enumerate(blocks):
