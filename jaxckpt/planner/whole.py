@@ -215,7 +215,7 @@ def whole_plan(loss: WholeLoss, *, max_bytes: float | None = None, max_flops: fl
   choice = solve_block(graph, max_bytes=max_bytes, max_flops=max_flops, minimise=minimise, time_limit=time_limit)
   if choice is None:  # both caps (saving nothing / everything meets either alone), or no set found in time_limit
     if max_bytes is None or max_flops is None:
-      raise JaxckptError(f"HiGHS found no whole-loss plan within time_limit={time_limit:g} s (max_bytes={max_bytes}, "
+      raise JaxckptError(f"HiGHS found no whole-loss plan within time_limit={time_limit} s (max_bytes={max_bytes}, "
                          f"max_flops={max_flops}): give a longer time_limit, or None")
     least = solve_block(graph, max_flops=max_flops, minimise="bytes", time_limit=time_limit)
     hint = "" if least is None else f"; the least saved bytes at max_flops={max_flops:g} is {least.activation_bytes}"
