@@ -25,8 +25,8 @@ import optax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from benchmarks.plain_gpt import CPU_OPTIONS, policy_of
-from jaxckpt.gpt import GPT_PRESETS, GPTConfig
+from benchmarks.plain_gpt import CPU_OPTIONS, policy_of, twin_args
+from jaxckpt.gpt import GPTConfig
 
 __all__ = ["GPT", "train_step", "lower_and_compile"]
 
@@ -165,9 +165,8 @@ def lower_and_compile(config: GPTConfig, policy_text: str, *, options: dict[str,
 def main(argv: list[str] | None = None) -> None:
   """``python -m benchmarks.nnx_gpt PRESET POLICY…``: compiles the twin per policy in this fresh process and prints
   one JSON object: ``{"policies": {policy: lower_and_compile(...)}}``."""
-  args = sys.argv[1:] if argv is None else argv
-  config = GPT_PRESETS[args[0]]
-  print(json.dumps({"policies": {p: lower_and_compile(config, p) for p in args[1:]}}))
+  config, policies = twin_args("python -m benchmarks.nnx_gpt", sys.argv[1:] if argv is None else argv)
+  print(json.dumps({"policies": {p: lower_and_compile(config, p) for p in policies}}))
 
 
 if __name__ == "__main__":

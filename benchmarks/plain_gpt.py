@@ -45,7 +45,33 @@ def policy_of(text: str) -> Any:
     return cp.save_only_these_names(*args.split("+"))
   if name in ("nothing_saveable", "everything_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"):
     return getattr(cp, name)
-  raise ValueError(f"the plain twin has no policy {text!r}")
+  raise ValueError(f"the twins have no policy {text!r}; valid: {', '.join(TWIN_POLICIES)}")
+
+
+TWIN_POLICIES = ("none", "nothing_saveable", "everything_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                 "save_only_these_names:NAME[+NAME…]")
+"""The policies the twins write by hand (whole-model policies; no per-block maps)."""
+
+
+def twin_args(prog: str, argv: list[str]) -> tuple[GPTConfig, list[str]]:
+  """``PRESET POLICY…`` of a twin's command line: ``(config, policies)``.
+
+  Raises:
+    SystemExit: (status 2, one line on stderr) no preset, an unknown preset or a policy the twins do not write.
+  """
+  def fail(message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+  if not argv or argv[0] not in GPT_PRESETS:
+    fail(f"usage: {prog} PRESET POLICY…; PRESET {argv[0]!r} is not one of {', '.join(GPT_PRESETS)}" if argv else
+         f"usage: {prog} PRESET POLICY… (PRESET: {', '.join(GPT_PRESETS)})")
+  for text in argv[1:]:
+    try:
+      policy_of(text)
+    except ValueError as err:
+      fail(str(err))
+  return GPT_PRESETS[argv[0]], list(argv[1:])
 
 
 def abstract_inputs(config: GPTConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
@@ -148,9 +174,8 @@ def lower_and_compile(config: GPTConfig, policy_text: str, *, options: dict[str,
 def main(argv: list[str] | None = None) -> None:
   """``python -m benchmarks.plain_gpt PRESET POLICY…``: compiles the twin per policy in this fresh process and prints
   one JSON object: ``{"policies": {policy: lower_and_compile(...)}}``."""
-  args = sys.argv[1:] if argv is None else argv
-  config = GPT_PRESETS[args[0]]
-  print(json.dumps({"policies": {p: lower_and_compile(config, p) for p in args[1:]}}))
+  config, policies = twin_args("python -m benchmarks.plain_gpt", sys.argv[1:] if argv is None else argv)
+  print(json.dumps({"policies": {p: lower_and_compile(config, p) for p in policies}}))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common
+from jaxckpt.gpt import GPT_PRESETS
 
 NAME = "report_speed"
 TARGET_RATIO = 1.15
@@ -88,10 +89,16 @@ def _report(args: argparse.Namespace, tmp: str) -> tuple[float, float, dict[str,
   done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_uncached_env())
   wall, cpu = time.perf_counter() - began, _children_cpu_s() - cpu
   if done.returncode != 0:
-    raise SystemExit(f"{NAME}: error: the report exited {done.returncode}: "
-                     f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    _fail(f"the report exited {done.returncode}: {(done.stderr.strip().splitlines() or ['?'])[-1]}",
+          done.returncode)
   with open(report_json) as f:
     return wall, cpu, json.load(f), cmd
+
+
+def _fail(message: str, returncode: int) -> None:
+  """Exits with one line on stderr: status 2 when a child refused its input (a bad flag passed on), else 1."""
+  print(f"python benchmarks/{NAME}.py: error: {message}", file=sys.stderr)
+  raise SystemExit(2 if returncode == 2 else 1)
 
 
 def _floor(preset: str, policies: Sequence[str], twin: str = "nnx") -> tuple[float, float, dict[str, Any]]:
@@ -101,7 +108,11 @@ def _floor(preset: str, policies: Sequence[str], twin: str = "nnx") -> tuple[flo
   subprocess.run([sys.executable, "-c", "import jax, jax.numpy, optax, flax.nnx"], check=True, env=_uncached_env())
   import_s, import_cpu = time.perf_counter() - began, _children_cpu_s() - cpu
   done = subprocess.run([sys.executable, "-m", TWINS[twin], preset, *policies], capture_output=True,
-                        text=True, check=True, cwd=ROOT, env=_uncached_env())
+                        text=True, check=False, cwd=ROOT, env=_uncached_env())
+  if done.returncode != 0:  # 2: a policy the twins do not write (per-block maps); the report accepted it
+    _fail(f"the {twin} twin exited {done.returncode}: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+          + ("; --policies must be whole-model policies the twins write" if done.returncode == 2 else ""),
+          done.returncode)
   twin = json.loads(done.stdout.strip().splitlines()[-1])["policies"]
   return import_s, import_cpu + sum(t["cpu_s"] for t in twin.values()), twin
 
@@ -118,11 +129,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                  help="the report's residual analysis (default on; --no-residuals passes --no-residuals)")
   args = p.parse_args(argv)
   common.check_out(p, NAME, args)
-  args.preset = args.preset or ("tiny" if args.quick else "gpt2-small")
-  args.policies = args.policies or (["none", "full", "save_only_these_names:mlp_out"] if args.quick else ["all"])
-  args.rounds = args.rounds or (1 if args.quick else 2)
+  if args.preset is None:
+    args.preset = "tiny" if args.quick else "gpt2-small"
+  if args.preset not in GPT_PRESETS:
+    p.error(f"--preset {args.preset!r}: valid presets: {', '.join(GPT_PRESETS)}")
+  if args.policies is None:
+    args.policies = ["none", "full", "save_only_these_names:mlp_out"] if args.quick else ["all"]
+  if args.rounds is None:  # not `or`: --rounds 0 is an error, not the default
+    args.rounds = 1 if args.quick else 2
   if args.jobs < 1 or args.rounds < 1:
-    p.error("--jobs and --rounds must be ≥ 1")
+    p.error(f"--jobs and --rounds must be ≥ 1 (got --jobs {args.jobs}, --rounds {args.rounds})")
   started = time.perf_counter()
   record = common.run_record(NAME, args)
   rounds = []

@@ -10,11 +10,13 @@ same masks as an uninterrupted one.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 
@@ -169,10 +171,14 @@ def make_train_step(
     A pure function, to be compiled with :func:`compile_train_step` (or :func:`jaxckpt.jit`, donating the state).
 
   Raises:
-    JaxckptError: ``grad_accum_steps`` < 1, or (when traced) a batch size it does not divide.
+    JaxckptError: ``grad_accum_steps`` not an int ≥ 1, ``skip_nonfinite`` or ``metrics`` not a bool (a string such
+      as ``"false"`` would be truthy), or (when traced) a batch size ``grad_accum_steps`` does not divide.
   """
-  if grad_accum_steps < 1:
-    raise JaxckptError(f"grad_accum_steps must be ≥ 1, got {grad_accum_steps}")
+  for name, flag in (("skip_nonfinite", skip_nonfinite), ("metrics", metrics)):
+    if not isinstance(flag, (bool, np.bool_)):
+      raise JaxckptError(f"{name}={flag!r} must be True or False")
+  if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, numbers.Integral) or grad_accum_steps < 1:
+    raise JaxckptError(f"grad_accum_steps must be an int ≥ 1, got {grad_accum_steps!r}")
 
   def grad_fn(params, other, batch, dropout_key):
     def loss(params):

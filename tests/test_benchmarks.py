@@ -150,3 +150,30 @@ def test_budget_plans_bad_budgets_exit_2(bad, capsys):
   with pytest.raises(SystemExit) as info:
     budget_plans.main(["--budgets", bad])
   assert info.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--rounds", "0"], "--rounds must be ≥ 1 (got --jobs 1, --rounds 0)"),  # was silently the default (2)
+    (["--preset", "huge"], "--preset 'huge': valid presets: tiny, small, gpt2-small"),
+])
+def test_report_speed_bad_flags_exit_2_before_any_work(argv, match, capsys, tmp_path):
+  with pytest.raises(SystemExit) as info:
+    report_speed.main([*argv, "--out", str(tmp_path / "x.json")])
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and match in err and len(err.strip().splitlines()) == 1
+  assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("argv, match", [
+    ([], "PRESET POLICY… (PRESET: tiny, small, gpt2-small)"),
+    (["--help"], "PRESET '--help' is not one of tiny, small, gpt2-small"),
+    (["tiny", "attn=nothing_saveable"], "no policy 'attn=nothing_saveable'; valid: none, nothing_saveable"),
+])
+def test_twins_bad_arguments_exit_2_with_one_line(argv, match, capsys):
+  from benchmarks import nnx_gpt, plain_gpt
+
+  for twin in (nnx_gpt, plain_gpt):
+    with pytest.raises(SystemExit) as info:
+      twin.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and match in err and len(err.strip().splitlines()) == 1, err

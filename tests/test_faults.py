@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -427,3 +428,18 @@ def test_plain_step_returns_the_loss_only_and_the_same_update():
   assert set(skipped) == {"loss", "finite"} and not bool(skipped["finite"])  # one gradient element is +inf
   kept = zip(jax.tree.leaves(skip_new.params), jax.tree.leaves(state.params))
   assert all(bool(jnp.array_equal(a, b)) for a, b in kept)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"metrics": "false"}, "metrics='false' must be True or False"),  # a truthy string: metrics on, silently
+    ({"metrics": None}, "metrics=None must be True or False"),
+    ({"skip_nonfinite": 1}, "skip_nonfinite=1 must be True or False"),
+    ({"grad_accum_steps": 2.0}, "grad_accum_steps must be an int ≥ 1, got 2.0"),
+    ({"grad_accum_steps": 0}, "grad_accum_steps must be an int ≥ 1, got 0"),
+])
+def test_make_train_step_refuses_non_bool_flags_and_non_int_accumulation(kwargs, match):
+  tx = optax.sgd(0.1)
+  graphdef, _ = jaxckpt.create_train_state(_Sqrt([1.0, 4.0]), tx, seed=0)
+  with pytest.raises(jaxckpt.JaxckptError, match=re.escape(match)):
+    jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, **kwargs)
+  assert jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, metrics=np.bool_(False)) is not None

@@ -84,8 +84,51 @@ def test_bad_caps_and_params_are_refused(toy):
     whole_plan(loss, minimise="speed", graph=graph)
   with pytest.raises(JaxckptError, match="float leaves only"):
     whole_loss(_loss, {"w1": jnp.zeros((D, H), jnp.int32)}, {"x": jnp.zeros((B, D))})
-  with pytest.raises(ValueError, match="automatic value name"):
-    remat_whole_loss(loss, ["qkv"])(*_concrete())
+  with pytest.raises(JaxckptError, match=r"\['qkv'\] name no value of this loss .* t0_dot_general"):
+    remat_whole_loss(loss, ["qkv"])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_bytes": float("nan")}, "max_bytes=nan must be a number"),
+    ({"max_flops": float("nan")}, "max_flops=nan must be a number"),
+    ({"max_bytes": "1e6"}, "max_bytes='1e6' must be a number"),
+    ({"time_limit": 0}, "time_limit=0 must be > 0"),
+    ({"time_limit": float("nan")}, "time_limit=nan must be a number"),
+])
+def test_nan_and_non_numeric_caps_are_refused(toy, kwargs, match):
+  loss, graph = toy
+  with pytest.raises(JaxckptError, match=match):
+    whole_plan(loss, graph=graph, **kwargs)
+
+
+def test_both_caps_infeasible_names_the_least_bytes_at_that_recompute(toy):
+  loss, graph = toy
+  least = whole_plan(loss, max_flops=0, minimise="bytes", graph=graph).choice.activation_bytes
+  assert least > graph.fixed_bytes
+  with pytest.raises(JaxckptError, match=f"meets both max_bytes={graph.fixed_bytes} and max_flops=0; the least saved "
+                                         f"bytes at max_flops=0 is {least}"):
+    whole_plan(loss, max_bytes=graph.fixed_bytes, max_flops=0, graph=graph)
+  both = whole_plan(loss, max_bytes=least, max_flops=0, graph=graph).choice  # exactly feasible
+  assert both.flops == 0 and both.activation_bytes <= least
+
+
+def test_bad_losses_and_names_are_refused_not_silently_planned(toy):
+  loss, graph = toy
+  params, batch = _concrete()
+  with pytest.raises(JaxckptError, match="params has no array leaves"):
+    whole_loss(lambda p, b: jnp.sum(b["x"]), {}, batch)
+  with pytest.raises(JaxckptError, match=r"one float scalar; got float32\[4, 8\]"):
+    whole_loss(lambda p, b: b["x"] @ p["w1"], params, batch)
+  # a name of the right form that no value of this loss has would tag nothing: JAX would save nothing, silently
+  for name in ("t999_tanh", "t1_sin"):  # out of range; right index, wrong primitive (t1 is the tanh)
+    with pytest.raises(JaxckptError, match=f"'{name}'.* name no value of this loss"):
+      remat_whole_loss(loss, [name])
+  with pytest.raises(JaxckptError, match="not the string 't1_tanh'"):
+    remat_whole_loss(loss, "t1_tanh")
+  other = whole_loss(lambda p, b: jnp.sum(p["w1"]), params, batch)
+  with pytest.raises(JaxckptError, match="graph is not this loss's"):
+    whole_plan(other, graph=graph)
+  assert measure_whole(loss, remat_whole_loss(loss, ["t1_tanh"])).saved_names == {"t1_tanh"}
 
 
 @pytest.fixture(scope="module")

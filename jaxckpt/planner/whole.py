@@ -24,12 +24,14 @@ Example::
     >>> from jaxckpt.step import shipped_target
     >>> from jaxckpt.planner.whole import target_whole_loss, whole_plan
     >>> plan = whole_plan(target_whole_loss(shipped_target("gpt", "tiny")), max_bytes=2 * 2**20)
-    >>> loss, grads = jax.value_and_grad(plan.loss)(params, batch, key)  # layers unrolled, one remat region
+    >>> loss, grads = jax.value_and_grad(plan.loss_fn)(params, batch, key)  # layers unrolled, one remat region
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +46,7 @@ from jaxckpt.policies import parse_model_policy
 from jaxckpt.residuals import total_residual_bytes, traced_residuals
 from jaxckpt.step import default_optimizer, policy_step
 from jaxckpt.step.build import dropout_key_struct
-from jaxckpt.tagging import tag_values
+from jaxckpt.tagging import tag_values, walk_values
 
 __all__ = ["WholeLoss", "WholePlan", "WholeMeasure", "whole_loss", "target_whole_loss", "whole_graph", "whole_plan",
            "remat_whole_loss", "measure_whole", "WHOLE", "TIME_LIMIT"]
@@ -103,7 +105,8 @@ def whole_loss(fn: Callable[..., jax.Array], params: Any, batch: Any, key: Any =
     The :class:`WholeLoss`.
 
   Raises:
-    JaxckptError: a non-float parameter leaf (the plan differentiates every parameter leaf).
+    JaxckptError: no parameter leaf, a non-float parameter leaf (the plan differentiates every parameter leaf), or
+      ``fn`` does not return a float scalar.
   """
   shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
   params, batch = jax.tree.map(shape, params), jax.tree.map(shape, batch)
@@ -113,9 +116,16 @@ def whole_loss(fn: Callable[..., jax.Array], params: Any, batch: Any, key: Any =
   if bad:
     raise JaxckptError(f"params must have float leaves only (they are differentiated); got {bad[:3]}: pass integer "
                        "inputs in batch")
+  if not jax.tree.leaves(params):
+    raise JaxckptError(f"params has no array leaves (got {params!r}): a whole-loss plan differentiates w.r.t. them")
   loss = WholeLoss(fn, params, batch, key, None, len(jax.tree.leaves(params)))
   leaves = [*jax.tree.leaves(params), *jax.tree.leaves(batch)] + ([] if key is None else [key])
-  return dataclasses.replace(loss, closed=jax.make_jaxpr(loss.flat)(*leaves))
+  closed = jax.make_jaxpr(loss.flat)(*leaves)
+  outs = closed.out_avals
+  if len(outs) != 1 or outs[0].shape != () or not jnp.issubdtype(outs[0].dtype, jnp.floating):
+    got = ", ".join(f"{a.dtype}{list(a.shape)}" for a in outs)
+    raise JaxckptError(f"the loss must return one float scalar; got {got or 'nothing'}")
+  return dataclasses.replace(loss, closed=closed)
 
 
 def target_whole_loss(target: Any) -> WholeLoss:
@@ -185,19 +195,42 @@ def whole_plan(loss: WholeLoss, *, max_bytes: float | None = None, max_flops: fl
     The :class:`WholePlan`.
 
   Raises:
-    JaxckptError: ``max_bytes`` below what every plan keeps (the batch and key) or negative ``max_flops``; an
-      unknown ``minimise``.
+    JaxckptError: a cap that is not a number or is NaN; ``max_bytes`` below what every plan keeps (the batch and
+      key) or negative ``max_flops``; both caps given and no set meets both (the message gives the least bytes at
+      that ``max_flops``); ``time_limit`` not ``None`` or > 0; an unknown ``minimise``; a ``graph`` that is not
+      ``loss``'s.
   """
+  for name, cap in (("max_bytes", max_bytes), ("max_flops", max_flops), ("time_limit", time_limit)):
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or math.isnan(cap)):
+      raise JaxckptError(f"{name}={cap!r} must be a number (or None: no limit)")
+  if time_limit is not None and time_limit <= 0:
+    raise JaxckptError(f"time_limit={time_limit:g} must be > 0 seconds (None: solve until proven optimal)")
   graph = whole_graph(loss) if graph is None else graph
+  _check_graph(loss, graph)
   if max_bytes is not None and max_bytes < graph.fixed_bytes:
     raise JaxckptError(f"max_bytes={max_bytes:g} is below the {graph.fixed_bytes} bytes every whole-loss plan keeps "
                        f"(its batch and key); give max_bytes ≥ {graph.fixed_bytes}")
   if max_flops is not None and max_flops < 0:
     raise JaxckptError(f"max_flops={max_flops:g} must be ≥ 0 (0: recompute nothing)")
   choice = solve_block(graph, max_bytes=max_bytes, max_flops=max_flops, minimise=minimise, time_limit=time_limit)
-  if choice is None:  # cannot happen with the checks above (saving nothing / everything is always feasible)
-    raise JaxckptError(f"no whole-loss plan meets max_bytes={max_bytes}, max_flops={max_flops}")
+  if choice is None:  # both caps (saving nothing / everything meets either alone), or no set found in time_limit
+    if max_bytes is None or max_flops is None:
+      raise JaxckptError(f"HiGHS found no whole-loss plan within time_limit={time_limit} s (max_bytes={max_bytes}, "
+                         f"max_flops={max_flops}): give a longer time_limit, or None")
+    least = solve_block(graph, max_flops=max_flops, minimise="bytes", time_limit=time_limit)
+    hint = "" if least is None else f"; the least saved bytes at max_flops={max_flops:g} is {least.activation_bytes}"
+    raise JaxckptError(f"no whole-loss plan meets both max_bytes={max_bytes:g} and max_flops={max_flops:g}{hint}: "
+                       "raise one cap or give one only")
   return WholePlan(loss, graph, choice)
+
+
+def _check_graph(loss: WholeLoss, graph: BlockGraph) -> None:
+  """Raises :class:`JaxckptError` when ``graph`` is not ``loss``'s (another loss's graph gives names that tag
+  nothing in this one: a silent no-op plan)."""
+  ours = [(v.name, v.shape) for v in walk_values(loss.closed)]
+  if graph.block_type != WHOLE or [(v.name, v.shape) for v in graph.values] != ours:
+    raise JaxckptError(f"graph is not this loss's (block_type {graph.block_type!r}, {len(graph.values)} values; the "
+                       f"loss has {len(ours)}): pass whole_graph(loss) or omit graph")
 
 
 def remat_whole_loss(loss: WholeLoss, names: Sequence[str]) -> Callable[..., jax.Array]:
@@ -212,8 +245,17 @@ def remat_whole_loss(loss: WholeLoss, names: Sequence[str]) -> Callable[..., jax
     ``loss.fn``'s.
 
   Raises:
-    ValueError: a name that is not an automatic name.
+    JaxckptError: ``names`` is a string, or a name that is not the automatic name of one of the loss's values (it
+      would tag nothing and save nothing: the message lists a few valid names).
   """
+  if isinstance(names, str):
+    raise JaxckptError(f"names must be a sequence of automatic names, not the string {names!r}")
+  valid = {v.name for v in walk_values(loss.closed)}
+  unknown = [n for n in names if n not in valid]
+  if unknown:
+    some = ", ".join(v.name for v in walk_values(loss.closed)[:4])
+    raise JaxckptError(f"{unknown[:5]} name no value of this loss ({len(valid)} values; valid names look like "
+                       f"{some}, …: use a WholePlan's choice.names or whole_graph(loss).values)")
   policy = jax.checkpoint_policies.save_only_these_names(*names)
   inner = jax.checkpoint(tag_values(loss.flat, names), policy=policy)
 
