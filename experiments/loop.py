@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import threading
 import time
@@ -135,14 +136,26 @@ class LoopResult:
     return float(np.median(timed)) if timed else None
 
 
+def _kept(checkpointer) -> str:
+  """What became of the run's checkpoints, for a message that stops the run."""
+  if checkpointer is None:
+    return "no checkpoint was written (no --ckpt-dir)"
+  latest = checkpointer.latest_saved_step()
+  return (f"the last good checkpoint (step {latest}) is kept in {checkpointer.directory}" if latest is not None
+          else f"no checkpoint had been saved yet in {checkpointer.directory}")
+
+
 def _nonfinite_message(step: int, loss: float, hints: str, checkpointer) -> str:
-  kept = "no checkpoint was written (no --ckpt-dir)"
-  if checkpointer is not None:
-    latest = checkpointer.latest_saved_step()
-    kept = (f"the last good checkpoint (step {latest}) is kept in {checkpointer.directory}" if latest is not None
-            else f"no checkpoint had been saved yet in {checkpointer.directory}")
-  return (f"non-finite loss or gradient at step {step} (loss {loss}); likely causes: {hints}; {kept}; "
-          "--nan-policy skip drops such updates instead")
+  return (f"non-finite loss, gradient or updated parameter at step {step} (loss {loss}); likely causes: {hints}; "
+          f"{_kept(checkpointer)}; --nan-policy skip drops such updates instead")
+
+
+def _broken_model_message(steps: int, broken: Mapping[str, float], skipped: list[int], hints: str,
+                          checkpointer) -> str:
+  shown = ", ".join(f"{k} {v}" for k, v in broken.items())
+  skipped_text = f" (updates skipped at steps {skipped[:8]}{'…' if len(skipped) > 8 else ''})" if skipped else ""
+  return (f"evaluation after step {steps} is non-finite ({shown}){skipped_text}: the parameters are finite but no "
+          f"longer usable, and skipping updates cannot recover them; likely causes: {hints}; {_kept(checkpointer)}")
 
 
 def train_loop(
@@ -184,7 +197,10 @@ def train_loop(
     :class:`LoopResult`.
 
   Raises:
-    NonFiniteLossError: a NaN/Inf loss or gradient with ``nan_policy="stop"`` (checkpoints before it are kept).
+    NonFiniteLossError: a NaN/Inf loss, gradient or updated parameter with ``nan_policy="stop"`` (checkpoints
+      before it are kept).
+      Also, under either policy, a non-finite evaluation loss (parameters finite but unusable, e.g. after a huge
+      learning rate): the run stops there, before that period's checkpoint.
     CheckpointError: the checkpoint directory holds another run, would be overwritten, or cannot be read.
     RunInterrupted: SIGINT/SIGTERM (with ``signals``), filled in with the step reached and the last checkpoint.
   """
@@ -229,7 +245,7 @@ def train_loop(
       if options.nan_policy == "stop":
         raise NonFiniteLossError(_nonfinite_message(step, loss, nan_hints, checkpointer), step=step)
       result.skipped.append(step)
-      say(f"warning: non-finite loss or gradient at step {step}: update skipped")
+      say(f"warning: non-finite loss, gradient or updated parameter at step {step}: update skipped")
     else:
       period_losses.append(loss)
     reached = step + 1
@@ -267,6 +283,10 @@ def train_loop(
         pending = None
       if ends_period:
         scores = evaluate(state)
+        broken = {k: float(v) for k, v in scores.items() if "loss" in k and not math.isfinite(float(v))}
+        if broken:  # the parameters themselves are broken (finite but huge): skipping later updates cannot help
+          raise NonFiniteLossError(_broken_model_message(step + 1, broken, result.skipped, nan_hints, checkpointer),
+                                   step=step)
         history["train_loss"].append(float(np.mean(period_losses)) if period_losses else float("nan"))
         for key, value in scores.items():
           history.setdefault(key, []).append(float(value))
@@ -290,5 +310,6 @@ def train_loop(
       checkpointer.close()
   result.state = state
   if result.skipped:
-    result.warnings.append(f"skipped the updates of {len(result.skipped)} step(s) with a non-finite loss or gradient")
+    result.warnings.append(f"skipped the updates of {len(result.skipped)} step(s) with a non-finite loss, gradient "
+                           "or updated parameter")
   return result

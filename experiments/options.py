@@ -18,7 +18,8 @@ from jaxckpt.profile import check_profile_dir
 __all__ = ["NAN_POLICIES", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 
 NAN_POLICIES = ("stop", "skip")
-"""What to do on a NaN/Inf loss or gradient: stop (keep the last good checkpoint) or skip that update."""
+"""What to do on a NaN/Inf loss, gradient or updated parameter: stop (keep the last good checkpoint) or skip that
+update."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +33,8 @@ class RunOptions:
   ckpt_every: int = 100  # Save every this many steps (and at the end).
   resume: bool = False  # Continue from the latest checkpoint in ckpt_dir.
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
-  nan_policy: str = "stop"  # On a NaN/Inf loss or gradient: "stop" (keep the last good checkpoint) or "skip" it.
+  # On a NaN/Inf loss, gradient or updated parameter: "stop" (keep the last good checkpoint) or "skip" that update.
+  nan_policy: str = "stop"
   progress: bool = True  # Show a progress bar.
   mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device, unsharded.
   coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.

@@ -84,10 +84,10 @@ class DirectoryInUseError(CheckpointError):
 
 
 class NonFiniteLossError(JaxckptError):
-  """Training produced a NaN/Inf loss or gradient and the NaN policy is ``stop``.
+  """Training produced a NaN/Inf loss, gradient or updated parameter and the NaN policy is ``stop``.
 
   Attributes:
-    step: the 0-based index of the step whose loss or gradients were not finite.
+    step: the 0-based index of the step whose loss, gradients or updated parameters were not finite.
   """
 
   def __init__(self, message: str, *, step: int):

@@ -406,6 +406,20 @@ def test_finite_metric_flags_any_nonfinite_gradient_element_and_skip_keeps_the_s
   assert int(new.step) == 1
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_an_update_that_overflows_a_parameter_is_not_finite(skip):
+  """Loss and gradients finite (the ``b`` gradient is 10), but SGD with learning rate 1e38 sends ``b`` to −inf: the
+  step says so (the loop stops or skips there), and ``skip_nonfinite`` keeps the old parameters."""
+  tx = optax.sgd(1e38)
+  graphdef, state = jaxckpt.create_train_state(_Sqrt([1.0, 4.0, 9.0, 1.0, 1.0, 1.0]), tx, seed=0)
+  batch = {"scale": jnp.float32(10.0)}
+  new, metrics = jax.jit(jaxckpt.make_train_step(graphdef, tx, _sqrt_loss, skip_nonfinite=skip))(state, batch)
+  assert not bool(metrics["finite"])
+  kept = all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)))
+  assert kept is skip
+  assert skip or bool(jnp.isinf(new.params["b"][...]).all())  # applied: the overflow is there, and flagged
+
+
 def _sqrt_metrics_loss(model, batch, *, dropout_key, deterministic):
   value, _ = _sqrt_loss(model, batch, dropout_key=dropout_key, deterministic=deterministic)
   return value, {"loss": value, "half": value / 2}
