@@ -25,7 +25,7 @@ import optax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from benchmarks.plain_gpt import CPU_OPTIONS, policy_of, twin_args
+from benchmarks.plain_gpt import policy_of, timed_compile, twin_args
 from jaxckpt.gpt import GPTConfig
 
 __all__ = ["GPT", "train_step", "lower_and_compile"]
@@ -144,23 +144,13 @@ def lower_and_compile(config: GPTConfig, policy_text: str, *, options: dict[str,
     model and optimizer state), ``"cpu_s"`` (CPU seconds of this process over the three, XLA's threads included)
     and ``"temp_bytes"`` (int bytes).
   """
-  options = CPU_OPTIONS if options is None and jax.default_backend() == "cpu" else (options or {})
-  t0, cpu0 = time.perf_counter(), time.process_time()
+  started = time.perf_counter(), time.process_time()
   graphdef, params = nnx.split(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
   opt_state = jax.eval_shape(optax.adamw(1e-3).init, params)
   batch = {"tokens": jax.ShapeDtypeStruct((config.batch_size, config.seq_len + 1), jnp.int32)}
   key = jax.eval_shape(lambda: jax.random.key(0))
-  traced = jax.jit(train_step(graphdef, policy_of(policy_text)), donate_argnums=(0, 1)).trace(
-      params, opt_state, batch, key)
-  t1 = time.perf_counter()
-  lowered = traced.lower()
-  t2 = time.perf_counter()
-  compiled = lowered.compile(compiler_options=options)
-  t3 = time.perf_counter()
-  return {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
-          "cpu_s": time.process_time() - cpu0,
-          "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes)}
-
+  return timed_compile(train_step(graphdef, policy_of(policy_text)), (params, opt_state, batch, key),
+                       options=options, started=started)
 
 def main(argv: list[str] | None = None) -> None:
   """``python -m benchmarks.nnx_gpt PRESET POLICY…``: compiles the twin per policy in this fresh process and prints

@@ -21,7 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.gpt import GPT_PRESETS, GPTConfig
 
-__all__ = ["policy_of", "abstract_inputs", "train_step", "lower_and_compile"]
+__all__ = ["policy_of", "abstract_inputs", "train_step", "lower_and_compile", "timed_compile"]
 
 NAMES = ("qkv", "attn_weights", "attn_context", "attn_out", "mlp_hidden", "mlp_out")
 CPU_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander", "xla_backend_optimization_level": 0}
@@ -157,10 +157,28 @@ def lower_and_compile(config: GPTConfig, policy_text: str, *, options: dict[str,
   """
   params, batch, opt_state = abstract_inputs(config)
   key = jax.eval_shape(lambda: jax.random.key(0))
+  started = time.perf_counter(), time.process_time()
+  return timed_compile(train_step(config, policy_of(policy_text)), (params, opt_state, batch, key),
+                       options=options, started=started)
+
+
+def timed_compile(step: Any, args: tuple[Any, ...], *, options: dict[str, Any] | None,
+                  started: tuple[float, float]) -> dict[str, float | int]:
+  """Traces, lowers and compiles ``step`` (arguments 0 and 1 donated) on abstract ``args``, timing each stage.
+
+  Args:
+    step: the twin's train step.
+    args: its abstract arguments (``jax.ShapeDtypeStruct`` pytrees).
+    options: XLA options; ``None``: :data:`CPU_OPTIONS` on CPU, none elsewhere.
+    started: ``(time.perf_counter(), time.process_time())`` when the caller began (its own set-up counts as trace).
+
+  Returns:
+    ``{"trace_s", "lower_s", "compile_s", "total_s"}`` (wall seconds), ``"cpu_s"`` (CPU seconds since ``started``,
+    XLA's threads included) and ``"temp_bytes"`` (int bytes).
+  """
   options = CPU_OPTIONS if options is None and jax.default_backend() == "cpu" else (options or {})
-  t0, cpu0 = time.perf_counter(), time.process_time()
-  traced = jax.jit(train_step(config, policy_of(policy_text)), donate_argnums=(0, 1)).trace(
-      params, opt_state, batch, key)
+  t0, cpu0 = started
+  traced = jax.jit(step, donate_argnums=(0, 1)).trace(*args)
   t1 = time.perf_counter()
   lowered = traced.lower()
   t2 = time.perf_counter()
