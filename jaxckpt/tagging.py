@@ -28,8 +28,8 @@ from jax._src import source_info_util
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
-__all__ = ["tag_values", "walk_values", "value_name", "parse_value_name", "ValueInfo", "record_tagged",
-           "evaluate_tagged", "TAG_PREFIX"]
+__all__ = ["tag_values", "walk_values", "walk_top_level", "value_name", "parse_value_name", "ValueInfo",
+           "record_tagged", "evaluate_tagged", "evaluate_equations", "TAG_PREFIX"]
 
 TAG_PREFIX = "t"
 """Automatic names are ``t<index>_<primitive>``."""
@@ -107,16 +107,33 @@ def walk_values(closed: jex_core.ClosedJaxpr) -> list[ValueInfo]:
   Returns:
     One :class:`ValueInfo` per output of every equation not inlined, in program order.
   """
+  return walk_top_level(closed)[0]
+
+
+def walk_top_level(closed: jex_core.ClosedJaxpr) -> tuple[list[ValueInfo], list[tuple[int, list[int | None]]]]:
+  """:func:`walk_values`, plus where each top-level equation's values are (to cut a jaxpr into regions).
+
+  Args:
+    closed: a closed jaxpr.
+
+  Returns:
+    ``(values, top)``: ``values`` as :func:`walk_values`; ``top[i] = (first, outs)`` for top-level equation ``i``:
+    ``first`` the number of its first value (its values are ``first`` up to the next equation's ``first``),
+    ``outs`` the value number of each of its outputs (``-1 - j`` when an inlined call returns input ``j`` of
+    ``closed``; ``None`` for a literal).
+  """
   values: list[ValueInfo] = []
   ops = [0]
+  top: list[tuple[int, list[int | None]]] = []
 
-  def walk(jaxpr, env):
+  def walk(jaxpr, env, depth):
     for eqn in jaxpr.eqns:
+      first = len(values)
       ins = [env.get(a) if not isinstance(a, jex_core.Literal) else None for a in eqn.invars]
       if eqn.primitive.name in _INLINED and "jaxpr" in eqn.params:
         sub = eqn.params["jaxpr"]
         sub_env = {v: i for v, i in zip(sub.jaxpr.invars, ins) if i is not None}
-        outs = walk(sub.jaxpr, sub_env)
+        outs = walk(sub.jaxpr, sub_env, depth + 1)
       else:
         op = ops[0]
         ops[0] += 1
@@ -130,10 +147,12 @@ def walk_values(closed: jex_core.ClosedJaxpr) -> list[ValueInfo]:
       for var, out in zip(eqn.outvars, outs):
         if out is not None:
           env[var] = out
+      if depth == 0:
+        top.append((first, list(outs)))
     return [env.get(v) if not isinstance(v, jex_core.Literal) else None for v in jaxpr.outvars]
 
-  walk(closed.jaxpr, {v: -1 - i for i, v in enumerate(closed.jaxpr.invars)})
-  return values
+  walk(closed.jaxpr, {v: -1 - i for i, v in enumerate(closed.jaxpr.invars)}, 0)
+  return values, top
 
 
 def evaluate_tagged(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dict[int, str]) -> list[Any]:
@@ -152,20 +171,36 @@ def evaluate_tagged(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dic
   Returns:
     The jaxpr's outputs, flat.
   """
-  counter = [0]
+  env: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts))
+  env.update(zip(closed.jaxpr.invars, args))
+  evaluate_equations(closed.jaxpr.eqns, env, tags)
+  return [a.val if isinstance(a, jex_core.Literal) else env[a] for a in closed.jaxpr.outvars]
 
-  def run(jaxpr, consts, args):
-    env: dict[Any, Any] = {}
+
+def evaluate_equations(eqns: Sequence[Any], env: dict[Any, Any], tags: dict[int, str], start: int = 0) -> int:
+  """:func:`evaluate_tagged` of a run of equations: binds each one, reading and writing ``env`` (var -> value).
+
+  Args:
+    eqns: consecutive equations of a jaxpr (e.g. one region of a whole loss, :mod:`jaxckpt.planner.whole`).
+    env: the values of the variables they read (updated in place with the ones they define).
+    tags: value number -> automatic name, numbered over the whole jaxpr.
+    start: the number of the first value these equations produce (:func:`walk_top_level`).
+
+  Returns:
+    The number after the last value produced.
+  """
+  counter = [start]
+
+  def run(eqns, env):
     read = lambda a: a.val if isinstance(a, jex_core.Literal) else env[a]  # noqa: E731
-    for var, val in zip(jaxpr.constvars, consts):
-      env[var] = val
-    for var, val in zip(jaxpr.invars, args):
-      env[var] = val
-    for eqn in jaxpr.eqns:
+    for eqn in eqns:
       invals = [read(a) for a in eqn.invars]
       if eqn.primitive.name in _INLINED and "jaxpr" in eqn.params:
         sub = eqn.params["jaxpr"]
-        outs = run(sub.jaxpr, sub.consts, invals)
+        sub_env = dict(zip(sub.jaxpr.constvars, sub.consts))
+        sub_env.update(zip(sub.jaxpr.invars, invals))
+        run(sub.jaxpr.eqns, sub_env)
+        outs = [a.val if isinstance(a, jex_core.Literal) else sub_env[a] for a in sub.jaxpr.outvars]
       else:
         params = eqn.primitive.get_bind_params(eqn.params)
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
@@ -181,9 +216,9 @@ def evaluate_tagged(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dic
               outs[k] = checkpoint_name(out, name)
       for var, out in zip(eqn.outvars, outs):
         env[var] = out
-    return [read(v) for v in jaxpr.outvars]
 
-  return run(closed.jaxpr, closed.consts, args)
+  run(eqns, env)
+  return counter[0]
 
 
 @contextlib.contextmanager

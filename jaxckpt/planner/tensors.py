@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
 from jaxckpt.errors import JaxckptError
@@ -76,6 +77,7 @@ class BlockGraph:
     fixed_bytes: bytes the region may keep whatever is chosen, counted in every choice's ``activation_bytes``
       (for the whole loss: its batch and dropout key, kept when the backward pass reads them, an upper bound);
       0 for a block.
+    needed_inputs: positions of the differentiated inputs the backward pass reads directly (a region keeps them).
   """
 
   block_type: str
@@ -86,6 +88,7 @@ class BlockGraph:
   forward_flops: int
   parameter_only: frozenset[int] = frozenset()
   fixed_bytes: int = 0
+  needed_inputs: frozenset[int] = frozenset()
 
   def describe(self, index: int) -> str:
     """``t12_tanh [8, 256, 1024] float32 4.0 MiB from file.py:40 (forward)``."""
@@ -136,15 +139,18 @@ def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.floating)
 
 
-def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo], num_parameters: int = 0) -> frozenset[int]:
+def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo],
+            num_parameters: int = 0) -> tuple[frozenset[int], frozenset[int]]:
   """The values JAX's backward pass reads when every value may be saved (saved-residual analysis): differentiated
-  w.r.t. the first ``num_parameters`` inputs, or (0) w.r.t. every float input."""
+  w.r.t. the first ``num_parameters`` inputs, or (0) w.r.t. every float input. Also the positions of the
+  differentiated inputs it reads directly (each input is named ``input<i>`` for the analysis)."""
   tags = {v.index: v.name for v in values if v.taggable}
-  policy = jax.checkpoint_policies.save_only_these_names(*tags.values())
   if num_parameters:
     floats = list(range(num_parameters))
   else:
     floats = [i for i, a in enumerate(closed.in_avals) if _is_float(a)]
+  input_names = {i: f"{_INPUT_TAG}{i}" for i in floats}
+  policy = jax.checkpoint_policies.save_only_these_names(*tags.values(), *input_names.values())
   others = [i for i in range(len(closed.in_avals)) if i not in set(floats)]
   found: list = []
 
@@ -155,7 +161,12 @@ def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo], num_param
         args[i] = x
       for i, x in zip(others, other_vals):
         args[i] = x
-      outs = jax.checkpoint(lambda *a: evaluate_tagged(closed, a, tags), policy=policy)(*args)
+
+      def tagged(*a):
+        a = [checkpoint_name(x, input_names[i]) if i in input_names else x for i, x in enumerate(a)]
+        return evaluate_tagged(closed, a, tags)
+
+      outs = jax.checkpoint(tagged, policy=policy)(*args)
       return [o for o in outs if _is_float(o.aval if hasattr(o, "aval") else o)]
 
     found.extend(saved_residuals(fn, *(jax.ShapeDtypeStruct(closed.in_avals[i].shape, closed.in_avals[i].dtype)
@@ -165,15 +176,21 @@ def _needed(closed: jex_core.ClosedJaxpr, values: Sequence[ValueInfo], num_param
   jax.make_jaxpr(outer)(*(jax.ShapeDtypeStruct(closed.in_avals[i].shape, closed.in_avals[i].dtype) for i in others))
   by_name = {v.name: v.index for v in values}
   needed = {by_name[r.name] for r in found if r.name in by_name}
+  by_input = {name: i for i, name in input_names.items()}
+  inputs = {by_input[r.name] for r in found if r.name in by_input}
   # closed-over inputs (token ids, keys) and constants read as "from a constant": available without recomputing
   unknown = [r.description for r in found if r.kind not in ("argument", "checkpoint_name")
              and not r.description.startswith("from a constant")]
   if unknown:
     raise JaxckptError(f"the backward pass reads values the per-tensor analysis cannot name: {unknown[:3]}")
-  return frozenset(needed)
+  return frozenset(needed), frozenset(inputs)
 
 
-def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters: int = 0) -> BlockGraph:
+_INPUT_TAG = "jaxckpt_input"
+
+
+def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters: int = 0,
+                parameter_inputs: Iterable[int] = ()) -> BlockGraph:
   """The :class:`BlockGraph` of a block's (or a whole loss's) traced jaxpr.
 
   Float inputs are differentiated (the parameters only when ``num_parameters`` is given), the others (token ids,
@@ -186,6 +203,9 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters
     num_parameters: how many leading inputs are parameters (the whole loss); values computed from them alone are
       the graph's ``parameter_only`` values, and the bytes of the non-parameter inputs its ``fixed_bytes``. 0 for a
       block (its inputs are kept outside it).
+    parameter_inputs: positions of inputs that are parameters or parameter-only values, with every float input
+      still differentiated (a region of a whole loss, :func:`jaxckpt.planner.whole.segment_loss`): values computed
+      from them alone are marked parameter-only; ``fixed_bytes`` stays 0.
 
   Returns:
     The graph with the values the backward reads (JAX's analysis) and each op's cost.
@@ -205,11 +225,13 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters
   values = tuple(dataclasses.replace(v, taggable=False) if v.index in constant else v for v in values)
   parameter_only: set[int] = set()
   fixed_bytes = 0
-  if num_parameters:
+  marked = set(range(num_parameters)) | set(parameter_inputs)
+  if marked:
     for v in values:
-      if v.index not in constant and all((u < 0 and -1 - u < num_parameters) or u in constant or u in parameter_only
+      if v.index not in constant and all((u < 0 and -1 - u in marked) or u in constant or u in parameter_only
                                          for u in v.inputs):
         parameter_only.add(v.index)
+  if num_parameters:
     fixed_bytes = sum(int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
                       for a in closed.in_avals[num_parameters:])
   op_flops: dict[int, int] = {}
@@ -217,8 +239,9 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters
   for v in values:
     if v.op not in op_cost:
       op_flops[v.op], op_cost[v.op] = (0, 0.0) if v.index in constant else _op_cost(v.eqn)
-  return BlockGraph(block_type, values, _needed(closed, values, num_parameters), op_cost, op_flops, sum(op_flops.values()),
-                    frozenset(parameter_only), fixed_bytes)
+  needed, needed_inputs = _needed(closed, values, num_parameters)
+  return BlockGraph(block_type, values, needed, op_cost, op_flops, sum(op_flops.values()), frozenset(parameter_only),
+                    fixed_bytes, needed_inputs)
 
 
 def recompute_closure(graph: BlockGraph, saved: Iterable[int]) -> set[int]:
@@ -257,8 +280,9 @@ def _weighted_bytes(graph: BlockGraph, v: int) -> float:
 def _program(graph: BlockGraph):
   """Variables (saved values, then ops), and the covering constraints, as a sparse matrix.
 
-  Returns ``(svals, n, a, lows, bytes_, cost, flops)``: ``a`` a ``scipy.sparse.csr_array`` of covering rows
-  (``a @ x ≥ lows``), ``bytes_`` the weighted bytes of each variable (:func:`_weighted_bytes`; 0 for ops).
+  Returns ``(svals, n, a, lows, bytes_, cost, flops, ops)``: ``a`` a ``scipy.sparse.csr_array`` of covering rows
+  (``a @ x ≥ lows``), ``bytes_`` the weighted bytes of each variable (:func:`_weighted_bytes`; 0 for ops),
+  variable ``len(svals) + i`` is recomputing op ``ops[i]``.
   """
   # scipy is imported where a program is built or solved: importing it costs 0.3 s that only planning pays.
   from scipy import sparse  # pylint: disable=g-import-not-at-top
@@ -305,7 +329,7 @@ def _program(graph: BlockGraph):
   flops = np.array([0.0] * len(svals) + [graph.op_flops[o] for o in ops], float)
   a = sparse.csr_array((np.array(data, float), np.array(cols, np.int64), np.array(indptr, np.int64)),
                        shape=(len(lows), n))
-  return svals, n, a, np.array(lows), bytes_, cost, flops
+  return svals, n, a, np.array(lows), bytes_, cost, flops, ops
 
 
 def _milp(c, n, constraints, time_limit: float | None = None):
@@ -347,7 +371,7 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
   from scipy import optimize  # pylint: disable=g-import-not-at-top
   if minimise not in ("cost", "bytes"):
     raise JaxckptError(f"minimise={minimise!r}; valid: cost, bytes")
-  svals, n, a, lows, bytes_, cost, flops = _program(graph)
+  svals, n, a, lows, bytes_, cost, flops, _ = _program(graph)
   base = [optimize.LinearConstraint(a, lows, np.inf)] if len(lows) else []
   if max_bytes is not None:
     base.append(optimize.LinearConstraint(bytes_[None], -np.inf, max_bytes - graph.fixed_bytes))
