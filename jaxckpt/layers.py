@@ -32,8 +32,8 @@ from jaxckpt import blocks, names
 from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import (SAVE_TENSORS, Budget, LayeredPolicy, MinSaved, Policy, PolicySpec, parse_model_policy,
-                              parse_policy)
+from jaxckpt.policies import (SAVE_TENSORS, Budget, LayeredPolicy, LossPolicy, MinCut, MinSaved, Policy, PolicySpec,
+                              parse_model_policy, parse_policy)
 from jaxckpt.remat import module_call
 from jaxckpt.structure import Structure, apply_layers, apply_segments, parse_structure
 
@@ -453,6 +453,10 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
       a model without stacks, or whose layer count or structure does not fit a stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
+  if isinstance(parsed, (MinCut, LossPolicy)):
+    raise JaxckptError(f"policy {str(parsed)!r} remats the whole loss, not the model's blocks, so it cannot be set on a "
+                       "model: the report and the planner apply it to the train step they build "
+                       "(jaxckpt.planner.resolve_policy), and jaxckpt.planner.whole gives its loss as plain JAX")
   if isinstance(parsed, (Budget, MinSaved)):
     raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
                        "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")

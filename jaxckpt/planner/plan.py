@@ -34,7 +34,8 @@ from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_tab
 from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.planner.tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
-from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinSaved, ModelPolicy, Policy,
+from jaxckpt.planner.whole import mincut_policy
+from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinCut, MinSaved, ModelPolicy, Policy,
                               PolicySpec, parse_model_policy)
 from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, step_builder
 from jaxckpt.units import format_bytes
@@ -531,7 +532,9 @@ def resolve_policy(
 
   Returns:
     ``(policy, plan)``: the concrete policy and the :class:`Plan` it came from (``None`` when ``policy`` was not a
-    budget). ``min_saved`` becomes a spec of ``save_tensors`` policies (:func:`min_saved_policy`), no plan.
+    budget). ``min_saved`` becomes a spec of ``save_tensors`` policies (:func:`min_saved_policy`), no plan;
+    ``mincut:<cap>`` a :class:`~jaxckpt.policies.LossPolicy` (:func:`jaxckpt.planner.whole.mincut_policy`; its
+    :class:`~jaxckpt.planner.whole.SegmentedPlan` is the policy's ``plan``).
 
   Raises:
     PolicySpecError: a spec that does not parse.
@@ -541,6 +544,8 @@ def resolve_policy(
   parsed = parse_model_policy(policy)
   if isinstance(parsed, MinSaved):
     return min_saved_policy(target, parsed.tolerance)[0], None
+  if isinstance(parsed, MinCut):
+    return mincut_policy(target, parsed, cache), None
   if not isinstance(parsed, Budget):
     return parsed, None
   if mesh is not None:

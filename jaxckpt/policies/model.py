@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from jaxckpt.errors import PolicySpecError, shorten
 from jaxckpt.policies.spec import Policy, PolicySpec, parse_policy
 from jaxckpt.units import format_bytes, parse_bytes
 
-__all__ = ["LayeredPolicy", "Budget", "MinSaved", "MIN_SAVED", "DEFAULT_MIN_SAVED_TOLERANCE", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO",
-           "DEFAULT_MARGIN"]
+__all__ = ["LayeredPolicy", "Budget", "MinSaved", "MIN_SAVED", "DEFAULT_MIN_SAVED_TOLERANCE", "MinCut", "MINCUT",
+           "LossPolicy", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO", "DEFAULT_MARGIN"]
 
 
 _RANGE_RE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+))?\s*\Z")
@@ -31,6 +32,9 @@ DEFAULT_MARGIN = 0.10
 """Share of the device's memory ``auto`` leaves free by default."""
 MIN_SAVED = "min_saved"
 """The policy word of the least saved set at (almost) no extra FLOPs: ``min_saved``, ``min_saved:tol=0.05%``."""
+MINCUT = "mincut"
+"""The policy word of a whole-loss per-tensor plan under a cap on saved activation bytes: ``mincut:150MiB``,
+``mincut:25%`` (of what the step saves without remat)."""
 DEFAULT_MIN_SAVED_TOLERANCE = 0.002
 """Recompute FLOPs ``min_saved`` allows by default, as a share of each layer's forward FLOPs (0.2% of the forward is
 about 0.07% of the train step)."""
@@ -159,17 +163,95 @@ def _parse_min_saved(text: str, spec: str) -> MinSaved:
   return MinSaved(tolerance=float(match.group(1)) / 100, text=spec)
 
 
-ModelPolicy = PolicySpec | LayeredPolicy | Budget | MinSaved
-"""What a model-level ``--policy`` can be: one spec for every layer, a spec per layer range, or a budget."""
+@dataclasses.dataclass(frozen=True)
+class MinCut:
+  """A per-tensor plan of the whole loss, like PyTorch's min-cut partitioner: the least recompute whose saved
+  activation bytes (the report's ``activation_residual_bytes``) are at most a cap (:mod:`jaxckpt.planner.whole`).
 
-ConcretePolicy = PolicySpec | LayeredPolicy
+  The loss is traced with layers unrolled, cut into regions at its narrowest points (the residual stream between
+  blocks) and one 0-1 program chooses every region's saved values together; each region then runs under its own
+  ``jax.checkpoint`` saving exactly those. Resolved by :func:`jaxckpt.planner.resolve_policy` into a
+  :class:`LossPolicy`.
+
+  Exactly one of ``bytes`` / ``fraction`` is set.
+
+  Attributes:
+    bytes: ``mincut:<size>``: cap on saved activation bytes.
+    fraction: ``mincut:<p>%``: cap as a share of the activation bytes the step saves without remat.
+    text: the string it was parsed from.
+  """
+
+  bytes: int | None = None
+  fraction: float | None = None
+  text: str = dataclasses.field(default="", compare=False)
+
+  def __str__(self) -> str:
+    if self.fraction is not None:
+      return f"{MINCUT}:{self.fraction * 100:g}%"
+    return f"{MINCUT}:{format_bytes(self.bytes).replace(' ', '')}"
+
+
+def _parse_mincut(text: str, spec: str) -> MinCut:
+  _, colon, arg = (part.strip() for part in text.partition(":"))
+  example = f"e.g. {MINCUT}:150MiB (saved activation bytes) or {MINCUT}:25% (of no remat's)"
+  if not arg:
+    raise PolicySpecError(f"{MINCUT!r} needs a size or a percentage in policy spec {shorten(spec)!r} ({example})",
+                          spec=spec, bad=text)
+  if arg.endswith("%"):
+    fraction = _percent(arg, spec, MINCUT)
+    if not 0 <= fraction <= 1:
+      raise PolicySpecError(f"{MINCUT} cap {shorten(arg)!r} in policy spec {shorten(spec)!r} must be in [0%, 100%]",
+                            spec=spec, bad=arg)
+    return MinCut(fraction=fraction, text=spec)
+  try:
+    size = parse_bytes(arg)
+  except ValueError as err:
+    raise PolicySpecError(f"{err} in policy spec {shorten(spec)!r} ({example})", spec=spec, bad=arg) from None
+  return MinCut(bytes=size, text=spec)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LossPolicy:
+  """A remat plan of the whole loss rather than of the model's blocks (a resolved :class:`MinCut`).
+
+  The train step differentiates ``loss_fn`` instead of the model's own loss: the same loss with the model's layers
+  unrolled and no block remat, run region by region under ``jax.checkpoint`` (:mod:`jaxckpt.planner.whole`). It
+  applies to the step the report and the planner build (:mod:`jaxckpt.step`), not to a model object:
+  :func:`jaxckpt.set_policy` refuses it.
+
+  Attributes:
+    loss_fn: ``(params, batch, dropout_key) -> scalar float32 loss``, params the model's ``nnx.Param`` state.
+    text: how it is shown (the :class:`MinCut` it came from).
+    plan: the plan behind it (a :class:`jaxckpt.planner.whole.SegmentedPlan`), for explanations.
+  """
+
+  loss_fn: Callable[..., Any]
+  text: str
+  plan: Any = None
+
+  remat = True
+  offloads = False
+
+  def validate(self, block_types: Mapping[str, Collection[str]]) -> "LossPolicy":  # noqa: ARG002
+    """Nothing to check against the block types (the plan was made for this target's loss); returns itself."""
+    return self
+
+  def __str__(self) -> str:
+    return self.text
+
+
+ModelPolicy = PolicySpec | LayeredPolicy | Budget | MinSaved | MinCut
+"""What a model-level ``--policy`` can be: one spec for every layer, a spec per layer range, a budget, ``min_saved``
+or a whole-loss ``mincut``."""
+
+ConcretePolicy = PolicySpec | LayeredPolicy | LossPolicy
 """A policy that can be applied as it is (a budget resolved: :func:`jaxckpt.planner.resolve_policy`)."""
 
 
 def _percent(text: str, spec: str, what: str) -> float:
   match = _PERCENT_RE.match(text)
   if not match:
-    valid = "in [0%, 100%)" if what == "margin" else "in (0%, 100%]"
+    valid = {"margin": "in [0%, 100%)", MINCUT: "in [0%, 100%]"}.get(what, "in (0%, 100%]")
     raise PolicySpecError(f"bad {what} {shorten(text)!r} in policy spec {shorten(spec)!r}: write a percentage {valid} "
                           "such as 40%", spec=spec, bad=text)
   return float(match.group(1)) / 100
@@ -248,20 +330,21 @@ def parse_model_policy(spec: "str | Policy | PolicySpec | LayeredPolicy | Budget
       budget       := "budget:" (size | percent)             # budget:1.5GiB (footprint), budget:40% (of none's temp)
                     | "auto" [":margin=" percent]            # auto, auto:margin=20%
       min_saved    := "min_saved" [":tol=" percent]         # least saved at ≤ tol extra FLOPs per block
+      mincut       := "mincut:" (size | percent)             # whole-loss plan: saved activations ≤ cap
       size         := number unit                            # binary units: B, KiB, MiB, GiB, TiB
 
   Args:
     spec: a string, or an already parsed object (returned as is; a :class:`Policy` becomes a :class:`PolicySpec`).
 
   Returns:
-    A :class:`PolicySpec`, :class:`LayeredPolicy`, :class:`Budget` or :class:`MinSaved`. A budget (or
-    ``min_saved``) is turned into a concrete policy by :func:`jaxckpt.planner.resolve_policy` once the model is known.
+    A :class:`PolicySpec`, :class:`LayeredPolicy`, :class:`Budget`, :class:`MinSaved` or :class:`MinCut`. A budget
+    (or ``min_saved``, ``mincut``) is turned into a concrete policy by :func:`jaxckpt.planner.resolve_policy` once the model is known.
 
   Raises:
     PolicySpecError: anything :func:`parse_policy` refuses, malformed or non-contiguous layer ranges, a budget
       without a size, with a decimal unit (``GB``), ≤ 0 or above 100%, or a margin outside [0%, 100%).
   """
-  if isinstance(spec, (LayeredPolicy, Budget, MinSaved)):
+  if isinstance(spec, (LayeredPolicy, Budget, MinSaved, MinCut, LossPolicy)):
     return spec
   if not isinstance(spec, str):
     return parse_policy(spec)
@@ -271,6 +354,8 @@ def parse_model_policy(spec: "str | Policy | PolicySpec | LayeredPolicy | Budget
     return _parse_budget(text, spec)
   if word == MIN_SAVED:
     return _parse_min_saved(text, spec)
+  if word == MINCUT:
+    return _parse_mincut(text, spec)
   if text[:1].isdigit():
     return _parse_layered(text, spec)
   return parse_policy(spec)

@@ -19,7 +19,8 @@ from flax import nnx
 from jaxckpt.apply import loss_block_types
 from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
 from jaxckpt.layers import Stack, block_types, set_policy
-from jaxckpt.policies import LayeredPolicy, PolicySpec
+from jaxckpt.errors import JaxckptError
+from jaxckpt.policies import LayeredPolicy, LossPolicy, PolicySpec
 from jaxckpt.step.targets import LossTarget, ModelTarget, Target
 from jaxckpt.train import abstract_state_of, create_train_state, make_train_step
 
@@ -37,7 +38,8 @@ class PolicyStep:
   """One target's train step under one policy.
 
   Attributes:
-    spec: the validated policy spec.
+    spec: the validated policy: a :class:`~jaxckpt.PolicySpec`, a :class:`~jaxckpt.policies.LayeredPolicy`, or a
+      :class:`~jaxckpt.policies.LossPolicy` (a whole-loss plan, whose ``loss_fn`` the step differentiates).
     step: ``step(state, batch) -> (state, metrics)``; compile with the state (argument 0) donated.
     state: the state as a pytree of ``jax.ShapeDtypeStruct``.
     batch: the batch as a pytree of ``jax.ShapeDtypeStruct``.
@@ -46,7 +48,7 @@ class PolicyStep:
     params: ``state``'s params (abstract).
   """
 
-  spec: PolicySpec
+  spec: PolicySpec | LayeredPolicy | LossPolicy
   step: Callable[..., Any]
   state: Any
   batch: Any
@@ -180,6 +182,8 @@ class StepBuilder:
       PolicySpecError: the spec names a block type or checkpoint name the target does not have.
     """
     target, tx = self.target, self.tx
+    if isinstance(spec, LossPolicy):
+      return self._loss_policy_step(spec)
     spec.validate(self.block_types)
     if isinstance(target, LossTarget):
       if self._state is None:
@@ -205,6 +209,41 @@ class StepBuilder:
       return target.loss_fn(model, batch, dropout_key=dropout_key, deterministic=False)[0]
 
     return PolicyStep(spec, step, state, target.batch, loss_of_params, state.params)
+
+
+  def _loss_policy_step(self, policy: LossPolicy) -> PolicyStep:
+    """The plain step differentiating a whole-loss plan (:class:`~jaxckpt.policies.LossPolicy`) instead of the
+    model's loss: the same state, dropout key ``fold_in(state.key, state.step)`` and optimizer update."""
+    target, tx = self.target, self.tx
+    loss_fn = policy.loss_fn
+    if isinstance(target, LossTarget):
+      if self._state is None:
+        self._state = jax.eval_shape(lambda p: _loss_state(p, tx), target.params)
+
+      def loss_step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, jax.random.key(0))  # key unused
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+               "opt_state": opt_state}
+        return new, {"loss": loss}
+
+      return PolicyStep(policy, loss_step, self._state, target.batch, loss_fn, self._state["params"])
+    flags = {"metrics": target.metrics, "skip_nonfinite": target.skip_nonfinite,
+             "grad_accum_steps": target.grad_accum_steps != 1}
+    if any(flags.values()):
+      raise JaxckptError(f"policy {policy} builds the plain train step (value_and_grad + one update); this target "
+                         f"asks for {', '.join(k for k, v in flags.items() if v)}, which it does not support")
+    if self._state is None:
+      _, self._state = abstract_state_of(self.abstract_model, tx)
+
+    def step(state, batch):
+      dropout_key = jax.random.fold_in(state.key, state.step)
+      value, grads = jax.value_and_grad(loss_fn)(state.params, batch, dropout_key)
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      return state.replace(step=state.step + 1, params=params, opt_state=opt_state), {"loss": value}
+
+    return PolicyStep(policy, step, self._state, target.batch, loss_fn, self._state.params)
 
 
 def policy_step(target: Target, spec: PolicySpec | LayeredPolicy, tx: optax.GradientTransformation) -> PolicyStep:

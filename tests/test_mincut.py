@@ -1,0 +1,193 @@
+"""Segmented whole-loss plans and the ``mincut:<cap>`` policy (:mod:`jaxckpt.planner.whole`): regions cut at the
+narrowest points, one 0-1 program over all of them, each region under its own ``jax.checkpoint``. Predictions equal
+JAX's own analysis, gradients equal no remat, compiled temp falls below the one-region plan's, bad input refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxckpt.errors import JaxckptError, PolicySpecError
+from jaxckpt.gpt import GPT_PRESETS, build_gpt
+from jaxckpt.planner import resolve_policy
+from jaxckpt.planner.whole import (measure_whole, narrow_cuts, remat_segments, segment_loss, segmented_plan,
+                                   target_whole_loss, whole_graph, whole_loss, whole_plan)
+from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
+from jaxckpt.report import build_report
+from jaxckpt.step import concrete_inputs, default_optimizer, policy_step, shipped_target
+from jaxckpt import set_policy
+
+B, D, H, L = 4, 8, 16, 3
+CPU_REMAT = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+def _loss(params, batch):
+  """A residual toy of L layers: x: [B, D] float32; w: [L, D, H], v: [L, H, D] float32 (stacked, sliced per layer,
+  as an unrolled Flax stack does); the residual stream h: [B, D] is the narrowest value between layers."""
+  h = batch["x"]
+  for i in range(L):
+    h = h + jnp.sin(jnp.tanh(h @ params["w"][i]) @ params["v"][i])
+  return jnp.sum(h * h)
+
+
+def _concrete():
+  k1, k2, k3 = jax.random.split(jax.random.key(3), 3)
+  params = {"w": jax.random.normal(k1, (L, D, H)) / 3, "v": jax.random.normal(k2, (L, H, D)) / 3}
+  return params, {"x": jax.random.normal(k3, (B, D))}
+
+
+@pytest.fixture(scope="module")
+def toy():
+  params, batch = _concrete()
+  loss = whole_loss(_loss, params, batch)
+  return loss, whole_graph(loss)
+
+
+def _temp(fn, loss):
+  args = (loss.params, loss.batch) + (() if loss.key is None else (loss.key,))
+  compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(compiler_options=CPU_REMAT)
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_narrow_cuts_are_the_residual_stream_between_layers(toy):
+  loss, graph = toy
+  cuts = narrow_cuts(loss, graph)
+  assert len(cuts) == L  # after every layer; the last one before the loss's h * h
+  assert all(crossing == B * D * 4 for _, crossing, _ in cuts)  # h: [B, D] float32, parameter slices not counted
+  segments = segment_loss(loss, None, graph)
+  assert len(segments.regions) == L + 1
+  assert [r.start for r in segments.regions[1:]] == [c[0] for c in cuts]
+  values = [len(r.graph.values) for r in segments.regions]
+  assert [r.first_value for r in segments.regions] == [sum(values[:k]) for k in range(L + 1)]
+
+
+def test_one_region_equals_the_whole_loss_plan(toy):
+  loss, graph = toy
+  one = segment_loss(loss, 1, graph)
+  for share in (1.0, 0.5, 0.2):
+    cap = graph.fixed_bytes + share * B * H * 4 * 2 * L
+    seg = segmented_plan(one, max_bytes=cap)
+    whole = whole_plan(loss, max_bytes=cap, graph=graph).choice
+    assert seg.flops == whole.flops, share
+    assert seg.activation_bytes == pytest.approx(whole.activation_bytes, abs=64), share
+
+
+@pytest.mark.parametrize("share", [1.0, 0.6, 0.3])
+def test_segmented_plan_saves_what_it_predicts_and_gradients_equal(toy, share):
+  loss, graph = toy
+  segments = segment_loss(loss, None, graph)
+  none = measure_whole(loss)
+  plan = segmented_plan(segments, max_bytes=share * none.activation_residual_bytes)
+  assert plan.activation_bytes <= share * none.activation_residual_bytes
+  got = measure_whole(loss, plan.loss_fn)
+  assert got.activation_residual_bytes == plan.activation_bytes
+  # JAX saves every chosen activation; a chosen parameter-only slice (counted 1/1024) it may take from the params
+  assert got.saved_names <= set(n for names in plan.names for n in names)
+  assert got.live_flops - none.live_flops == pytest.approx(plan.flops, rel=1e-3, abs=64)
+  params, batch = _concrete()
+  want = jax.grad(_loss)(params, batch)
+  have = jax.grad(plan.loss_fn)(params, batch)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_regions_cost_more_recompute_than_one_but_never_less(toy):
+  loss, graph = toy
+  cap = graph.fixed_bytes + B * H * 4 * L
+  one = segmented_plan(segment_loss(loss, 1, graph), max_bytes=cap)
+  many = segmented_plan(segment_loss(loss, None, graph), max_bytes=cap)
+  assert many.flops >= one.flops  # cuts only restrict what a region may recompute from
+
+
+@pytest.mark.parametrize("regions, match", [
+    (0, "must be ≥ 1"), (True, "number of regions"), ("2", "number of regions"), (99, "narrow cuts"),
+    ([5, 3], "increasing"), ([0], "increasing"), ([10_000], "increasing"),
+])
+def test_bad_regions_are_refused(toy, regions, match):
+  loss, graph = toy
+  with pytest.raises(JaxckptError, match=match):
+    segment_loss(loss, regions, graph)
+
+
+def test_bad_caps_and_names_are_refused(toy):
+  loss, graph = toy
+  segments = segment_loss(loss, None, graph)
+  for kwargs, match in [({"max_bytes": float("nan")}, "must be a number"), ({"max_flops": -1}, "must be ≥ 0"),
+                        ({"max_bytes": 0}, "the least any plan of this loss saves is [0-9]+ bytes"), ({"minimise": "speed"}, "valid: cost, bytes"),
+                        ({"time_limit": 0}, "> 0 seconds")]:
+    with pytest.raises(JaxckptError, match=match):
+      segmented_plan(segments, **kwargs)
+  with pytest.raises(JaxckptError, match="one sequence of automatic names per region"):
+    remat_segments(segments, ["t1_tanh"])
+  with pytest.raises(JaxckptError, match="name no value of region 0"):
+    remat_segments(segments, [("t9999_tanh",)] + [()] * (len(segments.regions) - 1))
+
+
+@pytest.fixture(scope="module")
+def gpt_tiny():
+  loss = target_whole_loss(shipped_target("gpt", "tiny"))
+  graph = whole_graph(loss)
+  return loss, graph, segment_loss(loss, None, graph)
+
+
+def test_gpt_regions_are_blocks_and_head(gpt_tiny):
+  loss, graph, segments = gpt_tiny
+  config = GPT_PRESETS["tiny"]
+  # two blocks per layer, the final LayerNorm, the logits and loss
+  assert len(segments.regions) == 2 * config.num_layers + 2
+  width = config.batch_size * config.seq_len * config.dim * 4
+  assert all(c[1] == width for c in narrow_cuts(loss, graph) if c[0] in {r.start for r in segments.regions})
+
+
+def test_gpt_segmented_plan_compiles_below_the_one_region_plan(gpt_tiny):
+  loss, graph, segments = gpt_tiny
+  cap = 2**20
+  plan = segmented_plan(segments, max_bytes=cap)
+  measured = measure_whole(loss, plan.loss_fn)
+  assert measured.activation_residual_bytes <= cap
+  assert measured.activation_residual_bytes == pytest.approx(plan.activation_bytes, abs=1024)
+  one = whole_plan(loss, max_bytes=cap, graph=graph)
+  none, seg, whole = _temp(loss.fn, loss), _temp(plan.loss_fn, loss), _temp(one.loss_fn, loss)
+  # one region recomputes its whole forward at once (measured 8.8 MiB vs 11.2 MiB none); regions one at a time
+  assert seg < 0.5 * whole < none
+
+
+def test_mincut_policy_parses_and_refuses_bad_caps():
+  assert parse_model_policy("mincut:150MiB") == MinCut(bytes=150 * 2**20)
+  assert parse_model_policy("mincut:25%") == MinCut(fraction=0.25)
+  assert str(parse_model_policy("mincut:25%")) == "mincut:25%"
+  for bad, match in [("mincut", "needs a size or a percentage"), ("mincut:", "needs a size"),
+                     ("mincut:150MB", "MB"), ("mincut:120%", r"\[0%, 100%\]"), ("mincut:x%", "percentage")]:
+    with pytest.raises(PolicySpecError, match=match):
+      parse_model_policy(bad)
+
+
+def test_mincut_in_the_report_saves_at_most_its_cap_and_steps_like_none():
+  target = shipped_target("gpt", "tiny")
+  report = build_report(target, ["none", "mincut:30%", "mincut:1KiB"], progress=False)
+  none, cut, bad = (report.row(p) for p in ("none", "mincut:30%", "mincut:1.00KiB"))
+  assert cut["status"] == "ok" and cut["remat_regions"] >= 2 * GPT_PRESETS["tiny"].num_layers
+  assert cut["activation_residual_bytes"] <= 0.3 * none["activation_residual_bytes"]
+  assert cut["temp_bytes"] < none["temp_bytes"] and cut["flops"] > none["flops"]
+  assert bad["status"] == "error" and "the least any plan of this loss saves is" in bad["error"]
+
+  # the step it compiles differentiates the same loss as none's: equal loss and gradients on real inputs
+  policy, _ = resolve_policy(target, "mincut:30%")
+  assert isinstance(policy, LossPolicy)
+  steps = [policy_step(target, p, default_optimizer()) for p in (parse_model_policy("none"), policy)]
+  state, _ = concrete_inputs(target, default_optimizer())()
+  tokens = jax.random.randint(jax.random.key(0), steps[0].batch["tokens"].shape, 0, GPT_PRESETS["tiny"].vocab_size)
+  key = jax.random.key(7)
+  (want_loss, want), (have_loss, have) = (
+      jax.jit(jax.value_and_grad(s.loss_of_params))(state.params, {"tokens": tokens}, key) for s in steps)
+  np.testing.assert_allclose(have_loss, want_loss, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  new_state, metrics = jax.jit(steps[1].step)(state, {"tokens": tokens})
+  assert int(new_state.step) == 1 and np.isfinite(metrics["loss"])
+
+
+def test_a_mincut_policy_cannot_be_set_on_a_model():
+  model = build_gpt(GPT_PRESETS["tiny"])
+  with pytest.raises(JaxckptError, match="remats the whole loss"):
+    set_policy(model, "mincut:30%")
