@@ -133,8 +133,8 @@ def gpt_tiny():
 def test_gpt_regions_are_blocks_and_head(gpt_tiny):
   loss, graph, segments = gpt_tiny
   config = GPT_PRESETS["tiny"]
-  # two blocks per layer, the final LayerNorm, the logits and loss
-  assert len(segments.regions) == 2 * config.num_layers + 2
+  # two blocks per layer, then the head (final LayerNorm, logits, loss: a LayerNorm alone is under 1% of the FLOPs)
+  assert len(segments.regions) == 2 * config.num_layers + 1
   width = config.batch_size * config.seq_len * config.dim * 4
   assert all(c[1] == width for c in narrow_cuts(loss, graph) if c[0] in {r.start for r in segments.regions})
 

@@ -2,8 +2,10 @@
 
 Prints the plan (ranges of layers, what each saves, predicted vs compiled bytes, recompute FLOPs, compiles taken);
 ``--explain`` adds the candidate table, ``--export`` prints the plan as plain JAX code, ``--json`` writes it all.
-Exit status 0 with a plan, 2 for bad arguments or a budget no plan meets (one line on stderr, stating the least
-memory reachable and the plan reaching it).
+``--mincut CAP`` instead plans the whole loss under a cap on saved activation bytes (the policy ``mincut:CAP``,
+:mod:`jaxckpt.planner.whole`) and prints its regions and every saved value with its source line.
+Exit status 0 with a plan, 2 for bad arguments or a budget (or cap) no plan meets (one line on stderr, stating the
+least memory reachable and the plan reaching it).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.planner.export import export_code
 from jaxckpt.planner.plan import MAX_ROUNDS, plan_policy
-from jaxckpt.policies import Budget, parse_model_policy
+from jaxckpt.planner.whole import mincut_policy
+from jaxckpt.policies import MINCUT, Budget, MinCut, parse_model_policy
 from jaxckpt.step.flags import add_target_flags, target_from_args
 from jaxckpt.step.build import target_block_types
 
@@ -40,12 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
           "examples:\n"
           f"  {PROG} --model gpt --preset small --budget 50% --explain\n"
           f"  {PROG} --model vit --preset small --budget 8MiB --export\n"
-          f"  {PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json"
+          f"  {PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json\n"
+          f"  {PROG} --model gpt --preset small --mincut 25%"
       ),
   )
   add_target_flags(parser)
-  parser.add_argument("--budget", required=True, metavar="BUDGET",
-                      help="budget:<size> | budget:<p>%% | auto[:margin=<p>%%] (the 'budget:' prefix may be left out)")
+  what = parser.add_mutually_exclusive_group(required=True)
+  what.add_argument("--budget", metavar="BUDGET",
+                    help="budget:<size> | budget:<p>%% | auto[:margin=<p>%%] (the 'budget:' prefix may be left out)")
+  what.add_argument("--mincut", metavar="CAP",
+                    help="a whole-loss min-cut plan saving at most CAP of activations: <size> or <p>%% of no remat's "
+                         "(the policy mincut:CAP); prints its regions and saved values")
   parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
   parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
@@ -70,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_rounds < 1:
       raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
     check_output_file("--json", args.json)
+    if args.mincut is not None:
+      return _mincut(parser, args)
     budget = _budget(args.budget)
     target = target_from_args(args)
     plan = plan_policy(target, budget, max_rounds=args.max_rounds)
@@ -84,5 +94,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
       json.dump({"model": target.name, "preset": target.preset, **plan.to_json()}, f, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}")
+  return 0
+
+
+def _mincut(parser: CLIParser, args: argparse.Namespace) -> int:
+  """``--mincut CAP``: the segmented whole-loss plan (:func:`jaxckpt.planner.whole.mincut_policy`), explained."""
+  if args.export:
+    raise JaxckptError("--export prints per-block policies; a mincut plan remats the whole loss: use the policy "
+                       f"mincut:{args.mincut} in jaxckpt-report, or jaxckpt.planner.whole in your code (README)")
+  parsed = parse_model_policy(f"{MINCUT}:{args.mincut}")
+  if not isinstance(parsed, MinCut):  # unreachable: the prefix makes it a mincut
+    raise JaxckptError(f"--mincut {args.mincut!r} is not a cap")
+  target = target_from_args(args)
+  policy = mincut_policy(target, parsed)
+  print(policy.plan.explain())
+  print(f"policy: {policy}")
+  if args.json:
+    plan = policy.plan
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump({"model": target.name, "preset": target.preset, "policy": str(policy),
+                 "activation_bytes": plan.activation_bytes, "recompute_flops": plan.flops, "mip_gap": plan.mip_gap,
+                 "regions": [{"equations": [r.start, r.stop], "saved": list(names)}
+                             for r, names in zip(plan.segments.regions, plan.names)]}, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}")
   return 0

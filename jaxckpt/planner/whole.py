@@ -49,6 +49,7 @@ from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
 from jaxckpt.residuals import total_residual_bytes, traced_residuals
 from jaxckpt.step import default_optimizer, policy_step
 from jaxckpt.step.build import dropout_key_struct
+from jaxckpt.units import format_bytes
 from jaxckpt.tagging import evaluate_equations, parse_value_name, tag_values, value_name, walk_top_level, walk_values
 
 __all__ = ["WholeLoss", "WholePlan", "WholeMeasure", "whole_loss", "target_whole_loss", "whole_graph", "whole_plan",
@@ -325,6 +326,11 @@ def measure_whole(loss: WholeLoss, fn: Callable[..., jax.Array] | None = None) -
 INNER_SHARE = 0.001
 """A cut needs at least this share of the loss's forward FLOPs on each side (:func:`narrow_cuts`)."""
 
+MIN_REGION_SHARE = 0.01
+"""Least share of the forward FLOPs a region of the default cuts holds (:func:`segment_loss`). On GPT ``small`` a
+separate region for the final LayerNorm cost one more recomputed logits matmul (+0.4% of the step's FLOPs) at every
+cap below 122 MiB."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Region:
@@ -469,7 +475,10 @@ def segment_loss(loss: WholeLoss, regions: int | Sequence[int] | None = None,
   Args:
     loss: from :func:`whole_loss`.
     regions: ``None`` (default): cut at every narrowest point (the :func:`narrow_cuts` whose crossing bytes are
-      the least, within 0.1%: in a Transformer, between every two blocks and around the head); an int ≥ 1: that
+      the least, within 0.1%: in a Transformer, between every two blocks and before the head), except where a
+      region would hold less than :data:`MIN_REGION_SHARE` of the forward FLOPs (it joins the next one: a cut
+      between a final LayerNorm and the logits would make the logits' input a kept input while the LayerNorm
+      alone saves nothing); an int ≥ 1: that
       many regions, the cuts chosen among :func:`narrow_cuts` so that the largest region's forward FLOPs are least
       (ties: the earliest cuts); or the explicit top-level cut positions, increasing, each in
       ``1 .. len(loss.closed.jaxpr.eqns) - 1``.
@@ -489,7 +498,13 @@ def segment_loss(loss: WholeLoss, regions: int | Sequence[int] | None = None,
   if regions is None:
     narrow = narrow_cuts(loss, graph)
     least = min((c[1] for c in narrow), default=0)
-    return _segments(loss, graph, [c[0] for c in narrow if c[1] <= least * 1.001])
+    total, cuts, last = graph.forward_flops, [], 0
+    for position, crossing, before in narrow:
+      # the narrowest cuts, but no region under MIN_REGION_SHARE of the FLOPs (a final LayerNorm joins the head)
+      if crossing <= least * 1.001 and min(before - last, total - before) >= MIN_REGION_SHARE * total:
+        cuts.append(position)
+        last = before
+    return _segments(loss, graph, cuts)
   if isinstance(regions, bool) or not isinstance(regions, (numbers.Integral, Sequence)) or isinstance(regions, str):
     raise JaxckptError(f"regions={regions!r} must be a number of regions ≥ 1 or a sequence of cut positions")
   if isinstance(regions, numbers.Integral):
@@ -619,6 +634,22 @@ class SegmentedPlan:
   def loss_fn(self) -> Callable[..., jax.Array]:
     """``(params, batch[, key]) -> loss``: each region under its own ``jax.checkpoint`` saving its chosen names."""
     return remat_segments(self.segments, self.names)
+
+  def explain(self) -> str:
+    """The plan as text: totals, then per region its equations, recompute FLOPs and every saved value with its
+    shape, dtype, bytes and source line (``t155_add [8, 256, 256] float32 2.00 MiB from …/layers.py:129``)."""
+    lines = [f"{len(self.segments.regions)} regions; saved activations {format_bytes(self.activation_bytes)} "
+             f"(predicted: saved values + kept region inputs + token ids and keys); recompute "
+             f"{self.flops / 1e6:.1f} MFLOP per step" + (f"; HiGHS gap {self.mip_gap:.2g}" if self.mip_gap else "")]
+    for region, choice in zip(self.segments.regions, self.choices):
+      lines.append(f"region {region.index} (equations {region.start}..{region.stop - 1}, "
+                   f"{region.graph.forward_flops / 1e6:.1f} MFLOP forward): saves {len(choice.saved)} values, "
+                   f"{format_bytes(choice.activation_bytes)}, recomputes {choice.flops / 1e6:.1f} MFLOP")
+      for v in choice.saved:
+        info = region.graph.values[v]
+        lines.append(f"  {region.global_name(v)} {list(info.shape)} {info.dtype} {format_bytes(info.bytes)} "
+                     f"from {info.source}" + (" (parameter-only)" if v in region.graph.parameter_only else ""))
+    return "\n".join(lines)
 
 
 def segmented_plan(segments: Segments, *, max_bytes: float | None = None, max_flops: float | None = None,
