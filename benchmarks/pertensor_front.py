@@ -41,8 +41,9 @@ from jaxckpt.flops import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
 from jaxckpt.planner.plan import _policy_of, _probe  # noqa: E402
 from jaxckpt.planner.tensors import _program, record_block_graphs, tensor_options  # noqa: E402
-from jaxckpt.planner.whole import measure_whole, target_whole_loss, whole_graph, whole_plan  # noqa: E402
-from jaxckpt.policies import parse_model_policy  # noqa: E402
+from jaxckpt.planner.whole import (measure_whole, segment_loss, segmented_plan, target_whole_loss, whole_graph,  # noqa: E402
+                                   whole_plan)
+from jaxckpt.policies import LossPolicy, parse_model_policy  # noqa: E402
 from jaxckpt.report.residuals import analyse_residuals  # noqa: E402
 from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped_target, target_block_types  # noqa: E402
 
@@ -94,14 +95,16 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--no-plot", dest="plot", action="store_false")
   parser.add_argument("--whole-only", action="store_true",
                       help="only (re)measure the whole-loss front into the existing JSON at --out")
+  parser.add_argument("--mincut-only", action="store_true",
+                      help="only (re)measure the mincut (segmented whole-loss) front into the existing JSON at --out")
   args = parser.parse_args(argv)
   if args.quick:
     args.preset, args.budgets, args.points = "tiny", [40], 4
   common.check_out(parser, NAME, args)
   started = time.perf_counter()
   target = shipped_target("gpt", args.preset)
-  if args.whole_only:
-    return _whole_only(parser, target, args)
+  if args.whole_only or args.mincut_only:
+    return _whole_only(parser, target, args, "mincut" if args.mincut_only else "whole")
   record = common.run_record(NAME, args)
 
   t0 = time.perf_counter()
@@ -207,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                  else None},
       "before": [{"policy": p, "saved_mib": s, "flops_ratio": r} for p, s, r in BEFORE],
       "whole": whole_front(target, torch, none["flops"]),
+      "mincut": whole_front(target, torch, none["flops"], segmented=True),
   })
   common.publish(record, started, _render, NAME, args)
   if args.plot:
@@ -220,13 +224,16 @@ WHOLE_SHARES = (0.5, 0.2)
 """Caps (shares of no remat's saved activation bytes) of the whole-loss front when there are no torch points."""
 
 
-def whole_front(target, torch: dict | None, step_none_flops: int) -> dict:
+def whole_front(target, torch: dict | None, step_none_flops: int, segmented: bool = False) -> dict:
   """The whole-loss per-tensor front at each torch point's saved bytes (:mod:`jaxckpt.planner.whole`), measured.
 
   Args:
     target: the GPT target.
     torch: :func:`_torch_reference`'s result, or ``None`` (then caps at :data:`WHOLE_SHARES` of no remat's bytes).
     step_none_flops: the train step's forward + backward FLOPs without remat (the block front's denominator).
+    segmented: the ``mincut:<cap>`` plans instead (the loss cut into regions at its narrowest points, one program,
+      each region under its own ``jax.checkpoint``), each also compiled as the policy's train step (``temp_bytes``;
+      ``none_temp_bytes``: the same unrolled step without remat).
 
   Returns:
     ``{"graph": {...sizes, seconds}, "none": {...}, "plans": [{cap_bytes, predicted, measured, solve_s}],
@@ -240,6 +247,9 @@ def whole_front(target, torch: dict | None, step_none_flops: int) -> dict:
   graph_s = time.perf_counter() - t0
   svals, n, a, *_ = _program(graph)
   none = measure_whole(loss)
+  segments = segment_loss(loss, None, graph) if segmented else None
+  label = "mincut" if segmented else "whole"
+  compiled_none = compile_policy(target, LossPolicy(loss.fn, "none (unrolled)")) if segmented else None
   print(f"whole loss: {len(loss.closed.jaxpr.eqns)} equations, {len(graph.values)} values, {len(graph.needed)} read "
         f"by the backward; program {n} binaries ({len(svals)} values, {n - len(svals)} ops), {a.shape[0]} rows; "
         f"graph {graph_s:.1f} s; no remat {none.activation_residual_bytes / MIB:.1f} MiB", flush=True)
@@ -249,30 +259,46 @@ def whole_front(target, torch: dict | None, step_none_flops: int) -> dict:
     key = int(cap)
     if key not in plans:
       t1 = time.perf_counter()
-      plan = whole_plan(loss, max_bytes=cap, graph=graph)
+      if segmented:
+        plan = segmented_plan(segments, max_bytes=cap)
+        names = frozenset(n for region in plan.names for n in region)
+        gap, predicted_bytes, predicted_flops = plan.mip_gap, plan.activation_bytes, plan.flops
+      else:
+        plan = whole_plan(loss, max_bytes=cap, graph=graph)
+        names = frozenset(plan.choice.names)
+        gap, predicted_bytes, predicted_flops = plan.choice.mip_gap, plan.choice.activation_bytes, plan.choice.flops
       solve_s = time.perf_counter() - t1
       got = measure_whole(loss, plan.loss_fn)
       extra = got.flops - none.flops
-      plans[key] = {"cap_bytes": key, "solve_s": solve_s, "mip_gap": plan.choice.mip_gap, "saved": len(plan.choice.names),
-                    "predicted_activation_bytes": plan.choice.activation_bytes,
-                    "predicted_recompute_flops": plan.choice.flops,
+      plans[key] = {"cap_bytes": key, "solve_s": solve_s, "mip_gap": gap, "saved": len(names),
+                    "predicted_activation_bytes": predicted_bytes, "predicted_recompute_flops": predicted_flops,
                     "activation_residual_bytes": got.activation_residual_bytes,
                     "residual_bytes": got.residual_bytes, "flops": got.flops, "live_flops": got.live_flops,
                     "flops_ratio": got.flops / none.flops, "live_flops_ratio": got.live_flops / none.live_flops,
                     "flops_ratio_step": 1 + extra / step_none_flops,
-                    "saves_exactly_the_chosen_set": got.saved_names == frozenset(plan.choice.names)}
+                    "saves_exactly_the_chosen_set": got.saved_names == names}
+      if segmented:
+        compiled = compile_policy(target, LossPolicy(plan.loss_fn, f"mincut:{key}B"))
+        plans[key].update(temp_bytes=compiled.memory["temp_bytes"], compile_s=compiled.seconds,
+                          saves_only_chosen_values=got.saved_names <= names)
       p = plans[key]
-      print(f"whole ≤ {cap / MIB:.1f} MiB: {p['activation_residual_bytes'] / MIB:.1f} MiB ×{p['flops_ratio']:.5f} "
+      print(f"{label} ≤ {cap / MIB:.1f} MiB: {p['activation_residual_bytes'] / MIB:.1f} MiB ×{p['flops_ratio']:.5f} "
             f"(live ×{p['live_flops_ratio']:.5f}, step ×{p['flops_ratio_step']:.5f}), solve {solve_s:.1f} s "
             f"(gap {p['mip_gap']:.2g}), "
-            f"exact set {p['saves_exactly_the_chosen_set']}", flush=True)
+            f"exact set {p['saves_exactly_the_chosen_set']}"
+            + (f", temp {p['temp_bytes'] / MIB:.1f} MiB" if segmented else ""), flush=True)
     return plans[key]
 
   t1 = time.perf_counter()
-  least = whole_plan(loss, max_flops=0, minimise="bytes", graph=graph)
+  if segmented:
+    least = segmented_plan(segments, max_flops=0, minimise="bytes")
+    least_bytes, least_gap = least.activation_bytes, least.mip_gap
+  else:
+    least = whole_plan(loss, max_flops=0, minimise="bytes", graph=graph)
+    least_bytes, least_gap = least.choice.activation_bytes, least.choice.mip_gap
   least_s = time.perf_counter() - t1
-  least_got = plan_at(least.choice.activation_bytes)  # the cheapest plan within those bytes: recomputes nothing
-  print(f"whole, no recompute: least {least.choice.activation_bytes / MIB:.1f} MiB ({least_s:.1f} s)", flush=True)
+  least_got = plan_at(least_bytes)  # the cheapest plan within those bytes: recomputes nothing
+  print(f"{label}, no recompute: least {least_bytes / MIB:.1f} MiB ({least_s:.1f} s)", flush=True)
   points, quoted = [], []
   if torch is not None:
     for row in torch["points"]:
@@ -301,24 +327,26 @@ def whole_front(target, torch: dict | None, step_none_flops: int) -> dict:
           "none": {"activation_residual_bytes": none.activation_residual_bytes, "residual_bytes": none.residual_bytes,
                    "flops": none.flops, "live_flops": none.live_flops},
           "step_none_flops": step_none_flops, "seconds": time.perf_counter() - t0,
-          "no_recompute": {"cap_bytes": least_got["cap_bytes"], "solve_s": least_s,
-                           "mip_gap": least.choice.mip_gap},
+          "no_recompute": {"cap_bytes": least_got["cap_bytes"], "solve_s": least_s, "mip_gap": least_gap},
+          "regions": None if segments is None else [[r.start, r.stop] for r in segments.regions],
+          "none_temp_bytes": None if compiled_none is None else compiled_none.memory["temp_bytes"],
           "plans": sorted(plans.values(), key=lambda p: p["cap_bytes"]), "torch_points": points,
           "quoted_torch_points": quoted}
 
 
-def _whole_only(parser, target, args) -> dict:
-  """``--whole-only``: the whole-loss front into the JSON at :func:`common.out_path` (its other keys kept)."""
+def _whole_only(parser, target, args, key: str = "whole") -> dict:
+  """``--whole-only`` / ``--mincut-only``: that front into the JSON at :func:`common.out_path` (its other keys
+  kept)."""
   path = common.out_path(NAME, args)
   if not os.path.exists(path):
-    parser.error(f"--whole-only needs the JSON of a full run at {path}; run without --whole-only first")
+    parser.error(f"--{key}-only needs the JSON of a full run at {path}; run without --{key}-only first")
   with open(path) as fh:
     record = json.load(fh)
   load = os.getloadavg()
   t0 = time.perf_counter()
   torch = _torch_reference(TORCH_JSON, record["none"]["flops"]) if args.preset == "small" else None
-  record["whole"] = whole_front(target, torch, record["none"]["flops"])
-  record["whole"].update({"date_utc": common.run_record(NAME, args)["date_utc"], "loadavg_start": list(load),
+  record[key] = whole_front(target, torch, record["none"]["flops"], segmented=key == "mincut")
+  record[key].update({"date_utc": common.run_record(NAME, args)["date_utc"], "loadavg_start": list(load),
                           "loadavg_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0})
   print(_render(record))
   print(f"wrote {common.write_json(path, record)}")
@@ -370,14 +398,16 @@ def _render(data) -> str:
       + ("—" if q["jaxckpt"] is None else
          f"{q['jaxckpt']['activation_residual_bytes'] / MIB:.1f} MiB ×{q['jaxckpt']['flops_ratio']:.5f}")
       + f" met {q['met']}" for q in data.get("quoted_torch_points", []))
-  return f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}\n\n{quoted}\n\n{_render_whole(data)}"
+  return (f"{common.header(data)}\n\n{table}\n\n{named}\n\n{budgets}\n\n{quoted}\n\n{_render_whole(data)}\n\n"
+          f"{_render_whole(data, 'mincut')}")
 
 
-def _render_whole(data) -> str:
-  """The whole-loss front beside the torch points (empty when the JSON has none)."""
-  whole = data.get("whole")
+def _render_whole(data, key: str = "whole") -> str:
+  """The whole-loss (``key="whole"``) or mincut front beside the torch points (empty when the JSON has none)."""
+  whole = data.get(key)
   if not whole:
     return ""
+  temps = key == "mincut"
   by_cap = {p["cap_bytes"]: p for p in whole["plans"]}
   rows = []
   for t in whole["torch_points"]:
@@ -387,17 +417,21 @@ def _render_whole(data) -> str:
                  f"{p['flops_ratio']:.5f}", f"{p['flops_ratio_step']:.5f}",
                  "yes" if t["met_own"] else f"no (by {t['miss_own']:.5f})",
                  "yes" if t["met_common"] else f"no (by {t['miss_common']:.5f})",
-                 f"{p['solve_s']:.1f}" + (f" ({p['mip_gap']:.1e})" if p["mip_gap"] else "")])
+                 f"{p['solve_s']:.1f}" + (f" ({p['mip_gap']:.1e})" if p["mip_gap"] else "")]
+                + ([f"{p['temp_bytes'] / MIB:.1f}"] if temps else []))
   table = common.markdown_table(["torch budget", "torch saved MiB", "torch FLOPs÷own none", "torch FLOPs÷jaxckpt none",
-                                 "whole saved MiB", "whole FLOPs÷none", "whole FLOPs÷step none", "met (own)",
-                                 "met (common)", "solve s (gap)"], rows)
+                                 f"{key} saved MiB", f"{key} FLOPs÷none", f"{key} FLOPs÷step none", "met (own)",
+                                 "met (common)", "solve s (gap)"] + (["temp MiB"] if temps else []), rows)
   quoted = "\n".join(
-      f"- quoted torch {q['budget']:g}: {q['saved_mib']} MiB ×{q['flops_ratio']:.4f} | whole "
+      f"- quoted torch {q['budget']:g}: {q['saved_mib']} MiB ×{q['flops_ratio']:.4f} | {key} "
       f"{by_cap[q['cap_bytes']]['activation_residual_bytes'] / MIB:.1f} MiB ×{by_cap[q['cap_bytes']]['flops_ratio']:.5f}"
       f" met {q['met']}" + ("" if q["met"] else f" (by {q['miss']:.5f})") for q in whole["quoted_torch_points"])
   g = whole["graph"]
-  head = (f"Whole-loss plans: {g['equations']} equations, {g['values']} values, program {g['binaries']} binaries × "
-          f"{g['rows']} rows; {whole['seconds']:.0f} s")
+  head = (f"{'Whole-loss' if key == 'whole' else 'Mincut (segmented whole-loss)'} plans: {g['equations']} equations, "
+          f"{g['values']} values, program {g['binaries']} binaries × {g['rows']} rows; {whole['seconds']:.0f} s")
+  if temps:
+    head += (f"; {len(whole['regions'])} regions; compiled temp without remat (the same unrolled step) "
+             f"{whole['none_temp_bytes'] / MIB:.1f} MiB")
   if whole.get("no_recompute"):
     p = by_cap[whole["no_recompute"]["cap_bytes"]]
     head += (f"\n\nLeast saved with no recompute: {p['activation_residual_bytes'] / MIB:.1f} MiB "
@@ -440,15 +474,18 @@ def _plot(data, path: str) -> None:
       front.append(f)
   ax.plot([f["activation_residual_bytes"] / MIB for f in front], [_extra(f["flops_ratio"]) for f in front], "D-",
           color="tab:blue", label="jaxckpt per-block per-tensor plans (measured)", zorder=4)
-  whole = data.get("whole")
-  if whole:
+  for key, style, color, label in (
+      ("whole", "^-", "tab:green", "jaxckpt whole-loss per-tensor plans (one remat region, measured)"),
+      ("mincut", "v--", "darkgreen", "jaxckpt mincut:<cap> (the same, one region per block + head, measured)")):
+    if not data.get(key):
+      continue
     wp, best = [], None
-    for p in sorted(whole["plans"], key=lambda p: (p["activation_residual_bytes"], p["flops_ratio"])):
+    for p in sorted(data[key]["plans"], key=lambda p: (p["activation_residual_bytes"], p["flops_ratio"])):
       if best is None or p["flops_ratio"] < best:  # Pareto-filtered, as the block front
         best = p["flops_ratio"]
         wp.append(p)
-    ax.plot([p["activation_residual_bytes"] / MIB for p in wp], [_extra(p["flops_ratio"]) for p in wp], "^-",
-            color="tab:green", label="jaxckpt whole-loss per-tensor plans (one remat region, measured)", zorder=4)
+    ax.plot([p["activation_residual_bytes"] / MIB for p in wp], [_extra(p["flops_ratio"]) for p in wp], style,
+            color=color, label=label, zorder=4)
   ms = data["named"]["min_saved"]
   ax.scatter([ms["activation_residual_bytes"] / MIB], [_extra(ms["flops_ratio"])], marker="*", s=150, color="gold",
              edgecolor="k", label="min_saved", zorder=5)
