@@ -78,6 +78,8 @@ OVERRIDES: tuple[Override, ...] = (
              "small / gpt2-small presets compile for seconds to minutes per policy"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
+    Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",
+             "a relative cap (percent of no remat's saved activations) means the same on the tiny preset"),
 )
 
 SLOW: tuple[tuple[str, str], ...] = (
