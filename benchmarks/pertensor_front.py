@@ -40,7 +40,7 @@ from benchmarks import common  # noqa: E402
 from jaxckpt.flops import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
 from jaxckpt.planner.plan import _policy_of, _probe  # noqa: E402
-from jaxckpt.planner.tensors import _program, record_block_graphs, tensor_options  # noqa: E402
+from jaxckpt.planner.tensors import block_program, record_block_graphs, tensor_options  # noqa: E402
 from jaxckpt.planner.whole import (measure_whole, segment_loss, segmented_plan, target_whole_loss, whole_graph,  # noqa: E402
                                    whole_plan)
 from jaxckpt.policies import LossPolicy, parse_model_policy  # noqa: E402
@@ -245,7 +245,7 @@ def whole_front(target, torch: dict | None, step_none_flops: int, segmented: boo
   loss = target_whole_loss(target)
   graph = whole_graph(loss)
   graph_s = time.perf_counter() - t0
-  svals, n, a, *_ = _program(graph)
+  svals, n, a, *_ = block_program(graph)
   none = measure_whole(loss)
   segments = segment_loss(loss, None, graph) if segmented else None
   label = "mincut" if segmented else "whole"

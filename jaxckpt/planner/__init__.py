@@ -5,7 +5,9 @@ the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX
 Candidates include per-tensor choices (:mod:`jaxckpt.planner.tensors`: a min-cut over each block's intermediates,
 applied as ``save_tensors`` policies); ``min_saved`` (:func:`min_saved_policy`) is the least saved set at almost no
 extra FLOPs. Whole-loss plans (:mod:`jaxckpt.planner.whole`, :func:`whole_plan`) put one remat region around the
-whole loss, layers unrolled, and choose its saved set with the same program.
+whole loss, layers unrolled, and choose its saved set with the same program; segmented ones
+(:func:`segment_loss`, :func:`segmented_plan`) cut that loss into regions at its narrowest points and solve all
+regions together: the policy ``mincut:<cap>`` (:func:`mincut_policy`).
 
 Example::
 
@@ -29,7 +31,8 @@ from jaxckpt.planner.plan import (
     resolve_policy,
 )
 from jaxckpt.planner.solve import Assignment, exhaustive, pareto_totals, solve
-from jaxckpt.planner.whole import WholeLoss, WholePlan, measure_whole, target_whole_loss, whole_loss, whole_plan
+from jaxckpt.planner.whole import (SegmentedPlan, Segments, WholeLoss, WholePlan, measure_whole, mincut_policy,
+                                   segment_loss, segmented_plan, target_whole_loss, whole_loss, whole_plan)
 
 __all__ = [
     "Assignment",
@@ -55,4 +58,9 @@ __all__ = [
     "target_whole_loss",
     "whole_loss",
     "whole_plan",
+    "SegmentedPlan",
+    "Segments",
+    "mincut_policy",
+    "segment_loss",
+    "segmented_plan",
 ]

@@ -41,7 +41,8 @@ from jaxckpt.units import format_bytes
 
 __all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
            "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
-           "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS", "PARAMETER_ONLY_WEIGHT"]
+           "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS", "PARAMETER_ONLY_WEIGHT",
+           "block_program", "solve_milp", "tensor_choice"]
 
 BYTE_COST = 1 / 16
 """Cost units (FLOPs) per output byte of a recomputed op: a float32 elementwise op costs 0.25 FLOP per element
@@ -277,8 +278,9 @@ def _weighted_bytes(graph: BlockGraph, v: int) -> float:
   return graph.values[v].bytes * (PARAMETER_ONLY_WEIGHT if v in graph.parameter_only else 1.0)
 
 
-def _program(graph: BlockGraph):
-  """Variables (saved values, then ops), and the covering constraints, as a sparse matrix.
+def block_program(graph: BlockGraph):
+  """The 0-1 program of one graph: variables (saved values, then ops), and the covering constraints, as a sparse
+  matrix (:func:`solve_block` solves it; :func:`jaxckpt.planner.whole.segmented_plan` joins several).
 
   Returns ``(svals, n, a, lows, bytes_, cost, flops, ops)``: ``a`` a ``scipy.sparse.csr_array`` of covering rows
   (``a @ x ≥ lows``), ``bytes_`` the weighted bytes of each variable (:func:`_weighted_bytes`; 0 for ops),
@@ -332,8 +334,9 @@ def _program(graph: BlockGraph):
   return svals, n, a, np.array(lows), bytes_, cost, flops, ops
 
 
-def _milp(c, n, constraints, time_limit: float | None = None):
-  """``(x, gap)``: HiGHS's 0-1 solution and its proven relative gap (0: optimal; > 0 when ``time_limit`` seconds
+def solve_milp(c, n, constraints, time_limit: float | None = None):
+  """``(x, gap)``: HiGHS's 0-1 solution of ``min c @ x`` over ``n`` binaries under ``constraints`` (a list of
+  ``scipy.optimize.LinearConstraint``) and its proven relative gap (0: optimal; > 0 when ``time_limit`` seconds
   stopped it with a feasible solution), or ``None`` when infeasible (or stopped before any feasible solution)."""
   from scipy import optimize  # pylint: disable=g-import-not-at-top
   options = {"mip_rel_gap": 0.0}
@@ -371,23 +374,29 @@ def solve_block(graph: BlockGraph, *, max_bytes: float | None = None, max_flops:
   from scipy import optimize  # pylint: disable=g-import-not-at-top
   if minimise not in ("cost", "bytes"):
     raise JaxckptError(f"minimise={minimise!r}; valid: cost, bytes")
-  svals, n, a, lows, bytes_, cost, flops, _ = _program(graph)
+  svals, n, a, lows, bytes_, cost, flops, _ = block_program(graph)
   base = [optimize.LinearConstraint(a, lows, np.inf)] if len(lows) else []
   if max_bytes is not None:
     base.append(optimize.LinearConstraint(bytes_[None], -np.inf, max_bytes - graph.fixed_bytes))
   if max_flops is not None:
     base.append(optimize.LinearConstraint(flops[None], -np.inf, max_flops))
   first, second = (cost, bytes_) if minimise == "cost" else (bytes_, cost)
-  found = _milp(first, n, base, time_limit)
+  found = solve_milp(first, n, base, time_limit)
   if found is None:
     return None
   x, gap = found
   best = float(first @ x)
   tie = optimize.LinearConstraint(first[None], -np.inf, best + 1e-6 * max(1.0, abs(best)))
-  found2 = _milp(second, n, base + [tie], time_limit)
+  found2 = solve_milp(second, n, base + [tie], time_limit)
   x = x if found2 is None else found2[0]
   return dataclasses.replace(_choice(graph, _used(graph, [v for i, v in enumerate(svals) if x[i] > 0.5])),
                              mip_gap=gap)
+
+
+def tensor_choice(graph: BlockGraph, saved: Iterable[int]) -> TensorChoice:
+  """The :class:`TensorChoice` of a program's saved values (value numbers of ``graph``), those nothing reads
+  dropped; its recompute cost and FLOPs follow from :func:`recompute_closure`."""
+  return _choice(graph, _used(graph, saved))
 
 
 def _used(graph: BlockGraph, saved: Iterable[int]) -> list[int]:
@@ -421,7 +430,7 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   blocks = sorted(graphs)
   if not blocks:
     return {}
-  programs = [_program(graphs[b]) for b in blocks]
+  programs = [block_program(graphs[b]) for b in blocks]
   sizes = [p[1] for p in programs]
   n = sum(sizes)
   offsets = np.cumsum([0] + sizes)
@@ -430,9 +439,9 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
   base = [optimize.LinearConstraint(covering, np.concatenate([p[3] for p in programs]), np.inf),
           optimize.LinearConstraint(flops[None], -np.inf, cap)]
-  x = _milp(bytes_, n, base)[0]
+  x = solve_milp(bytes_, n, base)[0]
   best = float(bytes_ @ x)
-  x2 = _milp(cost, n, base + [optimize.LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
+  x2 = solve_milp(cost, n, base + [optimize.LinearConstraint(bytes_[None], -np.inf, best + 0.5)])
   x = x if x2 is None else x2[0]
   out = {}
   for k, b in enumerate(blocks):
