@@ -195,3 +195,11 @@ def test_a_mincut_policy_cannot_be_set_on_a_model():
   model = build_gpt(GPT_PRESETS["tiny"])
   with pytest.raises(JaxckptError, match="remats the whole loss"):
     set_policy(model, "mincut:30%")
+
+
+def test_mincut_and_min_saved_rows_can_be_measured():
+  """``--measure`` passes the row's policy text to a fresh process: model-level policies are resolved there."""
+  from jaxckpt.report.measure import measure_in_process
+  for policy in ("mincut:30%", "min_saved"):
+    result = measure_in_process(shipped_target("gpt", "tiny"), policy, steps=1, warmup=1)
+    assert result["step_time_s"] > 0 and (result["peak_bytes_measured"] or 0) >= 0, policy

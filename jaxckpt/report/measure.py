@@ -37,7 +37,8 @@ from typing import Any
 
 import jax
 
-from jaxckpt.policies import parse_model_policy
+from jaxckpt.planner import resolve_policy
+from jaxckpt.policies import MinCut, MinSaved, parse_model_policy
 from jaxckpt.profile import profile_trace, trace_files
 from jaxckpt.step import Target, compile_policy, concrete_inputs, default_optimizer, rebuild_target
 
@@ -87,7 +88,8 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
 
   Args:
     target: the target.
-    policy: a policy spec string (per block or layered, :func:`jaxckpt.policies.parse_model_policy`).
+    policy: a policy spec string (per block or layered, :func:`jaxckpt.policies.parse_model_policy`), or
+      ``min_saved[:tol=…]`` / ``mincut:<cap>``, resolved here (:func:`jaxckpt.planner.resolve_policy`).
     steps: timed steps k ≥ 1.
     warmup: untimed steps before them, ≥ 1.
     compiler_options: extra XLA options (merged with the remat fix).
@@ -107,8 +109,10 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     running the step (e.g. out of memory).
   """
   tx = default_optimizer()
-  compiled = compile_policy(target, parse_model_policy(policy), tx=tx, options=compiler_options,
-                            stats_only=False).compiled
+  parsed = parse_model_policy(policy)
+  if isinstance(parsed, (MinSaved, MinCut)):  # resolved here again: a whole-loss plan has no text to pass on
+    parsed = resolve_policy(target, parsed, tx=tx, compiler_options=compiler_options)[0]
+  compiled = compile_policy(target, parsed, tx=tx, options=compiler_options, stats_only=False).compiled
   make_inputs = concrete_inputs(target, tx)
   state, batch = make_inputs()
   state, metrics, _ = _run_steps(compiled, state, batch, max(1, warmup))
