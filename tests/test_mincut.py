@@ -203,3 +203,29 @@ def test_mincut_and_min_saved_rows_can_be_measured():
   for policy in ("mincut:30%", "min_saved"):
     result = measure_in_process(shipped_target("gpt", "tiny"), policy, steps=1, warmup=1)
     assert result["step_time_s"] > 0 and (result["peak_bytes_measured"] or 0) >= 0, policy
+
+
+def _loss_bf16(params, batch):
+  """``_loss`` computed in bfloat16 (params and x cast; the loss summed in float32)."""
+  h = batch["x"].astype(jnp.bfloat16)
+  for i in range(L):
+    w, v = params["w"][i].astype(jnp.bfloat16), params["v"][i].astype(jnp.bfloat16)
+    h = h + jnp.sin(jnp.tanh(h @ w) @ v)
+  return jnp.sum(jnp.square(h.astype(jnp.float32)))
+
+
+def test_bfloat16_values_are_planned_like_float32_ones():
+  params, batch = _concrete()
+  loss = whole_loss(_loss_bf16, params, batch)
+  graph = whole_graph(loss)
+  assert all(v.taggable for v in graph.values if v.dtype == "bfloat16")  # NumPy says bfloat16 is no number
+  cuts = narrow_cuts(loss, graph)
+  assert len(cuts) >= L - 1 and all(crossing == B * D * 2 for _, crossing, _ in cuts)  # h: [B, D] bfloat16
+  none = measure_whole(loss)
+  plan = segmented_plan(segment_loss(loss, None, graph), max_bytes=0.4 * none.activation_residual_bytes)
+  got = measure_whole(loss, plan.loss_fn)
+  assert plan.flops > 0 and got.live_flops - none.live_flops == pytest.approx(plan.flops, rel=1e-3, abs=64)
+  assert got.activation_residual_bytes == plan.activation_bytes <= 0.4 * none.activation_residual_bytes
+  want, have = jax.grad(_loss_bf16)(params, batch), jax.grad(plan.loss_fn)(params, batch)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
