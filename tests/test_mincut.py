@@ -2,6 +2,8 @@
 narrowest points, one 0-1 program over all of them, each region under its own ``jax.checkpoint``. Predictions equal
 JAX's own analysis, gradients equal no remat, compiled temp falls below the one-region plan's, bad input refused."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +12,8 @@ import pytest
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.gpt import GPT_PRESETS, build_gpt
 from jaxckpt.planner import resolve_policy
-from jaxckpt.planner.whole import (measure_whole, narrow_cuts, remat_segments, segment_loss, segmented_plan,
-                                   target_whole_loss, whole_graph, whole_loss, whole_plan)
+from jaxckpt.planner.whole import (measure_whole, mincut_policy, narrow_cuts, remat_segments, segment_loss,
+                                   segmented_plan, target_whole_loss, whole_graph, whole_loss, whole_plan)
 from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
 from jaxckpt.report import build_report
 from jaxckpt.step import concrete_inputs, default_optimizer, policy_step, shipped_target
@@ -229,3 +231,12 @@ def test_bfloat16_values_are_planned_like_float32_ones():
   want, have = jax.grad(_loss_bf16)(params, batch), jax.grad(plan.loss_fn)(params, batch)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_mincut_refuses_a_step_it_cannot_build_before_planning():
+  # the plan would be of the whole batch's loss; the step it builds has no gradient accumulation, metrics or skip
+  for kwargs in ({"grad_accum_steps": 2}, {"metrics": True}, {"skip_nonfinite": True}):
+    target = shipped_target("gpt", "tiny", **kwargs) if "grad_accum_steps" in kwargs else dataclasses.replace(
+        shipped_target("gpt", "tiny"), **kwargs)
+    with pytest.raises(JaxckptError, match=f"asks for {next(iter(kwargs))}, which it does not support"):
+      mincut_policy(target, parse_model_policy("mincut:30%"))

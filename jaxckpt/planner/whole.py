@@ -847,8 +847,15 @@ def mincut_policy(target: Any, policy: "MinCut", cache: MutableMapping[str, Any]
     :class:`SegmentedPlan`.
 
   Raises:
-    JaxckptError: the cap is below what every plan keeps (the message gives the least), or no plan was found.
+    JaxckptError: the target asks for gradient accumulation, metrics or skipping non-finite steps (the plain step a
+      mincut plan builds has none of them: refused before any planning, not after); the cap is below what every
+      plan keeps (the message gives the least), or no plan was found.
   """
+  flags = {"metrics": getattr(target, "metrics", False), "skip_nonfinite": getattr(target, "skip_nonfinite", False),
+           "grad_accum_steps": getattr(target, "grad_accum_steps", 1) != 1}
+  if any(flags.values()):
+    raise JaxckptError(f"policy {policy} builds the plain train step (value_and_grad + one update); this target "
+                       f"asks for {', '.join(k for k, v in flags.items() if v)}, which it does not support")
   cache = {} if cache is None else cache
   key = "mincut segments"
   if key not in cache:
