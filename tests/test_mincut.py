@@ -4,6 +4,7 @@ JAX's own analysis, gradients equal no remat, compiled temp falls below the one-
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,14 +55,51 @@ def _temp(fn, loss):
 def test_narrow_cuts_are_the_residual_stream_between_layers(toy):
   loss, graph = toy
   cuts = narrow_cuts(loss, graph)
-  assert len(cuts) == L  # after every layer; the last one before the loss's h * h
+  # after every layer but the last: the loss's h * h after it holds under INNER_SHARE (1%) of the forward FLOPs
+  assert len(cuts) == L - 1
   assert all(crossing == B * D * 4 for _, crossing, _ in cuts)  # h: [B, D] float32, parameter slices not counted
   segments = segment_loss(loss, None, graph)
-  assert len(segments.regions) == L  # the loss's h * h and mean are under 1% of the FLOPs: they join the last layer
-  assert [r.start for r in segments.regions[1:]] == [c[0] for c in cuts[:-1]]
+  assert len(segments.regions) == L
+  assert [r.start for r in segments.regions[1:]] == [c[0] for c in cuts]
   values = [len(r.graph.values) for r in segments.regions]
   assert [r.first_value for r in segments.regions] == [sum(values[:k]) for k in range(L)]
-  assert len(segment_loss(loss, [c[0] for c in cuts], graph).regions) == L + 1
+
+
+class _Pooled(nn.Module):
+  """A Linen classifier as public Flax code writes it: L residual MLP blocks on ``x: [B, T, D]`` float32, mean-pooled
+  to ``[B, D]`` (narrower than the residual stream) before a small head of 10 classes."""
+
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(L):
+      x = x + nn.Dense(D)(nn.gelu(nn.Dense(4 * D)(nn.LayerNorm()(x))))
+    return nn.Dense(10)(nn.LayerNorm()(x).mean(1))
+
+
+def test_a_pooled_classifier_is_cut_between_its_blocks_not_only_at_its_pooled_features():
+  model, x = _Pooled(), jax.random.normal(jax.random.key(0), (B, 16, D))
+  labels = jax.random.randint(jax.random.key(1), (B,), 0, 10)
+  params = model.init(jax.random.key(2), x)["params"]
+
+  def loss_fn(params, batch):
+    logits = model.apply({"params": params}, batch["x"])
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), batch["y"][:, None], axis=1))
+
+  batch = {"x": x, "y": labels}
+  loss = whole_loss(loss_fn, params, batch)
+  graph = whole_graph(loss)
+  cuts = narrow_cuts(loss, graph)
+  # the residual stream [B, 16, D] float32 between blocks (at 0.1% of the FLOPs: only the pooled [B, D], one region)
+  assert len(cuts) >= L - 1 and all(c[1] == B * 16 * D * 4 for c in cuts)
+  segments = segment_loss(loss, None, graph)
+  assert len(segments.regions) >= L
+  none = measure_whole(loss)
+  plan = segmented_plan(segments, max_bytes=0.3 * none.activation_residual_bytes)
+  assert measure_whole(loss, plan.loss_fn).activation_residual_bytes == plan.activation_bytes
+  assert _temp(plan.loss_fn, loss) < _temp(loss.fn, loss)
+  want, have = jax.grad(loss_fn)(params, batch), jax.grad(plan.loss_fn)(params, batch)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_one_region_equals_the_whole_loss_plan(toy):
@@ -240,3 +278,4 @@ def test_mincut_refuses_a_step_it_cannot_build_before_planning():
         shipped_target("gpt", "tiny"), **kwargs)
     with pytest.raises(JaxckptError, match=f"asks for {next(iter(kwargs))}, which it does not support"):
       mincut_policy(target, parse_model_policy("mincut:30%"))
+
