@@ -279,3 +279,27 @@ def test_mincut_refuses_a_step_it_cannot_build_before_planning():
     with pytest.raises(JaxckptError, match=f"asks for {next(iter(kwargs))}, which it does not support"):
       mincut_policy(target, parse_model_policy("mincut:30%"))
 
+
+def _scanned(params, batch):
+  """``_loss`` with a ``jax.lax.scan`` over the L stacked layers: one opaque equation to the plan."""
+  def layer(h, wv):
+    return h + jnp.sin(jnp.tanh(h @ wv[0]) @ wv[1]), None
+  h, _ = jax.lax.scan(layer, batch["x"], (params["w"], params["v"]))
+  return jnp.sum(h * h)
+
+
+def test_a_scan_over_layers_is_rerun_whole_and_the_plan_says_so():
+  params, batch = _concrete()
+  loss = whole_loss(_scanned, params, batch)
+  segments = segment_loss(loss, None, whole_graph(loss))
+  none = measure_whole(loss)
+  plan = segmented_plan(segments, max_bytes=none.activation_residual_bytes)
+  # jax.checkpoint names none of the scan body's residuals: the scan's forward is recomputed whatever is saved
+  scan_flops = 2 * L * (2 * B * D * H) + L * B * D * 2  # two matmuls and the residual add, per layer (no sin/tanh)
+  assert sum(plan.loop_flops) == pytest.approx(scan_flops, rel=0.05) and plan.flops >= sum(plan.loop_flops)
+  got = measure_whole(loss, plan.loss_fn)
+  assert got.live_flops - none.live_flops == pytest.approx(plan.flops, rel=1e-3, abs=64)
+  assert "scan/while loops, rerun whole" in plan.explain()
+  want, have = jax.grad(_scanned)(params, batch), jax.grad(plan.loss_fn)(params, batch)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

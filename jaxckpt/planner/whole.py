@@ -632,8 +632,12 @@ class SegmentedPlan:
     names: the loss's automatic names of every saved value, per region.
     activation_bytes: predicted saved activation bytes: the regions' saved values that are not parameter-only,
       plus their inputs that are activations, token ids or keys (each once).
-    flops: predicted recomputed forward FLOPs, all regions.
+    flops: predicted recomputed forward FLOPs, all regions (``loop_flops`` included).
     mip_gap: HiGHS's proven relative gap of the first objective (0: optimal).
+    loop_flops: per region, forward FLOPs of its differentiated ``scan``/``while`` loops: one opaque value each to
+      the plan, their bodies' residuals have no automatic name, so ``jax.checkpoint`` reruns every such loop in the
+      backward pass whatever is saved (a ``scan`` over layers: the whole stack recomputed, its residuals never
+      saved).
   """
 
   segments: Segments
@@ -642,6 +646,7 @@ class SegmentedPlan:
   activation_bytes: int
   flops: int
   mip_gap: float
+  loop_flops: tuple[int, ...] = ()
 
   @property
   def loss_fn(self) -> Callable[..., jax.Array]:
@@ -654,10 +659,13 @@ class SegmentedPlan:
     lines = [f"{len(self.segments.regions)} regions; saved activations {format_bytes(self.activation_bytes)} "
              f"(predicted: saved values + kept region inputs + token ids and keys); recompute "
              f"{self.flops / 1e6:.1f} MFLOP per step" + (f"; HiGHS gap {self.mip_gap:.2g}" if self.mip_gap else "")]
-    for region, choice in zip(self.segments.regions, self.choices):
+    loops = self.loop_flops or (0,) * len(self.choices)
+    for region, choice, loop in zip(self.segments.regions, self.choices, loops):
       lines.append(f"region {region.index} (equations {region.start}..{region.stop - 1}, "
                    f"{region.graph.forward_flops / 1e6:.1f} MFLOP forward): saves {len(choice.saved)} values, "
-                   f"{format_bytes(choice.activation_bytes)}, recomputes {choice.flops / 1e6:.1f} MFLOP")
+                   f"{format_bytes(choice.activation_bytes)}, recomputes {(choice.flops + loop) / 1e6:.1f} MFLOP"
+                   + (f" ({loop / 1e6:.1f} MFLOP of scan/while loops, rerun whole: their bodies' values cannot be "
+                      "saved; unroll them to plan inside)" if loop else ""))
       for v in choice.saved:
         info = region.graph.values[v]
         lines.append(f"  {region.global_name(v)} {list(info.shape)} {info.dtype} {format_bytes(info.bytes)} "
@@ -787,7 +795,27 @@ def segmented_plan(segments: Segments, *, max_bytes: float | None = None, max_fl
     if x[col] > 0.5:
       arrays[(save_col[var][1], save_col[var][2]) if var in save_col else var] = _var_bytes(var)
   activation = fixed_bytes + sum(arrays.values())
-  return SegmentedPlan(segments, tuple(choices), tuple(names), activation, sum(c.flops for c in choices), gap)
+  loops = tuple(_loop_flops(region) for region in regions)
+  return SegmentedPlan(segments, tuple(choices), tuple(names), activation, sum(c.flops for c in choices) + sum(loops),
+                       gap, loops)
+
+
+LOOPS = ("scan", "while")
+"""Primitives whose bodies' residuals the plan cannot name (:attr:`SegmentedPlan.loop_flops`)."""
+
+
+def _loop_flops(region: Region) -> int:
+  """Forward FLOPs of the region's ``scan``/``while`` ops with a float output that depends on a float input (each
+  region input is differentiated): ``jax.checkpoint`` reruns them in the backward pass whatever the plan saves."""
+  values = region.graph.values
+  floating = lambda v: jnp.issubdtype(v.dtype, jnp.floating)  # noqa: E731
+  inputs = region.closed.in_avals
+  differentiated = [False] * len(values)
+  for v in values:
+    differentiated[v.index] = floating(v) and any(
+        differentiated[u] if u >= 0 else jnp.issubdtype(inputs[-1 - u].dtype, jnp.floating) for u in v.inputs)
+  ops = {v.op for v in values if v.primitive in LOOPS and differentiated[v.index]}
+  return sum(region.graph.op_flops[o] for o in ops)
 
 
 def remat_segments(segments: Segments, names: Sequence[Sequence[str]]) -> Callable[..., jax.Array]:
