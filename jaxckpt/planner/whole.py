@@ -804,16 +804,23 @@ LOOPS = ("scan", "while")
 """Primitives whose bodies' residuals the plan cannot name (:attr:`SegmentedPlan.loop_flops`)."""
 
 
+def _floating(dtype: Any) -> bool:
+  """Whether ``dtype`` (a dtype or its name) is a float type; PRNG key types are not."""
+  try:
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+  except TypeError:  # 'key<fry>': no NumPy dtype
+    return False
+
+
 def _loop_flops(region: Region) -> int:
   """Forward FLOPs of the region's ``scan``/``while`` ops with a float output that depends on a float input (each
   region input is differentiated): ``jax.checkpoint`` reruns them in the backward pass whatever the plan saves."""
   values = region.graph.values
-  floating = lambda v: jnp.issubdtype(v.dtype, jnp.floating)  # noqa: E731
   inputs = region.closed.in_avals
   differentiated = [False] * len(values)
   for v in values:
-    differentiated[v.index] = floating(v) and any(
-        differentiated[u] if u >= 0 else jnp.issubdtype(inputs[-1 - u].dtype, jnp.floating) for u in v.inputs)
+    differentiated[v.index] = _floating(v.dtype) and any(
+        differentiated[u] if u >= 0 else _floating(inputs[-1 - u].dtype) for u in v.inputs)
   ops = {v.op for v in values if v.primitive in LOOPS and differentiated[v.index]}
   return sum(region.graph.op_flops[o] for o in ops)
 
