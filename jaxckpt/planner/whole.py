@@ -775,7 +775,7 @@ def segmented_plan(segments: Segments, *, max_bytes: float | None = None, max_fl
       least = segmented_plan(segments, minimise="bytes", time_limit=time_limit).activation_bytes
       raise JaxckptError(f"no plan of these {len(regions)} regions saves at most max_bytes={max_bytes:.0f} bytes of "
                          f"activations; the least any plan of this loss saves is {least} bytes "
-                         f"({least / 2**20:.2f} MiB)")
+                         f"({format_bytes(least)})")
     raise JaxckptError(f"no segmented plan meets max_bytes={max_bytes} and max_flops={max_flops} (or HiGHS found "
                        f"none within time_limit={time_limit} s): raise a cap")
   x, gap = found
