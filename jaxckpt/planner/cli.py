@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="budget:<size> | budget:<p>%% | auto[:margin=<p>%%] (the 'budget:' prefix may be left out)")
   what.add_argument("--mincut", metavar="CAP",
                     help="a whole-loss min-cut plan saving at most CAP of activations: <size> or <p>%% of no remat's "
-                         "(the policy mincut:CAP); prints its regions and saved values")
+                         "(the policy mincut:CAP); prints its regions and saved values (always: --explain and "
+                         "--max-rounds are for --budget)")
   parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
   parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,

@@ -518,6 +518,8 @@ def segment_loss(loss: WholeLoss, regions: int | Sequence[int] | None = None,
         cuts.append(position)
         last = before
     return _segments(loss, graph, cuts)
+  if isinstance(regions, np.ndarray) and regions.ndim == 1 and np.issubdtype(regions.dtype, np.integer):
+    regions = [int(r) for r in regions]
   if isinstance(regions, bool) or not isinstance(regions, (numbers.Integral, Sequence)) or isinstance(regions, str):
     raise JaxckptError(f"regions={regions!r} must be a number of regions ≥ 1 or a sequence of cut positions")
   if isinstance(regions, numbers.Integral):
@@ -668,8 +670,9 @@ class SegmentedPlan:
                       "saved; unroll them to plan inside)" if loop else ""))
       for v in choice.saved:
         info = region.graph.values[v]
-        lines.append(f"  {region.global_name(v)} {list(info.shape)} {info.dtype} {format_bytes(info.bytes)} "
-                     f"from {info.source}" + (" (parameter-only)" if v in region.graph.parameter_only else ""))
+        lines.append(f"  {region.global_name(v)} {list(info.shape)} {info.dtype} {format_bytes(info.bytes)}"
+                     + (f" from {info.source}" if info.source else " (no source line: made by JAX)")
+                     + (" (parameter-only)" if v in region.graph.parameter_only else ""))
     return "\n".join(lines)
 
 
