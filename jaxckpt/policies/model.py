@@ -2,9 +2,10 @@
 
 Per-block specs (:mod:`jaxckpt.policies.spec`) say what each block type saves; a model-level policy says which spec
 each *layer* of a stack uses (:class:`LayeredPolicy`, what a plan compiles to), or asks for the least-recompute plan
-that fits a memory budget (:class:`Budget`). A budget is resolved once, where it enters, by
-:func:`jaxckpt.planner.resolve_policy`; everything below it sees only a :class:`~jaxckpt.PolicySpec` or a
-:class:`LayeredPolicy`.
+that fits a memory budget (:class:`Budget`), or names a per-tensor plan (:class:`MinSaved`; :class:`MinCut`, a plan
+of the whole loss). These are resolved once, where they enter, by :func:`jaxckpt.planner.resolve_policy`; everything
+below it sees only a :class:`~jaxckpt.PolicySpec`, a :class:`LayeredPolicy`, or (a resolved ``mincut``) a
+:class:`LossPolicy`.
 """
 
 from __future__ import annotations
