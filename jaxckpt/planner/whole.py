@@ -58,7 +58,7 @@ from jaxckpt.planner.tensors import (BlockGraph, TensorChoice, block_graph, bloc
 from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
 from jaxckpt.residuals import total_residual_bytes, traced_residuals
 from jaxckpt.step import default_optimizer, policy_step
-from jaxckpt.step.build import dropout_key_struct
+from jaxckpt.step.build import check_plain_step, dropout_key_struct
 from jaxckpt.units import format_bytes
 from jaxckpt.tagging import evaluate_equations, parse_value_name, tag_values, value_name, walk_top_level, walk_values
 
@@ -215,11 +215,7 @@ def whole_plan(loss: WholeLoss, *, max_bytes: float | None = None, max_flops: fl
       that ``max_flops``); ``time_limit`` not ``None`` or > 0; an unknown ``minimise``; a ``graph`` that is not
       ``loss``'s.
   """
-  for name, cap in (("max_bytes", max_bytes), ("max_flops", max_flops), ("time_limit", time_limit)):
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or math.isnan(cap)):
-      raise JaxckptError(f"{name}={cap!r} must be a number (or None: no limit)")
-  if time_limit is not None and time_limit <= 0:
-    raise JaxckptError(f"time_limit={time_limit:g} must be > 0 seconds (None: solve until proven optimal)")
+  _check_caps(max_bytes=max_bytes, max_flops=max_flops, time_limit=time_limit)
   graph = whole_graph(loss) if graph is None else graph
   _check_graph(loss, graph)
   if max_bytes is not None and max_bytes < graph.fixed_bytes:
@@ -237,6 +233,15 @@ def whole_plan(loss: WholeLoss, *, max_bytes: float | None = None, max_flops: fl
     raise JaxckptError(f"no whole-loss plan meets both max_bytes={max_bytes:g} and max_flops={max_flops:g}{hint}: "
                        "raise one cap or give one only")
   return WholePlan(loss, graph, choice)
+
+
+def _check_caps(**caps: Any) -> None:
+  """Raises :class:`JaxckptError` for a cap that is not a number (or ``None``), is NaN, or a ``time_limit`` ≤ 0."""
+  for name, cap in caps.items():
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or math.isnan(cap)):
+      raise JaxckptError(f"{name}={cap!r} must be a number (or None: no limit)")
+  if caps.get("time_limit") is not None and caps["time_limit"] <= 0:
+    raise JaxckptError(f"time_limit={caps['time_limit']:g} must be > 0 seconds (None: solve until proven optimal)")
 
 
 def _check_graph(loss: WholeLoss, graph: BlockGraph) -> None:
@@ -705,11 +710,7 @@ def segmented_plan(segments: Segments, *, max_bytes: float | None = None, max_fl
       ``time_limit``.
   """
   from scipy import optimize, sparse  # pylint: disable=g-import-not-at-top
-  for name, cap in (("max_bytes", max_bytes), ("max_flops", max_flops), ("time_limit", time_limit)):
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or math.isnan(cap)):
-      raise JaxckptError(f"{name}={cap!r} must be a number (or None: no limit)")
-  if time_limit is not None and time_limit <= 0:
-    raise JaxckptError(f"time_limit={time_limit:g} must be > 0 seconds (None: solve until proven optimal)")
+  _check_caps(max_bytes=max_bytes, max_flops=max_flops, time_limit=time_limit)
   if minimise not in ("cost", "bytes"):
     raise JaxckptError(f"minimise={minimise!r}; valid: cost, bytes")
   if max_flops is not None and max_flops < 0:
@@ -892,11 +893,7 @@ def mincut_policy(target: Any, policy: "MinCut", cache: MutableMapping[str, Any]
       mincut plan builds has none of them: refused before any planning, not after); the cap is below what every
       plan keeps (the message gives the least), or no plan was found.
   """
-  flags = {"metrics": getattr(target, "metrics", False), "skip_nonfinite": getattr(target, "skip_nonfinite", False),
-           "grad_accum_steps": getattr(target, "grad_accum_steps", 1) != 1}
-  if any(flags.values()):
-    raise JaxckptError(f"policy {policy} builds the plain train step (value_and_grad + one update); this target "
-                       f"asks for {', '.join(k for k, v in flags.items() if v)}, which it does not support")
+  check_plain_step(target, policy)
   cache = {} if cache is None else cache
   key = "mincut segments"
   if key not in cache:

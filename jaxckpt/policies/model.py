@@ -193,22 +193,34 @@ class MinCut:
 
 
 def _parse_mincut(text: str, spec: str) -> MinCut:
-  _, colon, arg = (part.strip() for part in text.partition(":"))
+  _, _, arg = (part.strip() for part in text.partition(":"))
   example = f"e.g. {MINCUT}:150MiB (saved activation bytes) or {MINCUT}:25% (of no remat's)"
+  size, fraction = _size_or_percent(MINCUT, text, arg, spec, example, zero=True)
+  return MinCut(bytes=size, fraction=fraction, text=spec)
+
+
+def _size_or_percent(word: str, text: str, arg: str, spec: str, example: str, *,
+                     zero: bool) -> tuple[int | None, float | None]:
+  """``(bytes, None)`` or ``(None, fraction)`` of ``<word>:<size>|<p>%`` (``zero``: 0 allowed, else ≥ 1 byte and
+  > 0%). Raises :class:`PolicySpecError` naming the bad part, with ``example``."""
   if not arg:
-    raise PolicySpecError(f"{MINCUT!r} needs a size or a percentage in policy spec {shorten(spec)!r} ({example})",
+    raise PolicySpecError(f"{word!r} needs a size or a percentage in policy spec {shorten(spec)!r} ({example})",
                           spec=spec, bad=text)
   if arg.endswith("%"):
-    fraction = _percent(arg, spec, MINCUT)
-    if not 0 <= fraction <= 1:
-      raise PolicySpecError(f"{MINCUT} cap {shorten(arg)!r} in policy spec {shorten(spec)!r} must be in [0%, 100%]",
+    fraction = _percent(arg, spec, word)
+    if not (0 <= fraction <= 1 if zero else 0 < fraction <= 1):
+      valid = "[0%, 100%]" if zero else "(0%, 100%]"
+      raise PolicySpecError(f"{word} {shorten(arg)!r} in policy spec {shorten(spec)!r} must be in {valid}",
                             spec=spec, bad=arg)
-    return MinCut(fraction=fraction, text=spec)
+    return None, fraction
   try:
     size = parse_bytes(arg)
   except ValueError as err:
     raise PolicySpecError(f"{err} in policy spec {shorten(spec)!r} ({example})", spec=spec, bad=arg) from None
-  return MinCut(bytes=size, text=spec)
+  if size <= 0 and not zero:
+    raise PolicySpecError(f"{word} {shorten(arg)!r} in policy spec {shorten(spec)!r} must be at least 1 byte",
+                          spec=spec, bad=arg)
+  return size, None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -276,23 +288,8 @@ def _parse_budget(text: str, spec: str) -> Budget:
                             spec=spec, bad=value)
     return Budget(auto=True, margin=margin, text=spec)
   example = f"e.g. {BUDGET}:1.5GiB (compiled footprint) or {BUDGET}:40% (of no-remat temp)"
-  if not arg:
-    raise PolicySpecError(f"{BUDGET!r} needs a size or a percentage in policy spec {shorten(spec)!r} ({example})",
-                          spec=spec, bad=text)
-  if arg.endswith("%"):
-    fraction = _percent(arg, spec, "budget")
-    if not 0 < fraction <= 1:
-      raise PolicySpecError(f"budget {shorten(arg)!r} in policy spec {shorten(spec)!r} must be in (0%, 100%]",
-                            spec=spec, bad=arg)
-    return Budget(fraction=fraction, text=spec)
-  try:
-    size = parse_bytes(arg)
-  except ValueError as err:
-    raise PolicySpecError(f"{err} in policy spec {shorten(spec)!r} ({example})", spec=spec, bad=arg) from None
-  if size <= 0:
-    raise PolicySpecError(f"budget {shorten(arg)!r} in policy spec {shorten(spec)!r} must be at least 1 byte",
-                          spec=spec, bad=arg)
-  return Budget(bytes=size, text=spec)
+  size, fraction = _size_or_percent(BUDGET, text, arg, spec, example, zero=False)
+  return Budget(bytes=size, fraction=fraction, text=spec)
 
 
 def _parse_layered(text: str, spec: str) -> LayeredPolicy:

@@ -25,7 +25,7 @@ from jaxckpt.step.targets import LossTarget, ModelTarget, Target
 from jaxckpt.train import abstract_state_of, create_train_state, make_train_step
 
 __all__ = ["PolicyStep", "StepBuilder", "default_optimizer", "target_block_types", "target_structure", "policy_step",
-           "concrete_inputs", "dropout_key_struct"]
+           "concrete_inputs", "dropout_key_struct", "check_plain_step"]
 
 
 def default_optimizer() -> optax.GradientTransformation:
@@ -228,11 +228,7 @@ class StepBuilder:
         return new, {"loss": loss}
 
       return PolicyStep(policy, loss_step, self._state, target.batch, loss_fn, self._state["params"])
-    flags = {"metrics": target.metrics, "skip_nonfinite": target.skip_nonfinite,
-             "grad_accum_steps": target.grad_accum_steps != 1}
-    if any(flags.values()):
-      raise JaxckptError(f"policy {policy} builds the plain train step (value_and_grad + one update); this target "
-                         f"asks for {', '.join(k for k, v in flags.items() if v)}, which it does not support")
+    check_plain_step(target, policy)
     if self._state is None:
       _, self._state = abstract_state_of(self.abstract_model, tx)
 
@@ -244,6 +240,20 @@ class StepBuilder:
       return state.replace(step=state.step + 1, params=params, opt_state=opt_state), {"loss": value}
 
     return PolicyStep(policy, step, self._state, target.batch, loss_fn, self._state.params)
+
+
+def check_plain_step(target: Target, policy: Any) -> None:
+  """Refuses a target whose step is more than the plain one (``value_and_grad`` + one optimizer update), for a
+  policy that builds only the plain step (a :class:`~jaxckpt.policies.LossPolicy`, ``mincut:<cap>``).
+
+  Raises:
+    JaxckptError: the target asks for metrics, skip_nonfinite or gradient accumulation (named in the message).
+  """
+  flags = {"metrics": getattr(target, "metrics", False), "skip_nonfinite": getattr(target, "skip_nonfinite", False),
+           "grad_accum_steps": getattr(target, "grad_accum_steps", 1) != 1}
+  if any(flags.values()):
+    raise JaxckptError(f"policy {policy} builds the plain train step (value_and_grad + one update); this target "
+                       f"asks for {', '.join(k for k, v in flags.items() if v)}, which it does not support")
 
 
 def policy_step(target: Target, spec: PolicySpec | LayeredPolicy, tx: optax.GradientTransformation) -> PolicyStep:
