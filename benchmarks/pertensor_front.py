@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import optax  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from jaxckpt.flops import count_flops  # noqa: E402
+from jaxckpt.analysis.flops import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
 from jaxckpt.planner.plan import _policy_of, _probe  # noqa: E402
 from jaxckpt.planner.tensors import block_program, record_block_graphs, tensor_options  # noqa: E402

@@ -26,8 +26,8 @@ from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
-from jaxckpt.multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
-from jaxckpt.structure import parse_structure
+from jaxckpt.models.multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
+from jaxckpt.core.structure import parse_structure
 
 __all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]
 
@@ -52,7 +52,7 @@ class ClassifierConfig:
   split_seed: int = 0  # The fixed train/test split.
   data: str | None = None  # .npz file with x and y; None = scikit-learn's digits.
   num_classes: int | None = None  # Classes K of --data (labels in 0..K-1, empty classes allowed); None = inferred.
-  aux_task: str | None = None  # Auxiliary head (jaxckpt.multitask.AUX_TASKS, e.g. "parity"); None = single task.
+  aux_task: str | None = None  # Auxiliary head (jaxckpt.models.multitask.AUX_TASKS, e.g. "parity"); None = single task.
   aux_weight: float | None = None  # λ in loss = CE_main + λ · CE_aux; None = DEFAULT_AUX_WEIGHT (needs aux_task).
   run: RunOptions = RunOptions()  # Policy, outputs, checkpoints, faults, devices (experiments.options).
 
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
           "  names     := [name (\"+\" name)*]\n"
           f"policies: {', '.join(jaxckpt.POLICY_NAMES)}\n"
           f"block types per model: {blocks}\n"
-          f"checkpoint names: {', '.join(jaxckpt.names.ALL_NAMES)}\n"
+          f"checkpoint names: {', '.join(jaxckpt.core.names.ALL_NAMES)}\n"
           "examples:\n"
           "  python -m experiments.classifier --policy dots_saveable\n"
           "  python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan\n"

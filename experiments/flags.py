@@ -11,7 +11,7 @@ from typing import Any
 
 from experiments.loop import RunInterrupted
 from experiments.options import NAN_POLICIES, RunOptions, configure
-from jaxckpt import sharding
+from jaxckpt.training import sharding
 from jaxckpt.cli import CLIParser
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
 

@@ -1,6 +1,6 @@
 """Train a GPT-style byte-level language model with a remat policy: ``python -m experiments.lm``.
 
-Trains :class:`jaxckpt.gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
+Trains :class:`jaxckpt.models.gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
 ``tiny``, ``small``, ``gpt2-small``) on real text found locally: by default the ``.py`` files of this Python's
 standard library (first 4 MiB in sorted path order), or ``--corpus PATH`` (a text file or folder). Before training
 it prints the compiled memory stats of the train step; during training a progress bar; after each evaluation the
@@ -28,8 +28,8 @@ from experiments.flags import CLIParser, add_policy_flags, add_run_flags, comman
 from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
-from jaxckpt.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
-from jaxckpt.layers import ATTENTION_IMPLEMENTATIONS
+from jaxckpt.models.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
+from jaxckpt.nnx.layers import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
 
 __all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_config"]
@@ -39,7 +39,7 @@ __all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_confi
 class LMConfig:
   """One LM run. Model fields left ``None`` come from the preset; how it runs is in ``run``."""
 
-  preset: str = "tiny"  # A key of jaxckpt.gpt.GPT_PRESETS: tiny, small, gpt2-small.
+  preset: str = "tiny"  # A key of jaxckpt.models.gpt.GPT_PRESETS: tiny, small, gpt2-small.
   structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
   max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
   attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
-from jaxckpt.profile import profile_trace
+from jaxckpt.training.profile import profile_trace
 from experiments.options import RunOptions
 from jaxckpt.errors import NonFiniteLossError
 
@@ -191,7 +191,7 @@ def train_loop(
     signals: from :func:`stop_on_signals`: saves complete before a signal stops the run.
     profile_name: the run's name in ``options.profile`` (the policy): with ``--profile DIR``, steps
       ``start+1 .. start+profile_steps`` (warm: compiled, inputs allocated) are traced into ``DIR/<slug>/``
-      (:func:`jaxckpt.profile.profile_trace`); their step times include the tracer's overhead.
+      (:func:`jaxckpt.training.profile.profile_trace`); their step times include the tracer's overhead.
 
   Returns:
     :class:`LoopResult`.

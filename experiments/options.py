@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.profile import check_profile_dir
+from jaxckpt.training.profile import check_profile_dir
 
 __all__ = ["NAN_POLICIES", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 
@@ -36,7 +36,7 @@ class RunOptions:
   # On a NaN/Inf loss, gradient or updated parameter: "stop" (keep the last good checkpoint) or "skip" that update.
   nan_policy: str = "stop"
   progress: bool = True  # Show a progress bar.
-  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device, unsharded.
+  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.training.sharding); None = one device, unsharded.
   coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.
   num_processes: int = 1  # Processes of a multi-process run (with --coordinator).
   process_id: int = 0  # This process, 0..num_processes-1.

@@ -26,9 +26,9 @@ from experiments.options import check_seeds, flat_config
 from experiments.outputs import closing_line, run_metrics, write_metrics
 from experiments.placement import Placement, setup_placement
 from experiments.policy import plan_budget, resolve_policy
-from jaxckpt import sharding
-from jaxckpt.render import memory_table, policy_summary
-from jaxckpt.saving import DirectoryLock, check_checkpoint_directory
+from jaxckpt.training import sharding
+from jaxckpt.analysis.render import memory_table, policy_summary
+from jaxckpt.training.saving import DirectoryLock, check_checkpoint_directory
 from jaxckpt.step import ModelTarget, compile_policy
 
 __all__ = ["Setup", "RunResult", "CompiledStep", "compile_and_describe", "run", "hold_directories"]
@@ -42,7 +42,7 @@ class Setup:
     model: model name (for the headline and a budget plan), e.g. ``"vit"``, ``"gpt"``.
     preset: the model preset's name.
     make_model: ``(policy or None) -> nnx.Module``, the run's model with that remat policy (the same seed each call).
-    loss_fn: the train and eval loss (:data:`jaxckpt.train.LossFn`).
+    loss_fn: the train and eval loss (:data:`jaxckpt.training.train.LossFn`).
     tx: the optimizer (optax).
     batch_at: ``step -> host batch``, a pure function of the step (bit-identical resumes depend on it).
     batch_size: examples per step (checked against the mesh as ``--batch-size``).
@@ -135,7 +135,7 @@ def compile_and_describe(
     warnings.simplefilter("always")
     compiled = compile_policy(target, spec, tx=tx, mesh=mesh, stats_only=False)
   messages = [str(w.message) for w in caught]
-  offload = jaxckpt.xla.offload_warning(spec)
+  offload = jaxckpt.training.xla.offload_warning(spec)
   if offload is not None:
     messages.append(offload)
   memory = dict(compiled.memory)

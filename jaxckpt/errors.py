@@ -80,7 +80,7 @@ class CheckpointError(JaxckptError):
 
 
 class DirectoryInUseError(CheckpointError):
-  """A run's ``--out`` or ``--ckpt-dir`` is held by another live run (:class:`jaxckpt.saving.DirectoryLock`)."""
+  """A run's ``--out`` or ``--ckpt-dir`` is held by another live run (:class:`jaxckpt.training.saving.DirectoryLock`)."""
 
 
 class NonFiniteLossError(JaxckptError):

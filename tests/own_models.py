@@ -203,7 +203,7 @@ def linen_loss(apply_fn, params, batch):
 
 def linen_lm_target():
   """``--target own_models:linen_lm_target``: the Linen LM, its decoder blocks named."""
-  from jaxckpt import linen_apply
+  from jaxckpt.linen import apply as linen_apply
   from jaxckpt.report import linen_target
 
   model = linen_apply.apply_remat(LinenTransformerLM(), "none", blocks={"layer": LinenEncoderDecoderLayer})

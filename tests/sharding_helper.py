@@ -48,7 +48,7 @@ def _multitask_setup(policy: str, mesh=None):
   model = jaxckpt.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
   tx = optax.chain(_record_grads(), optax.adamw(1e-2))
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
-  loss_fn = jaxckpt.sharding.gather_params_in_loss(jaxckpt.multitask_loss("parity", 0.5), mesh)  # as the experiments
+  loss_fn = jaxckpt.training.sharding.gather_params_in_loss(jaxckpt.multitask_loss("parity", 0.5), mesh)  # as the experiments
   step = jaxckpt.make_train_step(graphdef, tx, loss_fn)
   return model, state, step
 
@@ -60,7 +60,7 @@ def equivalence() -> dict:
   import numpy as np
 
   import jaxckpt
-  from jaxckpt import sharding
+  from jaxckpt.training import sharding
 
   rng = np.random.default_rng(0)
   batches = [{"x": rng.normal(size=(BATCH, 8, 8, 1)).astype(np.float32),

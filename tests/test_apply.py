@@ -13,7 +13,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.jaxprs import count_remat_regions
+from jaxckpt.analysis.jaxprs import count_remat_regions
 from own_models import Attention, Decoder, DecoderLayer, FeedForward, ScannedDecoder, decoder_batch, decoder_loss
 
 LAYER_NAMES = {"attn.q_einsum", "attn.kv_einsum", "attn.attn_vec_einsum", "mlp.gate_proj", "mlp.up_proj",
@@ -144,14 +144,14 @@ def test_automatic_names_are_emitted_and_model_names_kept():
   names = jaxckpt.checkpoint_names(model, x)
   assert names == {"layer": frozenset(LAYER_NAMES | {"ffw_hidden"})}
   jaxckpt.set_policy(model, "save_only_these_names:ffw_hidden+mlp.up_proj")
-  from jaxckpt.jaxprs import emitted_checkpoint_names
+  from jaxckpt.analysis.jaxprs import emitted_checkpoint_names
   graphdef, state = nnx.split(model)
   emitted = emitted_checkpoint_names(lambda s, t: nnx.merge(graphdef, s)(t), state, x)
   assert emitted == LAYER_NAMES | {"ffw_hidden"}
 
 
 def test_name_policy_saves_what_it_names():
-  from jaxckpt.residuals import saved_residuals
+  from jaxckpt.analysis.residuals import saved_residuals
   model = jaxckpt.apply_remat(Decoder(dropout=0.0, rngs=nnx.Rngs(0)), "save_only_these_names:mlp.up_proj",
                               blocks={"layer": DecoderLayer})
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -211,19 +211,19 @@ def test_bad_blocks(blocks, match):
 def test_linen_class_or_instance_to_remat_points_to_linen_apply():
   from own_models import LinenMlpBlock
   for target in (LinenMlpBlock, LinenMlpBlock(8)):
-    with pytest.raises(JaxckptError, match="linen_apply.apply_remat") as err:
+    with pytest.raises(JaxckptError, match="jaxckpt.linen.apply_remat") as err:
       jaxckpt.remat(target, "full")
     one_line(err)
   with pytest.raises(JaxckptError, match="jaxckpt.apply_remat") as err:
     jaxckpt.remat(DecoderLayer, "full")
-  with pytest.raises(JaxckptError, match="linen_apply") as err:
+  with pytest.raises(JaxckptError, match="linen.apply_remat") as err:
     jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), "full", blocks={"layer": LinenMlpBlock})
   one_line(err)
 
 
 # ------------------------------------------------------------------------------------------------------------ Linen
 
-from jaxckpt import linen_apply  # noqa: E402
+from jaxckpt.linen import apply as linen_apply  # noqa: E402
 from own_models import BATCH, SEQ, VOCAB, LinenEncoderDecoderLayer, LinenMlpBlock, LinenTransformerLM  # noqa: E402
 
 LINEN_CASES = [

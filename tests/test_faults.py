@@ -21,7 +21,7 @@ from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
 from experiments.options import configure
 from experiments.outputs import params_digest
-from jaxckpt.saving import TMP_MARKER
+from jaxckpt.training.saving import TMP_MARKER
 
 TINY = configure(ClassifierConfig(preset="tiny", epochs=2, batch_size=64), progress=False, ckpt_every=10)
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",
@@ -255,10 +255,10 @@ def test_resume_of_a_finished_run_says_nothing_left_to_train(tmp_path, capsys):
 
 
 def test_directory_lock_names_the_holder_and_a_killed_holder_is_stale(tmp_path):
-  from jaxckpt.saving import DirectoryLock
+  from jaxckpt.training.saving import DirectoryLock
 
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from jaxckpt.saving import DirectoryLock; "
+      [sys.executable, "-c", "import sys, time; from jaxckpt.training.saving import DirectoryLock; "
        f"lock = DirectoryLock({str(tmp_path)!r}, flag='--out').acquire(); print('held', flush=True); "
        "time.sleep(60)"],
       stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})

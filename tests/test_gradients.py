@@ -22,7 +22,7 @@ def policy_specs(model: str) -> list[str]:
   save, except_, offload = NAMES[model]
   args = {"save_only_these_names": save, "save_anything_except_these_names": except_,
           "save_and_offload_only_these_names": offload}
-  # save_tensors takes automatic value names the planner finds per block (jaxckpt.tagging): its gradients are checked
+  # save_tensors takes automatic value names the planner finds per block (jaxckpt.core.tagging): its gradients are checked
   # against no remat in tests/test_pertensor.py, on the blocks those names come from.
   specs = [name if REGISTRY[name].arity == "none" else f"{name}:{args[name]}" for name in CANONICAL_POLICIES
            if name != "save_tensors"]

@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt import names
-from jaxckpt.jaxprs import emitted_checkpoint_names, uses_remat
-from jaxckpt.layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
+from jaxckpt.core import names
+from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, uses_remat
+from jaxckpt.nnx.layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
 
 BLOCKS = {
     "attn": (lambda r, p: AttentionBlock(16, 2, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),

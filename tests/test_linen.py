@@ -15,12 +15,12 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt import layers
+from jaxckpt.nnx import layers
 from jaxckpt import linen as L
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns, uses_remat
+from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, iter_eqns, uses_remat
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
-from jaxckpt.xla import jit as remat_jit
+from jaxckpt.training.xla import jit as remat_jit
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 RATE = 0.2

@@ -20,7 +20,7 @@ import jaxckpt
 from experiments import text
 from experiments.lm import LMConfig, main, model_config, train
 from experiments.options import configure
-from jaxckpt.gpt import GPT, GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
+from jaxckpt.models.gpt import GPT, GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
 from jaxckpt.schema import MEMORY_KEYS, METRICS_KEYS
 
 SMALL_CORPUS_MIB = 0.25  # the first 256 KiB of the stdlib's .py files: real text, loads and splits in milliseconds

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.gpt import GPT_PRESETS, build_gpt
+from jaxckpt.models.gpt import GPT_PRESETS, build_gpt
 from jaxckpt.planner import resolve_policy
 from jaxckpt.planner.whole import (measure_whole, mincut_policy, narrow_cuts, remat_segments, segment_loss,
                                    segmented_plan, target_whole_loss, whole_graph, whole_loss, whole_plan)

@@ -14,7 +14,7 @@ from jaxckpt.report.cli import main as report_main
 from jaxckpt.report.policies import expand_policies
 from jaxckpt.step import step_compiler_options, target_block_types
 from jaxckpt.step.targets import plain_loss_fn
-from jaxckpt.train import abstract_train_state, make_train_step
+from jaxckpt.training.train import abstract_train_state, make_train_step
 from own_models import BATCH, SEQ, Attention, Decoder, FeedForward, decoder_loss, decoder_target
 
 TOKENS = {"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)}

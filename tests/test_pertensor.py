@@ -9,16 +9,16 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_loss
+from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
 from jaxckpt.planner import min_saved_policy, resolve_policy
 from jaxckpt.planner.plan import _probe
 from jaxckpt.planner.tensors import (block_graph, exhaustive_block, min_saved_layer, recompute_closure,
                                      record_block_graphs, solve_block, tensor_options)
 from jaxckpt.policies import MinSaved, Policy, PolicySpec, parse_model_policy
 from jaxckpt.report.residuals import analyse_residuals
-from jaxckpt.residuals import saved_residuals
+from jaxckpt.analysis.residuals import saved_residuals
 from jaxckpt.step import default_optimizer, policy_step, shipped_target
-from jaxckpt.tagging import parse_value_name, tag_values, value_name, walk_values
+from jaxckpt.core.tagging import parse_value_name, tag_values, value_name, walk_values
 
 D, H, B = 8, 16, 4
 

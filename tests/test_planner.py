@@ -14,8 +14,8 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.flops import count_flops, count_live_flops
-from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_loss
+from jaxckpt.analysis.flops import count_flops, count_live_flops
+from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
 from jaxckpt.planner import (InfeasibleBudgetError, LayerCandidate, block_options, exhaustive, export_code,
                              layer_candidates, pareto_totals, plan_policy, solve)
 from jaxckpt.planner import plan as plan_module

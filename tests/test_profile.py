@@ -1,4 +1,4 @@
-"""XProf traces: jaxckpt.profile (slugs, errors, trace files) and ``jaxckpt-report --profile`` (one run per policy)."""
+"""XProf traces: jaxckpt.training.profile (slugs, errors, trace files) and ``jaxckpt-report --profile`` (one run per policy)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.profile import check_profile_dir, profile_slug, profile_trace, trace_files
+from jaxckpt.training.profile import check_profile_dir, profile_slug, profile_trace, trace_files
 from jaxckpt.report.cli import main
 
 

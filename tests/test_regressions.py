@@ -5,7 +5,7 @@ statistics, weights shared by several remat'd calls, nested remat and remat arou
 policies do not see, decoding loops, and ``memory_analysis()`` giving zeros or ``None``. The invariant throughout:
 remat changes memory and FLOPs, never numbers -- gradients, updated non-parameter state and forward outputs under
 every policy equal those without remat. Where a policy silently saves nothing it was meant to save,
-:func:`jaxckpt.diagnostics.policy_warnings` must say so.
+:func:`jaxckpt.analysis.diagnostics.policy_warnings` must say so.
 
 Shapes are tiny and seeds fixed; every comparison is against the same model under policy ``none``.
 """
@@ -23,9 +23,9 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
-from jaxckpt import names
-from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
-from jaxckpt.residuals import saved_residuals, total_residual_bytes
+from jaxckpt.core import names
+from jaxckpt.analysis.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
+from jaxckpt.analysis.residuals import saved_residuals, total_residual_bytes
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, MEMORY_KEYS
 
 D, F, B, T = 8, 16, 4, 6  # model width, MLP hidden width, batch, tokens
@@ -714,7 +714,7 @@ def test_policy_warnings_count_names_emitted_inside_custom_derivative_rules(cust
   The issue: ``save_only_these_names:act_cos`` saved the custom_vjp residual (listed by the saved-residual analysis,
   gradients equal) while ``policy_warnings`` claimed the function "never emits" act_cos and "saves nothing for it".
   """
-  from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
+  from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, iter_eqns
 
   def fn(w, x):
     return jnp.sum(custom(x @ w) ** 2)
@@ -737,7 +737,7 @@ def test_policy_warnings_count_names_emitted_inside_custom_derivative_rules(cust
 
 def test_emitted_names_found_by_vjp_trace_when_rule_thunks_cannot_be_expanded(monkeypatch):
   """If JAX's internal rule thunks change, the public ``jax.vjp`` trace still finds names inside rules."""
-  from jaxckpt import jaxprs
+  from jaxckpt.analysis import jaxprs
 
   monkeypatch.setattr(jaxprs, "rule_jaxprs", lambda eqn: [])
   fn = lambda x: jnp.sum(sin_tagged_residual(x))  # noqa: E731

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxckpt
-from jaxckpt import sharding
+from jaxckpt.training import sharding
 from jaxckpt.errors import MeshSpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

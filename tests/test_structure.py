@@ -11,9 +11,9 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.layers import MLPBlock, Stack
+from jaxckpt.nnx.layers import MLPBlock, Stack
 from jaxckpt.models import MODELS
-from jaxckpt.structure import Structure, parse_structure
+from jaxckpt.core.structure import Structure, parse_structure
 
 
 @pytest.mark.parametrize("text,expected", [

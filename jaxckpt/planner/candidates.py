@@ -3,9 +3,9 @@
 One layer of the model's :class:`~jaxckpt.Stack` (the scan body) is traced on its real input shape, under each
 candidate spec:
 
-- **saved bytes**: JAX's saved-residual analysis (:func:`jaxckpt.residuals.saved_residuals`) of the layer w.r.t. its
+- **saved bytes**: JAX's saved-residual analysis (:func:`jaxckpt.analysis.residuals.saved_residuals`) of the layer w.r.t. its
   parameters and input, arguments excluded (the scan keeps each layer's input anyway);
-- **FLOPs**: :func:`jaxckpt.flops.count_live_flops` (dead code dropped) of the layer's forward + backward
+- **FLOPs**: :func:`jaxckpt.analysis.flops.count_live_flops` (dead code dropped) of the layer's forward + backward
   (``jax.vjp``: its output and its pullback), so the recomputation of a remat'd block is counted; *recompute FLOPs*
   are those minus the ``none`` candidate's.
 
@@ -33,10 +33,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.flops import count_live_flops
-from jaxckpt.layers import Stack, remat_blocks
+from jaxckpt.analysis.flops import count_live_flops
+from jaxckpt.nnx.layers import Stack, remat_blocks
 from jaxckpt.policies import SAVE_TENSORS, Policy, PolicySpec
-from jaxckpt.residuals import saved_residuals
+from jaxckpt.analysis.residuals import saved_residuals
 
 __all__ = ["LayerCandidate", "block_options", "LayerProbe", "layer_candidates", "pareto_front", "MAX_SUBSET_NAMES"]
 

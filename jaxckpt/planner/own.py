@@ -1,7 +1,7 @@
 """Budget plans for your own model (blocks named with :func:`jaxckpt.apply_remat`), next to the Stack planner.
 
 A model whose blocks are separate instances in a Python list (``layers[i]``) gets *per-layer* plans: layer i is the
-applied blocks under ``…/i/…`` (:func:`jaxckpt.apply.applied_layers`), and a
+applied blocks under ``…/i/…`` (:func:`jaxckpt.nnx.apply.applied_layers`), and a
 :class:`~jaxckpt.policies.LayeredPolicy` gives each layer's instances its range's spec. A model whose blocks are
 not in a list (one scanned ``nnx.vmap``/``nnx.scan`` stack, a single block) gets *per-block-type* plans: one spec for
 every block, as one "layer".
@@ -21,11 +21,11 @@ import jax
 import optax
 from flax import nnx
 
-from jaxckpt.apply import applied_block_types, applied_layers
-from jaxckpt.flops import count_flops
-from jaxckpt.layers import Stack
+from jaxckpt.nnx.apply import applied_block_types, applied_layers
+from jaxckpt.analysis.flops import count_flops
+from jaxckpt.nnx.layers import Stack
 from jaxckpt.policies import PolicySpec
-from jaxckpt.residuals import saved_residuals
+from jaxckpt.analysis.residuals import saved_residuals
 from jaxckpt.step import ModelTarget, StepBuilder, dropout_key_struct
 
 __all__ = ["own_model_layers", "OwnModelProbe"]

@@ -29,7 +29,7 @@ import optax
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.layers import Stack, record_stack_inputs
+from jaxckpt.nnx.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve

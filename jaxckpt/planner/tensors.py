@@ -14,9 +14,9 @@ no-extra-recompute case as a max-flow min-cut). Here it is a small 0-1 program s
 - for every recomputed op ``o`` and input ``u`` of it produced inside the block: ``s_u + r_op(u) ≥ r_o``;
 - ``Σ bytes_v s_v ≤ cap``; minimise ``Σ cost_o r_o``, then bytes (lexicographic, two solves).
 
-``cost_o`` = FLOPs + transcendentals of the op (:mod:`jaxckpt.flops`'s per-equation rules) + :data:`BYTE_COST` per
+``cost_o`` = FLOPs + transcendentals of the op (:mod:`jaxckpt.analysis.flops`'s per-equation rules) + :data:`BYTE_COST` per
 output byte, so memory-bound elementwise ops and copies are not recomputed for nothing. A chosen set becomes a real
-JAX policy, ``save_tensors:t12_tanh+…`` (:mod:`jaxckpt.tagging`), and JAX's saved-residual analysis confirms it
+JAX policy, ``save_tensors:t12_tanh+…`` (:mod:`jaxckpt.core.tagging`), and JAX's saved-residual analysis confirms it
 saves exactly those values.
 """
 
@@ -33,10 +33,10 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.flops import equation_flops
+from jaxckpt.analysis.flops import equation_flops
 from jaxckpt.policies import Policy, PolicySpec
-from jaxckpt.residuals import saved_residuals
-from jaxckpt.tagging import ValueInfo, evaluate_tagged, record_tagged, walk_values
+from jaxckpt.analysis.residuals import saved_residuals
+from jaxckpt.core.tagging import ValueInfo, evaluate_tagged, record_tagged, walk_values
 from jaxckpt.units import format_bytes
 
 __all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
@@ -68,10 +68,10 @@ class BlockGraph:
 
   Attributes:
     block_type: e.g. ``"attn"``.
-    values: every value of the block's jaxpr (:func:`jaxckpt.tagging.walk_values`).
+    values: every value of the block's jaxpr (:func:`jaxckpt.core.tagging.walk_values`).
     needed: value numbers the backward pass reads (when every value is available).
     op_cost: op number -> recompute cost (FLOPs + transcendentals + :data:`BYTE_COST` × output bytes).
-    op_flops: op number -> FLOPs (transcendentals excluded, as in XLA's ``"flops"`` and :mod:`jaxckpt.flops`).
+    op_flops: op number -> FLOPs (transcendentals excluded, as in XLA's ``"flops"`` and :mod:`jaxckpt.analysis.flops`).
     forward_flops: Σ ``op_flops`` (the block's forward).
     parameter_only: value numbers computed from parameter inputs (and constants) alone; empty for a block, whose
       parameters are not among its jaxpr inputs. Their bytes count ×:data:`PARAMETER_ONLY_WEIGHT` under a cap.
@@ -199,7 +199,7 @@ def block_graph(block_type: str, closed: jex_core.ClosedJaxpr, *, num_parameters
 
   Args:
     block_type: the block type (for names in plans; ``"whole"`` for the whole loss).
-    closed: the block's function as :func:`jaxckpt.tagging.record_tagged` records it (the remat'd function of
+    closed: the block's function as :func:`jaxckpt.core.tagging.record_tagged` records it (the remat'd function of
       ``(state, *args)``), or a whole loss ``(*param_leaves, *batch_leaves, key) -> scalar``.
     num_parameters: how many leading inputs are parameters (the whole loss); values computed from them alone are
       the graph's ``parameter_only`` values, and the bytes of the non-parameter inputs its ``fixed_bytes``. 0 for a

@@ -7,7 +7,7 @@ little outside the layers. This module does the same in JAX: trace the whole los
 :class:`~jaxckpt.planner.tensors.BlockGraph` with the same code as a block's (parameter inputs marked, so
 parameter-only values such as per-layer weight slices barely count), choose the saved set with the same exact 0-1
 program (:func:`~jaxckpt.planner.tensors.solve_block`, scipy's ``milp``/HiGHS) under a byte or FLOPs cap, and apply
-it as plain JAX: :func:`jaxckpt.tagging.tag_values` on the whole loss under
+it as plain JAX: :func:`jaxckpt.core.tagging.tag_values` on the whole loss under
 ``jax.checkpoint(policy=save_only_these_names(*chosen))``. JAX's saved-residual analysis then lists exactly the
 chosen values (plus the batch and dropout key, which every plan keeps).
 
@@ -50,17 +50,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-from jaxckpt.activations import parameter_only_bytes
+from jaxckpt.analysis.activations import parameter_only_bytes
 from jaxckpt.errors import JaxckptError
-from jaxckpt.flops import count_flops, count_live_flops
+from jaxckpt.analysis.flops import count_flops, count_live_flops
 from jaxckpt.planner.tensors import (BlockGraph, TensorChoice, block_graph, block_program, solve_block, solve_milp,
                                      tensor_choice)
 from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
-from jaxckpt.residuals import total_residual_bytes, traced_residuals
+from jaxckpt.analysis.residuals import total_residual_bytes, traced_residuals
 from jaxckpt.step import default_optimizer, policy_step
 from jaxckpt.step.build import check_plain_step, dropout_key_struct
 from jaxckpt.units import format_bytes
-from jaxckpt.tagging import evaluate_equations, parse_value_name, tag_values, value_name, walk_top_level, walk_values
+from jaxckpt.core.tagging import evaluate_equations, parse_value_name, tag_values, value_name, walk_top_level, walk_values
 
 __all__ = ["WholeLoss", "WholePlan", "WholeMeasure", "whole_loss", "target_whole_loss", "whole_graph", "whole_plan",
            "remat_whole_loss", "measure_whole", "WHOLE", "TIME_LIMIT", "Region", "Segments", "SegmentedPlan",
@@ -258,7 +258,7 @@ def remat_whole_loss(loss: WholeLoss, names: Sequence[str]) -> Callable[..., jax
 
   Args:
     loss: from :func:`whole_loss`.
-    names: automatic names (:func:`jaxckpt.tagging.value_name`), e.g. a :class:`WholePlan`'s ``choice.names``.
+    names: automatic names (:func:`jaxckpt.core.tagging.value_name`), e.g. a :class:`WholePlan`'s ``choice.names``.
 
   Returns:
     ``(params, batch[, key]) -> scalar``: plain JAX (``tag_values`` + ``save_only_these_names``); gradients equal

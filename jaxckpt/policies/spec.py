@@ -28,7 +28,7 @@ Whitespace around tokens is ignored. Policy names (:data:`POLICY_NAMES`):
 
 In a block map each block type gets its own policy; ``default=`` covers the block types not named (else ``none``).
 A single policy applies to every block type. Which block types a model has, and which checkpoint names each emits,
-is declared by its layers (see :mod:`jaxckpt.layers`); :meth:`PolicySpec.validate` checks a spec against them.
+is declared by its layers (see :mod:`jaxckpt.nnx.layers`); :meth:`PolicySpec.validate` checks a spec against them.
 
 Example::
 
@@ -74,7 +74,7 @@ OFFLOAD_DST = "pinned_host"
 
 SAVE_TENSORS = "save_tensors"
 """The per-tensor policy: ``save_tensors:t12_tanh+…`` saves the values with those automatic names
-(:mod:`jaxckpt.tagging`); the remat wrappers tag them before ``jax.checkpoint``."""
+(:mod:`jaxckpt.core.tagging`); the remat wrappers tag them before ``jax.checkpoint``."""
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 
@@ -202,7 +202,7 @@ class Policy:
   @property
   def checkpoint_names(self) -> frozenset[str]:
     """Every checkpoint name the policy refers to (``save_tensors``' automatic names are not checkpoint names the
-    blocks emit: :func:`jaxckpt.tagging.tag_values` adds them at trace time)."""
+    blocks emit: :func:`jaxckpt.core.tagging.tag_values` adds them at trace time)."""
     if self.name == SAVE_TENSORS:
       return frozenset()
     return frozenset(self.names) | frozenset(self.offload_names)

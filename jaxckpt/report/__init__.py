@@ -12,7 +12,7 @@ in a fresh process. Rendered as a terminal table, JSON, CSV, Markdown, one self-
 - Outputs (:mod:`jaxckpt.report.outputs`): :func:`to_table`, :func:`to_json`, :func:`to_csv`, :func:`to_markdown`,
   :func:`write_outputs`; the interactive page :func:`to_html` (:mod:`jaxckpt.report.html`, plotly) and the static
   chart :func:`plot_pareto` (:mod:`jaxckpt.report.plot`, matplotlib: PNG/JPEG/SVG/PDF).
-- XProf traces per policy: ``build_report(..., profile="DIR")`` (:mod:`jaxckpt.profile`).
+- XProf traces per policy: ``build_report(..., profile="DIR")`` (:mod:`jaxckpt.training.profile`).
 - CLI: ``python -m jaxckpt.report`` (:mod:`jaxckpt.report.cli`).
 """
 

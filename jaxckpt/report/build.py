@@ -18,10 +18,10 @@ import jax
 import optax
 from tqdm.auto import tqdm
 
-from jaxckpt import sharding
+from jaxckpt.training import sharding
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import ModelPolicy
-from jaxckpt.profile import check_profile_dir, profile_slug
+from jaxckpt.training.profile import check_profile_dir, profile_slug
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
@@ -75,7 +75,7 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _unique_slugs(policies: Sequence[str]) -> list[str]:
-  """:func:`jaxckpt.profile.profile_slug` of each policy, ``-2``, ``-3``… appended to repeats (one run each)."""
+  """:func:`jaxckpt.training.profile.profile_slug` of each policy, ``-2``, ``-3``… appended to repeats (one run each)."""
   out: list[str] = []
   for policy in policies:
     slug = base = profile_slug(policy)
@@ -123,11 +123,11 @@ def build_report(
     tx: the optimizer (default ``optax.adamw(1e-3)``).
     progress: tqdm bars on stderr.
     mesh: compile each step sharded over a device mesh (``"data=4,fsdp=2"``, ``{"data": 8}`` or a
-      ``jax.sharding.Mesh``; :mod:`jaxckpt.sharding`): every memory statistic is then **per device** (XLA's
+      ``jax.sharding.Mesh``; :mod:`jaxckpt.training.sharding`): every memory statistic is then **per device** (XLA's
       ``memory_analysis()`` of the SPMD-partitioned program each device runs), FLOPs and residuals stay those of
       the whole step. ``data["mesh"]`` records it (``None`` = one device, unsharded).
     profile: an XProf log directory: each successful policy also runs ``profile_steps`` warm steps (real inputs,
-      after the warm-up) under :func:`jaxckpt.profile.profile_trace` into ``profile/<policy slug>/``, in the same
+      after the warm-up) under :func:`jaxckpt.training.profile.profile_trace` into ``profile/<policy slug>/``, in the same
       fresh process as ``measure`` (:mod:`jaxckpt.report.measure`); the row's ``profile`` gives the run directory
       and its ``*.xplane.pb`` files. ``None`` = no traces.
     profile_steps: traced steps per policy (≥ 1).

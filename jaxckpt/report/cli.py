@@ -12,18 +12,18 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxckpt import names
+from jaxckpt.core import names
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.models import MODEL_REGISTRY
+from jaxckpt.models.registry import MODEL_REGISTRY
 from jaxckpt.policies import POLICY_NAMES
 from jaxckpt.report.build import build_report
-from jaxckpt.profile import check_profile_dir
+from jaxckpt.training.profile import check_profile_dir
 from jaxckpt.report.html import PLOTLYJS_MODES
 from jaxckpt.report.outputs import to_table, write_outputs
 from jaxckpt.report.plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report.policies import ALL, expand_policies
-from jaxckpt.sharding import check_batch_size, make_mesh
+from jaxckpt.training.sharding import check_batch_size, make_mesh
 from jaxckpt.step.build import target_block_types
 from jaxckpt.step.flags import add_target_flags, target_from_args
 from jaxckpt.step.targets import SHIPPED_MODELS

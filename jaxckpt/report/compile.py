@@ -23,14 +23,14 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.jaxprs import count_remat_regions
+from jaxckpt.analysis.jaxprs import count_remat_regions
 from jaxckpt.planner import resolve_policy
 from jaxckpt.policies import ModelPolicy
 from jaxckpt.report import xla_dump
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report.residuals import analyse_residuals
-from jaxckpt.xla import offload_warning
+from jaxckpt.training.xla import offload_warning
 from jaxckpt.step import (STATS_ONLY_OPTIONS, StepBuilder, Target, lower_policy, step_builder, step_compiler_options,
                           xla_raw_flops)
 
@@ -119,7 +119,7 @@ def compile_rows(
     residuals: run the residual analysis (``residual_bytes``, ``activation_residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
-    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
+    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.training.sharding`: batch over ``data``/``fsdp``,
       parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
       (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded.
 

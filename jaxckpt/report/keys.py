@@ -14,7 +14,7 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STRUCTURES = ("scan", "unrolled")
 """How the report's ``structure`` starts: layers stacked with ``scan`` or unrolled (then ", every:K" / ", nested:D"
-when the stacks group their blocks, see :mod:`jaxckpt.structure`)."""
+when the stacks group their blocks, see :mod:`jaxckpt.core.structure`)."""
 
 REPORT_KEYS: tuple[str, ...] = (
     "schema_version",  # jaxckpt.schema.SCHEMA_VERSION.
@@ -49,7 +49,7 @@ ROW_KEYS: tuple[str, ...] = (
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
-    "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.profile); else None.
+    "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.training.profile); else None.
     "plan",  # Budget rows (budget:40%, auto): jaxckpt.planner.Plan.to_json() without candidates; else None.
 )
 """Keys of every report row, in order."""

@@ -14,7 +14,7 @@ last stdout line) rebuilds the target from its ``ref``, compiles the step exactl
    initialisation's temporaries);
 4. ``step_time_s`` = median wall seconds of the ``steps`` steps (each waited for with ``block_until_ready``);
 5. with a profile directory (``--profile DIR``): after those, ``profile_steps`` more warm steps under
-   :func:`jaxckpt.profile.profile_trace`, one XProf run ``DIR/<policy slug>/`` per policy (the trace never overlaps
+   :func:`jaxckpt.training.profile.profile_trace`, one XProf run ``DIR/<policy slug>/`` per policy (the trace never overlaps
    the measured steps). ``--profile`` without ``--measure`` skips 2 and 4.
 
 Below ~100 MiB the process's own noise (allocator pages, thread stacks) is of the same order as the step: compare
@@ -39,7 +39,7 @@ import jax
 
 from jaxckpt.planner import resolve_policy
 from jaxckpt.policies import MinCut, MinSaved, parse_model_policy
-from jaxckpt.profile import profile_trace, trace_files
+from jaxckpt.training.profile import profile_trace, trace_files
 from jaxckpt.step import Target, compile_policy, concrete_inputs, default_optimizer, rebuild_target
 
 __all__ = ["measure_policy", "measure_in_process", "child_env", "MALLOC_ENV"]
@@ -95,7 +95,7 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     compiler_options: extra XLA options (merged with the remat fix).
     measure: time the steps and measure the peak (``False``: only warm up, e.g. to profile).
     profile_dir: also record an XProf trace of ``profile_steps`` warm steps, after the measured ones, into
-      ``profile_dir/<slug of profile_name>/`` (:func:`jaxckpt.profile.profile_trace`); ``None`` = no trace.
+      ``profile_dir/<slug of profile_name>/`` (:func:`jaxckpt.training.profile.profile_trace`); ``None`` = no trace.
     profile_name: the trace's run name (default ``policy``).
     profile_steps: steps inside the trace, ≥ 1, each marked with ``StepTraceAnnotation("train_step")``.
 

@@ -1,4 +1,4 @@
-"""What each policy saves for the backward pass, summarised for the report (built on :mod:`jaxckpt.residuals`).
+"""What each policy saves for the backward pass, summarised for the report (built on :mod:`jaxckpt.analysis.residuals`).
 
 The loss is differentiated w.r.t. the params only (what the train step differentiates); the batch and dropout key
 are closed over. Layers stacked with ``scan`` would hide every checkpoint name behind "output of scan", so the
@@ -18,10 +18,10 @@ from typing import Any
 
 import jax
 
-from jaxckpt.activations import parameter_only_bytes
-from jaxckpt.jaxprs import outermost_remats
-from jaxckpt.layers import record_stack_inputs, shared_block_traces
-from jaxckpt.residuals import Residual, group_residuals, recomputed_residuals, total_residual_bytes, traced_residuals
+from jaxckpt.analysis.activations import parameter_only_bytes
+from jaxckpt.analysis.jaxprs import outermost_remats
+from jaxckpt.nnx.layers import record_stack_inputs, shared_block_traces
+from jaxckpt.analysis.residuals import Residual, group_residuals, recomputed_residuals, total_residual_bytes, traced_residuals
 from jaxckpt.step.build import PolicyStep, dropout_key_struct
 
 __all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
@@ -49,14 +49,14 @@ def residual_levels(step: PolicyStep) -> list[tuple[str, list[Residual]]]:
   Returns:
     ``[(description, residuals), ...]``: level 0 (the forward pass of the whole loss, arguments included), then,
     for a stack under ``every:K`` / ``nested[:D]``, one entry per group level: the largest group's
-    :func:`jaxckpt.residuals.recomputed_residuals` without its arguments (the group inputs, listed by the level
+    :func:`jaxckpt.analysis.residuals.recomputed_residuals` without its arguments (the group inputs, listed by the level
     above). One entry for ``block`` structures and loss targets.
   """
   return _levels(step)[0]
 
 
 def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
-  """:func:`residual_levels` and the bytes of level 0's parameter-only residuals (:mod:`jaxckpt.activations`)."""
+  """:func:`residual_levels` and the bytes of level 0's parameter-only residuals (:mod:`jaxckpt.analysis.activations`)."""
   levels: list[tuple[str, list[Residual]]] = []
   param_only: list[int] = []
 
@@ -123,7 +123,7 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
     "items"}``: ``bytes`` excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``) and,
     under a structure, sums the levels (group inputs + what one group keeps while recomputed, see the module
     docstring); ``activation_bytes`` also excludes values that depend on the params only (per-layer parameter
-    slices, :mod:`jaxckpt.activations`; the row's ``activation_residual_bytes``);
+    slices, :mod:`jaxckpt.analysis.activations`; the row's ``activation_residual_bytes``);
     ``argument_bytes`` is the arguments'; ``levels``: ``[{"level", "analysed", "count", "bytes"}]``, one per level
     (one for ``block``); ``groups`` from :func:`residual_groups`, over all levels; ``by_source``:
     ``[{"key": "file:line:col (fn)", "count", "bytes"}]``; ``items``: every residual ``{"level", "shape", "dtype",

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxckpt.apply import loss_block_types
-from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns
-from jaxckpt.layers import Stack, block_types, set_policy
+from jaxckpt.nnx.apply import loss_block_types
+from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, iter_eqns
+from jaxckpt.nnx.layers import Stack, block_types, set_policy
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import LayeredPolicy, LossPolicy, PolicySpec
 from jaxckpt.step.targets import LossTarget, ModelTarget, Target
-from jaxckpt.train import abstract_state_of, create_train_state, make_train_step
+from jaxckpt.training.train import abstract_state_of, create_train_state, make_train_step
 
 __all__ = ["PolicyStep", "StepBuilder", "default_optimizer", "target_block_types", "target_structure", "policy_step",
            "concrete_inputs", "dropout_key_struct", "check_plain_step"]

@@ -28,12 +28,12 @@ import jax
 import optax
 from jax._src import config as jax_config  # enable_compilation_cache: the only per-compile switch
 
-from jaxckpt import sharding
-from jaxckpt.flops import jaxpr_flops
+from jaxckpt.training import sharding
+from jaxckpt.analysis.flops import jaxpr_flops
 from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.step.build import PolicyStep, StepBuilder, default_optimizer
 from jaxckpt.step.targets import ModelTarget, Target
-from jaxckpt.xla import memory_stats, remat_compiler_options
+from jaxckpt.training.xla import memory_stats, remat_compiler_options
 
 __all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
@@ -58,7 +58,7 @@ def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only:
 
 
 def xla_raw_flops(compiled: jax.stages.Compiled) -> int | None:
-  """XLA's ``cost_analysis()["flops"]`` of a compiled step (a loop body counted once: see :mod:`jaxckpt.flops`),
+  """XLA's ``cost_analysis()["flops"]`` of a compiled step (a loop body counted once: see :mod:`jaxckpt.analysis.flops`),
   or ``None`` where the backend has no cost analysis."""
   try:
     analysis = compiled.cost_analysis()
@@ -130,7 +130,7 @@ class LoweredPolicy:
 
   @functools.cached_property
   def flops(self) -> int:
-    """FLOPs of the step from its jaxpr (:func:`jaxckpt.flops.jaxpr_flops`)."""
+    """FLOPs of the step from its jaxpr (:func:`jaxckpt.analysis.flops.jaxpr_flops`)."""
     return jaxpr_flops(self.traced.jaxpr).total
 
   def compile(self, extra_options: Mapping[str, Any] | None = None) -> CompiledPolicy:
@@ -157,7 +157,7 @@ class LoweredPolicy:
 
 
 def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
-  """``target`` whose loss computes with parameters all-gathered over ``fsdp`` (:func:`jaxckpt.sharding.gathered_params`)."""
+  """``target`` whose loss computes with parameters all-gathered over ``fsdp`` (:func:`jaxckpt.training.sharding.gathered_params`)."""
   if isinstance(target, ModelTarget):
     return dataclasses.replace(target, loss_fn=sharding.gather_params_in_loss(target.loss_fn, mesh))
   loss = target.loss
@@ -198,7 +198,7 @@ def lower_policy(
       :class:`~jaxckpt.policies.LayeredPolicy` (budgets are resolved first: :func:`jaxckpt.planner.resolve_policy`).
     tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`, ``optax.adamw(1e-3)``).
     mesh: shard the step over this mesh (batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp``
-      by the FSDP rule of :mod:`jaxckpt.sharding`, computed with parameters all-gathered); the compiled stats are
+      by the FSDP rule of :mod:`jaxckpt.training.sharding`, computed with parameters all-gathered); the compiled stats are
       then per device. ``None``: one device.
     options: extra XLA options, merged over :func:`step_compiler_options`.
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (for executables that are never run).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.models import COMPUTE_DTYPES
+from jaxckpt.models.registry import COMPUTE_DTYPES
 from jaxckpt.step.targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
 
 __all__ = ["add_target_flags", "target_from_args"]

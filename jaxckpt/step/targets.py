@@ -2,7 +2,7 @@
 
 A *target* is one of two frozen dataclasses, all shapes given as ``jax.ShapeDtypeStruct`` (nothing is allocated):
 
-- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.layers`) or your own model prepared
+- :class:`ModelTarget`: an NNX model built from jaxckpt blocks (:mod:`jaxckpt.nnx.layers`) or your own model prepared
   with :func:`jaxckpt.apply_remat`, a loss (jaxckpt's form ``loss_fn(model, batch, *, dropout_key, deterministic) ->
   (scalar loss, metrics)``, default :func:`jaxckpt.classification_loss`, or a plain ``loss_fn(model, batch) ->
   scalar`` whose dropout comes from the model's own ``nnx.Rngs``) and an example batch. The report sets each policy
@@ -46,11 +46,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.linen_apply import RematModule, traced_block_types
-from jaxckpt.models import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
+from jaxckpt.linen.apply import RematModule, traced_block_types
+from jaxckpt.models.registry import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
 from jaxckpt.policies import PolicySpec
-from jaxckpt.structure import parse_structure
-from jaxckpt.train import LossFn, classification_loss
+from jaxckpt.core.structure import parse_structure
+from jaxckpt.training.train import LossFn, classification_loss
 
 __all__ = [
     "ModelTarget",
@@ -83,7 +83,7 @@ def _takes_jaxckpt_keywords(loss_fn: Callable) -> bool:
 
 def plain_loss_fn(loss_fn: Callable[..., Any]) -> LossFn:
   """Turns a plain ``loss_fn(model, batch) -> scalar`` (or ``-> (scalar, {metric: scalar})``) into jaxckpt's
-  :data:`~jaxckpt.train.LossFn` form; a loss already in that form (taking ``dropout_key`` and ``deterministic``
+  :data:`~jaxckpt.training.train.LossFn` form; a loss already in that form (taking ``dropout_key`` and ``deterministic``
   keywords) is returned unchanged.
 
   The plain loss draws dropout from the model's own ``nnx.Rngs`` (whose state is part of the train state, so every
@@ -191,7 +191,7 @@ def linen_target(
   """Your own Linen model as a report/planner target: a :class:`LossTarget` that sets each policy on it.
 
   Args:
-    model: the :class:`jaxckpt.linen_apply.RematModule` from :func:`jaxckpt.linen_apply.apply_remat` (any policy;
+    model: the :class:`jaxckpt.linen.apply.RematModule` from :func:`jaxckpt.linen.apply_remat` (any policy;
       the tools set each one).
     batch: pytree of ``jax.ShapeDtypeStruct`` (e.g. ``{"tokens": [B, T+1] int32}``).
     loss_fn: ``loss_fn(apply_fn, params, batch) -> scalar float32`` where ``apply_fn(params, *args, **kwargs)`` is
@@ -205,7 +205,7 @@ def linen_target(
     name: shown as the report's ``model``.
 
   Returns:
-    A :class:`LossTarget` whose block types are the model's (traced names, :func:`jaxckpt.linen_apply.block_types`).
+    A :class:`LossTarget` whose block types are the model's (traced names, :func:`jaxckpt.linen.apply.block_types`).
     Its batch is ``{"batch": batch, "dropout_seed": uint32 scalar}``.
 
   Raises:
@@ -213,7 +213,7 @@ def linen_target(
 
   Example::
 
-    >>> model = jaxckpt.linen_apply.apply_remat(MyLM(), "none", blocks={"layer": DecoderBlock})
+    >>> model = jaxckpt.linen.apply_remat(MyLM(), "none", blocks={"layer": DecoderBlock})
     >>> def loss_fn(apply_fn, params, batch):
     ...   logits = apply_fn(params, batch["tokens"][:, :-1], deterministic=False)
     ...   return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
@@ -221,7 +221,7 @@ def linen_target(
     ...                       init_args=(jax.ShapeDtypeStruct((8, 64), jnp.int32),))
   """
   if not isinstance(model, RematModule):
-    raise JaxckptError(f"linen_target(model=...) needs the RematModule from jaxckpt.linen_apply.apply_remat(module, "
+    raise JaxckptError(f"linen_target(model=...) needs the RematModule from jaxckpt.linen.apply_remat(module, "
                        f"policy, blocks=...), got {type(model).__name__}")
   if params is None:
     if not init_args:
@@ -257,7 +257,7 @@ def shipped_target(
     grad_accum_steps: int = 1,
 ) -> ModelTarget:
   """A shipped model of :data:`jaxckpt.models.MODEL_REGISTRY` with a preset and overrides: the entry builds it, gives
-  its example batch (image classifiers: the digits' image shape) and its loss (e.g. :func:`jaxckpt.gpt.lm_loss`).
+  its example batch (image classifiers: the digits' image shape) and its loss (e.g. :func:`jaxckpt.models.gpt.lm_loss`).
 
   Args:
     model: a registry key: ``vit``, ``mlp``, ``cnn`` or ``gpt``.

@@ -15,7 +15,7 @@ train state saved before restores after (a wrapper module would add a level: ``�
   the checkpointed function, so the recomputation draws the forward pass's dropout masks; updated RNG counters and
   other state are written back after the call.
 - Inside a remat'd block the outputs of the standard Flax layers get checkpoint names from their attribute path
-  (:mod:`jaxckpt.autonames`: ``attn.q_einsum``, ``mlp.up_proj``), so ``save_only_these_names:…`` works on models
+  (:mod:`jaxckpt.core.autonames`: ``attn.q_einsum``, ``mlp.up_proj``), so ``save_only_these_names:…`` works on models
   that never call ``checkpoint_name``.
 
 :func:`jaxckpt.set_policy` and :func:`jaxckpt.block_types` see applied blocks too; calling :func:`apply_remat`
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -47,12 +46,12 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.autonames import NNX_LAYERS, path_name
+from jaxckpt.core.autonames import NNX_LAYERS, path_name
+from jaxckpt.core.matching import block_matchers, describe_blocks_value
 from jaxckpt.errors import JaxckptError
-from jaxckpt.jaxprs import iter_eqns
-from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
-from jaxckpt.policies.spec import is_name
-from jaxckpt.remat import Remat, module_call
+from jaxckpt.analysis.jaxprs import iter_eqns
+from jaxckpt.policies import Policy, PolicySpec, parse_policy
+from jaxckpt.core.remat import Remat, module_call
 
 __all__ = [
     "BlockMatcher",
@@ -222,78 +221,8 @@ def _unapply(module: nnx.Module) -> None:
 # -------------------------------------------------------------------------------------------------------- matching
 
 
-def block_matchers(blocks: Any, *, front_end: str = "nnx") -> dict[str, Callable[[tuple, Any], bool]]:
-  """Checks a whole ``blocks=`` argument and turns each value into a predicate (:func:`block_matcher`).
-
-  Args:
-    blocks: ``{block type: module class | tuple of classes | predicate (path, module) -> bool}``, non-empty; block
-      types are names (letters, digits, ``_``, ``-``, ``.``), not ``default``.
-    front_end: ``"nnx"`` or ``"linen"``.
-
-  Returns:
-    ``{block type: predicate}`` in the order given.
-
-  Raises:
-    JaxckptError: ``blocks`` is not a non-empty mapping, a key is not a valid block type, or a value is invalid
-      (:func:`block_matcher`).
-  """
-  if not isinstance(blocks, Mapping) or not blocks:
-    raise JaxckptError(f"blocks={blocks!r} must be a non-empty dict block type -> class, tuple of classes or "
-                       "predicate, e.g. blocks={'layer': DecoderLayer}")
-  matchers = {}
-  for block_type, value in blocks.items():
-    if not isinstance(block_type, str) or not is_name(block_type) or block_type == DEFAULT_BLOCK:
-      raise JaxckptError(f"blocks key {block_type!r} is not a valid block type: letters, digits, '_', '-', '.' and "
-                         f"not {DEFAULT_BLOCK!r} (e.g. 'attn', 'mlp', 'layer')")
-    matchers[block_type] = block_matcher(block_type, value, front_end=front_end)
-  return matchers
-
-
-def block_matcher(block_type: str, value: Any, *, front_end: str = "nnx") -> Callable[[tuple, Any], bool]:
-  """Turns one ``blocks=`` value into a predicate ``(path, module) -> bool``, checking it (NNX and Linen alike).
-
-  Args:
-    block_type: the ``blocks=`` key (for messages).
-    value: a module class, a tuple of classes, or a predicate ``(path, module) -> bool``.
-    front_end: ``"nnx"`` (classes must be ``flax.nnx.Module`` s) or ``"linen"`` (``flax.linen.Module`` s).
-
-  Returns:
-    The predicate.
-
-  Raises:
-    JaxckptError: a value of none of those forms, a class of the other front-end (the message names the function
-      for it), or a predicate that cannot take ``(path, module)``.
-  """
-  base, other = (nnx.Module, nn.Module) if front_end == "nnx" else (nn.Module, nnx.Module)
-  name, other_name = ("NNX", "Linen") if front_end == "nnx" else ("Linen", "NNX")
-  other_fix = ("jaxckpt.linen_apply.apply_remat(module, policy, blocks=...) for Linen models" if front_end == "nnx"
-               else "jaxckpt.apply_remat(model, policy, blocks=...) for NNX models")
-  classes = value if isinstance(value, tuple) else (value,) if isinstance(value, type) else None
-  if classes is not None:
-    for cls in classes:
-      if not isinstance(cls, type):
-        raise JaxckptError(f"blocks[{block_type!r}] holds {cls!r}, not a class; give {name} module classes, a tuple "
-                           "of them, or a predicate (path, module) -> bool")
-      if issubclass(cls, other):
-        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is a Flax {other_name} module class: use "
-                           f"{other_fix}")
-      if not issubclass(cls, base):
-        raise JaxckptError(f"blocks[{block_type!r}]={cls.__name__} is not a {base.__module__}.Module class")
-    wanted = tuple(_ORIGINAL.get(c, c) for c in classes)
-    return lambda path, module: isinstance(module, wanted)
-  if callable(value):
-    try:
-      inspect.signature(value).bind(("path",), None)
-    except (TypeError, ValueError) as err:
-      raise JaxckptError(f"blocks[{block_type!r}]={value!r} must take (path, module) and return a bool") from err
-    return lambda path, module: bool(value(path, module))
-  article = "an" if name == "NNX" else "a"
-  raise JaxckptError(f"blocks[{block_type!r}]={value!r}: give {article} {name} module class, a tuple of classes, or "
-                     "a predicate (path, module) -> bool")
-
-
 def _match(model: nnx.Module, blocks: Mapping[str, Any]) -> dict[str, list[tuple[tuple, nnx.Module]]]:
-  matchers = block_matchers(blocks)
+  matchers = block_matchers(blocks, unwrap=lambda cls: _ORIGINAL.get(cls, cls))
   found: dict[str, list[tuple[tuple, nnx.Module]]] = {b: [] for b in matchers}
   seen: set[int] = set()
   for path, module in nnx.iter_modules(model):
@@ -308,17 +237,9 @@ def _match(model: nnx.Module, blocks: Mapping[str, Any]) -> dict[str, list[tuple
   if missing:
     classes = model_classes(model)
     raise JaxckptError(
-        f"blocks={{{', '.join(f'{b!r}: {_describe(blocks[b])}' for b in missing)}}} matched no module of "
+        f"blocks={{{', '.join(f'{b!r}: {describe_blocks_value(blocks[b])}' for b in missing)}}} matched no module of "
         f"{type(model).__name__}; its module classes: {', '.join(classes) or '(none)'}")
   return found
-
-
-def _describe(value: Any) -> str:
-  if isinstance(value, type):
-    return value.__name__
-  if isinstance(value, tuple):
-    return "(" + ", ".join(getattr(v, "__name__", repr(v)) for v in value) + ")"
-  return getattr(value, "__name__", repr(value))
 
 
 # ------------------------------------------------------------------------------------------------------ public API
@@ -387,7 +308,7 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
   """
   if isinstance(model, nn.Module):
     raise JaxckptError(f"apply_remat got a Flax Linen module ({type(model).__name__}); for Linen use "
-                       "jaxckpt.linen_apply.apply_remat(module, policy, blocks=...)")
+                       "jaxckpt.linen.apply_remat(module, policy, blocks=...)")
   if not isinstance(model, nnx.Module):
     raise JaxckptError(f"apply_remat needs a flax.nnx.Module, got {type(model).__name__}")
   spec = parse_policy(policy)
@@ -408,7 +329,7 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
 def checkpoint_names(model: nnx.Module, *args, **kwargs) -> dict[str, frozenset[str]]:
   """Every checkpoint name each block type of ``model`` emits, found by tracing ``model(*args, **kwargs)``.
 
-  The automatic names (:mod:`jaxckpt.autonames`) are known without tracing (:func:`jaxckpt.block_types`); tracing
+  The automatic names (:mod:`jaxckpt.core.autonames`) are known without tracing (:func:`jaxckpt.block_types`); tracing
   also finds the names the model tags itself with ``checkpoint_name``. They are remembered on the blocks, so
   :func:`jaxckpt.set_policy` accepts them afterwards. Nothing is computed (``jax.eval_shape``) and the model's
   state is not changed.

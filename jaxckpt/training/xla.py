@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from jaxckpt.jaxprs import uses_remat
+from jaxckpt.analysis.jaxprs import uses_remat
 from jaxckpt.policies import PolicySpec
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
 

@@ -8,7 +8,7 @@ re-nested: the parameter tree is the module's own, so existing checkpoints load.
 
 - Array arguments go through the checkpoint; everything else (``deterministic=True``, ``train=False``, ``None``) is
   closed over as a static Python value.
-- Inside a remat'd block the outputs of the standard Linen layers (:data:`jaxckpt.autonames.LINEN_LAYERS`: ``Dense``,
+- Inside a remat'd block the outputs of the standard Linen layers (:data:`jaxckpt.core.autonames.LINEN_LAYERS`: ``Dense``,
   ``DenseGeneral``, ``Einsum``, ``Conv``, ...) are tagged with checkpoint names from their module path relative to
   the block (``MlpBlock_0.Dense_1``, ``attention.query``), so ``save_only_these_names:…`` works; :func:`block_types`
   lists them.
@@ -19,7 +19,7 @@ for ``nn.remat(cls, policy=…)`` gives the same parameters and gradients, but n
 
 Example::
 
-  >>> model = jaxckpt.linen_apply.apply_remat(TransformerLM(cfg), "dots_saveable", blocks={"layer": DecoderBlock})
+  >>> model = jaxckpt.linen.apply_remat(TransformerLM(cfg), "dots_saveable", blocks={"layer": DecoderBlock})
   >>> variables = model.init(jax.random.key(0), tokens)                    # same tree as TransformerLM(cfg).init
   >>> logits = model.apply(variables, tokens, deterministic=False, rngs={"dropout": key})
 """
@@ -39,8 +39,8 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.apply import block_matcher, block_matchers
-from jaxckpt.autonames import LINEN_LAYERS, path_name
+from jaxckpt.core.matching import block_matcher, block_matchers
+from jaxckpt.core.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 
@@ -225,7 +225,7 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
   if isinstance(module, nnx.Module):
     raise JaxckptError(f"{type(module).__name__} is an NNX module: use jaxckpt.apply_remat(model, policy, blocks=...)")
   if not isinstance(module, nn.Module):
-    raise JaxckptError(f"linen_apply.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
+    raise JaxckptError(f"jaxckpt.linen.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
   block_matchers(blocks, front_end="linen")
   spec = _checked(parse_policy(policy), tuple(blocks))
   return RematModule(module, spec, tuple(blocks.items()))
@@ -271,7 +271,7 @@ def block_types(model: RematModule, *args, **kwargs) -> dict[str, frozenset[str]
     JaxckptError: ``model`` is not a :class:`RematModule`; a block type that matched no module.
   """
   if not isinstance(model, RematModule):
-    raise JaxckptError(f"block_types needs the RematModule from linen_apply.apply_remat, got {type(model).__name__}")
+    raise JaxckptError(f"block_types needs the RematModule from jaxckpt.linen.apply_remat, got {type(model).__name__}")
   return traced_block_types(lambda *a: model.init(*a, **kwargs), *args, block_type_names=model.block_type_names)
 
 

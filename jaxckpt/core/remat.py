@@ -18,7 +18,7 @@ from flax import nnx
 
 from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
-from jaxckpt.tagging import tag_values
+from jaxckpt.core.tagging import tag_values
 
 __all__ = ["checkpoint", "remat", "Remat"]
 
@@ -299,7 +299,7 @@ def remat(
   Raises:
     PolicySpecError: a malformed spec.
     JaxckptError: ``target`` is neither callable nor an NNX module; a module class (NNX or Linen) or a Linen module
-      (use :func:`jaxckpt.apply_remat` / :func:`jaxckpt.linen_apply.apply_remat`, which keep parameter paths).
+      (use :func:`jaxckpt.apply_remat` / :func:`jaxckpt.linen.apply_remat`, which keep parameter paths).
     StaticArgumentError: as :func:`checkpoint`, or static arguments declared for a module.
 
   Example::
@@ -311,7 +311,7 @@ def remat(
     linen = isinstance(target, nn.Module) or issubclass(target, nn.Module)
     name, kind = (target.__name__, "class") if isinstance(target, type) else (type(target).__name__, "instance")
     raise JaxckptError(f"remat got the {'Linen' if linen else 'NNX'} module {kind} "
-                       f"{name}: name your block classes instead, jaxckpt.{'linen_apply.' if linen else ''}apply_remat("
+                       f"{name}: name your block classes instead, jaxckpt.{'linen.' if linen else ''}apply_remat("
                        f"model, policy, blocks={{'block': {name}}}) (parameter paths stay as they are)")
   if isinstance(target, nnx.Module):
     if static_argnums or static_argnames:

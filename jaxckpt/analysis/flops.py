@@ -95,7 +95,7 @@ import jax
 import jax.extend.core as jex_core
 import numpy as np
 
-from jaxckpt.jaxprs import sub_jaxprs
+from jaxckpt.analysis.jaxprs import sub_jaxprs
 
 __all__ = ["FlopCount", "count_flops", "count_live_flops", "jaxpr_flops", "live_jaxpr", "equation_flops"]
 

@@ -16,7 +16,7 @@ public bug trackers:
 - ``everything_saveable``: it saves every intermediate, as much as no remat at all.
 
 :func:`policy_warnings` traces ``jax.vjp`` of ``jax.checkpoint(fn, policy=...)`` with
-:func:`jaxckpt.residuals.saved_residuals` (nothing is compiled or executed) and returns one line per such problem;
+:func:`jaxckpt.analysis.residuals.saved_residuals` (nothing is compiled or executed) and returns one line per such problem;
 :func:`warn_policy` issues them as :class:`RematPolicyWarning`.
 """
 
@@ -30,9 +30,9 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxckpt.jaxprs import CUSTOM_CALLS, emitted_checkpoint_names, sub_jaxprs
+from jaxckpt.analysis.jaxprs import CUSTOM_CALLS, emitted_checkpoint_names, sub_jaxprs
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
-from jaxckpt.residuals import Residual, saved_residuals, total_residual_bytes
+from jaxckpt.analysis.residuals import Residual, saved_residuals, total_residual_bytes
 
 __all__ = ["RematPolicyWarning", "DOTS_POLICIES", "policy_warnings", "warn_policy"]
 
@@ -158,7 +158,7 @@ def policy_warnings(
     backward pass needs none.
   - ``save_only_these_names`` / ``save_and_offload_only_these_names``: every name is emitted by ``fn`` (names
     tagged inside a ``custom_vjp`` forward rule or a ``custom_jvp`` rule count, see
-    :func:`jaxckpt.jaxprs.emitted_checkpoint_names`), and every
+    :func:`jaxckpt.analysis.jaxprs.emitted_checkpoint_names`), and every
     name to be kept on device is among the saved residuals (offloaded values lose their names in JAX's report, so
     only their emission is checked).
   - ``save_anything_except_these_names``: at least one excluded name is emitted (else it is ``everything_saveable``).

@@ -10,7 +10,7 @@ matmuls, and dropout applies to the attention weights. ``attention="dot_product_
 ``jax.nn.dot_product_attention``, which on GPU with a bfloat16/float16 compute dtype runs cuDNN flash attention: a
 custom call, **not** a ``dot_general``, so the dots policies do not save it (the whole attention is recomputed in the
 backward pass unless named). Its output is therefore tagged with the checkpoint name ``attn_context``
-(:data:`jaxckpt.names.ATTN_CONTEXT`): save it with ``save_only_these_names:attn_context`` on any backend. Where
+(:data:`jaxckpt.core.names.ATTN_CONTEXT`): save it with ``save_only_these_names:attn_context`` on any backend. Where
 cuDNN does not apply (CPU, float32) JAX falls back to an ``einsum`` implementation whose matmuls the dots policies
 do see, so dots-policy memory differs between backends for this mode; the name-based policies behave the same. There
 are no ``attn_weights`` and no attention-weight dropout in this mode.
@@ -18,7 +18,7 @@ are no ``attn_weights`` and no attention-weight dropout in this mode.
 Example::
 
     >>> import jax, jax.numpy as jnp
-    >>> from jaxckpt.gpt import GPT_PRESETS, build_gpt, lm_loss
+    >>> from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
     >>> model = build_gpt(GPT_PRESETS["tiny"], policy="attn=dots_saveable,mlp=full")
     >>> tokens = jnp.zeros((8, 65), jnp.int32)                    # [B, T+1] int32
     >>> loss, metrics = lm_loss(model, {"tokens": tokens}, dropout_key=None, deterministic=True)
@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxckpt.configs import check_config, compute_dtype
+from jaxckpt.models.configs import check_config, compute_dtype
 from jaxckpt.errors import JaxckptError
-from jaxckpt.layers import Stack, TransformerBlock, set_policy
+from jaxckpt.nnx.layers import Stack, TransformerBlock, set_policy
 from jaxckpt.policies import Policy, PolicySpec
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "GPT_BLOCK_TYPES", "build_gpt", "lm_loss", "lm_batch_struct"]
@@ -46,9 +46,9 @@ GPT_BLOCK_TYPES: tuple[str, ...] = ("attn", "mlp")
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-  """A GPT-style decoder (``gpt``). Presets in :data:`GPT_PRESETS`; override with :func:`jaxckpt.configs.override`.
+  """A GPT-style decoder (``gpt``). Presets in :data:`GPT_PRESETS`; override with :func:`jaxckpt.models.configs.override`.
 
-  Checked when made (:func:`jaxckpt.configs.check_config`): sizes ≥ 1, ``vocab_size`` ≥ 2, ``num_heads`` divides
+  Checked when made (:func:`jaxckpt.models.configs.check_config`): sizes ≥ 1, ``vocab_size`` ≥ 2, ``num_heads`` divides
   ``dim``, known ``attention``, ``structure`` and ``compute_dtype``.
 
   Raises:
@@ -166,7 +166,7 @@ def build_gpt(config: GPTConfig | None = None, *, policy: "str | Policy | Policy
 
 def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], *, dropout_key: jax.Array | None,
             deterministic: bool) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean next-token cross-entropy; the :data:`jaxckpt.train.LossFn` of language models.
+  """Mean next-token cross-entropy; the :data:`jaxckpt.training.train.LossFn` of language models.
 
   Args:
     model: maps ``[B, T]`` int32 tokens to ``[B, T, V]`` float32 logits.

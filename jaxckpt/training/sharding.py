@@ -18,7 +18,7 @@ Mesh axes (:data:`MESH_AXES`):
 
 The FSDP rule (:func:`fsdp_partition`): an array is split along its **largest dimension whose size is divisible by
 the ``fsdp`` axis size** (ties: the last such dimension), **never the scanned layer axis** (axis 0 of the stacked
-parameters of a :class:`jaxckpt.layers.Stack`: ``scan`` slices it one layer per iteration, so sharding it would
+parameters of a :class:`jaxckpt.nnx.layers.Stack`: ``scan`` slices it one layer per iteration, so sharding it would
 move whole layers between devices each step). Arrays with no such dimension (scalars, odd sizes) are replicated.
 Adam's moments get the sharding of the parameter they belong to; every other leaf (step counter, PRNG key,
 optimizer counters) is replicated. Inside the step the model computes with the parameters all-gathered over
@@ -48,7 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.errors import MeshSpecError, closest, shorten
-from jaxckpt.layers import Stack
+from jaxckpt.nnx.layers import Stack
 
 __all__ = [
     "MESH_AXES",
@@ -178,7 +178,7 @@ def fsdp_partition(shape: tuple[int, ...], fsdp_size: int, *, layer_axis: int | 
   Args:
     shape: the array's shape.
     fsdp_size: size of the mesh's ``fsdp`` axis (1 or absent: everything replicated).
-    layer_axis: the scanned layer axis (0 for a :class:`jaxckpt.layers.Stack`'s parameters), never split;
+    layer_axis: the scanned layer axis (0 for a :class:`jaxckpt.nnx.layers.Stack`'s parameters), never split;
       ``None`` if the array has none.
 
   Returns:
@@ -212,7 +212,7 @@ def _names(path: tuple[Any, ...]) -> tuple[str, ...]:
 def stacked_layer_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
   """Path prefixes (in the model's ``nnx.State``) of parameters stacked on a leading layer axis.
 
-  Every :class:`jaxckpt.layers.Stack` (scanned or unrolled) keeps its N blocks' parameters stacked on axis 0 under
+  Every :class:`jaxckpt.nnx.layers.Stack` (scanned or unrolled) keeps its N blocks' parameters stacked on axis 0 under
   its ``layers`` attribute; that axis is the scanned layer axis the FSDP rule never splits.
 
   Args:
@@ -327,7 +327,7 @@ def gathered_params(params: Any, mesh: Mesh) -> Any:
 
 
 def gather_params_in_loss(loss_fn: Callable[..., Any], mesh: Mesh | None) -> Callable[..., Any]:
-  """Wraps a :data:`jaxckpt.train.LossFn` so the model computes with :func:`gathered_params` under ``mesh``.
+  """Wraps a :data:`jaxckpt.training.train.LossFn` so the model computes with :func:`gathered_params` under ``mesh``.
 
   Args:
     loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (loss, metrics)``.

@@ -34,7 +34,7 @@ def parameter_only_residual_bytes(fn: Callable[..., Any], *args: Any) -> int:
   :mod:`jaxckpt.report.residuals` does: values that depend on them are activations; values computed from ``args``
   alone (and constants) are parameter-only. Arguments themselves are not counted (JAX's analysis lists them as
   arguments, which ``residual_bytes`` already excludes). Traces the vjp; with a trace already at hand
-  (:func:`jaxckpt.residuals.traced_residuals`) use :func:`parameter_only_bytes`.
+  (:func:`jaxckpt.analysis.residuals.traced_residuals`) use :func:`parameter_only_bytes`.
 
   Args:
     fn: the function differentiated, e.g. ``params -> loss``.
@@ -54,7 +54,7 @@ def parameter_only_bytes(jaxpr: Any, num_residuals: int) -> int:
 
   Args:
     jaxpr: the ``jax.extend.core.Jaxpr`` of ``jax.vjp`` over the flattened differentiated arguments (its invars),
-      the batch and dropout key closed over (its constvars), e.g. :attr:`jaxckpt.residuals.TracedResiduals.jaxpr`.
+      the batch and dropout key closed over (its constvars), e.g. :attr:`jaxckpt.analysis.residuals.TracedResiduals.jaxpr`.
     num_residuals: how many of its last outvars are residuals.
 
   Returns:

@@ -1,6 +1,6 @@
 """Saving and resuming the train state with orbax, refusing to overwrite or mix runs; holding a run's directories.
 
-Each checkpoint step holds the :class:`~jaxckpt.train.TrainState` (orbax ``StandardSave``; restores bit-identically)
+Each checkpoint step holds the :class:`~jaxckpt.training.train.TrainState` (orbax ``StandardSave``; restores bit-identically)
 and the run's config as JSON. Saves are synchronous: the train step donates its state, so the arrays must be written
 before the next step reuses their buffers. orbax writes each step to a temporary directory
 (``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a half-written step is never listed; the
@@ -12,7 +12,7 @@ that step lands. A save that is asked for and writes nothing raises instead of r
 :class:`DirectoryLock` holds a directory for one run (``filelock``: an OS ``flock`` on ``DIR/.jaxckpt.lock``), so
 a second run started into the same directories is refused at once, naming the holder.
 
-Multi-process runs (``jax.distributed``, :mod:`jaxckpt.sharding`): every process creates the same
+Multi-process runs (``jax.distributed``, :mod:`jaxckpt.training.sharding`): every process creates the same
 :class:`TrainStateSaver` on a directory they all see and calls the same methods in the same order; orbax writes each
 array's shards from the process that holds them and the metadata and JSON items from process 0, and a restore places
 every array on the template's sharding (so a state saved under one mesh restores onto the current one). Only process
@@ -225,7 +225,7 @@ class TrainStateSaver:
     to ``<step>.corrupt-<UTC time>`` (kept, not deleted), so that saving those steps again writes them.
 
     Args:
-      state: a template :class:`~jaxckpt.train.TrainState` (arrays or ``jax.ShapeDtypeStruct``s); sharded arrays
+      state: a template :class:`~jaxckpt.training.train.TrainState` (arrays or ``jax.ShapeDtypeStruct``s); sharded arrays
         are restored with the same shardings (each process reads its own shards).
 
     Returns:

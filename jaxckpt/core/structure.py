@@ -17,7 +17,7 @@ Grammar: ``structure := "block" | "every:" K | "nested" [":" D]`` with integers 
 
 :func:`apply_layers` runs a stack of N layers with a structure, scanned or unrolled; :func:`apply_segments` runs
 consecutive layer ranges each with its own layer function (the per-range policies of a
-:class:`~jaxckpt.policies.LayeredPolicy`). Both front-ends' stacks (:class:`jaxckpt.layers.Stack` for NNX,
+:class:`~jaxckpt.policies.LayeredPolicy`). Both front-ends' stacks (:class:`jaxckpt.nnx.layers.Stack` for NNX,
 :class:`jaxckpt.linen.Stack` for Linen) call them with their own "apply layer i" function.
 """
 

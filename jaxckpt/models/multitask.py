@@ -101,7 +101,7 @@ def multitask_loss(task: "AuxTask | str", weight: float = 0.5):
     weight: λ ≥ 0 in ``loss = CE_main + λ · CE_aux``.
 
   Returns:
-    ``loss_fn(model, batch, *, dropout_key, deterministic) -> (loss, metrics)`` (a :data:`jaxckpt.train.LossFn`)
+    ``loss_fn(model, batch, *, dropout_key, deterministic) -> (loss, metrics)`` (a :data:`jaxckpt.training.train.LossFn`)
     over ``batch = {"x": [B, H, W, C] float, "y": [B] int32, "mask": [B] bool (optional)}``; metrics: ``loss``
     (the total), ``main_loss``, ``aux_loss``, ``accuracy``, ``aux_accuracy`` (means over valid examples) and the
     sums ``correct``, ``aux_correct``, ``count`` (float32).

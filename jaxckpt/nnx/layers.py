@@ -2,7 +2,7 @@
 
 Each block is one *block type* with its own policy (``attn``, ``mlp``, ``conv``): its call runs inside
 ``nnx.remat(policy=...)`` and tags its important intermediates with ``checkpoint_name`` (names in
-:mod:`jaxckpt.names`), so ``save_only_these_names:...`` policies can pick them. A :class:`TransformerBlock` is two
+:mod:`jaxckpt.core.names`), so ``save_only_these_names:...`` policies can pick them. A :class:`TransformerBlock` is two
 blocks, ``attn`` then ``mlp`` (pre-LayerNorm; each LN + sublayer + residual is remat'd on its own), so
 ``attn=dots_saveable,mlp=full`` gives them different policies. :class:`Stack` stacks N identical blocks with
 ``jax.lax.scan`` over a leading layer axis (default), the policy sitting on the scan body, or unrolls them.
@@ -11,7 +11,7 @@ Dropout is driven by explicit keys: ``dropout_key`` goes into the remat'd call a
 the recomputation draw the same mask, and a stack splits it into one key per layer, so layers draw different masks.
 Static flags (``deterministic``) are closed over, never traced.
 
-The block math lives in :mod:`jaxckpt.blocks` and the stack's grouping and looping in :mod:`jaxckpt.structure`, shared
+The block math lives in :mod:`jaxckpt.core.blocks` and the stack's grouping and looping in :mod:`jaxckpt.core.structure`, shared
 with the Linen front-end (:mod:`jaxckpt.linen`); this module holds what is NNX's own: parameters as ``nnx.Param``,
 remat through :func:`jaxckpt.remat.module_call`, policies set in place (:func:`set_policy`).
 """
@@ -28,14 +28,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt import blocks, names
-from jaxckpt.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
-from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS
+from jaxckpt.core import blocks, names
+from jaxckpt.nnx.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
+from jaxckpt.core.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import (SAVE_TENSORS, Budget, LayeredPolicy, LossPolicy, MinCut, MinSaved, Policy, PolicySpec,
                               parse_model_policy, parse_policy)
-from jaxckpt.remat import module_call
-from jaxckpt.structure import Structure, apply_layers, apply_segments, parse_structure
+from jaxckpt.core.remat import module_call
+from jaxckpt.core.structure import Structure, apply_layers, apply_segments, parse_structure
 
 __all__ = [
     "RematBlock",
@@ -97,13 +97,13 @@ def shared_block_traces():
 class RematBlock(blocks.BlockMath, nnx.Module):
   """Base of jaxckpt's residual blocks: a block type, the checkpoint names it emits, and a policy spec.
 
-  :meth:`forward` is the block's math (a :class:`jaxckpt.blocks.BlockMath` mixin, shared with the other
+  :meth:`forward` is the block's math (a :class:`jaxckpt.core.blocks.BlockMath` mixin, shared with the other
   front-end); :meth:`__call__` runs it under ``nnx.remat`` with the policy of
   :attr:`block_type` (no remat for ``none``).
 
   Attributes:
     block_type: class constant, e.g. ``"mlp"``.
-    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
+    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.core.names`).
     policy: the :class:`~jaxckpt.PolicySpec` in use (static; change it with :func:`set_policy`).
     dropout_rate: the block's dropout rate, in [0, 1).
 
@@ -300,7 +300,7 @@ class TransformerBlock(nnx.Module):
     self.mlp = MLPBlock(dim, mlp_dim, dropout_rate=dropout_rate, dtype=dtype, policy=policy, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the attention then the MLP block (:func:`jaxckpt.blocks.transformer`).
+    """Applies the attention then the MLP block (:func:`jaxckpt.core.blocks.transformer`).
 
     Args:
       x: ``[B, T, D]``.
@@ -322,7 +322,7 @@ class Stack(nnx.Module):
   a Python loop over the same stacked parameters (same parameter tree, so checkpoints and gradients compare
   one-to-one); on XLA:CPU compile it with :func:`jaxckpt.jit` for remat to save memory.
 
-  ``structure`` groups the blocks (:mod:`jaxckpt.structure`): ``every:K`` rematerializes groups of K blocks,
+  ``structure`` groups the blocks (:mod:`jaxckpt.core.structure`): ``every:K`` rematerializes groups of K blocks,
   ``nested[:D]`` nests D levels of groups (√N memory for D = 2), each group under ``jax.checkpoint(nothing_saveable)``
   with the blocks' own policies inside. Non-parameter state of the blocks (e.g. batch statistics) is carried out of
   the loops and written back.

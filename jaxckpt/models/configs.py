@@ -1,5 +1,5 @@
 """Model configs are checked once, here: every shipped config dataclass (:class:`~jaxckpt.models.ViTConfig`,
-:class:`~jaxckpt.gpt.GPTConfig`...) calls :func:`check_config` from ``__post_init__``, so a config that exists is
+:class:`~jaxckpt.models.gpt.GPTConfig`...) calls :func:`check_config` from ``__post_init__``, so a config that exists is
 valid, whether built from a preset, ``dataclasses.replace`` or :func:`override`.
 
 Errors name the Python argument and the bad value (``seq_len=0 must be ≥ 1``), never a command-line flag; the CLIs
@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import jax.numpy as jnp
 
-from jaxckpt.blocks import ATTENTION_IMPLEMENTATIONS, check_attention, check_dropout_rate
+from jaxckpt.core.blocks import ATTENTION_IMPLEMENTATIONS, check_attention, check_dropout_rate
 from jaxckpt.errors import JaxckptError, closest
-from jaxckpt.structure import parse_structure
+from jaxckpt.core.structure import parse_structure
 
 __all__ = ["COMPUTE_DTYPES", "compute_dtype", "check_config", "override"]
 
@@ -54,8 +54,8 @@ def check_config(config: Any) -> None:
 
   Sizes (``num_layers``, ``dim``, ``seq_len``, ``batch_size``...) must be whole numbers ≥ 1, ``vocab_size`` ≥ 2,
   ``dropout_rate`` in [0, 1), ``num_heads`` a divisor of ``dim``, ``compute_dtype`` a key of :data:`COMPUTE_DTYPES`,
-  ``structure`` a checkpoint structure (:func:`jaxckpt.structure.parse_structure`), ``attention`` one of
-  :data:`jaxckpt.blocks.ATTENTION_IMPLEMENTATIONS`, ``scan`` and ``tie_embeddings`` bools.
+  ``structure`` a checkpoint structure (:func:`jaxckpt.core.structure.parse_structure`), ``attention`` one of
+  :data:`jaxckpt.core.blocks.ATTENTION_IMPLEMENTATIONS`, ``scan`` and ``tie_embeddings`` bools.
 
   Args:
     config: a config dataclass instance.

@@ -1,13 +1,13 @@
-"""Flax Linen counterparts of :mod:`jaxckpt.layers`: the same blocks, math, parameter trees and policy strings.
+"""Flax Linen counterparts of :mod:`jaxckpt.nnx.layers`: the same blocks, math, parameter trees and policy strings.
 
 For codebases that have not moved to NNX. Each block is one *block type* (``attn``, ``mlp``, ``conv``) whose forward
 pass runs under ``nn.remat(policy=...)`` with the policy of its block type from a jaxckpt policy spec
 (:func:`jaxckpt.parse_policy`; ``none`` = no remat), and tags the same intermediates with the same checkpoint names
-(:mod:`jaxckpt.names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
+(:mod:`jaxckpt.core.names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
 remat'd on its own. :class:`Stack` applies N copies of a block with parameters on a leading layer axis (created by
 ``nn.scan``), scanned with ``jax.lax.scan`` (the remat inside the scan body) or unrolled over the same parameters.
 
-The block math is :mod:`jaxckpt.blocks` and the stack's grouping and looping :mod:`jaxckpt.structure`, the same
+The block math is :mod:`jaxckpt.core.blocks` and the stack's grouping and looping :mod:`jaxckpt.core.structure`, the same
 code the NNX front-end calls; this module holds what is Linen's own (module fields, ``setup``, ``nn.remat``, the
 ``'dropout'`` RNG stream).
 
@@ -49,11 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxckpt import blocks, names
+from jaxckpt.core import blocks, names
 from jaxckpt.errors import JaxckptError
-from jaxckpt.linen_apply import apply_remat  # your own Linen model, unedited (re-exported)
+from jaxckpt.linen.apply import apply_remat  # your own Linen model, unedited (re-exported)
 from jaxckpt.policies import PolicySpec, parse_policy
-from jaxckpt.structure import apply_layers, parse_structure
+from jaxckpt.core.structure import apply_layers, parse_structure
 
 __all__ = [
     "apply_remat",
@@ -130,13 +130,13 @@ class _Validating(nn.Module):
 class RematBlock(blocks.BlockMath, _Validating):
   """Base of the Linen residual blocks: a block type, the checkpoint names it emits, and a policy spec.
 
-  :meth:`forward` is the block's math (a :class:`jaxckpt.blocks.BlockMath` mixin, shared with the other
+  :meth:`forward` is the block's math (a :class:`jaxckpt.core.blocks.BlockMath` mixin, shared with the other
   front-end); :meth:`__call__` runs it under ``nn.remat`` with the policy of
   :attr:`block_type` (no remat for ``none``), ``deterministic`` static.
 
   Attributes:
     block_type: class constant, e.g. ``"mlp"``.
-    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
+    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.core.names`).
   """
 
   block_type: ClassVar[str]
@@ -177,7 +177,7 @@ class RematBlock(blocks.BlockMath, _Validating):
 class AttentionBlock(blocks.AttentionMath, RematBlock):
   """Pre-LN multi-head self-attention with a residual: ``x + Dropout(Wo · softmax(QKᵀ/√K) V)``; block type ``attn``.
 
-  Linen twin of :class:`jaxckpt.layers.AttentionBlock` (same math, :func:`jaxckpt.blocks.attention`; parameters
+  Linen twin of :class:`jaxckpt.nnx.layers.AttentionBlock` (same math, :func:`jaxckpt.core.blocks.attention`; parameters
   ``norm``/``qkv``/``out`` of the same shapes, same checkpoint names ``qkv``, ``attn_weights``, ``attn_context``,
   ``attn_out``). ``x: [B, T, D]``. With ``attention="dot_product_attention"`` the core is
   ``jax.nn.dot_product_attention`` and there are no ``attn_weights`` (nor dropout on them), as in NNX.
@@ -187,7 +187,7 @@ class AttentionBlock(blocks.AttentionMath, RematBlock):
     num_heads: heads H; must divide ``dim``.
     dropout_rate: dropout on the attention weights (xla attention only) and on the output, in [0, 1).
     causal: mask future tokens (decoders).
-    attention: ``"xla"`` (einsum + softmax) or ``"dot_product_attention"`` (:data:`jaxckpt.blocks.ATTENTION_IMPLEMENTATIONS`).
+    attention: ``"xla"`` (einsum + softmax) or ``"dot_product_attention"`` (:data:`jaxckpt.core.blocks.ATTENTION_IMPLEMENTATIONS`).
     dtype: compute dtype (parameters stay float32).
     policy: policy spec (the ``attn`` entry applies).
 
@@ -226,7 +226,7 @@ class AttentionBlock(blocks.AttentionMath, RematBlock):
 class MLPBlock(blocks.MLPMath, RematBlock):
   """Pre-LN residual MLP: ``x + Dropout(W2 · gelu(W1 · LN(x)))``; block type ``mlp``.
 
-  Linen twin of :class:`jaxckpt.layers.MLPBlock` (parameters ``norm``/``fc1``/``fc2``; names ``mlp_hidden``
+  Linen twin of :class:`jaxckpt.nnx.layers.MLPBlock` (parameters ``norm``/``fc1``/``fc2``; names ``mlp_hidden``
   ``[..., F]`` and ``mlp_out`` ``[..., D]``). ``x: [..., D]``.
 
   Attributes:
@@ -259,7 +259,7 @@ class MLPBlock(blocks.MLPMath, RematBlock):
 class ConvBlock(blocks.ConvMath, RematBlock):
   """Pre-norm residual conv block: ``x + Dropout(conv(gelu(conv(LN(x)))))``; block type ``conv``.
 
-  Linen twin of :class:`jaxckpt.layers.ConvBlock` (parameters ``norm``/``conv1``/``conv2``, kernels
+  Linen twin of :class:`jaxckpt.nnx.layers.ConvBlock` (parameters ``norm``/``conv1``/``conv2``, kernels
   ``[k, k, C, C]``; names ``conv_hidden`` and ``conv_out``, both ``[B, h, w, C]``). ``x: [B, h, w, C]``.
 
   Attributes:
@@ -293,7 +293,7 @@ class ConvBlock(blocks.ConvMath, RematBlock):
 class TransformerBlock(_Validating):
   """Pre-LN Transformer encoder layer: an ``attn`` block then an ``mlp`` block, each remat'd with its own policy.
 
-  Linen twin of :class:`jaxckpt.layers.TransformerBlock` (parameters ``attn``, ``mlp``). ``x: [B, T, D]``.
+  Linen twin of :class:`jaxckpt.nnx.layers.TransformerBlock` (parameters ``attn``, ``mlp``). ``x: [B, T, D]``.
   ``dropout_key`` is split in two, one per sublayer, as in NNX.
 
   Attributes:
@@ -337,7 +337,7 @@ class TransformerBlock(_Validating):
     self.mlp = MLPBlock(self.dim, self.mlp_dim, dropout_rate=self.dropout_rate, dtype=self.dtype, policy=spec)
 
   def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """Applies the attention then the MLP block (:func:`jaxckpt.blocks.transformer`), ``deterministic`` static.
+    """Applies the attention then the MLP block (:func:`jaxckpt.core.blocks.transformer`), ``deterministic`` static.
 
     Args:
       x: ``[B, T, D]``.
@@ -359,7 +359,7 @@ class TransformerBlock(_Validating):
 class Stack(nn.Module):
   """N copies of a block with parameters stacked on a leading layer axis, applied by ``jax.lax.scan`` or unrolled.
 
-  Linen twin of :class:`jaxckpt.layers.Stack`. Parameters: ``{"layers": <block's tree, each leaf [N, ...]>}`` in both
+  Linen twin of :class:`jaxckpt.nnx.layers.Stack`. Parameters: ``{"layers": <block's tree, each leaf [N, ...]>}`` in both
   modes (and equal to the NNX stack's), so scanned and unrolled stacks share checkpoints.
 
   - Parameters are created by ``nn.scan(variable_axes={'params': 0}, split_rngs={'params': True}, length=N)`` at
@@ -371,7 +371,7 @@ class Stack(nn.Module):
     runs ``nn.scan`` in both modes, so ``scan=True`` and ``scan=False`` give the same parameters from the same key. On
     XLA:CPU compile with :func:`jaxckpt.jit` for remat to save memory.
 
-  ``structure`` groups the blocks with the NNX stack's code (:func:`jaxckpt.structure.apply_layers`): ``every:K``
+  ``structure`` groups the blocks with the NNX stack's code (:func:`jaxckpt.core.structure.apply_layers`): ``every:K``
   rematerializes groups of K blocks, ``nested[:D]`` nests D levels of groups, each group under
   ``jax.checkpoint(nothing_saveable)`` with the blocks' own policies inside; runs of equal-size groups are scanned
   (or looped with ``scan=False``). The parameter tree is the same in every mode.
@@ -385,7 +385,7 @@ class Stack(nn.Module):
     num_layers: N ≥ 1.
     scan: scan over layers (and groups) (``True``) or unroll (``False``).
     structure: ``"block"`` (default), ``"every:K"``, ``"nested"`` or ``"nested:D"`` (or a
-      :class:`~jaxckpt.structure.Structure`).
+      :class:`~jaxckpt.core.structure.Structure`).
 
   Raises:
     JaxckptError: ``num_layers`` < 1, a malformed ``structure``, or a ``block`` without ``block_types`` (not a
@@ -505,11 +505,11 @@ def _pure(tree: Any) -> Any:
 def linen_params_from_nnx(module: nnx.Module) -> dict[str, Any]:
   """Returns the Linen ``params`` of an NNX jaxckpt block/stack: its ``nnx.Param`` values as a nested dict.
 
-  The Linen twin of a :mod:`jaxckpt.layers` module has the same parameter tree, so
+  The Linen twin of a :mod:`jaxckpt.nnx.layers` module has the same parameter tree, so
   ``linen_twin.apply({"params": linen_params_from_nnx(nnx_module)}, x)`` computes what ``nnx_module(x)`` does.
 
   Args:
-    module: an NNX module (e.g. :class:`jaxckpt.layers.TransformerBlock` or :class:`jaxckpt.layers.Stack`).
+    module: an NNX module (e.g. :class:`jaxckpt.nnx.layers.TransformerBlock` or :class:`jaxckpt.nnx.layers.Stack`).
 
   Returns:
     ``{name: {...: array}}`` (the arrays themselves, not copies).

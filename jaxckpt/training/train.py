@@ -21,7 +21,7 @@ import optax
 from flax import nnx, struct
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.xla import compile_step
+from jaxckpt.training.xla import compile_step
 
 __all__ = [
     "TrainState",

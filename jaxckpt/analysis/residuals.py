@@ -29,7 +29,7 @@ Nested remat (checkpoint structures). A ``jax.checkpoint`` around a group of rem
 function shows, whatever the blocks' own policies. The blocks' policies act when the backward pass recomputes the
 group: the group is run again and differentiated, and what *its* backward reads stays alive until that group's
 backward is done. ``recomputed_residuals(remat_eqn)`` lists those values for one group (found with
-:func:`jaxckpt.jaxprs.outermost_remats`). The most saved values alive at once is then the outer residuals plus one
+:func:`jaxckpt.analysis.jaxprs.outermost_remats`). The most saved values alive at once is then the outer residuals plus one
 group's recomputed residuals at each level (Chen et al. 2016: N/K group inputs + one group of K).
 
 Bytes are ``elements * dtype itemsize``, an upper bound on what is stored: XLA may fuse some residuals away or, on
@@ -177,7 +177,7 @@ def _jax_residual_parts() -> tuple[Callable[..., list[tuple[Any, str]]], Callabl
   except ImportError as e:  # pragma: no cover - depends on the JAX version
     import jax  # pylint: disable=g-import-not-at-top
     raise RuntimeError(
-        f"jax._src.ad_checkpoint._saved_residuals is not available in jax {jax.__version__}; jaxckpt.residuals needs "
+        f"jax._src.ad_checkpoint._saved_residuals is not available in jax {jax.__version__}; jaxckpt.analysis.residuals needs "
         f"it (it backs the public jax.ad_checkpoint.print_saved_residuals). Pin a JAX version that has it.") from e
   return _saved_residuals, api_util.debug_info
 
@@ -204,7 +204,7 @@ def traced_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace
 
   The same steps as JAX's ``jax._src.ad_checkpoint.saved_residuals`` (``make_jaxpr`` of ``jax.vjp`` over the
   flattened arguments, then its ``_saved_residuals`` over the residual outputs), with the jaxpr kept, so a second
-  analysis of the same vjp (e.g. :func:`jaxckpt.activations.parameter_only_bytes`) needs no second trace.
+  analysis of the same vjp (e.g. :func:`jaxckpt.analysis.activations.parameter_only_bytes`) needs no second trace.
 
   Args, Raises: as :func:`saved_residuals`.
 
@@ -359,7 +359,7 @@ def recomputed_residuals(remat_eqn: Any) -> list[Residual]:
 
   Args:
     remat_eqn: a ``jax.checkpoint`` equation (primitive ``remat2``), e.g. from
-      :func:`jaxckpt.jaxprs.outermost_remats` of a traced loss.
+      :func:`jaxckpt.analysis.jaxprs.outermost_remats` of a traced loss.
 
   Returns:
     ``Residual`` records as :func:`saved_residuals` gives them; the body's float inputs have kind ``"argument"``.
@@ -369,7 +369,7 @@ def recomputed_residuals(remat_eqn: Any) -> list[Residual]:
 
   Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxckpt.jaxprs import outermost_remats
+    >>> from jaxckpt.analysis.jaxprs import outermost_remats
     >>> block = jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)), policy=jax.checkpoint_policies.everything_saveable)
     >>> group = jax.checkpoint(lambda x: block(block(x)), policy=jax.checkpoint_policies.nothing_saveable)
     >>> (eqn,) = outermost_remats(jax.make_jaxpr(lambda x: group(x).sum())(jnp.ones(4)))

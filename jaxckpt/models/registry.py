@@ -1,5 +1,5 @@
 """The shipped models and their registry: image classifiers built from jaxckpt's remat-wrapped blocks here, and the
-GPT decoder of :mod:`jaxckpt.gpt`, each with frozen configs and named presets.
+GPT decoder of :mod:`jaxckpt.models.gpt`, each with frozen configs and named presets.
 
 - ``vit``: a small conv stem, then pre-LN Transformer layers (block types ``attn`` and ``mlp``), mean pool, head.
 - ``mlp``: flattened pixels, a linear embedding, residual MLP blocks (block type ``mlp``), head.
@@ -7,9 +7,9 @@ GPT decoder of :mod:`jaxckpt.gpt`, each with frozen configs and named presets.
 
 Every model maps ``x: [B, H, W, C]`` float images to ``[B, num_classes]`` float32 logits and has the call signature
 ``model(x, *, dropout_key=None, deterministic=True)``; ``model.features(x, ...)`` gives what its ``head`` reads
-(``[B, D]`` float32), for extra heads (:mod:`jaxckpt.multitask`). Presets (``tiny`` for tests, ``small`` for the default
-experiment) are frozen dataclasses with explicit numbers, checked once when made (:func:`jaxckpt.configs.check_config`);
-override fields with :func:`jaxckpt.configs.override` (or ``dataclasses.replace``).
+(``[B, D]`` float32), for extra heads (:mod:`jaxckpt.models.multitask`). Presets (``tiny`` for tests, ``small`` for the default
+experiment) are frozen dataclasses with explicit numbers, checked once when made (:func:`jaxckpt.models.configs.check_config`);
+override fields with :func:`jaxckpt.models.configs.override` (or ``dataclasses.replace``).
 
 :data:`MODEL_REGISTRY` is the one registry of shipped models: every entry (``vit``, ``mlp``, ``cnn``, ``gpt``) gives its
 presets, config class, block types, ``build(config, policy=..., seed=...)``, the example batch
@@ -28,13 +28,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt import gpt
-from jaxckpt.configs import COMPUTE_DTYPES, check_config, override
-from jaxckpt.configs import compute_dtype as _dtype
+from jaxckpt.models import gpt
+from jaxckpt.models.configs import COMPUTE_DTYPES, check_config, override
+from jaxckpt.models.configs import compute_dtype as _dtype
 from jaxckpt.errors import JaxckptError
-from jaxckpt.layers import ConvBlock, MLPBlock, Stack, TransformerBlock, set_policy
+from jaxckpt.nnx.layers import ConvBlock, MLPBlock, Stack, TransformerBlock, set_policy
 from jaxckpt.policies import Policy, PolicySpec
-from jaxckpt.train import LossFn, classification_loss
+from jaxckpt.training.train import LossFn, classification_loss
 
 __all__ = [
     "ViTConfig",
@@ -78,7 +78,7 @@ class ViTConfig:
   patch_size: int = 2  # Side of the square patch (pixels) each token covers after the stem; tokens = (H/p)·(W/p).
   dropout_rate: float = 0.1  # Dropout in every sublayer.
   scan: bool = True  # Scan over layers (True) or unroll them.
-  structure: str = "block"  # Checkpoint structure of the layer stack: block, every:K, nested[:D] (jaxckpt.structure).
+  structure: str = "block"  # Checkpoint structure of the layer stack: block, every:K, nested[:D] (jaxckpt.core.structure).
   compute_dtype: str = "float32"  # "float32" or "bfloat16".
 
   def __post_init__(self):
@@ -118,7 +118,7 @@ class CNNConfig:
 
 
 class ImageClassifier(nnx.Module):
-  """Base of the image classifiers: ``embed_inputs`` → ``layers`` (a :class:`~jaxckpt.layers.Stack`) → ``norm`` →
+  """Base of the image classifiers: ``embed_inputs`` → ``layers`` (a :class:`~jaxckpt.nnx.layers.Stack`) → ``norm`` →
   ``pool`` → ``head``. Subclasses set the submodules and define :meth:`embed_inputs` (and :meth:`pool`)."""
 
   dtype: jnp.dtype
@@ -146,7 +146,7 @@ class ImageClassifier(nnx.Module):
     return h
 
   def features(self, x: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """What ``head`` reads, for extra heads (:mod:`jaxckpt.multitask`).
+    """What ``head`` reads, for extra heads (:mod:`jaxckpt.models.multitask`).
 
     Args:
       x: ``[B, H, W, C]`` float images.
@@ -282,7 +282,7 @@ class ModelEntry:
     presets: preset name -> config (``tiny`` for tests, ``small`` for the default experiment...).
     block_types: block types a policy spec may name (``attn``, ``mlp``, ``conv``).
     loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar loss, metrics)``
-      (:data:`jaxckpt.train.LossFn`).
+      (:data:`jaxckpt.training.train.LossFn`).
     kind: what it is, for messages (``"image classifier"``, ``"sequence model"``).
     name: its key in :data:`MODEL_REGISTRY` (``vit``, ``gpt``...).
   """
@@ -319,7 +319,7 @@ class ModelEntry:
     return config
 
   def override(self, config: Any = None, **overrides: Any) -> Any:
-    """The config with ``overrides`` applied and checked once (:func:`jaxckpt.configs.override`).
+    """The config with ``overrides`` applied and checked once (:func:`jaxckpt.models.configs.override`).
 
     Args:
       config: as in :meth:`config` (a preset name, a config, or ``None`` for ``small``).
@@ -461,7 +461,7 @@ class ClassifierEntry(ModelEntry):
 
 @dataclasses.dataclass(frozen=True)
 class LanguageModelEntry(ModelEntry):
-  """A language model: ``[B, T]`` int32 tokens -> ``[B, T, V]`` next-token logits, :func:`jaxckpt.gpt.lm_loss`."""
+  """A language model: ``[B, T]`` int32 tokens -> ``[B, T, V]`` next-token logits, :func:`jaxckpt.models.gpt.lm_loss`."""
 
   loss_fn: LossFn = gpt.lm_loss
   kind: str = "sequence model"

@@ -1,6 +1,6 @@
 """Automatic checkpoint names for models that never call ``checkpoint_name``.
 
-Inside a block matched by :func:`jaxckpt.apply_remat` (NNX) or :func:`jaxckpt.linen_apply.apply_remat` (Linen), the
+Inside a block matched by :func:`jaxckpt.apply_remat` (NNX) or :func:`jaxckpt.linen.apply_remat` (Linen), the
 output of every standard Flax layer (:data:`NNX_LAYERS`, :data:`LINEN_LAYERS`) is tagged with
 ``jax.ad_checkpoint.checkpoint_name`` under the layer's attribute path relative to the block, joined by ``.``: in a
 decoder layer with ``self.attn.q_einsum`` and ``self.mlp.up_proj`` the names are ``attn.q_einsum`` and
