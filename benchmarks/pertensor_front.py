@@ -39,10 +39,10 @@ import optax  # noqa: E402
 from benchmarks import common  # noqa: E402
 from jaxckpt.analysis.flops import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
-from jaxckpt.planner.plan import _policy_of, _probe  # noqa: E402
+from jaxckpt.planner.plan import layer_probe  # noqa: E402
 from jaxckpt.planner.tensors import block_program, record_block_graphs, tensor_options  # noqa: E402
-from jaxckpt.planner.whole import (measure_whole, segment_loss, segmented_plan, target_whole_loss, whole_graph,  # noqa: E402
-                                   whole_plan)
+from jaxckpt.planner import (measure_whole, segment_loss, segmented_plan, target_whole_loss, whole_graph,  # noqa: E402
+                             whole_plan)
 from jaxckpt.policies import LossPolicy, parse_model_policy  # noqa: E402
 from jaxckpt.report.residuals import analyse_residuals  # noqa: E402
 from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped_target, target_block_types  # noqa: E402
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
   record = common.run_record(NAME, args)
 
   t0 = time.perf_counter()
-  stack, probe = _probe(target)
+  stack, probe = layer_probe(target)
   graphs = record_block_graphs(probe)
   options = tensor_options(graphs)
   candidates = layer_candidates(probe, target_block_types(target), options)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     """The least-recompute assignment predicted to save ≤ limit bytes, measured; the next ones if it saves more."""
     fits = sorted((a for a in totals if predicted(a)[0] <= limit), key=lambda a: a.recompute_flops)
     for a in fits[:3]:
-      got = measure(_policy_of(a))
+      got = measure(a.policy())
       if got["activation_residual_bytes"] <= limit:
         return got
     return None
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{text}: {named[text]['activation_residual_bytes'] / MIB:.1f} MiB ×{named[text]['flops_ratio']:.4f}",
           flush=True)
   step = max(1, len(totals) // max(1, args.points))
-  front = [measure(_policy_of(a)) for a in totals[::step]]
+  front = [measure(a.policy()) for a in totals[::step]]
 
   # budget plans with per-tensor options: compiled, checked against the budget; planning time in compiles
   budgets, cache = [], {}

@@ -38,7 +38,8 @@ def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> j
 
 
 def plan_budget(spec: jaxckpt.policies.ModelPolicy, target: ModelTarget, *, tx: Any, log) -> tuple[Any, dict | None]:
-  """Turns a budget ``--policy`` into the least-recompute plan for this run's model, batch and optimizer.
+  """Turns the run's ``--policy`` into a concrete policy for this run's model, batch and optimizer: a budget into the
+  least-recompute plan, ``min_saved`` into its per-tensor spec; a concrete policy is returned as it is.
 
   Args:
     spec: from :func:`resolve_policy`; anything but a model-level policy to plan (a budget) is returned
@@ -53,7 +54,13 @@ def plan_budget(spec: jaxckpt.policies.ModelPolicy, target: ModelTarget, *, tx: 
 
   Raises:
     InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
+    JaxckptError: ``mincut:<cap>``, a whole-loss plan the experiments' step (which returns metrics) cannot take.
   """
+  if isinstance(spec, jaxckpt.policies.MinCut):
+    raise JaxckptError(f"--policy {spec} remats the whole loss of the plain train step (the report's and the planner's); "
+                       "the experiments' step also returns the loss metrics and finite flag the loop reads, so it "
+                       "cannot take a whole-loss plan: use min_saved or budget:<size> here, or compare mincut rows "
+                       "with jaxckpt-report")
   policy, plan = resolve_planned(target, spec, tx=tx)
   if plan is None:
     return policy, None
@@ -63,9 +70,9 @@ def plan_budget(spec: jaxckpt.policies.ModelPolicy, target: ModelTarget, *, tx: 
 
 def policy_per_block(spec: Any, block_types: Collection[str]) -> dict[str, Any]:
   """``{block type: policy}`` of a per-block spec; for a layered policy ``{"first-last": {block type: policy}}``."""
-  if isinstance(spec, jaxckpt.policies.LayeredPolicy):
+  if spec.layered is not None:
     out, first = {}, 0
-    for count, sub in spec.segments:
+    for count, sub in spec.layered.segments:
       out[f"{first}-{first + count - 1}"] = {block: str(sub.for_block(block)) for block in block_types}
       first += count
     return out

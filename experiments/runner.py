@@ -226,15 +226,15 @@ def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, si
   setup = setup_fn(config, log)
   placement.check_batch_size(setup.batch_size)
   placement.check_policy(spec)
-  budget = isinstance(spec, jaxckpt.policies.Budget)
-  model = setup.make_model(None if budget else spec)  # validates the policy against the model's blocks
   example = setup.batch_at(0)
   target = ModelTarget(  # what the planner plans and the step core compiles: this run's model, loss and shapes
       make_model=setup.make_model, batch=jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), example),
       loss_fn=setup.loss_fn, name=setup.model, preset=setup.preset, grad_accum_steps=config.grad_accum_steps,
       skip_nonfinite=options.nan_policy == "skip", metrics=True)  # the loop reads loss, accuracy and finite
+  # The boundary: the --policy text becomes a concrete policy once (budgets and min_saved planned for this model),
+  # before the model is built; everything below sees a concrete policy.
   spec, plan = plan_budget(spec, target, tx=setup.tx, log=log)
-  jaxckpt.set_policy(model, spec)
+  model = setup.make_model(spec)  # validates the policy against the model's blocks
   block_types = jaxckpt.block_types(model)
   graphdef, state = jaxckpt.create_train_state(model, setup.tx, seed=config.seed)
   state = placement.state(state, model)

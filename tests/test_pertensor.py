@@ -11,7 +11,7 @@ import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
 from jaxckpt.planner import min_saved_policy, resolve_policy
-from jaxckpt.planner.plan import _probe
+from jaxckpt.planner.plan import layer_probe
 from jaxckpt.planner.tensors import (block_graph, exhaustive_block, min_saved_layer, recompute_closure,
                                      record_block_graphs, solve_block, tensor_options)
 from jaxckpt.policies import MinSaved, Policy, PolicySpec, parse_model_policy
@@ -101,7 +101,7 @@ def test_save_tensors_policy_parses_and_passes_validation():
 @pytest.fixture(scope="module")
 def gpt():
   target = shipped_target("gpt", "tiny")
-  _, probe = _probe(target)
+  _, probe = layer_probe(target)
   graphs = record_block_graphs(probe)
   return target, probe, graphs
 

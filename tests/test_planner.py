@@ -158,7 +158,7 @@ def test_layer_probe_flops_add_up_to_the_train_steps(spec):
   remat'd candidates looked cheaper than they are in the step (GPT ``small``: 25 instead of 63 MFLOP).
   """
   target = shipped_target("gpt", "tiny")
-  stack, probe = plan_module._probe(target)
+  stack, probe = plan_module.layer_probe(target)
   _, none_layer = probe.measure(parse_policy("none"))
   _, spec_layer = probe.measure(parse_policy(spec))
 
@@ -176,7 +176,7 @@ def test_summed_layer_candidates_equal_whole_layer_traces():
   """Candidates the planner does not trace as whole layers (``exact=False``: every block remat'd) carry the sum of
   their blocks' measurements; that sum must be what a whole-layer trace measures (GPT tiny, per-tensor options)."""
   target = shipped_target("gpt", "tiny")
-  stack, probe = plan_module._probe(target)
+  stack, probe = plan_module.layer_probe(target)
   options = tensor_options(record_block_graphs(probe))
   candidates = layer_candidates(probe, target_block_types(target), options)
   summed = [c for c in candidates if not c.exact]

@@ -33,9 +33,9 @@ def memory_table(memory: Mapping[str, int | None], *, title: str = "compiled tra
 def policy_summary(spec: "PolicySpec | LayeredPolicy", block_types: Mapping[str, object]) -> str:
   """Renders the policy each block type of a model gets, e.g. ``'attn -> dots_saveable, mlp -> nothing_saveable'``;
   for a layered policy one such list per layer range (``'layers 0-3: ...; layers 4-5: ...'``)."""
-  if isinstance(spec, LayeredPolicy):
+  if spec.layered is not None:
     parts, first = [], 0
-    for count, sub in spec.segments:
+    for count, sub in spec.layered.segments:
       parts.append(f"layers {first}-{first + count - 1}: {policy_summary(sub, block_types)}")
       first += count
     return "; ".join(parts)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 

@@ -32,8 +32,7 @@ from jaxckpt.core import blocks, names
 from jaxckpt.nnx.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.core.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import (SAVE_TENSORS, Budget, LayeredPolicy, LossPolicy, MinCut, MinSaved, Policy, PolicySpec,
-                              parse_model_policy, parse_policy)
+from jaxckpt.policies import SAVE_TENSORS, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.core.remat import module_call
 from jaxckpt.core.structure import Structure, apply_layers, apply_segments, parse_structure
 
@@ -48,6 +47,7 @@ __all__ = [
     "remat_blocks",
     "set_policy",
     "record_stack_inputs",
+    "stacks",
     "shared_block_traces",
     "ATTENTION_IMPLEMENTATIONS",
 ]
@@ -400,6 +400,15 @@ class Stack(nnx.Module):
     return x
 
 
+def stacks(module: nnx.Module) -> list[Stack]:
+  """Every :class:`Stack` inside ``module`` (``module`` itself included), in ``nnx.iter_modules`` order.
+
+  The one place jaxckpt finds a model's layer stacks: :func:`set_policy`, the planner, the step core and FSDP
+  sharding all ask here.
+  """
+  return [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
+
+
 def remat_blocks(module: nnx.Module) -> list[RematBlock]:
   """The jaxckpt blocks inside an NNX module, in graph order.
 
@@ -453,37 +462,34 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
       a model without stacks, or whose layer count or structure does not fit a stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
-  if isinstance(parsed, (MinCut, LossPolicy)):
+  if not parsed.resolved:
+    raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
+                       "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
+  if parsed.whole_loss is not None:
     raise JaxckptError(f"policy {str(parsed)!r} remats the whole loss, not the model's blocks, so it cannot be set on a "
                        "model: the report and the planner apply it to the train step they build "
                        "(jaxckpt.planner.resolve_policy), and jaxckpt.planner.whole gives its loss as plain JAX")
-  if isinstance(parsed, (Budget, MinSaved)):
-    raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
-                       "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
   types = block_types(module)
   if not types and parsed.remat:  # ``none`` on a model without blocks is true as it is; a remat policy is not
     raise no_blocks_error(module, f"set_policy({str(parsed)!r})")
   parsed = parsed.validate(types)
-  stacks = [m for _, m in nnx.iter_modules(module) if isinstance(m, Stack)]
-  if isinstance(parsed, LayeredPolicy) and not stacks and applied_block_types(module):
-    set_layered_policy(module, parsed)  # your own model's layers (jaxckpt.apply_remat): one spec per instance
+  found = stacks(module)
+  layered = parsed.layered
+  if layered is not None and not found and applied_block_types(module):
+    set_layered_policy(module, layered)  # your own model's layers (jaxckpt.apply_remat): one spec per instance
     for block in remat_blocks(module):
-      block.policy = parsed.segments[0][1]
+      block.policy = parsed.base_spec
     return parsed
-  if isinstance(parsed, LayeredPolicy):
-    if not stacks:
-      raise JaxckptError(f"layered policy {str(parsed)!r} needs a model with a jaxckpt Stack; this one has none")
-    for stack in stacks:
-      if stack.num_layers != parsed.num_layers:
-        raise JaxckptError(f"layered policy {str(parsed)!r} covers {parsed.num_layers} layers but the model's stack "
-                           f"has {stack.num_layers}: ranges must cover 0-{stack.num_layers - 1}")
-      if stack.structure.levels != 1:
-        raise JaxckptError(f"layered policy {str(parsed)!r} needs structure block, the stack has {stack.structure}")
-  spec = parsed.segments[0][1] if isinstance(parsed, LayeredPolicy) else parsed
+  if layered is not None and not found:
+    raise JaxckptError(f"layered policy {str(parsed)!r} needs a model with a jaxckpt Stack; this one has none")
+  for stack in found:
+    parsed.segments_for(stack.num_layers)  # raises for another layer count
+    if layered is not None and stack.structure.levels != 1:
+      raise JaxckptError(f"layered policy {str(parsed)!r} needs structure block, the stack has {stack.structure}")
   for block in remat_blocks(module):
-    block.policy = spec
-  set_applied_policy(module, spec)
-  for stack in stacks:
-    stack.layered = parsed if isinstance(parsed, LayeredPolicy) else None
+    block.policy = parsed.base_spec
+  set_applied_policy(module, parsed.base_spec)
+  for stack in found:
+    stack.layered = layered
   return parsed
 

@@ -23,7 +23,7 @@ from flax import nnx
 
 from jaxckpt.nnx.apply import applied_block_types, applied_layers
 from jaxckpt.analysis.flops import count_flops
-from jaxckpt.nnx.layers import Stack
+from jaxckpt.nnx.layers import stacks
 from jaxckpt.policies import PolicySpec
 from jaxckpt.analysis.residuals import saved_residuals
 from jaxckpt.step import ModelTarget, StepBuilder, dropout_key_struct
@@ -35,7 +35,7 @@ def own_model_layers(model: nnx.Module) -> int | None:
   """The number of layers a plan has for a model whose blocks :func:`jaxckpt.apply_remat` applied (separate layer
   instances; 1 when its blocks are not in a list), or ``None`` for a model with a jaxckpt Stack or without applied
   blocks (the Stack planner's case)."""
-  if any(isinstance(m, Stack) for _, m in nnx.iter_modules(model)) or not applied_block_types(model):
+  if stacks(model) or not applied_block_types(model):
     return None
   layers, _ = applied_layers(model)
   return len(layers) or 1

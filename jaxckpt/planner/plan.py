@@ -29,19 +29,19 @@ import optax
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.nnx.layers import Stack, record_stack_inputs
+from jaxckpt.nnx.layers import Stack, record_stack_inputs, stacks
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.planner.tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
-from jaxckpt.planner.whole import mincut_policy
+from jaxckpt.planner.segmented import mincut_policy
 from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinCut, MinSaved, ModelPolicy, Policy,
                               PolicySpec, parse_model_policy)
 from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, step_builder
 from jaxckpt.units import format_bytes
 
 __all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
-           "min_saved_policy", "MAX_ROUNDS"]
+           "min_saved_policy", "layer_probe", "MAX_ROUNDS"]
 
 MAX_ROUNDS = 3
 """Default cap on verification compiles (after the two anchors): five compiles at most."""
@@ -143,7 +143,7 @@ class Plan:
 
   def layer_ranges(self) -> list[tuple[int, int, PolicySpec]]:
     """``(first, last, spec)`` per range of layers (inclusive)."""
-    segments = self.policy.segments if isinstance(self.policy, LayeredPolicy) else ((self.num_layers, self.policy),)
+    segments = self.policy.segments_for(self.num_layers)
     out, first = [], 0
     for count, spec in segments:
       out.append((first, first + count - 1, spec))
@@ -229,10 +229,23 @@ def _tensor_lines(spec: PolicySpec, tensors: Mapping[str, BlockGraph] | None) ->
   return lines
 
 
-def _probe(target: Any) -> tuple[Stack, LayerProbe]:
-  """The model's stack and a :class:`LayerProbe` on its first layer's input as the train step sees it."""
+def layer_probe(target: Any, builder: Any = None) -> tuple[Stack, LayerProbe]:
+  """The model's layer stack and a :class:`~jaxckpt.planner.candidates.LayerProbe` on its first layer's input as the
+  train step sees it (micro-batching included; shapes only, traced with ``jax.eval_shape``, nothing allocated).
+
+  Args:
+    target: a :class:`~jaxckpt.step.ModelTarget` whose model has exactly one :class:`~jaxckpt.Stack`.
+    builder: the target's :class:`~jaxckpt.step.StepBuilder` when one exists (its abstract state is reused).
+
+  Returns:
+    ``(stack, probe)``.
+
+  Raises:
+    JaxckptError: the model has no or several stacks, or a stack of another structure than ``block``.
+  """
   stack = _only_stack(nnx.eval_shape(target.make_model))
-  probe_step = policy_step(target, PolicySpec(), default_optimizer())
+  probe_step = builder.step(PolicySpec()) if builder is not None else policy_step(target, PolicySpec(),
+                                                                                  default_optimizer())
   with record_stack_inputs() as seen:
     jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
   return stack, LayerProbe(stack, seen[0][1])
@@ -258,7 +271,7 @@ def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockG
     raise JaxckptError(f"min_saved needs a model target (jaxckpt.step.ModelTarget with a Stack), got "
                        f"{type(target).__name__}")
   if tensors is None:
-    tensors = record_block_graphs(_probe(target)[1])
+    tensors = record_block_graphs(layer_probe(target)[1])
   chosen = min_saved_layer(tensors, tolerance)
   blocks = tuple((b, chosen[b].policy) for b in sorted(chosen))
   return PolicySpec(blocks=blocks), dict(tensors)
@@ -281,19 +294,14 @@ def device_memory_bytes() -> tuple[int, str]:
 
 
 def _only_stack(model: nnx.Module) -> Stack:
-  stacks = [m for _, m in nnx.iter_modules(model) if isinstance(m, Stack)]
-  if len(stacks) != 1:
+  found = stacks(model)
+  if len(found) != 1:
     raise JaxckptError(f"budget plans need a model with exactly one jaxckpt Stack (the layers they plan); this one "
-                       f"has {len(stacks)}")
-  if stacks[0].structure.levels != 1:
-    raise JaxckptError(f"budget plans need the stack's structure to be block, not {stacks[0].structure} (a plan "
+                       f"has {len(found)}")
+  if found[0].structure.levels != 1:
+    raise JaxckptError(f"budget plans need the stack's structure to be block, not {found[0].structure} (a plan "
                        "gives each layer range its own policy)")
-  return stacks[0]
-
-
-def _policy_of(assignment: Assignment) -> PolicySpec | LayeredPolicy:
-  segments = [(n, c.spec) for c, n in assignment.counts]
-  return segments[0][1] if len(segments) == 1 else LayeredPolicy(tuple(segments))
+  return found[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,12 +422,8 @@ def plan_policy(
     if candidates is None:
       candidates = layer_candidates(OwnModelProbe(target, num_layers, tx, builder), types)
   else:
-    stack = _only_stack(model)
+    stack, probe = layer_probe(target, builder)
     num_layers = stack.num_layers
-    probe_step = builder.step(PolicySpec())
-    with record_stack_inputs() as seen:
-      jax.eval_shape(probe_step.step, probe_step.state, probe_step.batch)
-    probe = LayerProbe(stack, seen[0][1])
     if candidates is None:
       tensors = record_block_graphs(probe) if per_tensor else None
       candidates = layer_candidates(probe, types, tensor_options(tensors) if tensors else None)
@@ -479,8 +483,8 @@ def plan_policy(
     raise InfeasibleBudgetError(
         f"no plan fits {parsed} ({key.replace('_bytes', '')} ≤ {format_bytes(limit)}): the least memory any plan "
         f"reaches is {what}, with policy {least.policy} on every layer (footprint "
-        f"{format_bytes(least.memory['footprint_bytes'])}); to go lower use a smaller batch or --grad-accum-steps "
-        "(or a fixed policy with --structure nested, which plans do not take)",
+        f"{format_bytes(least.memory['footprint_bytes'])}); to go lower use a smaller batch or grad_accum_steps > 1 "
+        "(or a fixed policy with structure='nested', which plans do not take)",
         budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key], policy=str(least.policy))
 
   params = nnx.state(stack.layers, nnx.Param) if stack is not None else {}  # own layers: no slicing of a stack
@@ -491,9 +495,9 @@ def plan_policy(
   for _ in range(max_rounds):
     assignment = _choose(_Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points)), candidates,
                          num_layers, temp_limit, none.saved_bytes)
-    if assignment is None or str(_policy_of(assignment)) in tried:
+    if assignment is None or str(assignment.policy()) in tried:
       break
-    policy = _policy_of(assignment)
+    policy = assignment.policy()
     tried.add(str(policy))
     layered = len(assignment.counts) > 1
     predicted = int(_Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))(
@@ -505,7 +509,7 @@ def plan_policy(
       best, best_assignment, best_predicted = point, assignment, predicted
   predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
   final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
-  converged = final is None or str(_policy_of(final)) in tried
+  converged = final is None or str(final.policy()) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
 
 
@@ -542,6 +546,8 @@ def resolve_policy(
     JaxckptError: a budget with a mesh, or a target the planner cannot plan (see :func:`plan_policy`).
   """
   parsed = parse_model_policy(policy)
+  if parsed.resolved:
+    return parsed, None
   if isinstance(parsed, MinSaved):
     return min_saved_policy(target, parsed.tolerance)[0], None
   if isinstance(parsed, MinCut):
@@ -549,7 +555,7 @@ def resolve_policy(
   if not isinstance(parsed, Budget):
     return parsed, None
   if mesh is not None:
-    raise JaxckptError(f"budget plans are made for one device; drop --mesh for {parsed}, or give the plan's "
+    raise JaxckptError(f"budget plans are made for one device; call without mesh for {parsed}, or give the plan's "
                        "layered policy (from jaxckpt-plan) instead")
   plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates)
   return plan.policy, plan

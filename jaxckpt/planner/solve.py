@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Sequence
 
 from jaxckpt.planner.candidates import LayerCandidate, pareto_front
+from jaxckpt.policies import LayeredPolicy, PolicySpec
 
 __all__ = ["Assignment", "solve", "exhaustive", "pareto_totals"]
 
@@ -34,6 +35,11 @@ class Assignment:
   counts: tuple[tuple[LayerCandidate, int], ...]
   saved_bytes: int
   recompute_flops: int
+
+  def policy(self) -> PolicySpec | LayeredPolicy:
+    """The policy this assignment compiles to: the one candidate's spec, or a range of layers per candidate."""
+    segments = tuple((n, c.spec) for c, n in self.counts)
+    return segments[0][1] if len(segments) == 1 else LayeredPolicy(segments)
 
 
 def _assignment(candidates: Sequence[LayerCandidate], counts: Sequence[int]) -> Assignment:

@@ -78,6 +78,32 @@ class LayeredPolicy:
     """The spec of each layer, ``[spec_0, ..., spec_{N-1}]``."""
     return [spec for count, spec in self.segments for _ in range(count)]
 
+  resolved = True
+  """A concrete policy (see :attr:`jaxckpt.PolicySpec.resolved`)."""
+  whole_loss = None
+  """Not a whole-loss plan."""
+
+  @property
+  def layered(self) -> "LayeredPolicy":
+    """This policy: what a stack applies range by range."""
+    return self
+
+  @property
+  def base_spec(self) -> PolicySpec:
+    """The first range's spec: what blocks outside a layer stack use."""
+    return self.segments[0][1]
+
+  def segments_for(self, num_layers: int) -> tuple[tuple[int, PolicySpec], ...]:
+    """The ranges, for a stack of ``num_layers`` layers.
+
+    Raises:
+      PolicySpecError: the ranges cover another number of layers.
+    """
+    if num_layers != self.num_layers:
+      raise PolicySpecError(f"layered policy {str(self)!r} covers {self.num_layers} layers but the model's stack has "
+                            f"{num_layers}: ranges must cover 0-{num_layers - 1}", spec=str(self), bad=str(self))
+    return self.segments
+
   def validate(self, block_types: Mapping[str, Collection[str]]) -> "LayeredPolicy":
     """Validates every range's spec (see :meth:`PolicySpec.validate`); returns ``self``.
 
@@ -118,6 +144,9 @@ class Budget:
   margin: float = DEFAULT_MARGIN
   text: str = dataclasses.field(default="", compare=False)
 
+  resolved = False
+  """Model-level: :func:`jaxckpt.planner.resolve_policy` turns it into a concrete policy for one model."""
+
   def __str__(self) -> str:
     if self.auto:
       return AUTO if self.margin == DEFAULT_MARGIN else f"{AUTO}:margin={self.margin * 100:g}%"
@@ -142,6 +171,9 @@ class MinSaved:
 
   tolerance: float = DEFAULT_MIN_SAVED_TOLERANCE
   text: str = dataclasses.field(default="", compare=False)
+
+  resolved = False
+  """Model-level: :func:`jaxckpt.planner.resolve_policy` turns it into a concrete policy for one model."""
 
   def __str__(self) -> str:
     if self.tolerance == DEFAULT_MIN_SAVED_TOLERANCE:
@@ -185,6 +217,9 @@ class MinCut:
   bytes: int | None = None
   fraction: float | None = None
   text: str = dataclasses.field(default="", compare=False)
+
+  resolved = False
+  """Model-level: :func:`jaxckpt.planner.resolve_policy` turns it into a concrete policy for one model."""
 
   def __str__(self) -> str:
     if self.fraction is not None:
@@ -244,6 +279,18 @@ class LossPolicy:
 
   remat = True
   offloads = False
+  resolved = True
+  layered = None
+
+  @property
+  def whole_loss(self) -> Callable[..., Any]:
+    """The loss the step differentiates instead of the model's: :attr:`loss_fn`."""
+    return self.loss_fn
+
+  @property
+  def base_spec(self) -> PolicySpec:
+    """``none``: the model's own blocks run without remat; the plan remats the loss region by region."""
+    return parse_policy("none")
 
   def validate(self, block_types: Mapping[str, Collection[str]]) -> "LossPolicy":  # noqa: ARG002
     """Nothing to check against the block types (the plan was made for this target's loss); returns itself."""

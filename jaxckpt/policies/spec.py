@@ -251,6 +251,24 @@ class PolicySpec:
     """Whether any block type's policy offloads saved values to host memory."""
     return self.default.offloads or any(p.offloads for _, p in self.blocks)
 
+  # The concrete-policy interface, shared with LayeredPolicy and LossPolicy (jaxckpt.policies.model): code below the
+  # boundary where a policy string is resolved reads these instead of asking which kind it has.
+  resolved = True
+  """A concrete policy: applied as it is (a budget, ``min_saved`` or ``mincut`` must be resolved first)."""
+  whole_loss = None
+  """The loss function of a whole-loss plan (:class:`~jaxckpt.policies.LossPolicy`); ``None`` for block policies."""
+  layered = None
+  """The per-layer-range policy (:class:`~jaxckpt.policies.LayeredPolicy`); ``None`` for one spec for every layer."""
+
+  @property
+  def base_spec(self) -> "PolicySpec":
+    """The spec of blocks outside a layer stack (and of the first layer range): this spec."""
+    return self
+
+  def segments_for(self, num_layers: int) -> tuple[tuple[int, "PolicySpec"], ...]:
+    """``((num_layers, spec),)``: one range of ``num_layers`` layers with this spec (as :class:`LayeredPolicy`)."""
+    return ((num_layers, self),)
+
   def validate(self, block_types: Mapping[str, Collection[str]]) -> "PolicySpec":
     """Checks the spec against a model's block types and the checkpoint names each emits.
 
@@ -416,8 +434,8 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
   if word in ("budget", "auto") or text[:1].isdigit():
     raise PolicySpecError(
         f"policy spec {shorten(spec)!r} is a model-level policy (a memory budget or layer ranges), not a per-block "
-        "spec: give it where a whole model's policy is set (set_policy, --policy, --policies, jaxckpt-plan; see "
-        "parse_model_policy)", spec=spec, bad=text)
+        "spec: give it where a whole model's policy is set (set_policy, parse_model_policy, the tools' policy "
+        "arguments, jaxckpt-plan)", spec=spec, bad=text)
   if "=" not in text:
     if "," in text:
       raise PolicySpecError(

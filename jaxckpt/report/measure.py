@@ -38,7 +38,6 @@ from typing import Any
 import jax
 
 from jaxckpt.planner import resolve_policy
-from jaxckpt.policies import MinCut, MinSaved, parse_model_policy
 from jaxckpt.training.profile import profile_trace, trace_files
 from jaxckpt.step import Target, compile_policy, concrete_inputs, default_optimizer, rebuild_target
 
@@ -109,9 +108,9 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     running the step (e.g. out of memory).
   """
   tx = default_optimizer()
-  parsed = parse_model_policy(policy)
-  if isinstance(parsed, (MinSaved, MinCut)):  # resolved here again: a whole-loss plan has no text to pass on
-    parsed = resolve_policy(target, parsed, tx=tx, compiler_options=compiler_options)[0]
+  # The measuring process's boundary: a report row's policy arrives as text (a planned budget as its layered
+  # policy); min_saved and mincut are planned here again, as a whole-loss plan is a function, not text.
+  parsed, _ = resolve_policy(target, policy, tx=tx, compiler_options=compiler_options)
   compiled = compile_policy(target, parsed, tx=tx, options=compiler_options, stats_only=False).compiled
   make_inputs = concrete_inputs(target, tx)
   state, batch = make_inputs()

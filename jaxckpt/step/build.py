@@ -18,7 +18,7 @@ from flax import nnx
 
 from jaxckpt.nnx.apply import loss_block_types
 from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, iter_eqns
-from jaxckpt.nnx.layers import Stack, block_types, set_policy
+from jaxckpt.nnx.layers import block_types, set_policy, stacks
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import LayeredPolicy, LossPolicy, PolicySpec
 from jaxckpt.step.targets import LossTarget, ModelTarget, Target
@@ -65,10 +65,6 @@ def _stand_in(leaf: Any) -> Any:
   return jnp.zeros(leaf.shape, leaf.dtype)
 
 
-def _stacks(model: nnx.Module) -> list[Stack]:
-  return [m for _, m in nnx.iter_modules(model) if isinstance(m, Stack)]
-
-
 def target_block_types(target: Target) -> dict[str, frozenset[str]]:
   """Block type -> checkpoint names its blocks emit (for validating specs and expanding ``all``)."""
   if isinstance(target, ModelTarget):
@@ -90,9 +86,9 @@ def target_structure(target: Target, *, model: nnx.Module | None = None) -> str:
       ``nnx.eval_shape``.
   """
   if isinstance(target, ModelTarget):
-    stacks = _stacks(model if model is not None else nnx.eval_shape(target.make_model))
-    loop = "scan" if any(s.scan for s in stacks) else "unrolled"
-    structures = sorted({str(s.structure) for s in stacks} - {"block"})
+    found = stacks(model if model is not None else nnx.eval_shape(target.make_model))
+    loop = "scan" if any(s.scan for s in found) else "unrolled"
+    structures = sorted({str(s.structure) for s in found} - {"block"})
     return ", ".join([loop, *structures])
   jaxpr = jax.make_jaxpr(lambda p, b: target.loss(p, b, policy=PolicySpec()))(target.params, target.batch)
   return "scan" if any(e.primitive.name == "scan" for e in iter_eqns(jaxpr)) else "unrolled"
@@ -163,7 +159,7 @@ class StepBuilder:
     unrolled, so checkpoint names survive the residual analysis."""
     if self._twin is None:
       self._twin = nnx.eval_shape(self.target.make_model)
-      for stack in _stacks(self._twin):
+      for stack in stacks(self._twin):
         stack.scan = False
     set_policy(self._twin, spec)
     twin_def, _, twin_other = nnx.split(self._twin, nnx.Param, ...)
@@ -182,7 +178,7 @@ class StepBuilder:
       PolicySpecError: the spec names a block type or checkpoint name the target does not have.
     """
     target, tx = self.target, self.tx
-    if isinstance(spec, LossPolicy):
+    if spec.whole_loss is not None:
       return self._loss_policy_step(spec)
     spec.validate(self.block_types)
     if isinstance(target, LossTarget):
