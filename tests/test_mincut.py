@@ -13,8 +13,8 @@ import pytest
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.models.gpt import GPT_PRESETS, build_gpt
 from jaxckpt.planner import resolve_policy
-from jaxckpt.planner.whole import (measure_whole, mincut_policy, narrow_cuts, remat_segments, segment_loss,
-                                   segmented_plan, target_whole_loss, whole_graph, whole_loss, whole_plan)
+from jaxckpt.planner import (measure_whole, mincut_policy, narrow_cuts, remat_segments, segment_loss,
+                             segmented_plan, target_whole_loss, whole_graph, whole_loss, whole_plan)
 from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
 from jaxckpt.report import build_report
 from jaxckpt.step import concrete_inputs, default_optimizer, policy_step, shipped_target

@@ -6,7 +6,8 @@ Candidates include per-tensor choices (:mod:`jaxckpt.planner.tensors`: a min-cut
 applied as ``save_tensors`` policies); ``min_saved`` (:func:`min_saved_policy`) is the least saved set at almost no
 extra FLOPs. Whole-loss plans (:mod:`jaxckpt.planner.whole`, :func:`whole_plan`) put one remat region around the
 whole loss, layers unrolled, and choose its saved set with the same program; segmented ones
-(:func:`segment_loss`, :func:`segmented_plan`) cut that loss into regions at its narrowest points and solve all
+(:mod:`~jaxckpt.planner.segments`, :func:`segment_loss`; :mod:`~jaxckpt.planner.segmented`,
+:func:`segmented_plan`) cut that loss into regions at its narrowest points and solve all
 regions together: the policy ``mincut:<cap>`` (:func:`mincut_policy`).
 
 Example::
@@ -31,8 +32,10 @@ from jaxckpt.planner.plan import (
     resolve_policy,
 )
 from jaxckpt.planner.solve import Assignment, exhaustive, pareto_totals, solve
-from jaxckpt.planner.whole import (SegmentedPlan, Segments, WholeLoss, WholePlan, measure_whole, mincut_policy,
-                                   segment_loss, segmented_plan, target_whole_loss, whole_loss, whole_plan)
+from jaxckpt.planner.segmented import SegmentedPlan, mincut_policy, remat_segments, segmented_plan
+from jaxckpt.planner.segments import Segments, narrow_cuts, segment_loss
+from jaxckpt.planner.whole import (WholeLoss, WholePlan, measure_whole, remat_whole_loss, target_whole_loss, whole_graph,
+                                   whole_loss, whole_plan)
 
 __all__ = [
     "Assignment",
@@ -63,4 +66,8 @@ __all__ = [
     "mincut_policy",
     "segment_loss",
     "segmented_plan",
+    "narrow_cuts",
+    "remat_segments",
+    "remat_whole_loss",
+    "whole_graph",
 ]

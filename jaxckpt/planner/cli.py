@@ -19,7 +19,7 @@ from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.planner.export import export_code
 from jaxckpt.planner.plan import MAX_ROUNDS, plan_policy
-from jaxckpt.planner.whole import mincut_policy
+from jaxckpt.planner.segmented import mincut_policy
 from jaxckpt.policies import MINCUT, Budget, MinCut, parse_model_policy
 from jaxckpt.step.flags import add_target_flags, target_from_args
 from jaxckpt.step.build import target_block_types

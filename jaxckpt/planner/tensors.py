@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ from jaxckpt.analysis.residuals import saved_residuals
 from jaxckpt.core.tagging import ValueInfo, evaluate_tagged, record_tagged, walk_values
 from jaxckpt.units import format_bytes
 
-__all__ = ["BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
+__all__ = ["BlockProgram", "BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
            "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
            "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS", "PARAMETER_ONLY_WEIGHT",
            "block_program", "solve_milp", "tensor_choice"]
@@ -278,13 +279,27 @@ def _weighted_bytes(graph: BlockGraph, v: int) -> float:
   return graph.values[v].bytes * (PARAMETER_ONLY_WEIGHT if v in graph.parameter_only else 1.0)
 
 
-def block_program(graph: BlockGraph):
-  """The 0-1 program of one graph: variables (saved values, then ops), and the covering constraints, as a sparse
-  matrix (:func:`solve_block` solves it; :func:`jaxckpt.planner.whole.segmented_plan` joins several).
+class BlockProgram(NamedTuple):
+  """The 0-1 program of one graph (:func:`block_program`): ``x[i] = 1`` saves value ``saved_values[i]``;
+  ``x[len(saved_values) + j] = 1`` recomputes op ``ops[j]``. Every array has one entry per variable."""
 
-  Returns ``(svals, n, a, lows, bytes_, cost, flops, ops)``: ``a`` a ``scipy.sparse.csr_array`` of covering rows
-  (``a @ x ≥ lows``), ``bytes_`` the weighted bytes of each variable (:func:`_weighted_bytes`; 0 for ops),
-  variable ``len(svals) + i`` is recomputing op ``ops[i]``.
+  saved_values: list[int]  # candidate values to save (graph value indices), the first variables
+  num_vars: int  # len(saved_values) + len(ops)
+  covering: Any  # scipy.sparse.csr_array [rows, num_vars]: covering rows, covering @ x ≥ lows
+  lows: np.ndarray  # [rows] float: right-hand sides of the covering rows
+  var_bytes: np.ndarray  # [num_vars] float bytes as the byte cap counts them (parameter-only weighted; 0 for ops)
+  var_cost: np.ndarray  # [num_vars] float recompute cost (0 for saved values)
+  var_flops: np.ndarray  # [num_vars] float recompute FLOPs (0 for saved values)
+  ops: list[int]  # ops that may be recomputed, after the saved values
+
+
+def block_program(graph: BlockGraph) -> BlockProgram:
+  """The 0-1 program of one graph: variables (saved values, then ops), and the covering constraints, as a sparse
+  matrix (:func:`solve_block` solves it; :func:`jaxckpt.planner.segmented.segmented_plan` joins several).
+
+  Returns:
+    A :class:`BlockProgram` (a value is available in the backward pass if it is saved or its op is recomputed;
+    a recomputed op needs each input saved or recomputed: Checkmate's covering constraints, Jain et al. 2020).
   """
   # scipy is imported where a program is built or solved: importing it costs 0.3 s that only planning pays.
   from scipy import sparse  # pylint: disable=g-import-not-at-top
@@ -331,7 +346,7 @@ def block_program(graph: BlockGraph):
   flops = np.array([0.0] * len(svals) + [graph.op_flops[o] for o in ops], float)
   a = sparse.csr_array((np.array(data, float), np.array(cols, np.int64), np.array(indptr, np.int64)),
                        shape=(len(lows), n))
-  return svals, n, a, np.array(lows), bytes_, cost, flops, ops
+  return BlockProgram(svals, n, a, np.array(lows), bytes_, cost, flops, ops)
 
 
 def solve_milp(c, n, constraints, time_limit: float | None = None):
@@ -431,13 +446,14 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   if not blocks:
     return {}
   programs = [block_program(graphs[b]) for b in blocks]
-  sizes = [p[1] for p in programs]
+  sizes = [p.num_vars for p in programs]
   n = sum(sizes)
   offsets = np.cumsum([0] + sizes)
-  bytes_, cost, flops = (np.concatenate([p[k] for p in programs]) for k in (4, 5, 6))
-  covering = sparse.block_diag([p[2] for p in programs], format="csr")
+  bytes_, cost, flops = (np.concatenate([getattr(p, k) for p in programs]) for k in ("var_bytes", "var_cost",
+                                                                                       "var_flops"))
+  covering = sparse.block_diag([p.covering for p in programs], format="csr")
   cap = tolerance * sum(graphs[b].forward_flops for b in blocks)
-  base = [optimize.LinearConstraint(covering, np.concatenate([p[3] for p in programs]), np.inf),
+  base = [optimize.LinearConstraint(covering, np.concatenate([p.lows for p in programs]), np.inf),
           optimize.LinearConstraint(flops[None], -np.inf, cap)]
   x = solve_milp(bytes_, n, base)[0]
   best = float(bytes_ @ x)
@@ -445,7 +461,7 @@ def min_saved_layer(graphs: Mapping[str, BlockGraph], tolerance: float) -> dict[
   x = x if x2 is None else x2[0]
   out = {}
   for k, b in enumerate(blocks):
-    svals = programs[k][0]
+    svals = programs[k].saved_values
     out[b] = _choice(graphs[b], [v for i, v in enumerate(svals) if x[offsets[k] + i] > 0.5])
   return out
 
