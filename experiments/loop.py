@@ -26,7 +26,8 @@ from jaxckpt.training.profile import profile_trace
 from experiments.options import RunOptions
 from jaxckpt.errors import NonFiniteLossError
 
-__all__ = ["LoopResult", "train_loop", "RunInterrupted", "SignalGuard", "stop_on_signals"]
+__all__ = ["LoopResult", "train_loop", "RunInterrupted", "SignalGuard", "stop_on_signals", "Saving", "NaNGuard",
+           "Profiling", "StepReader"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a run cleanly (Ctrl-C; ``kill``, schedulers, container stops)."""
@@ -136,26 +137,169 @@ class LoopResult:
     return float(np.median(timed)) if timed else None
 
 
-def _kept(checkpointer) -> str:
-  """What became of the run's checkpoints, for a message that stops the run."""
-  if checkpointer is None:
-    return "no checkpoint was written (no --ckpt-dir)"
-  latest = checkpointer.latest_saved_step()
-  return (f"the last good checkpoint (step {latest}) is kept in {checkpointer.directory}" if latest is not None
-          else f"no checkpoint had been saved yet in {checkpointer.directory}")
+class Saving:
+  """The saving hook: restores the train state and metric history at the start, saves every ``ckpt_every`` steps
+  (and the last), holds signals back while a save is in flight (:class:`SignalGuard`).
+
+  Args:
+    options: the run flags (``ckpt_dir``: ``None`` turns this hook off; ``ckpt_every``, ``resume``,
+      ``allow_config_change``).
+    identity: the run-defining config stored with checkpoints.
+    signals: the run's :class:`SignalGuard`, or ``None``.
+  """
+
+  def __init__(self, options: RunOptions, identity: Mapping[str, Any], signals: SignalGuard | None):
+    self.every = options.ckpt_every
+    self.signals = signals
+    self.saver = None if options.ckpt_dir is None else jaxckpt.TrainStateSaver(
+        options.ckpt_dir, config=identity, save_every=options.ckpt_every, resume=options.resume,
+        allow_config_change=options.allow_config_change)
+    self.resume = options.resume
+
+  def restore(self, state: Any, log) -> tuple[Any, dict[str, list[float]], list[float], list[str]]:
+    """``(state, history, partial period's losses, warnings)``: the latest checkpoint's, or ``state`` unchanged."""
+    if self.saver is None:
+      return state, {"train_loss": []}, [], []
+    state, meta = self.saver.restore(state)
+    for message in self.saver.warnings:
+      log(f"warning: {message}")
+    history = {"train_loss": [], **{k: list(v) for k, v in meta.items() if k != "period_losses"}}
+    if self.saver.latest_step is not None:
+      log(f"resumed from step {self.saver.latest_step} in {self.saver.directory}")
+    elif self.resume:
+      log(f"no checkpoint in {self.saver.directory}: starting a new run")
+    return state, history, list(meta.get("period_losses", [])), list(self.saver.warnings)
+
+  def due(self, steps_done: int) -> bool:
+    """Whether a save is due after ``steps_done`` steps."""
+    return self.saver is not None and steps_done % self.every == 0
+
+  def save(self, steps_done: int, state: Any, meta: Mapping[str, Any], *, final: bool) -> None:
+    """Saves (when due, or ``final``); a signal that arrives meanwhile is raised after the save completes."""
+    if self.saver is not None:
+      with self.signals.saving() if self.signals is not None else contextlib.nullcontext():
+        self.saver.maybe_save(steps_done, state, meta=meta, force=final)
+
+  def kept(self) -> str:
+    """What became of the run's checkpoints, for a message that stops the run."""
+    if self.saver is None:
+      return "no checkpoint was written (no --ckpt-dir)"
+    latest = self.saver.latest_saved_step()
+    return (f"the last good checkpoint (step {latest}) is kept in {self.saver.directory}" if latest is not None
+            else f"no checkpoint had been saved yet in {self.saver.directory}")
+
+  def fill_in(self, err: RunInterrupted) -> None:
+    """Adds the checkpoint directory and its newest complete step to an interruption."""
+    if self.saver is not None:
+      err.ckpt_dir, err.checkpoint = self.saver.directory, self.saver.latest_saved_step()
+
+  def close(self) -> None:
+    if self.saver is not None:
+      self.saver.close()
 
 
-def _nonfinite_message(step: int, loss: float, hints: str, checkpointer) -> str:
-  return (f"non-finite loss, gradient or updated parameter at step {step} (loss {loss}); likely causes: {hints}; "
-          f"{_kept(checkpointer)}; --nan-policy skip drops such updates instead")
+class NaNGuard:
+  """The non-finite hook: a step whose loss, gradient or updated parameter is not finite stops the run
+  (``nan_policy="stop"``) or has its update dropped (``"skip"``); a non-finite evaluation loss always stops it.
+
+  Args:
+    policy: ``"stop"`` or ``"skip"``.
+    hints: likely causes for this experiment, for the message.
+    saving: the :class:`Saving` hook (the message says which checkpoint is kept).
+  """
+
+  def __init__(self, policy: str, hints: str, saving: Saving):
+    self.policy, self.hints, self.saving = policy, hints, saving
+    self.skipped: list[int] = []
+
+  def step(self, step: int, loss: float, finite: bool, say) -> bool:
+    """Whether step ``step``'s update counts; raises :class:`NonFiniteLossError` under ``"stop"``."""
+    if finite:
+      return True
+    if self.policy == "stop":
+      raise NonFiniteLossError(f"non-finite loss, gradient or updated parameter at step {step} (loss {loss}); likely "
+                               f"causes: {self.hints}; {self.saving.kept()}; --nan-policy skip drops such updates "
+                               "instead", step=step)
+    self.skipped.append(step)
+    say(f"warning: non-finite loss, gradient or updated parameter at step {step}: update skipped")
+    return False
+
+  def scores(self, steps_done: int, scores: Mapping[str, float]) -> None:
+    """Raises :class:`NonFiniteLossError` when an evaluation loss is not finite: the parameters themselves are
+    broken (finite but huge), and skipping later updates cannot help."""
+    broken = {k: float(v) for k, v in scores.items() if "loss" in k and not math.isfinite(float(v))}
+    if broken:
+      shown = ", ".join(f"{k} {v}" for k, v in broken.items())
+      skipped = self.skipped
+      skipped_text = f" (updates skipped at steps {skipped[:8]}{'…' if len(skipped) > 8 else ''})" if skipped else ""
+      raise NonFiniteLossError(
+          f"evaluation after step {steps_done} is non-finite ({shown}){skipped_text}: the parameters are finite but "
+          f"no longer usable, and skipping updates cannot recover them; likely causes: {self.hints}; "
+          f"{self.saving.kept()}", step=steps_done - 1)
 
 
-def _broken_model_message(steps: int, broken: Mapping[str, float], skipped: list[int], hints: str,
-                          checkpointer) -> str:
-  shown = ", ".join(f"{k} {v}" for k, v in broken.items())
-  skipped_text = f" (updates skipped at steps {skipped[:8]}{'…' if len(skipped) > 8 else ''})" if skipped else ""
-  return (f"evaluation after step {steps} is non-finite ({shown}){skipped_text}: the parameters are finite but no "
-          f"longer usable, and skipping updates cannot recover them; likely causes: {hints}; {_kept(checkpointer)}")
+class Profiling:
+  """The profiling hook: with ``--profile DIR``, steps ``start+1 .. start+profile_steps`` (warm: compiled, inputs
+  allocated) are traced into ``DIR/<slug>/`` (:func:`jaxckpt.training.profile.profile_trace`)."""
+
+  def __init__(self, options: RunOptions, name: str, start: int, total_steps: int):
+    self.dir, self.name = options.profile, name
+    self.first = start + 1
+    self.last = min(self.first + options.profile_steps, total_steps) - 1
+    self.trace = contextlib.ExitStack()
+    self.run_dir = None
+
+  def starts(self, step: int) -> bool:
+    """Whether the trace starts before step ``step`` (the step in flight must be read first)."""
+    return self.dir is not None and step == self.first
+
+  def start(self) -> None:
+    self.run_dir = self.trace.enter_context(profile_trace(self.dir, name=self.name))
+
+  def ends(self, step: int) -> bool:
+    """Whether the trace ends after step ``step`` (which must be read inside it)."""
+    return self.dir is not None and step == self.last and step >= self.first
+
+  def stop(self, say) -> None:
+    self.trace.close()
+    say(f"profiled steps {self.first}-{self.last} into {self.run_dir} (xprof --logdir {self.dir})")
+
+  def close(self) -> None:
+    self.trace.close()
+
+
+class StepReader:
+  """Reads each step's metrics one step late, so the device never waits for Python: step s's metrics are read (a host
+  sync) after step s+1 is dispatched, or at once where its state is needed (a period's end, a save, a trace edge).
+  Times each step's own compute, feeds the :class:`NaNGuard` and the progress bar."""
+
+  def __init__(self, result: LoopResult, guard: NaNGuard, bar: Any, say):
+    self.result, self.guard, self.bar, self.say = result, guard, bar, say
+    self.pending: tuple[int, Any, float] | None = None  # (step, metrics, dispatch time) not read yet
+    self.period_losses: list[float] = []
+    self.reached = result.start_step  # steps whose results have been read
+    self.last_done = time.perf_counter()
+
+  def dispatched(self, step: int, metrics: Any, began: float) -> None:
+    """Step ``step`` was dispatched: read the one before it."""
+    self.flush()
+    self.pending = (step, metrics, began)
+
+  def flush(self) -> None:
+    """Reads the step in flight, if any."""
+    if self.pending is None:
+      return
+    step, metrics, began = self.pending
+    self.pending = None
+    loss = float(metrics["loss"])  # waits for the step
+    done = time.perf_counter()
+    self.result.step_times.append(done - max(began, self.last_done))  # its own compute, not its wait
+    self.last_done = done
+    if self.guard.step(step, loss, bool(metrics["finite"]), self.say):
+      self.period_losses.append(loss)
+    self.reached = step + 1
+    self.bar.update(1)
+    self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
 
 def train_loop(
@@ -176,6 +320,9 @@ def train_loop(
 ) -> LoopResult:
   """Runs steps ``state.step .. total_steps - 1``, evaluating every ``eval_every`` steps and checkpointing.
 
+  The body runs steps; saving, the NaN guard, profiling and reading metrics are small hooks (:class:`Saving`,
+  :class:`NaNGuard`, :class:`Profiling`, :class:`StepReader`), as Flax's examples run periodic actions as hooks.
+
   Args:
     step_fn: compiled ``(state, batch) -> (state, metrics)``; metrics hold ``loss`` and ``finite``.
     state: the fresh train state (replaced by the latest checkpoint when resuming).
@@ -189,126 +336,69 @@ def train_loop(
     period: name of an evaluation period in log lines.
     log: where lines go.
     signals: from :func:`stop_on_signals`: saves complete before a signal stops the run.
-    profile_name: the run's name in ``options.profile`` (the policy): with ``--profile DIR``, steps
-      ``start+1 .. start+profile_steps`` (warm: compiled, inputs allocated) are traced into ``DIR/<slug>/``
-      (:func:`jaxckpt.training.profile.profile_trace`); their step times include the tracer's overhead.
+    profile_name: the run's name in ``options.profile`` (the policy); traced steps' times include the tracer's
+      overhead.
 
   Returns:
     :class:`LoopResult`.
 
   Raises:
     NonFiniteLossError: a NaN/Inf loss, gradient or updated parameter with ``nan_policy="stop"`` (checkpoints
-      before it are kept).
-      Also, under either policy, a non-finite evaluation loss (parameters finite but unusable, e.g. after a huge
-      learning rate): the run stops there, before that period's checkpoint.
+      before it are kept). Also, under either policy, a non-finite evaluation loss (parameters finite but unusable,
+      e.g. after a huge learning rate): the run stops there, before that period's checkpoint.
     CheckpointError: the checkpoint directory holds another run, would be overwritten, or cannot be read.
     RunInterrupted: SIGINT/SIGTERM (with ``signals``), filled in with the step reached and the last checkpoint.
   """
-  history: dict[str, list[float]] = {"train_loss": []}
-  notes: list[str] = []
-  period_losses: list[float] = []
-  checkpointer = None
-  if options.ckpt_dir is not None:
-    checkpointer = jaxckpt.TrainStateSaver(options.ckpt_dir, config=identity, save_every=options.ckpt_every,
-                                           resume=options.resume, allow_config_change=options.allow_config_change)
-    state, meta = checkpointer.restore(state)
-    for message in checkpointer.warnings:
-      log(f"warning: {message}")
-      notes.append(message)
-    history.update({k: list(v) for k, v in meta.items() if k != "period_losses"})
-    period_losses = list(meta.get("period_losses", []))
-    if checkpointer.latest_step is not None:
-      log(f"resumed from step {checkpointer.latest_step} in {checkpointer.directory}")
-    elif options.resume:
-      log(f"no checkpoint in {checkpointer.directory}: starting a new run")
-
+  saving = Saving(options, identity, signals)
+  state, history, period_losses, notes = saving.restore(state, log)
   start = int(jax.device_get(state.step))
   result = LoopResult(state, history, [], [], notes, start)
-  reached = start  # steps whose results have been read
   periods = -(-total_steps // eval_every)
   bar = tqdm(total=total_steps, initial=start, disable=not options.progress or jax.process_index() != 0, unit="step",
              leave=False)
   say = bar.write if options.progress else log
-  # One step stays in flight: step s's metrics are read (a host sync) only after step s+1 has been dispatched, so the
-  # device never waits for Python (batch, progress bar). Where step s ends a period or is due for a checkpoint, its
-  # metrics are read before anything else: the state after it is needed, and a NaN at s must stop before s is saved.
-  pending: tuple[int, Any, float] | None = None  # (step, metrics, dispatch time) not read yet
-  last_done = time.perf_counter()
-
-  def finish(step: int, metrics: Any, began: float) -> None:
-    nonlocal last_done, reached
-    loss = float(metrics["loss"])  # waits for the step
-    done = time.perf_counter()
-    result.step_times.append(done - max(began, last_done))  # its own compute, not its wait behind the step before
-    last_done = done
-    if not bool(metrics["finite"]):
-      if options.nan_policy == "stop":
-        raise NonFiniteLossError(_nonfinite_message(step, loss, nan_hints, checkpointer), step=step)
-      result.skipped.append(step)
-      say(f"warning: non-finite loss, gradient or updated parameter at step {step}: update skipped")
-    else:
-      period_losses.append(loss)
-    reached = step + 1
-    bar.update(1)
-    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-
-  tracing = contextlib.ExitStack()
-  first_traced = start + 1
-  last_traced = min(first_traced + options.profile_steps, total_steps) - 1
+  guard = NaNGuard(options.nan_policy, nan_hints, saving)
+  reader = StepReader(result, guard, bar, say)
+  reader.period_losses = period_losses
+  profiling = Profiling(options, profile_name, start, total_steps)
   try:
     for step in range(start, total_steps):
       if signals is not None:
         signals.check()
-      if options.profile is not None and step == first_traced:
-        if pending is not None:  # the warm-up step ends before the trace starts
-          finish(*pending)
-          pending = None
-        run_dir = tracing.enter_context(profile_trace(options.profile, name=profile_name))
-      batch = batch_at(step)
+      if profiling.starts(step):
+        reader.flush()  # the warm-up step ends before the trace starts
+        profiling.start()
       began = time.perf_counter()
-      state, metrics = step_fn(state, batch)
-      if pending is not None:
-        finish(*pending)
-      pending = (step, metrics, began)
-      if options.profile is not None and step == last_traced and step >= first_traced:
-        finish(*pending)  # the traced steps end inside the trace
-        pending = None
-        tracing.close()
-        say(f"profiled steps {first_traced}-{last_traced} into {run_dir} (xprof --logdir {options.profile})")
+      state, metrics = step_fn(state, batch_at(step))
+      reader.dispatched(step, metrics, began)
+      if profiling.ends(step):
+        reader.flush()  # the traced steps end inside the trace
+        profiling.stop(say)
       ends_period = (step + 1) % eval_every == 0 or step + 1 == total_steps
-      if not ends_period and (checkpointer is None or (step + 1) % options.ckpt_every):
+      if not ends_period and not saving.due(step + 1):
         continue
-      if pending is not None:
-        finish(*pending)
-        pending = None
+      reader.flush()  # the state after this step is needed, and a NaN at it must stop before it is saved
       if ends_period:
         scores = evaluate(state)
-        broken = {k: float(v) for k, v in scores.items() if "loss" in k and not math.isfinite(float(v))}
-        if broken:  # the parameters themselves are broken (finite but huge): skipping later updates cannot help
-          raise NonFiniteLossError(_broken_model_message(step + 1, broken, result.skipped, nan_hints, checkpointer),
-                                   step=step)
-        history["train_loss"].append(float(np.mean(period_losses)) if period_losses else float("nan"))
+        guard.scores(step + 1, scores)
+        losses = reader.period_losses
+        history["train_loss"].append(float(np.mean(losses)) if losses else float("nan"))
         for key, value in scores.items():
           history.setdefault(key, []).append(float(value))
-        period_losses = []
+        reader.period_losses = []
         shown = ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items())
         say(f"{period} {-(-(step + 1) // eval_every)}/{periods}: train loss {history['train_loss'][-1]:.4f}, {shown}")
-      if checkpointer is not None:
-        # The partial period's losses travel with the checkpoint, so a resumed run reports the same means.
-        with signals.saving() if signals is not None else contextlib.nullcontext():
-          checkpointer.maybe_save(step + 1, state, meta={**history, "period_losses": period_losses},
-                                  force=step + 1 == total_steps)
+      # The partial period's losses travel with the checkpoint, so a resumed run reports the same means.
+      saving.save(step + 1, state, {**history, "period_losses": reader.period_losses}, final=step + 1 == total_steps)
   except RunInterrupted as err:
-    err.step, err.total_steps = reached, total_steps
-    if checkpointer is not None:
-      err.ckpt_dir, err.checkpoint = checkpointer.directory, checkpointer.latest_saved_step()
+    err.step, err.total_steps = reader.reached, total_steps
+    saving.fill_in(err)
     raise
   finally:
-    tracing.close()
+    profiling.close()
     bar.close()
-    if checkpointer is not None:
-      checkpointer.close()
-  result.state = state
+    saving.close()
+  result.state, result.skipped = state, guard.skipped
   if result.skipped:
     result.warnings.append(f"skipped the updates of {len(result.skipped)} step(s) with a non-finite loss, gradient "
                            "or updated parameter")
