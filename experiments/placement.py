@@ -50,7 +50,7 @@ class Placement:
       raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy "
                          "(plan it with jaxckpt-plan first)")
 
-  def check_batch_size(self, batch_size: int, flag: str = "--batch-size") -> None:
+  def check_batch_size(self, batch_size: int, flag: str = "batch_size") -> None:
     """Raises :class:`MeshSpecError` when the batch does not split over the mesh."""
     if self.mesh is not None:
       sharding.check_batch_size(batch_size, self.mesh, flag=flag)

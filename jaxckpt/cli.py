@@ -11,6 +11,9 @@ from jaxckpt.errors import JaxckptError
 
 __all__ = ["CLIParser", "check_output_file", "check_output_dir"]
 
+_QUOTED = re.compile(r"((?<![\w'])'[^'\n]*'(?![\w']))")
+"""A quoted value in a message (``'data=4,fsdp=2'``), not an apostrophe (``none's``): kept as it is."""
+
 
 class CLIParser(argparse.ArgumentParser):
   """``argparse.ArgumentParser`` whose errors are one line on stderr with exit status 2 (no usage dump).
@@ -25,8 +28,10 @@ class CLIParser(argparse.ArgumentParser):
   def flag_message(self, message: str) -> str:
     """``message`` with the Python arguments behind this parser's flags written as the flags.
 
-    ``dest=value`` becomes ``--flag value`` for every flag; a bare ``dest`` becomes ``--flag`` only for names with an
-    underscore (``seq_len``, ``num_layers``), so plain words such as "model" or "preset" in a sentence stay.
+    ``dest=value`` becomes ``--flag value`` for every flag (``dest=True`` of an on/off flag becomes ``--flag``); a bare
+    ``dest`` becomes ``--flag`` only for names with an underscore (``seq_len``, ``num_layers``), so plain words such as
+    "model" or "preset" in a sentence stay. Quoted values (``mesh='data=4'``) are never rewritten: ``data=`` there
+    is a mesh axis, not the ``--data`` flag.
 
     Args:
       message: an error message from the library.
@@ -34,15 +39,19 @@ class CLIParser(argparse.ArgumentParser):
     Returns:
       The message in terms of this CLI's flags.
     """
-    for action in self._actions:
-      longs = [o for o in action.option_strings if o.startswith("--")]
-      if not longs or action.dest in ("help", argparse.SUPPRESS):
-        continue
-      flag, dest = longs[0], re.escape(action.dest)
-      message = re.sub(rf"(?<![\w.-]){dest}=(?=\S)", flag + " ", message)
-      if "_" in action.dest:
-        message = re.sub(rf"(?<![\w.-]){dest}\b", flag, message)
-    return message
+    parts = _QUOTED.split(message)
+    for i in range(0, len(parts), 2):  # even parts lie outside quotes
+      for action in self._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in ("help", argparse.SUPPRESS):
+          continue
+        flag, dest = longs[0], re.escape(action.dest)
+        if action.nargs == 0:  # on/off flags: store_true, BooleanOptionalAction
+          parts[i] = re.sub(rf"(?<![\w.-]){dest}=True\b", flag, parts[i])
+        parts[i] = re.sub(rf"(?<![\w.-]){dest}=(?=\S|\Z)", flag + " ", parts[i])
+        if "_" in action.dest:
+          parts[i] = re.sub(rf"(?<![\w.-]){dest}\b", flag, parts[i])
+    return "".join(parts)
 
   def fail(self, err: Exception, status: int = 2) -> int:
     """Prints ``err`` as one line on stderr, in terms of this parser's flags (:meth:`flag_message`).

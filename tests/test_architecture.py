@@ -4,6 +4,7 @@ no import cycle and no import of jaxckpt placed inside a function to dodge one."
 from __future__ import annotations
 
 import ast
+import re
 import pathlib
 
 import pytest
@@ -205,3 +206,66 @@ def test_no_module_imports_another_modules_private_name():
         bad.extend(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
                    for a in node.names if a.name.startswith("_"))
   assert not bad, "\n".join(bad)
+
+
+CLI_MODULES = {"jaxckpt/cli.py", "jaxckpt/report/cli.py", "jaxckpt/planner/cli.py", "jaxckpt/step/flags.py"}
+"""Modules that parse flags: the only ones in ``jaxckpt/`` whose messages may name ``--flags``."""
+
+_FLAG = re.compile(r"(?<![\w-])--(?!xla_)[a-z][a-z0-9-]*")  # XLA's own flags (XLA_FLAGS=--xla_...) are not ours
+
+
+def _message_strings(tree: ast.AST):
+  """Every string constant inside a ``raise`` or a ``warnings.warn(...)`` call: what a user reads as an error."""
+  for node in ast.walk(tree):
+    is_warn = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "warn")
+    if isinstance(node, ast.Raise) or is_warn:
+      for sub in ast.walk(node):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+          yield sub
+
+
+def test_library_messages_name_python_arguments_not_flags():
+  """Library errors name Python arguments (``batch_size=0``); the CLIs translate them to their flags in one place
+  (:meth:`jaxckpt.cli.CLIParser.flag_message`)."""
+  bad = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    rel = str(path.relative_to(ROOT))
+    if rel in CLI_MODULES:
+      continue
+    for node in _message_strings(ast.parse(path.read_text())):
+      if _FLAG.search(node.value):
+        bad.append(f"{rel}:{node.lineno}: {node.value[:100]!r}")
+  assert not bad, "library messages naming CLI flags:\n" + "\n".join(bad)
+
+
+def test_the_flag_check_finds_a_flag():
+  tree = ast.parse('def f(x):\n  raise ValueError(f"--batch-size {x} must be ≥ 1")\n')
+  assert [_FLAG.search(n.value).group() for n in _message_strings(tree) if _FLAG.search(n.value)] == ["--batch-size"]
+
+
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTIONS = {
+    "jaxckpt/planner/plan.py:plan_policy": "the budget planner's rounds: predict, verify by compiling, recalibrate",
+    "jaxckpt/report/compile.py:compile_rows": "one pass over the report's rows sharing traces and compiles",
+}
+"""Functions allowed over :data:`MAX_FUNCTION_LINES` (at most 3), each with its reason."""
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+  """Lines of a function from ``def`` to its end, its docstring not counted."""
+  lines = node.end_lineno - node.lineno + 1
+  first = node.body[0]
+  if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+    lines -= first.end_lineno - first.lineno + 1
+  return lines
+
+
+def test_no_function_is_too_long():
+  assert len(LONG_FUNCTIONS) <= 3
+  long = {}
+  for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _function_lines(node) > MAX_FUNCTION_LINES:
+        long[f"{path.relative_to(ROOT)}:{node.name}"] = _function_lines(node)
+  too_long = {k: v for k, v in long.items() if k not in LONG_FUNCTIONS}
+  assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (docstring not counted): {too_long}"

@@ -111,7 +111,7 @@ def multitask_loss(task: "AuxTask | str", weight: float = 0.5):
   """
   task = aux_task(task) if isinstance(task, str) else task
   if not weight >= 0:
-    raise JaxckptError(f"--aux-weight must be ≥ 0, got {weight}")
+    raise JaxckptError(f"aux_weight={weight} (the auxiliary loss's weight) must be ≥ 0")
 
   def loss_fn(model, batch, *, dropout_key, deterministic):
     logits, aux_logits = model.both(batch["x"], dropout_key=dropout_key, deterministic=deterministic)

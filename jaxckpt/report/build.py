@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -150,8 +151,9 @@ def build_report(
     for size in sorted(sizes):
       sharding.check_batch_size(size, mesh)
     if measure or profile is not None:
-      flag = "--measure" if measure else "--profile"
-      raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
+      what = "measure=True" if measure else f"profile={os.fspath(profile)!r}"
+      raise JaxckptError(f"{what} runs each policy on one device; it does not take mesh={sharding.format_mesh(mesh)!r} "
+                         "(drop one of them)")
   if profile is not None:
     profile = check_profile_dir(profile, flag="profile")
   builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row

@@ -316,21 +316,21 @@ def load_target(spec: str) -> Target:
   """
   module_name, sep, function_name = spec.partition(":")
   if not sep or not module_name or not function_name.isidentifier():
-    raise JaxckptError(f"bad --target {spec!r}: write package.module:function (e.g. mypkg.targets:vit_target)")
+    raise JaxckptError(f"bad target={spec!r}: write package.module:function (e.g. mypkg.targets:vit_target)")
   if os.getcwd() not in sys.path and "" not in sys.path:  # console scripts leave the current directory off the path
     sys.path.append(os.getcwd())  # after installed packages: a local module never shadows one
   try:
     module = importlib.import_module(module_name)
   except ImportError as err:
-    raise JaxckptError(f"bad --target {spec!r}: cannot import module {module_name!r} ({err})") from err
+    raise JaxckptError(f"bad target={spec!r}: cannot import module {module_name!r} ({err})") from err
   function = getattr(module, function_name, None)
   if not callable(function):
     found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-    raise JaxckptError(f"bad --target {spec!r}: module {module_name} has no function {function_name!r}; "
+    raise JaxckptError(f"bad target={spec!r}: module {module_name} has no function {function_name!r}; "
                        f"its functions: {', '.join(found[:20]) or '(none)'}{', ...' if len(found) > 20 else ''}")
   target = function()
   if not isinstance(target, (ModelTarget, LossTarget)):
-    raise JaxckptError(f"bad --target {spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
+    raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
                        "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
   return dataclasses.replace(target, ref={"target": spec})
 

@@ -75,7 +75,7 @@ def check_checkpoint_directory(directory: str | os.PathLike) -> None:
     shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
     raise CheckpointError(
         f"checkpoint directory {directory} is not empty and holds no checkpoints (found {shown}); "
-        "choose a new or empty --ckpt-dir"
+        "choose a new or empty ckpt_dir"
     )
 
 
@@ -212,8 +212,8 @@ class TrainStateSaver:
     latest = self._manager.latest_step()
     if latest is not None and not resume:
       raise CheckpointError(
-          f"checkpoint directory {self.directory} already holds a run (latest step {latest}); pass --resume to "
-          "continue it, or choose another --ckpt-dir"
+          f"checkpoint directory {self.directory} already holds a run (latest step {latest}); pass resume=True to "
+          "continue it, or choose another ckpt_dir"
       )
     self.latest_step = latest
 
@@ -288,8 +288,8 @@ class TrainStateSaver:
     details = ", ".join(f"{k}: saved {stored.get(k)!r} vs now {self.config.get(k)!r}" for k in differing)
     if not self.allow_config_change:
       raise CheckpointError(
-          f"checkpoint directory {self.directory} is from a different run ({details}); use another --ckpt-dir, or "
-          "--allow-config-change to resume it anyway"
+          f"checkpoint directory {self.directory} is from a different run ({details}); use another ckpt_dir, or "
+          "allow_config_change=True to resume it anyway"
       )
     self.warnings.append(f"resuming {self.directory} with a changed config ({details})")
 

@@ -113,29 +113,29 @@ def parse_mesh(spec: str | Mapping[str, int], *, device_count: int | None = None
     for entry in text.split(","):
       match = _ENTRY.match(entry)
       if match is None or not match.group(1):
-        raise MeshSpecError(f"bad mesh entry {shorten(entry.strip())!r} in --mesh {shorten(text)!r}: write "
-                            f"name=size[,name=size] with names from {', '.join(MESH_AXES)} (e.g. data=4,fsdp=2)")
+        raise MeshSpecError(f"bad mesh entry {shorten(entry.strip())!r} in mesh={shorten(text)!r}: write "
+                            f"'name=size[,name=size]' with names from {', '.join(MESH_AXES)} (e.g. 'data=4,fsdp=2')")
       items.append((match.group(1), match.group(2)))
   mesh: dict[str, int] = {}
   for name, size in items:
     if name not in MESH_AXES:
       hint = closest(name, MESH_AXES)
-      raise MeshSpecError(f"unknown mesh axis {shorten(name)!r} in --mesh {shorten(text)!r}; valid axes: "
+      raise MeshSpecError(f"unknown mesh axis {shorten(name)!r} in mesh={shorten(text)!r}; valid axes: "
                           f"{', '.join(MESH_AXES)}" + (f"; did you mean {hint!r}?" if hint else ""))
     if name in mesh:
-      raise MeshSpecError(f"mesh axis {name!r} appears twice in --mesh {shorten(text)!r}; give each axis once")
+      raise MeshSpecError(f"mesh axis {name!r} appears twice in mesh={shorten(text)!r}; give each axis once")
     if not re.fullmatch(r"[0-9]+", size) or int(size) < 1:
-      raise MeshSpecError(f"bad size {shorten(size)!r} of mesh axis {name!r} in --mesh {shorten(text)!r}: "
+      raise MeshSpecError(f"bad size {shorten(size)!r} of mesh axis {name!r} in mesh={shorten(text)!r}: "
                           "need an integer ≥ 1")
     mesh[name] = int(size)
   if not mesh:
-    raise MeshSpecError(f"empty --mesh {text!r}: write name=size[,name=size] with names from {', '.join(MESH_AXES)}")
+    raise MeshSpecError(f"empty mesh={text!r}: write 'name=size[,name=size]' with names from {', '.join(MESH_AXES)}")
   count = jax.device_count() if device_count is None else device_count
   product = math.prod(mesh.values())
   if count and product != count:
     raise MeshSpecError(
-        f"--mesh {text} covers {product} device(s) but there are {count}: the product of the sizes must equal the "
-        f"device count (e.g. data={count}); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={product} "
+        f"mesh={text!r} covers {product} device(s) but there are {count}: the product of the sizes must equal the "
+        f"device count (e.g. mesh='data={count}'); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={product} "
         "gives that many devices")
   return mesh
 
@@ -350,18 +350,18 @@ def gather_params_in_loss(loss_fn: Callable[..., Any], mesh: Mesh | None) -> Cal
   return loss
 
 
-def check_batch_size(batch_size: int, mesh: Mesh | Mapping[str, int], *, flag: str = "--batch-size") -> None:
+def check_batch_size(batch_size: int, mesh: Mesh | Mapping[str, int], *, flag: str = "batch_size") -> None:
   """Raises :class:`MeshSpecError` unless ``batch_size`` divides evenly over the mesh's batch axes.
 
   Args:
     batch_size: global examples per step.
     mesh: the mesh or its ``{axis: size}``.
-    flag: the flag to name in the error.
+    flag: the argument to name in the error (``batch_size``; the CLIs translate it to their flag).
   """
   shape = mesh_shape(mesh)
   split = math.prod(shape.get(a, 1) for a in BATCH_AXES)
   if batch_size % split:
-    raise MeshSpecError(f"{flag} {batch_size} cannot be split over --mesh {format_mesh(shape)}: the batch is split "
+    raise MeshSpecError(f"{flag}={batch_size} cannot be split over mesh={format_mesh(shape)!r}: the batch is split "
                         f"over {'×'.join(a for a in BATCH_AXES if a in shape)} = {split} devices; use a multiple of "
                         f"{split}")
 
@@ -406,7 +406,7 @@ def process_rows(global_batch_size: int, mesh: Mesh) -> slice:
   start, stop = spans[0][0], spans[-1][1]
   if sum(b - a for a, b in spans) != stop - start:
     raise MeshSpecError(f"process {jax.process_index()}'s devices hold non-contiguous batch rows {spans} under "
-                        f"--mesh {format_mesh(mesh)}")
+                        f"mesh={format_mesh(mesh)!r}")
   return slice(start, stop)
 
 
@@ -460,11 +460,11 @@ def initialize_distributed(coordinator: str, *, num_processes: int, process_id: 
   """
   host, sep, port = coordinator.rpartition(":")
   if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise MeshSpecError(f"bad --coordinator {shorten(coordinator)!r}: write HOST:PORT, e.g. localhost:12345")
+    raise MeshSpecError(f"bad coordinator={shorten(coordinator)!r}: write 'HOST:PORT', e.g. 'localhost:12345'")
   if num_processes < 1:
-    raise MeshSpecError(f"--num-processes must be ≥ 1, got {num_processes}")
+    raise MeshSpecError(f"num_processes={num_processes} must be ≥ 1")
   if not 0 <= process_id < num_processes:
-    raise MeshSpecError(f"--process-id {process_id} is out of range for --num-processes {num_processes}: "
+    raise MeshSpecError(f"process_id={process_id} is out of range for num_processes={num_processes}: "
                         f"valid ids are 0..{num_processes - 1}")
   if jax.distributed.is_initialized():
     if (jax.process_count(), jax.process_index()) != (num_processes, process_id):
@@ -479,7 +479,7 @@ def initialize_distributed(coordinator: str, *, num_processes: int, process_id: 
                                initialization_timeout=INIT_TIMEOUT_S)
   except Exception as err:  # noqa: BLE001 - JAX raises runtime errors of several types on a failed join
     raise MeshSpecError(f"process {process_id} could not join the run at {coordinator} within {INIT_TIMEOUT_S} s "
-                        f"(are all {num_processes} processes started with the same --coordinator?): "
+                        f"(are all {num_processes} processes started with the same coordinator?): "
                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
 
 
