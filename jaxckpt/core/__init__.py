@@ -8,9 +8,11 @@ Nothing here imports Flax's NNX or Linen front-ends, the models, the step or the
 
 from __future__ import annotations
 
-from jaxckpt.core import autonames, blocks, names, remat, structure, tagging
+from jaxckpt.core import arguments, autonames, matching, blocks, names, remat, structure, tagging
 
 __all__ = [
+    "arguments",
+    "matching",
     "autonames",
     "blocks",
     "names",

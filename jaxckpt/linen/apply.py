@@ -34,11 +34,11 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.core.matching import block_matcher, block_matchers
+from jaxckpt.core.arguments import split_arguments
 from jaxckpt.core.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
@@ -65,10 +65,6 @@ _MARKER = "__jaxckpt_block__:"
 _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("jaxckpt_linen_run", default=None)
 _LISTING: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.ContextVar("jaxckpt_linen_listing",
                                                                                       default=None)
-
-
-def _is_traced(leaf: Any) -> bool:
-  return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
 def _block_type(run: _Run, module: nn.Module) -> str | None:
@@ -102,13 +98,11 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
     return next_fun(*args, **kwargs)
   run.matched[block_type] = run.matched.get(block_type, 0) + 1
   policy: Policy = run.spec.for_block(block_type)
-  leaves, treedef = jax.tree.flatten((args, kwargs))
-  traced = [_is_traced(leaf) for leaf in leaves]
-  arrays = [leaf for leaf, t in zip(leaves, traced) if t]
+  split = split_arguments(args, kwargs)
+  arrays = split.arrays
 
   def fn(mdl: nn.Module, *arrs):
-    it = iter(arrs)
-    call_args, call_kwargs = treedef.unflatten([next(it) if t else leaf for leaf, t in zip(leaves, traced)])
+    call_args, call_kwargs = split.merge(arrs)
     if run.record is not None and arrs:  # listing names: mark this remat region as a block of this type
       checkpoint_name(arrs[0], _MARKER + block_type)
     run.skip_next, run.active_type = True, block_type

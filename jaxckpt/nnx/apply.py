@@ -42,10 +42,10 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt.core.arguments import split_arguments
 from jaxckpt.core.autonames import NNX_LAYERS, path_name
 from jaxckpt.core.matching import block_matchers, describe_blocks_value
 from jaxckpt.errors import JaxckptError
@@ -159,22 +159,16 @@ def _auto_names(block: nnx.Module) -> Iterator[None]:
     _ACTIVE_NAMES.reset(token)
 
 
-def _is_traced(leaf: Any) -> bool:
-  return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
-
-
 def _call_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any:
   """``__call__`` of an applied block: the original ``cls.__call__`` under ``jax.checkpoint`` with its policy."""
   spec: PolicySpec = getattr(self, _POLICY)
   block_type: str = getattr(self, _TYPE)
   policy: Policy = spec.for_block(block_type)
-  leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=lambda x: isinstance(x, nnx.Module))
-  traced = [_is_traced(leaf) for leaf in leaves]
-  arrays = [leaf for leaf, t in zip(leaves, traced) if t]
+  split = split_arguments(args, kwargs, is_leaf=lambda x: isinstance(x, nnx.Module))
+  arrays = split.arrays
 
   def method(module: nnx.Module, *arrs):
-    it = iter(arrs)
-    call_args, call_kwargs = treedef.unflatten([next(it) if t else leaf for leaf, t in zip(leaves, traced)])
+    call_args, call_kwargs = split.merge(arrs)
     with _auto_names(module):
       return cls.__call__(module, *call_args, **call_kwargs)
 
