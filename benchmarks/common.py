@@ -154,7 +154,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def save_plot(fig: Any, ax: Any, path: str) -> None:
-  """Finishes a benchmark's matplotlib figure the one way README's plots look (grid, small legend, tight layout,
+  """Finishes a benchmark's matplotlib figure the one way the docs' plots look (grid, small legend, tight layout,
   80 dpi) and writes it to ``path`` (PNG), closing the figure."""
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)

@@ -129,7 +129,7 @@ def concurrent_pair(tmp: str) -> dict[str, Any]:
 
 
 def render(data: Mapping[str, Any]) -> str:
-  """The result as markdown: a header line and the table (what README shows)."""
+  """The result as markdown: a header line and the table (docs/benchmarks.md)."""
   rows = [[f"`{kind.split(' during ')[0].replace('SIGKILL', 'kill -9')}` during {kind.split(' during ')[1]}", count,
            "", ""] for part in ("kill", "signal") for kind, count in sorted(data[part]["faults"].items())]
   for part, label in (("kill", "all `kill -9`"), ("signal", "all SIGINT / SIGTERM")):

@@ -133,7 +133,7 @@ def timed_rows(args, rows: Sequence[Row], stats: dict[Row, dict[str, Any]], roun
 
 
 def render(data: dict[str, Any]) -> str:
-  """The result as markdown: a header line, the table, and the reference lines (what README shows)."""
+  """The result as markdown: a header line, the table, and the reference lines (docs/benchmarks.md)."""
   m, ref = data["model"], data["reference"]
   table = [[f"`{r['label']}`", common.mib(r["temp_bytes"]), f"{r['temp_vs_none']:.2f}", f"{r['temp_vs_floor']:.2f}",
             common.mib(r["temp_minus_floor_bytes"]), f"{r['flops_vs_none']:.3f}",

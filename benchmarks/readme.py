@@ -1,9 +1,11 @@
-"""Writes the benchmarks' tables into README.md from the committed JSON, so the README shows the latest run.
+"""Writes the benchmarks' tables into docs/benchmarks.md from the committed JSON, so the manual shows the latest run.
 
-Usage: ``python benchmarks/readme.py`` (rewrite) or ``python benchmarks/readme.py --check`` (exit 1 if README differs).
+Usage: ``python benchmarks/readme.py`` (rewrite) or ``python benchmarks/readme.py --check`` (exit 1 if the page
+differs).
 
 Each script's ``render(json)`` output goes between ``<!-- benchmark:NAME -->`` and ``<!-- /benchmark:NAME -->`` in
-README.md; a script without a committed ``benchmarks/results/NAME.json`` (or without markers) is skipped.
+docs/benchmarks.md (the benchmark log, linked from README.md); a script without a committed
+``benchmarks/results/NAME.json`` (or without markers) is skipped.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 from benchmarks import common, faults, policy_sweep, report_speed, runner_overhead, structure_depth, truth_check
 
-README = os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "README.md")
+PAGE = os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs", "benchmarks.md")
+"""The page holding the tables (README.md before the manual moved to docs/)."""
 MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults)
 
 
 def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR) -> str:
-  """``text`` (README's contents) with every marked block replaced by its script's render of the committed JSON."""
+  """``text`` (the page's contents) with every marked block replaced by its script's render of the committed JSON."""
   for module in MODULES:
     path = os.path.join(results_dir, f"{module.NAME}.json")
     if not os.path.exists(path):
@@ -37,11 +40,11 @@ def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """Rewrites README.md (or with ``--check`` only compares); returns the exit status."""
+  """Rewrites docs/benchmarks.md (or with ``--check`` only compares); returns the exit status."""
   p = common.CLIParser(prog="python benchmarks/readme.py", description=__doc__.split("\n\n")[0])
-  p.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the JSON")
+  p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from the JSON")
   args = p.parse_args(argv)
-  path = os.path.normpath(README)
+  path = os.path.normpath(PAGE)
   with open(path) as f:
     text = f.read()
   new = rendered_readme(text)

@@ -48,7 +48,7 @@ STAGES = ("build", "trace", "lower", "flops", "residuals", "compile")
 
 
 def render(data: dict[str, Any]) -> str:
-  """The result as markdown: report wall against the floor, and the per-policy stage split (what README shows)."""
+  """The result as markdown: report wall against the floor, and the per-policy stage split (docs/benchmarks.md)."""
   verdict = {True: "met", False: "NOT met", None: "not judged at this size"}[data["meets_target"]]
   seconds = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
   rows = [[f"`{r['policy']}`", *[seconds(r["stages_s"].get(k)) for k in STAGES], seconds(r["twin_s"]),

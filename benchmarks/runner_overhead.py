@@ -158,7 +158,7 @@ def experiments(quick: bool) -> dict[str, tuple[Any, Any, Any]]:
 
 
 def render(data: dict[str, Any]) -> str:
-  """The result as markdown: a header line and the table (what README shows)."""
+  """The result as markdown: a header line and the table (docs/benchmarks.md)."""
   rows = data["rows"]
   return "\n".join([
       f"{rows[0]['rounds']} interleaved rounds; {common.header(data)}", "",

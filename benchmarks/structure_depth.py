@@ -137,7 +137,7 @@ def plot(path: str, depths: Sequence[int], curves: dict[str, list[int]], fits: d
 
 
 def render(data: dict[str, Any]) -> str:
-  """The result as markdown: the depth table with fits and FLOPs, then the every:K table (what README shows)."""
+  """The result as markdown: the depth table with fits and FLOPs, then the every:K table (docs/benchmarks.md)."""
   depths, rows, m = data["depths"], data["rows"], data["model"]
   last = str(depths[-1])
   lines = [f"Residual MLP d={m['dim']}, hidden {m['hidden_dim']}, no dropout, batch {m['batch_size']}; compiled temp "

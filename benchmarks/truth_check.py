@@ -47,7 +47,7 @@ def parse_case(text: str) -> tuple[str, int]:
 
 
 def render(data: dict[str, Any]) -> str:
-  """The result as markdown: a header line and the table (what README shows)."""
+  """The result as markdown: a header line and the table (docs/benchmarks.md)."""
   rows = data["rows"]
   return "\n".join([
       f"{data['backend']}, {data['method']}; target within {data['tolerance']:.0%}; {common.header(data)}", "",

@@ -1,7 +1,7 @@
 """Session setup shared by every test file: one JAX persistent compilation cache for the whole run.
 
 Many tests compile the same train steps (the tiny presets under the same policies), in this process, in the other
-pytest-xdist worker and in the subprocesses of CLI and README tests. JAX's persistent compilation cache (JAX docs,
+pytest-xdist worker and in the subprocesses of CLI and example tests. JAX's persistent compilation cache (JAX docs,
 "Persistent compilation cache") lets each program be compiled once per run: the first compile stores the
 executable, later ones load it (a tiny preset's step: ~6 s → ~0.6 s on the 2-core machine). A cache hit returns the
 same executable, so every compiled statistic is unchanged (memory stats and XLA's cost analysis checked equal).

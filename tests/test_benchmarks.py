@@ -1,7 +1,8 @@
 """Smoke tests of the benchmark scripts: each runs at its ``--quick`` (tiny) size, so none of them can rot.
 
-Timings are benchmarks, not tests: these check that each script runs, writes the JSON keys the README's tables come
-from, and that the values are sane (positive ratios, the fitted depth exponent of ``none`` ≈ 1), not speed.
+Timings are benchmarks, not tests: these check that each script runs, writes the JSON keys the tables of
+docs/benchmarks.md come from, and that the values are sane (positive ratios, the fitted depth exponent of ``none``
+≈ 1), not speed.
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def test_gpu_script_parses():
 def test_readme_tables_equal_the_committed_json():
   from benchmarks import readme
 
-  with open(os.path.normpath(readme.README)) as f:
+  with open(os.path.normpath(readme.PAGE)) as f:
     text = f.read()
-  assert readme.rendered_readme(text) == text, "README is stale: run python benchmarks/readme.py"
-  for module in readme.MODULES:  # every committed result has its table in README
+  assert readme.rendered_readme(text) == text, "docs/benchmarks.md is stale: run python benchmarks/readme.py"
+  for module in readme.MODULES:  # every committed result has its table in docs/benchmarks.md
     path = os.path.join(ROOT, "benchmarks", "results", f"{module.NAME}.json")
     if os.path.exists(path):
       with open(path) as f:

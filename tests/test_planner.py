@@ -294,7 +294,7 @@ def test_plans_recompute_no_more_than_exhaustive_search_allows(plans, name):
     if isinstance(plan, InfeasibleBudgetError) or plan.predictor is None or not plan.converged:
       continue
     checked += 1
-    optimum = _exhaustive_optimum(plan)  # < 0 when a per-tensor plan recomputes less than none (see README)
+    optimum = _exhaustive_optimum(plan)  # < 0 when a per-tensor plan recomputes less than none (see docs/plans.md)
     assert plan.assignment.recompute_flops <= optimum + 0.02 * abs(optimum) + 1, fraction
   assert checked >= 2
 

@@ -1,6 +1,11 @@
-"""Every shell and Python example in README.md runs, so no example can rot.
+"""Every shell and Python example in README.md and the manual (docs/*.md) runs, so no example can rot.
 
-Which fenced blocks run (the rule; new README examples are picked up automatically):
+The pages: :data:`PAGES` (README.md, then every ``docs/*.md`` by name). Test ids name the page and the block's line
+(``docs/plans.md:L120-bash``). A block repeated verbatim on another page (the README's tour shows examples of the
+manual) runs once, under its first page. Every relative link of the pages must name an existing file, and an anchor
+an existing heading (:func:`test_relative_links_point_at_files`).
+
+Which fenced blocks run (the rule; new examples are picked up automatically):
 
 - ```` ```bash ```` / ```` ```sh ```` / ```` ```shell ````: each block is one bash script (``set -euo pipefail``: every
   command must exit 0; background jobs ``&`` are waited for and must exit 0 too), run in a fresh temporary directory
@@ -10,6 +15,7 @@ Which fenced blocks run (the rule; new README examples are picked up automatical
   * Install lines (``python3 -m venv ...``, ``pip install ...``) are skipped: they create a venv and install from
     PyPI, which is how the environment running this test was made; running them here would need the network and
     minutes, and the tests they end with are this suite.
+  * The test command (``python -m pytest ...``) is skipped: it is this suite.
   * Heavy commands are shrunk by :data:`OVERRIDES`: arguments appended to every command a pattern matches (argparse
     keeps the last value of a flag, so ``--preset tiny`` wins over the example's ``--preset small``). Shrinking keeps
     the code path (same program, flags, policies), only sizes and step counts change. A command whose point depends
@@ -43,6 +49,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES: tuple[Path, ...] = (README, *sorted((REPO / "docs").glob("*.md")))
+"""The pages whose examples run: the front page, then the manual."""
 
 SHELL_LANGUAGES = ("bash", "sh", "shell")
 PYTHON_LANGUAGES = ("python", "py")
@@ -53,6 +61,7 @@ TEXT_LANGUAGES = ("", "text", "ebnf")
 SKIP = (
     (re.compile(r"^python3? -m venv\b|\bpip install\b"),
      "install line: creates a venv and installs from PyPI, as the environment running this test was made"),
+    (re.compile(r"^python -m pytest\b"), "the test command: it runs this suite, which includes this test"),
     (re.compile(r"^(xprof|tensorboard) "),
      "viewer line: starts a web server for a person to browse (the traces it reads are tested in test_profile.py)"),
 )
@@ -61,7 +70,7 @@ SKIP = (
 
 @dataclasses.dataclass(frozen=True)
 class Override:
-  """Arguments appended to every README command ``pattern`` matches, and why."""
+  """Arguments appended to every example command ``pattern`` matches, and why."""
 
   pattern: str
   extra: str
@@ -146,14 +155,19 @@ class Block:
   line: int  # 1-based line of the opening fence
   language: str
   text: str
+  page: str = "README.md"  # path relative to the repository
+
+  @property
+  def where(self) -> str:
+    return f"{self.page}:{self.line}"
 
   @property
   def id(self) -> str:
-    return f"L{self.line}-{self.language or 'text'}"
+    return f"{self.page}:L{self.line}-{self.language or 'text'}"
 
 
-def readme_blocks(text: str) -> list[Block]:
-  """The fenced code blocks of a Markdown text, in order."""
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
+  """The fenced code blocks of a Markdown text (``page``: its path, for ids and messages), in order."""
   blocks, lines, i = [], text.splitlines(), 0
   while i < len(lines):
     opening = re.match(r"^(\s*)(```+)\s*([\w+-]*)\s*$", lines[i])
@@ -165,7 +179,7 @@ def readme_blocks(text: str) -> list[Block]:
     while j < len(lines) and not re.match(rf"^\s*{fence}\s*$", lines[j]):
       body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
       j += 1
-    blocks.append(Block(i + 1, language.lower(), "\n".join(body)))
+    blocks.append(Block(i + 1, language.lower(), "\n".join(body), page))
     i = j + 1
   return blocks
 
@@ -199,7 +213,25 @@ def _is_display(block: Block) -> bool:
   return any(line.startswith(">>> ") for line in block.text.splitlines())
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+def _page_name(path: Path) -> str:
+  return path.relative_to(REPO).as_posix()
+
+
+def first_occurrences(blocks: list[Block]) -> list[Block]:
+  """``blocks`` without the ones repeating an earlier block's language and text (they would run the same code)."""
+  seen: set[tuple[str, str]] = set()
+  out = []
+  for block in blocks:
+    key = (block.language, block.text.strip())
+    if key not in seen:
+      seen.add(key)
+      out.append(block)
+  return out
+
+
+ALL_BLOCKS = [b for path in PAGES for b in readme_blocks(path.read_text(encoding="utf-8"), _page_name(path))]
+"""Every fenced block of every page, repeats included."""
+BLOCKS = first_occurrences(ALL_BLOCKS)
 SHELL_BLOCKS = [b for b in BLOCKS if b.language in SHELL_LANGUAGES]
 PYTHON_BLOCKS = [b for b in BLOCKS if b.language in PYTHON_LANGUAGES and not _is_display(b)]
 DISPLAY_BLOCKS = [b for b in BLOCKS if b.language in PYTHON_LANGUAGES and _is_display(b)]
@@ -217,17 +249,85 @@ def _params(blocks: list[Block], commands_of: Callable[[Block], list[str]] = lam
   return out
 
 
-def test_every_fence_language_has_a_rule():
-  unknown = sorted({b.language for b in BLOCKS} - set(RUN_LANGUAGES) - set(TEXT_LANGUAGES))
-  assert not unknown, f"README fences with no run/not-run rule in tests/test_readme.py: {unknown}"
+@pytest.mark.parametrize("page", [_page_name(p) for p in PAGES])
+def test_every_fence_language_has_a_rule(page: str):
+  languages = {b.language for b in ALL_BLOCKS if b.page == page}
+  unknown = sorted(languages - set(RUN_LANGUAGES) - set(TEXT_LANGUAGES))
+  assert not unknown, f"{page}: fences with no run/not-run rule in tests/test_readme.py: {unknown}"
+
+
+def test_every_page_and_kind_of_block_is_found():
+  """The pages are README.md and the manual, and between them they hold all three kinds of runnable block."""
+  assert README in PAGES and len(PAGES) > 1 and all(p.parent.name == "docs" for p in PAGES[1:])
   assert SHELL_BLOCKS and PYTHON_BLOCKS and DISPLAY_BLOCKS
+  assert "README.md" in {b.page for b in BLOCKS if b.language in RUN_LANGUAGES}
 
 
 def test_tables_match_the_readme():
-  """Every override, slow and setup pattern matches some README command (the tables cannot rot either)."""
+  """Every override, slow and setup pattern matches some example command (the tables cannot rot either)."""
   commands = [c for b in SHELL_BLOCKS for c in shell_commands(b.text)]
   for pattern in [o.pattern for o in OVERRIDES] + [p for p, _ in SLOW] + [p for p, _ in SETUP]:
-    assert any(re.search(pattern, c) for c in commands), f"pattern {pattern!r} matches no README command"
+    assert any(re.search(pattern, c) for c in commands), f"pattern {pattern!r} matches no example command"
+
+
+def heading_anchors(text: str) -> set[str]:
+  """GitHub's anchors for a Markdown text's ``#`` headings: lower case, code marks and punctuation dropped (``-`` and
+  ``_`` kept), spaces as ``-``; a repeated heading gets ``-1``, ``-2``, …"""
+  anchors: set[str] = set()
+  for line in _prose(text).splitlines():
+    heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+    if heading:
+      slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+      anchor, n = slug, 0
+      while anchor in anchors:
+        n += 1
+        anchor = f"{slug}-{n}"
+      anchors.add(anchor)
+  return anchors
+
+
+def _prose(text: str) -> str:
+  """``text`` without its fenced blocks (whose lines are code, not links or headings)."""
+  out, fence = [], None
+  for line in text.splitlines():
+    opening = re.match(r"^\s*(```+)", line)
+    if fence is None and opening:
+      fence = opening.group(1)
+    elif fence is not None and re.match(rf"^\s*{fence}\s*$", line):
+      fence = None
+    elif fence is None:
+      out.append(line)
+  return "\n".join(out)
+
+
+def relative_links(text: str) -> list[str]:
+  """The targets of a Markdown text's links and images that are not URLs (``scheme:``), outside code."""
+  prose = re.sub(r"`[^`\n]*`", "", _prose(text))
+  return [t for t in re.findall(r"\]\(([^)\s]+)\)", prose) if not re.match(r"^[a-zA-Z][\w+.-]*:", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_name)
+def test_relative_links_point_at_files(page: Path):
+  """Every relative link of a page names a file that exists (relative to the page), and its ``#anchor``, if any, a
+  heading of the Markdown file it names."""
+  links = relative_links(page.read_text(encoding="utf-8"))
+  bad = []
+  for link in links:
+    path, _, anchor = link.partition("#")
+    target = (page.parent / path).resolve() if path else page
+    if not target.exists():
+      bad.append(f"{link} (no file {target.relative_to(REPO) if target.is_relative_to(REPO) else target})")
+    elif anchor and target.suffix == ".md" and anchor not in heading_anchors(target.read_text(encoding="utf-8")):
+      bad.append(f"{link} (no heading with anchor #{anchor} in {_page_name(target)})")
+  assert not bad, f"{_page_name(page)}: broken links: {bad}"
+
+
+def test_link_rules():
+  """Links in code are not links; anchors follow GitHub's rule; URLs are not checked."""
+  text = "# A `b:c`, d\n## A `b:c`, d\n[x](y.md#z) `[no](no.md)` [u](https://e.org) ![i](p.png)\n```\n[no](no)\n```\n"
+  assert relative_links(text) == ["y.md#z", "p.png"]
+  assert heading_anchors(text) == {"a-bc-d", "a-bc-d-1"}
+  assert heading_anchors("### `mincut:<cap>`: the plan, one region\n") == {"mincutcap-the-plan-one-region"}
 
 
 def test_parsing_rules():
@@ -240,6 +340,10 @@ def test_parsing_rules():
   assert shrink("jaxckpt-plan --model vit --preset small --budget 14MiB --export").endswith("--export")
   blocks = readme_blocks("x\n```bash\na\n```\n```\nb\n```\n")
   assert [(b.line, b.language, b.text) for b in blocks] == [(2, "bash", "a"), (5, "", "b")]
+  again = readme_blocks("```bash\na\n```\n```python\na\n```\n", page="docs/x.md")
+  assert [b.id for b in first_occurrences(blocks + again)] == ["README.md:L2-bash", "README.md:L5-text",
+                                                               "docs/x.md:L4-python"]
+  assert skip_reason("python -m pytest -q -n 2 --dist loadfile") is not None
 
 
 def _env() -> dict[str, str]:
@@ -255,7 +359,7 @@ def test_shell_example_runs(block: Block, tmp_path: Path):
   commands = [c for c in shell_commands(block.text) if skip_reason(c) is None]
   if not commands:
     reasons = sorted({skip_reason(c) for c in shell_commands(block.text)})
-    pytest.skip(f"README.md:{block.line}: nothing to run ({'; '.join(reasons)})")
+    pytest.skip(f"{block.where}: nothing to run ({'; '.join(reasons)})")
   for pattern, make in SETUP:
     if any(re.search(pattern, c) for c in commands):
       make(tmp_path)
@@ -264,14 +368,14 @@ def test_shell_example_runs(block: Block, tmp_path: Path):
   done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                         timeout=1800)
   assert done.returncode == 0, (
-      f"README.md:{block.line} failed (exit {done.returncode}):\n{script}\n--- output (tail) ---\n"
+      f"{block.where} failed (exit {done.returncode}):\n{script}\n--- output (tail) ---\n"
       f"{(done.stdout + done.stderr)[-4000:]}")
 
 
 @pytest.mark.parametrize("block", _params(PYTHON_BLOCKS))
 def test_python_example_runs(block: Block, tmp_path: Path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  exec(compile(block.text, f"README.md:{block.line}", "exec"), {"__name__": "__readme__"})  # noqa: S102
+  exec(compile(block.text, block.where, "exec"), {"__name__": "__readme__"})  # noqa: S102
 
 
 def _display_steps(text: str) -> list[tuple[str, list[str]]]:
@@ -297,11 +401,11 @@ def test_display_example_says_what_it_shows(block: Block):
   for statement, shown in _display_steps(block.text):
     error = re.match(r"^(\w+(?:Error|Exception|Warning)): (.*)$", shown[0]) if shown else None
     if error is None:
-      exec(compile(statement, f"README.md:{block.line}", "single"), namespace)  # noqa: S102
+      exec(compile(statement, block.where, "single"), namespace)  # noqa: S102
       continue
     name, message = error.groups()
     with pytest.raises(Exception) as raised:
-      exec(compile(statement, f"README.md:{block.line}", "single"), namespace)  # noqa: S102
+      exec(compile(statement, block.where, "single"), namespace)  # noqa: S102
     assert type(raised.value).__name__ == name
     pattern = ".*".join(re.escape(part) for part in message.split("..."))
     assert re.fullmatch(pattern, str(raised.value), re.S), (message, str(raised.value))

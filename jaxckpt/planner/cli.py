@@ -103,7 +103,7 @@ def _mincut(parser: CLIParser, args: argparse.Namespace) -> int:
   """``--mincut CAP``: the segmented whole-loss plan (:func:`jaxckpt.planner.whole.mincut_policy`), explained."""
   if args.export:
     raise JaxckptError("--export prints per-block policies; a mincut plan remats the whole loss: use the policy "
-                       f"mincut:{args.mincut} in jaxckpt-report, or jaxckpt.planner.whole in your code (README)")
+                       f"mincut:{args.mincut} in jaxckpt-report, or jaxckpt.planner.whole in your code (docs/plans.md)")
   parsed = parse_model_policy(f"{MINCUT}:{args.mincut}")
   if not isinstance(parsed, MinCut):  # unreachable: the prefix makes it a mincut
     raise JaxckptError(f"--mincut {args.mincut!r} is not a cap")
