@@ -16,7 +16,7 @@ import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis.flops import count_flops, count_live_flops
 from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
-from jaxckpt.planner import (InfeasibleBudgetError, LayerCandidate, block_options, exhaustive, export_code,
+from jaxckpt.planner import (InfeasibleBudgetError, PlanCache, LayerCandidate, block_options, exhaustive, export_code,
                              layer_candidates, pareto_totals, plan_policy, solve)
 from jaxckpt.planner import plan as plan_module
 from jaxckpt.planner.cli import main as plan_main
@@ -211,7 +211,7 @@ def _targets():
 
 def _plan_budgets(name: str) -> dict:
   """``{(name, fraction): Plan or InfeasibleBudgetError, (name, "cache"): compiled anchors}`` for one model."""
-  out, cache, candidates = {}, {}, None
+  out, cache, candidates = {}, PlanCache(), None
   target = _targets()[name]
   for fraction in BUDGETS:
     try:
@@ -251,8 +251,8 @@ MODELS = [pytest.param("gpt", marks=pytest.mark.slow), "vit"]
 
 @pytest.mark.parametrize("name", MODELS)
 def test_plans_fit_their_budget_or_state_the_least_memory_reached(plans, name):
-  full = plans[name, "cache"]["nothing_saveable"]
-  none = plans[name, "cache"]["none"]
+  full = plans[name, "cache"].points["nothing_saveable"]
+  none = plans[name, "cache"].points["none"]
   feasible = 0
   for fraction in BUDGETS:
     result = plans[name, fraction]
@@ -352,13 +352,13 @@ def test_explain_and_export(plans):
 @pytest.mark.slow  # plans two footprint budgets (~12 s)
 def test_footprint_budget_and_auto(monkeypatch):
   target = shipped_target("mlp", "tiny")
-  cache = {}
+  cache = PlanCache()
   roomy = plan_policy(target, "budget:1GiB", cache=cache)
   assert roomy.key == "footprint_bytes" and roomy.policy == parse_policy("none")
   monkeypatch.setattr(plan_module, "device_memory_bytes", lambda: (2**30, "test RAM"))
   auto = plan_policy(target, "auto:margin=50%", cache=cache)
   assert auto.limit_bytes == 2**29 and "test RAM" in auto.memory_source
-  tight = cache["nothing_saveable"].memory["footprint_bytes"] - 1
+  tight = cache.points["nothing_saveable"].memory["footprint_bytes"] - 1
   with pytest.raises(InfeasibleBudgetError) as info:
     plan_policy(target, f"budget:{tight}B", cache=cache)
   assert info.value.minimum_bytes == tight + 1 and info.value.key == "footprint_bytes"

@@ -19,6 +19,7 @@ Example::
     >>> model = ...; jaxckpt.set_policy(model, plan.policy)
 """
 
+from jaxckpt.planner.cache import PlanCache
 from jaxckpt.planner.candidates import LayerCandidate, block_options, layer_candidates, pareto_front
 from jaxckpt.planner.export import export_code
 from jaxckpt.planner.plan import (
@@ -38,6 +39,7 @@ from jaxckpt.planner.whole import (WholeLoss, WholePlan, measure_whole, remat_wh
                                    whole_loss, whole_plan)
 
 __all__ = [
+    "PlanCache",
     "Assignment",
     "CompiledPoint",
     "InfeasibleBudgetError",

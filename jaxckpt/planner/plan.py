@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -30,6 +30,7 @@ from flax import nnx
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx.layers import Stack, record_stack_inputs, stacks
+from jaxckpt.planner.cache import PlanCache
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.planner.own import OwnModelProbe, own_model_layers
 from jaxckpt.planner.solve import Assignment, solve
@@ -370,7 +371,7 @@ def plan_policy(
     tx: optax.GradientTransformation | None = None,
     compiler_options: Mapping[str, Any] | None = None,
     max_rounds: int = MAX_ROUNDS,
-    cache: MutableMapping[str, CompiledPoint] | None = None,
+    cache: PlanCache | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
     per_tensor: bool = True,
 ) -> Plan:
@@ -387,7 +388,8 @@ def plan_policy(
     tx: the optimizer of the step (default ``optax.adamw(1e-3)``; its state counts in the footprint).
     compiler_options: extra XLA options (merged with the CPU remat fix).
     max_rounds: verification compiles after the two anchors (≥ 1).
-    cache: compiled points by policy text, shared between calls (the report plans several budgets with it).
+    cache: compiled points and the traced whole loss, shared between calls (the report plans several budgets with
+      it).
     candidates: measured layer candidates to reuse (from an earlier plan's ``candidates``).
     per_tensor: add each block type's per-tensor min-cut front (``save_tensors`` options,
       :mod:`jaxckpt.planner.tensors`) to the candidates.
@@ -411,7 +413,7 @@ def plan_policy(
     raise JaxckptError(f"budget plans need a model target (jaxckpt.report.ModelTarget with a Stack), got "
                        f"{type(target).__name__}")
   tx = tx or default_optimizer()
-  cache = {} if cache is None else cache
+  cache = PlanCache() if cache is None else cache
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
   types = builder.block_types
   model = nnx.eval_shape(target.make_model)
@@ -433,10 +435,10 @@ def plan_policy(
 
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
-    if text not in cache:
+    if text not in cache.points:
       compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
-      cache[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
-    return dataclasses.replace(cache[text], saved_bytes=saved)
+      cache.points[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
+    return dataclasses.replace(cache.points[text], saved_bytes=saved)
 
   none_spec, full_spec = PolicySpec(), PolicySpec(default=Policy("nothing_saveable"))
   none_cand, full_cand = by_spec[str(none_spec)], by_spec[str(full_spec)]
@@ -520,7 +522,7 @@ def resolve_policy(
     tx: optax.GradientTransformation | None = None,
     compiler_options: Mapping[str, Any] | None = None,
     mesh: Any = None,
-    cache: MutableMapping[str, CompiledPoint] | None = None,
+    cache: PlanCache | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
 ) -> tuple[ConcretePolicy, Plan | None]:
   """Turns a model-level policy into one that can be applied as it is: the one place a budget becomes a plan.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -26,6 +26,7 @@ from jaxckpt.planner.tensors import (BlockProgram, TensorChoice, block_program, 
 from jaxckpt.policies import LossPolicy, MinCut
 from jaxckpt.step.build import check_plain_step
 from jaxckpt.units import format_bytes
+from jaxckpt.planner.cache import PlanCache
 from jaxckpt.planner.segments import Region, Segments, is_var, region_fn, segment_loss, var_bytes
 from jaxckpt.planner.whole import TIME_LIMIT, check_caps, measure_whole, target_whole_loss, whole_graph
 
@@ -309,7 +310,7 @@ def remat_segments(segments: Segments, names: Sequence[Sequence[str]]) -> Callab
   return remat_loss
 
 
-def mincut_policy(target: Any, policy: "MinCut", cache: MutableMapping[str, Any] | None = None,
+def mincut_policy(target: Any, policy: "MinCut", cache: PlanCache | None = None,
                   time_limit: float | None = TIME_LIMIT) -> LossPolicy:
   """Resolves ``mincut:<cap>`` for a target: its whole loss, cut at the narrowest points, one plan under the cap.
 
@@ -318,7 +319,7 @@ def mincut_policy(target: Any, policy: "MinCut", cache: MutableMapping[str, Any]
       its layers unrolled (jaxckpt's :class:`~jaxckpt.Stack` is unrolled for this; a ``scan`` the target runs
       itself stays one opaque equation, inside one region).
     policy: the parsed :class:`~jaxckpt.policies.MinCut`.
-    cache: a dict shared between resolutions of one target (the report's), to trace and cut the loss once.
+    cache: shared between resolutions of one target (the report's), to trace and cut the loss once.
     time_limit: seconds per HiGHS solve.
 
   Returns:
@@ -331,17 +332,15 @@ def mincut_policy(target: Any, policy: "MinCut", cache: MutableMapping[str, Any]
       plan keeps (the message gives the least), or no plan was found.
   """
   check_plain_step(target, policy)
-  cache = {} if cache is None else cache
-  key = "mincut segments"
-  if key not in cache:
-    loss = target_whole_loss(target)
-    graph = whole_graph(loss)
-    cache[key] = (loss, segment_loss(loss, None, graph))
-  loss, segments = cache[key]
+  cache = PlanCache() if cache is None else cache
+  if cache.segments is None:
+    cache.whole_loss = target_whole_loss(target)
+    cache.segments = segment_loss(cache.whole_loss, None, whole_graph(cache.whole_loss))
+  loss, segments = cache.whole_loss, cache.segments
   if policy.fraction is not None:
-    if "mincut none" not in cache:
-      cache["mincut none"] = measure_whole(loss).activation_residual_bytes
-    cap = policy.fraction * cache["mincut none"]
+    if cache.none_activation_bytes is None:
+      cache.none_activation_bytes = measure_whole(loss).activation_residual_bytes
+    cap = policy.fraction * cache.none_activation_bytes
   else:
     cap = float(policy.bytes)
   try:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.analysis.jaxprs import count_remat_regions
-from jaxckpt.planner import resolve_policy
+from jaxckpt.planner import PlanCache, resolve_policy
 from jaxckpt.policies import ModelPolicy
 from jaxckpt.report import xla_dump
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
@@ -58,7 +58,7 @@ def _resolve_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[di
                      mesh: Any = None) -> list[Any]:
   """Each spec as a concrete policy (:func:`jaxckpt.planner.resolve_policy`; budgets share compiled anchors);
   ``None`` where a budget could not be planned: an error row and a warning."""
-  cache: dict[str, Any] = {}
+  cache = PlanCache()
   candidates = None
   resolved: list[Any] = []
   for i, spec in enumerate(specs):
