@@ -17,7 +17,7 @@ from jaxckpt.training import sharding
 
 if TYPE_CHECKING:
   from experiments.loop import LoopResult
-  from experiments.runner import CompiledStep
+  from experiments.compiling import CompiledStep
 
 __all__ = ["run_metrics", "write_metrics", "params_digest", "closing_line"]
 
