@@ -1,11 +1,12 @@
-"""The shipped models: image classifiers and their registry (:mod:`~jaxckpt.models.registry`), the GPT decoder
+"""The shipped models: image classifiers (:mod:`~jaxckpt.models.classifiers`) and the registry of every model
+(:mod:`~jaxckpt.models.registry`), the GPT decoder
 (:mod:`~jaxckpt.models.gpt`), multi-task heads (:mod:`~jaxckpt.models.multitask`) and config checks
 (:mod:`~jaxckpt.models.configs`).
 """
 
 from __future__ import annotations
 
-from jaxckpt.models import configs, gpt, multitask, registry
+from jaxckpt.models import classifiers, configs, gpt, multitask, registry
 from jaxckpt.models.registry import (
     ViTConfig,
     MLPConfig,
@@ -49,6 +50,7 @@ from jaxckpt.models.configs import (
 )
 
 __all__ = [
+    "classifiers",
     "configs",
     "gpt",
     "multitask",
