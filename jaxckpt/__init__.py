@@ -13,8 +13,8 @@
   multi-task heads: :mod:`jaxckpt.models.multitask`.
 
 The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules
-(:mod:`~jaxckpt.errors`, :mod:`~jaxckpt.units`, :mod:`~jaxckpt.schema`, :mod:`~jaxckpt.cli`) → :mod:`jaxckpt.policies`
-→ :mod:`jaxckpt.core` (framework-free remat) and :mod:`jaxckpt.analysis` (jaxprs, FLOPs, residuals) → the two
+(:mod:`~jaxckpt.errors`, :mod:`~jaxckpt.units`, :mod:`~jaxckpt.schema`, :mod:`~jaxckpt.cli`) → :mod:`jaxckpt.analysis`
+(jaxprs, FLOPs, residuals) → :mod:`jaxckpt.policies` → :mod:`jaxckpt.core` (framework-free remat) → the two
 front-ends :mod:`jaxckpt.nnx` and :mod:`jaxckpt.linen` → :mod:`jaxckpt.training` → :mod:`jaxckpt.models` →
 :mod:`jaxckpt.step` (the train step every tool compiles) → :mod:`jaxckpt.planner` → :mod:`jaxckpt.report`.
 
@@ -32,7 +32,7 @@ from jaxckpt import linen
 from jaxckpt.core import names
 from jaxckpt.training import sharding
 from jaxckpt.nnx.apply import apply_remat, checkpoint_names
-from jaxckpt.analysis.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
+from jaxckpt.core.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.training.saving import Checkpointer, DirectoryLock, TrainStateSaver
 from jaxckpt.models.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
 from jaxckpt.errors import (
@@ -109,7 +109,7 @@ MOVED_MODULES: dict[str, str] = {
     "jaxckpt.flops": "jaxckpt.analysis.flops",
     "jaxckpt.residuals": "jaxckpt.analysis.residuals",
     "jaxckpt.activations": "jaxckpt.analysis.activations",
-    "jaxckpt.diagnostics": "jaxckpt.analysis.diagnostics",
+    "jaxckpt.diagnostics": "jaxckpt.core.diagnostics",
     "jaxckpt.render": "jaxckpt.analysis.render",
     "jaxckpt.layers": "jaxckpt.nnx.layers",
     "jaxckpt.apply": "jaxckpt.nnx.apply",

@@ -16,8 +16,9 @@ PACKAGE = ROOT / "jaxckpt"
 # any lower floor; never a higher one. ``jaxckpt/__init__.py`` (the package face) re-exports from every floor.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("jaxckpt.errors", "jaxckpt.units", "jaxckpt.schema", "jaxckpt.cli"),
+    ("jaxckpt.analysis",),
     ("jaxckpt.policies",),
-    ("jaxckpt.core", "jaxckpt.analysis"),
+    ("jaxckpt.core",),
     ("jaxckpt.nnx", "jaxckpt.linen"),
     ("jaxckpt.training",),
     ("jaxckpt.models",),
@@ -26,9 +27,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("jaxckpt.report",),
     ("experiments",),
 )
-SIBLINGS: dict[str, tuple[str, ...]] = {"jaxckpt.analysis": ("jaxckpt.core",)}
-"""Same-floor imports that are allowed (the ground floor's modules may import each other): analysis reads core's
-tags; the two front-ends never import each other."""
+SIBLINGS: dict[str, tuple[str, ...]] = {}
+"""Same-floor imports that are allowed besides the ground floor's (its modules may import each other): none; the
+two front-ends never import each other."""
 
 TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "units.py", "schema.py", "cli.py"}
 """The only modules directly in ``jaxckpt/``: the package face and the ground modules; everything else is a package."""

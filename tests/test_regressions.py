@@ -5,7 +5,7 @@ statistics, weights shared by several remat'd calls, nested remat and remat arou
 policies do not see, decoding loops, and ``memory_analysis()`` giving zeros or ``None``. The invariant throughout:
 remat changes memory and FLOPs, never numbers -- gradients, updated non-parameter state and forward outputs under
 every policy equal those without remat. Where a policy silently saves nothing it was meant to save,
-:func:`jaxckpt.analysis.diagnostics.policy_warnings` must say so.
+:func:`jaxckpt.core.diagnostics.policy_warnings` must say so.
 
 Shapes are tiny and seeds fixed; every comparison is against the same model under policy ``none``.
 """
@@ -24,7 +24,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
 from jaxckpt.core import names
-from jaxckpt.analysis.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
+from jaxckpt.core.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.analysis.residuals import saved_residuals, total_residual_bytes
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, MEMORY_KEYS
 

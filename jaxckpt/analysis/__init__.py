@@ -1,16 +1,17 @@
 """Reading traced and compiled steps: jaxpr walks (:mod:`~jaxckpt.analysis.jaxprs`), FLOPs
 (:mod:`~jaxckpt.analysis.flops`), saved residuals (:mod:`~jaxckpt.analysis.residuals`,
-:mod:`~jaxckpt.analysis.activations`), policy diagnostics (:mod:`~jaxckpt.analysis.diagnostics`) and text renderings
-(:mod:`~jaxckpt.analysis.render`).
+:mod:`~jaxckpt.analysis.activations`) and text renderings (:mod:`~jaxckpt.analysis.render`).
+
+The floor below the policies: nothing here imports :mod:`jaxckpt.policies`, :mod:`jaxckpt.core` or anything above,
+so the policy parser can check what a policy saves.
 """
 
 from __future__ import annotations
 
-from jaxckpt.analysis import activations, diagnostics, flops, jaxprs, render, residuals
+from jaxckpt.analysis import activations, flops, jaxprs, render, residuals
 
 __all__ = [
     "activations",
-    "diagnostics",
     "flops",
     "jaxprs",
     "render",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.units import format_bytes
 
 __all__ = ["memory_table", "policy_summary"]
@@ -30,9 +30,12 @@ def memory_table(memory: Mapping[str, int | None], *, title: str = "compiled tra
   return "\n".join(lines)
 
 
-def policy_summary(spec: "PolicySpec | LayeredPolicy", block_types: Mapping[str, object]) -> str:
+def policy_summary(spec: Any, block_types: Mapping[str, object]) -> str:
   """Renders the policy each block type of a model gets, e.g. ``'attn -> dots_saveable, mlp -> nothing_saveable'``;
-  for a layered policy one such list per layer range (``'layers 0-3: ...; layers 4-5: ...'``)."""
+  for a layered policy one such list per layer range (``'layers 0-3: ...; layers 4-5: ...'``).
+
+  ``spec`` is a concrete policy (a :class:`~jaxckpt.PolicySpec` or :class:`~jaxckpt.policies.LayeredPolicy`).
+  """
   if spec.layered is not None:
     parts, first = [], 0
     for count, sub in spec.layered.segments:

@@ -8,10 +8,11 @@ Nothing here imports Flax's NNX or Linen front-ends, the models, the step or the
 
 from __future__ import annotations
 
-from jaxckpt.core import arguments, autonames, matching, blocks, names, remat, structure, tagging
+from jaxckpt.core import arguments, autonames, blocks, diagnostics, matching, names, remat, structure, tagging
 
 __all__ = [
     "arguments",
+    "diagnostics",
     "matching",
     "autonames",
     "blocks",
