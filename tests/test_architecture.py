@@ -269,3 +269,17 @@ def test_no_function_is_too_long():
         long[f"{path.relative_to(ROOT)}:{node.name}"] = _function_lines(node)
   too_long = {k: v for k, v in long.items() if k not in LONG_FUNCTIONS}
   assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (docstring not counted): {too_long}"
+
+
+def test_jax_internals_are_read_in_one_module():
+  """Every ``jax._src`` import is in :mod:`jaxckpt.analysis.internals`, where a JAX release that moves one gives a
+  one-line error naming it and the installed version."""
+  bad = []
+  for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]):
+    if path.relative_to(ROOT).as_posix() == "jaxckpt/analysis/internals.py":
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      bad.extend(f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names if n.startswith("jax._src"))
+  assert not bad, "\n".join(bad)

@@ -8,11 +8,12 @@ so the policy parser can check what a policy saves.
 
 from __future__ import annotations
 
-from jaxckpt.analysis import activations, flops, jaxprs, render, residuals
+from jaxckpt.analysis import activations, flops, internals, jaxprs, render, residuals
 
 __all__ = [
     "activations",
     "flops",
+    "internals",
     "jaxprs",
     "render",
     "residuals",

@@ -95,6 +95,7 @@ import jax
 import jax.extend.core as jex_core
 import numpy as np
 
+from jaxckpt.analysis.internals import dce_jaxpr
 from jaxckpt.analysis.jaxprs import sub_jaxprs
 
 __all__ = ["FlopCount", "count_flops", "count_live_flops", "jaxpr_flops", "live_jaxpr", "equation_flops"]
@@ -664,11 +665,6 @@ def live_jaxpr(closed: jex_core.ClosedJaxpr) -> jex_core.Jaxpr:
   Raises:
     RuntimeError: the installed JAX lacks ``dce_jaxpr``.
   """
-  try:
-    from jax._src.interpreters.partial_eval import dce_jaxpr  # noqa: PLC0415 - JAX internals, checked here
-  except ImportError as err:  # pragma: no cover - depends on the JAX version
-    raise RuntimeError(f"jax._src.interpreters.partial_eval.dce_jaxpr is not available in jax {jax.__version__}; "
-                       f"count_live_flops needs it (use count_flops, which counts dead code too)") from err
   jaxpr, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
   return jaxpr
 

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxckpt.analysis.internals import saved_residuals_parts
+
 __all__ = [
     "KINDS",
     "GROUP_BY",
@@ -171,15 +173,7 @@ def parse_residual(aval: Any, description: str) -> Residual:
 def _jax_residual_parts() -> tuple[Callable[..., list[tuple[Any, str]]], Callable[..., Any]]:
   """JAX's ``_saved_residuals(jaxpr, arg_names)`` (the half of ``saved_residuals`` after its trace) and
   ``api_util.debug_info`` (its argument names)."""
-  try:
-    from jax._src import api_util  # pylint: disable=g-import-not-at-top
-    from jax._src.ad_checkpoint import _saved_residuals  # pylint: disable=g-import-not-at-top
-  except ImportError as e:  # pragma: no cover - depends on the JAX version
-    import jax  # pylint: disable=g-import-not-at-top
-    raise RuntimeError(
-        f"jax._src.ad_checkpoint._saved_residuals is not available in jax {jax.__version__}; jaxckpt.analysis.residuals needs "
-        f"it (it backs the public jax.ad_checkpoint.print_saved_residuals). Pin a JAX version that has it.") from e
-  return _saved_residuals, api_util.debug_info
+  return saved_residuals_parts()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,9 +24,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import source_info_util
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
+
+from jaxckpt.analysis.internals import source_info_util
 
 __all__ = ["tag_values", "walk_values", "walk_top_level", "value_name", "parse_value_name", "ValueInfo",
            "record_tagged", "evaluate_tagged", "evaluate_equations", "TAG_PREFIX"]

@@ -26,10 +26,10 @@ from typing import Any
 
 import jax
 import optax
-from jax._src import config as jax_config  # enable_compilation_cache: the only per-compile switch
 
 from jaxckpt.training import sharding
 from jaxckpt.analysis.flops import jaxpr_flops
+from jaxckpt.analysis.internals import compilation_cache_switch
 from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.step.build import PolicyStep, StepBuilder, default_optimizer
 from jaxckpt.step.targets import ModelTarget, Target
@@ -149,7 +149,7 @@ class LoweredPolicy:
     options = {**self.options, **(extra_options or {})}
     dumping = any(key.startswith("xla_dump") for key in options)
     started = time.perf_counter()
-    with jax_config.enable_compilation_cache(False) if dumping else contextlib.nullcontext():
+    with compilation_cache_switch(False) if dumping else contextlib.nullcontext():
       compiled = self.lowered.compile(compiler_options=options or None)
     compile_s = time.perf_counter() - started
     return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
