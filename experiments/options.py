@@ -44,8 +44,10 @@ class RunOptions:
   profile_steps: int = 3  # Steps inside the trace (from the run's second step on: the first one is warm-up).
 
   def check(self) -> None:
-    """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``, naming the flag."""
+    """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``/``--ckpt-dir``/``--profile``
+    (tried: :func:`jaxckpt.cli.check_output_dir`), naming the flag."""
     check_output_dir("--out", self.out)
+    check_output_dir("--ckpt-dir", self.ckpt_dir)
     if self.profile is not None:
       check_profile_dir(self.profile, flag="--profile")
     if self.profile_steps < 1:

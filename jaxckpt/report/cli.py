@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import jax
 
 from jaxckpt import names
-from jaxckpt.cli import CLIParser, check_output_file
+from jaxckpt.cli import CLIParser, check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models import MODEL_REGISTRY
 from jaxckpt.policies import POLICY_NAMES
@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
     for flag in ("json", "csv", "markdown", "html", "plot"):
       check_output_file(f"--{flag}", getattr(args, flag))
+    check_output_dir("--xla-dump", args.xla_dump)
     if args.plot is not None:
       plot_format(args.plot)
     if args.profile is not None:
