@@ -19,6 +19,7 @@ from flax import nnx
 from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
 from jaxckpt.tagging import tag_values
+from jaxckpt.xla import note_remat
 
 __all__ = ["checkpoint", "remat", "Remat"]
 
@@ -217,6 +218,7 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
   shared: dict[Any, Callable[..., Any]] = {}  # graph definition -> its jax.checkpoint function (share_traces)
 
   def call(module: nnx.Module, *args):
+    note_remat()  # a train step traced under nnx.jit on CPU then warns (jaxckpt.xla.watch_remat)
     graphdef, state = nnx.split(module)
     checkpointed = shared.get(graphdef) if share_traces else None
     if checkpointed is None:
