@@ -252,15 +252,18 @@ def _main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | No
   return {prim: (max(sources, key=lambda k: (sources[k], k or "")), len(sources)) for prim, sources in by_prim.items()}
 
 
-def _residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]]) -> str:
-  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it."""
+def _residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
+                    short: bool = False) -> str:
+  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
+  (``short``: without the count of other lines and the primitive's own name)."""
   if group["by"] == "name":
     return f"{group['key']} (checkpoint name)"
   if group["by"] == "primitive":
     op = _OP_WORDS.get(group["key"], group["key"])
-    op = op if op == group["key"] else f"{op} ({group['key']})"
+    op = op if op == group["key"] or short else f"{op} ({group['key']})"
     source, lines = sources.get(group["key"], (None, 0))
-    return f"{op} at {short_source(source)}" + (f" and {lines - 1} more line(s)" if lines > 1 else "")
+    more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
+    return f"{op} at {short_source(source)}{more}"
   return f"{group['key']} values (made by no op: constants, scalars)" if group["key"] == "other" else \
       f"{group['key']} values"
 
@@ -407,7 +410,8 @@ def _summary(report: Report) -> dict[str, Any]:
         groups = [g for g in (row.get("residuals") or {}).get("groups") or []
                   if g["by"] != "kind" or g["key"] != "argument"][:3]
         out.append(_cell(text, text, text_col=True,
-                         lines=[f"{_residual_label(g, sources)}: {format_bytes(g['bytes'])}" for g in groups]))
+                         lines=[f"{format_bytes(g['bytes'])} {_residual_label(g, sources, short=True)}"
+                                for g in groups]))
       else:
         ratio = line[i + 1][0] if i + 1 < len(headers) and headers[i + 1] == "×none" else None
         out.append(_cell(text, value, sub=None if ratio is None else f"×{ratio}"))
