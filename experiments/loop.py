@@ -210,7 +210,7 @@ def train_loop(
   checkpointer = None
   if options.ckpt_dir is not None:
     checkpointer = jaxckpt.TrainStateSaver(options.ckpt_dir, config=identity, save_every=options.ckpt_every,
-                                           resume=options.resume, allow_config_change=options.allow_config_change)
+                                           resume=bool(options.resume), allow_config_change=options.allow_config_change)
     state, meta = checkpointer.restore(state)
     for message in checkpointer.warnings:
       log(f"warning: {message}")

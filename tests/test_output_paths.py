@@ -16,10 +16,10 @@ from jaxckpt.report import cli as report_cli
 
 BAD_PATHS = {"sys": "/sys/x", "proc": "/proc/x", "proc-nested": "/proc/x/y.json"}
 
-REPORT = lambda flag, path: report_cli.main(["--model", "mlp", "--policies", "none", flag, path])  # noqa: E731
-PLAN = lambda flag, path: plan_cli.main(["--model", "mlp", "--budget", "50%", flag, path])  # noqa: E731
-CLASSIFIER = lambda flag, path: classifier.main(["--preset", "tiny", "--no-progress", flag, path])  # noqa: E731
-LM = lambda flag, path: lm.main(["--preset", "tiny", "--no-progress", flag, path])  # noqa: E731
+REPORT = lambda *argv: report_cli.main(["--model", "mlp", "--policies", "none", *argv])  # noqa: E731
+PLAN = lambda *argv: plan_cli.main(["--model", "mlp", "--budget", "50%", *argv])  # noqa: E731
+CLASSIFIER = lambda *argv: classifier.main(["--preset", "tiny", "--no-progress", *argv])  # noqa: E731
+LM = lambda *argv: lm.main(["--preset", "tiny", "--no-progress", *argv])  # noqa: E731
 
 CASES = [
     *[("jaxckpt-report", REPORT, flag) for flag in ("--json", "--csv", "--markdown", "--html", "--plot", "--profile",
@@ -83,3 +83,37 @@ def test_classifier_mesh_error_names_the_mesh_flag(capsys):
   assert _status(CLASSIFIER, "--mesh", "data=4") == 2
   err = capsys.readouterr().err.strip()
   assert "--mesh data=4 covers 4 device(s)" in err and "(e.g. data=1)" in err and "--data" not in err, err
+
+
+# --- --resume where nothing is saved (issue 26): an error unless --resume auto -------------------------------------
+
+
+@pytest.mark.parametrize("run", [CLASSIFIER, LM], ids=["classifier", "lm"])
+def test_resume_with_nothing_saved_is_one_line_exit_2(tmp_path, capsys, run):
+  ckpt = tmp_path / "typo"
+  assert _status(run, "--ckpt-dir", str(ckpt), "--resume") == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and f"nothing saved in --ckpt-dir {ckpt}" in err and "--resume auto" in err, err
+  assert not ckpt.exists()  # nothing made
+
+
+def test_resume_takes_only_auto(capsys):
+  assert _status(CLASSIFIER, "--resume", "always") == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "--resume takes no value or 'auto', got 'always'" in err, err
+  args = classifier.build_parser().parse_args(["--resume", "auto"])
+  assert args.resume == "auto" and classifier.build_parser().parse_args(["--resume"]).resume is True
+
+
+def test_interrupted_line_resumes_with_auto_when_nothing_is_saved():
+  import signal as signals  # noqa: PLC0415
+
+  from experiments.flags import interrupted_line  # noqa: PLC0415
+  from experiments.loop import RunInterrupted  # noqa: PLC0415
+
+  err = RunInterrupted(signals.SIGINT)
+  err.step, err.total_steps, err.ckpt_dir, err.checkpoint = 3, 10, "/c", None
+  line = interrupted_line("p", ["--ckpt-dir", "/c", "--resume", "auto"], err)
+  assert line.endswith("resume with: p --ckpt-dir /c --resume auto"), line
+  err.checkpoint = 2
+  assert interrupted_line("p", ["--ckpt-dir", "/c", "--resume", "auto"], err).endswith("p --ckpt-dir /c --resume")
