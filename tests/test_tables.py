@@ -102,3 +102,21 @@ def test_cli_report_fits_100_columns(monkeypatch, capsys):
   out = capsys.readouterr().out
   assert max(map(len, out.splitlines())) <= 100
   assert out.count("no plan fits budget:30%") == 1
+
+
+def test_value_without_a_source_line_says_so():
+  from jaxckpt.planner.tensors import BlockGraph  # noqa: PLC0415
+  from jaxckpt.tagging import ValueInfo  # noqa: PLC0415
+
+  values = tuple(ValueInfo(index=i, op=i, primitive="add", shape=(2, 3), dtype="float32", bytes=24, inputs=(),
+                           source=src, taggable=True, eqn=None) for i, src in enumerate(["m.py:3 (f)", ""]))
+  graph = BlockGraph("attn", values, frozenset(), {}, {}, 0)
+  assert graph.describe(0).endswith("24 B from m.py:3 (f)")
+  assert graph.describe(1).endswith("24 B (no source line: made by JAX)") and "from" not in graph.describe(1)
+
+
+def test_saves_no_memory_warning_in_mib():
+  from jaxckpt.report.build import saving_warnings  # noqa: PLC0415
+
+  rows = [{**empty_row("none"), "temp_bytes": 14 * MiB}, {**empty_row("everything_saveable"), "temp_bytes": 17 * MiB}]
+  assert saving_warnings(rows) == ["policy 'everything_saveable' saves no memory: temp 17.00 MiB ≥ none's 14.00 MiB"]
