@@ -17,7 +17,7 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report.build import Report
-from jaxckpt.report.formats import COLUMNS, plan_lines, report_title, table_cells, table_rows, top_groups
+from jaxckpt.report.formats import COLUMNS, plan_lines, report_title, table_rows, top_groups
 from jaxckpt.report.html import PLOTLYJS_MODES, to_html
 from jaxckpt.report.keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report.plot import plot_format, plot_pareto

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import os
 import sys
 from collections.abc import Callable, Collection, Mapping
