@@ -34,6 +34,7 @@ __all__ = [
     "PEAK_BACKENDS",
     "note_remat",
     "watch_remat",
+    "remat_fix_applied",
 ]
 
 CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
@@ -90,7 +91,8 @@ _UNFIXED = ("this train step uses remat (jax.checkpoint) but is compiled on XLA:
             "xla_disable_hlo_passes=cse_barrier_expander: remat of unrolled layers saves no memory there. Compile it "
             "with jaxckpt.jit(step, donate_argnums=0) or jaxckpt.compile_train_step (nnx.jit and jax.jit without "
             "compiler_options=jaxckpt.remat_compiler_options() do not apply it), or set "
-            "XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander before JAX starts")
+            "XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander before JAX starts (an ahead-of-time "
+            ".lower().compile(compiler_options=jaxckpt.remat_compiler_options()) applies it too: then ignore this)")
 
 
 def _warn_once(message: str, *, stacklevel: int = 3) -> None:
@@ -122,11 +124,14 @@ def watch_remat():
   finally:
     _REMAT_SEEN.reset(token)
   if seen and not _FIX_APPLIED.get() and jax.default_backend() == "cpu" and not _fix_in_xla_flags():
-    _warn_once(_UNFIXED, stacklevel=5)
+    _warn_once(_UNFIXED, stacklevel=4)
 
 
 @contextlib.contextmanager
-def _fix_applied(applied: bool = True):
+def remat_fix_applied(applied: bool = True):
+  """Around tracing a step that will be compiled with :func:`remat_compiler_options` ahead of time
+  (``jax.jit(step).trace(...)``, then ``.lower().compile(compiler_options=...)``): tells :func:`watch_remat` that
+  the option is applied, so it does not warn."""
   token = _FIX_APPLIED.set(applied)
   try:
     yield
@@ -139,7 +144,7 @@ def _traced_with_fix(fn: Callable) -> Callable:
 
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
-    with _fix_applied():
+    with remat_fix_applied():
       return fn(*args, **kwargs)
 
   return wrapped
@@ -185,7 +190,7 @@ def compile_step(
     The compiled step; call it like ``fn`` (its signature is fixed to these shapes and dtypes).
   """
   options = remat_compiler_options(extra=compiler_options) if remat_fix else dict(compiler_options or {})
-  with _fix_applied(remat_fix or jax.default_backend() != "cpu"):
+  with remat_fix_applied(remat_fix or jax.default_backend() != "cpu"):
     traced = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs).trace(*args)
   if not remat_fix and jax.default_backend() == "cpu" and not _fix_in_xla_flags() and uses_remat(traced.jaxpr):
     _warn_once(_UNFIXED)
