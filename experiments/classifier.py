@@ -204,13 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog=(
-          "policy grammar:\n"
-          "  spec      := block_map | policy\n"
-          "  block_map := block \"=\" policy (\",\" block \"=\" policy)*   # attn=dots_saveable,mlp=full,default=none\n"
-          "  policy    := name [\":\" args]\n"
-          "  args      := names | names \"/\" names                     # save_only_these_names:qkv+attn_out\n"
-          "  names     := [name (\"+\" name)*]\n"
-          f"policies: {', '.join(jaxckpt.POLICY_NAMES)}\n"
+          f"{jaxckpt.policies.POLICY_FORMS}\n"
+          f"policy names: {', '.join(jaxckpt.POLICY_NAMES)}\n"
           f"block types per model: {blocks}\n"
           f"checkpoint names: {', '.join(jaxckpt.core.names.ALL_NAMES)}\n"
           "examples:\n"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments.loop import RunInterrupted
-from experiments.options import NAN_POLICIES, RunOptions, configure
+from experiments.options import NAN_POLICIES, RESUME_AUTO, RunOptions, configure
 from jaxckpt.training import sharding
 from jaxckpt.cli import CLIParser
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
@@ -29,12 +29,20 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
                            "--policy)")
 
 
+def _resume_value(text: str) -> str:
+  if text != RESUME_AUTO:
+    raise argparse.ArgumentTypeError(f"--resume takes no value or {RESUME_AUTO!r}, got {text!r}")
+  return text
+
+
 def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions = RunOptions()) -> None:
   """Adds the flags of :class:`RunOptions` (but the policy's: :func:`add_policy_flags`) to an experiment's parser."""
   parser.add_argument("--out", default=None, help="directory for metrics.json")
   parser.add_argument("--ckpt-dir", default=None, help="orbax checkpoint directory")
   parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="save every N steps")
-  parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --ckpt-dir")
+  parser.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_value, metavar="auto",
+                      help="continue from the latest checkpoint in --ckpt-dir (an error when it holds none: a mistyped "
+                           "directory never starts over silently); --resume auto: continue if there is one, else start")
   parser.add_argument("--allow-config-change", action="store_true",
                       help="resume even if the checkpoint's run config differs (the differences are printed)")
   parser.add_argument("--nan-policy", choices=NAN_POLICIES, default=defaults.nan_policy,
@@ -65,7 +73,11 @@ def interrupted_line(prog: str, argv: Sequence[str], err: RunInterrupted) -> str
             "to be able to resume")
   kept = (f"last complete checkpoint: step {err.checkpoint} in {err.ckpt_dir}" if err.checkpoint is not None
           else f"no checkpoint saved yet in {err.ckpt_dir}")
-  again = list(argv) if "--resume" in argv else [*argv, "--resume"]
+  again = list(argv)
+  if "--resume" in again:  # the same run, resuming: --resume, or --resume auto while nothing is saved
+    at = again.index("--resume")
+    del again[at:at + (2 if again[at + 1:at + 2] == [RESUME_AUTO] else 1)]
+  again += ["--resume"] if err.checkpoint is not None else ["--resume", RESUME_AUTO]
   return f"{prog}: stopped by {name} {reached}; {kept}; resume with: {prog} {shlex.join(again)}"
 
 

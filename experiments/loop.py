@@ -152,7 +152,7 @@ class Saving:
     self.every = options.ckpt_every
     self.signals = signals
     self.saver = None if options.ckpt_dir is None else jaxckpt.TrainStateSaver(
-        options.ckpt_dir, config=identity, save_every=options.ckpt_every, resume=options.resume,
+        options.ckpt_dir, config=identity, save_every=options.ckpt_every, resume=bool(options.resume),
         allow_config_change=options.allow_config_change)
     self.resume = options.resume
 

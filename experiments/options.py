@@ -15,8 +15,10 @@ from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.training.profile import check_profile_dir
 
-__all__ = ["NAN_POLICIES", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
+__all__ = ["NAN_POLICIES", "RESUME_AUTO", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 
+RESUME_AUTO = "auto"
+"""``--resume auto``: resume when the checkpoint directory holds a run, else start one."""
 NAN_POLICIES = ("stop", "skip")
 """What to do on a NaN/Inf loss, gradient or updated parameter: stop (keep the last good checkpoint) or skip that
 update."""
@@ -31,7 +33,9 @@ class RunOptions:
   out: str | None = None  # Directory for metrics.json.
   ckpt_dir: str | None = None  # orbax checkpoint directory; None = no checkpoints.
   ckpt_every: int = 100  # Save every this many steps (and at the end).
-  resume: bool = False  # Continue from the latest checkpoint in ckpt_dir.
+  # True: continue from the latest checkpoint in ckpt_dir (an error when there is none); "auto": continue when
+  # there is one, else start a new run; False: start a new run (refused if ckpt_dir holds one).
+  resume: bool | str = False
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
   # On a NaN/Inf loss, gradient or updated parameter: "stop" (keep the last good checkpoint) or "skip" that update.
   nan_policy: str = "stop"
@@ -44,8 +48,10 @@ class RunOptions:
   profile_steps: int = 3  # Steps inside the trace (from the run's second step on: the first one is warm-up).
 
   def check(self) -> None:
-    """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``, naming the flag."""
+    """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``/``--ckpt-dir``/``--profile``
+    (tried: :func:`jaxckpt.cli.check_output_dir`), naming the flag."""
     check_output_dir("--out", self.out)
+    check_output_dir("--ckpt-dir", self.ckpt_dir)
     if self.profile is not None:
       check_profile_dir(self.profile, flag="--profile")
     if self.profile_steps < 1:
@@ -54,6 +60,8 @@ class RunOptions:
       raise JaxckptError(f"--ckpt-every must be ≥ 1, got {self.ckpt_every}")
     if self.nan_policy not in NAN_POLICIES:
       raise JaxckptError(f"unknown NaN policy {self.nan_policy!r}; valid: {', '.join(NAN_POLICIES)}")
+    if self.resume not in (False, True, RESUME_AUTO):
+      raise JaxckptError(f"resume={self.resume!r} must be True, False or {RESUME_AUTO!r}")
     if self.resume and self.ckpt_dir is None:
       raise JaxckptError("--resume needs --ckpt-dir")
     if self.coordinator is None and (self.num_processes != 1 or self.process_id != 0):

@@ -26,6 +26,7 @@ from experiments.options import check_seeds, flat_config
 from experiments.outputs import closing_line, run_metrics, write_metrics
 from experiments.placement import Placement, setup_placement
 from experiments.policy import plan_budget, resolve_policy
+from jaxckpt.errors import CheckpointError
 from jaxckpt.training.saving import DirectoryLock, check_checkpoint_directory
 from jaxckpt.step import ModelTarget
 
@@ -135,6 +136,10 @@ def run(config: Any, *, check: Callable[[Any], None], setup: Callable[..., Setup
   options.check()
   if options.ckpt_dir is not None:
     check_checkpoint_directory(options.ckpt_dir)  # before the lock writes into it
+    if options.resume is True and not _saved_steps(options.ckpt_dir):
+      raise CheckpointError(
+          f"--resume: nothing saved in --ckpt-dir {options.ckpt_dir} (no checkpoint there); check the path, or pass "
+          "--resume auto to start a new run when there is none")
   with stop_on_signals() as signals:
     try:
       placement = setup_placement(options)  # before anything touches a device
@@ -145,9 +150,13 @@ def run(config: Any, *, check: Callable[[Any], None], setup: Callable[..., Setup
     except RunInterrupted as err:
       if err.ckpt_dir is None and options.ckpt_dir is not None:
         err.ckpt_dir = os.path.abspath(options.ckpt_dir)
-        steps = [int(d) for d in os.listdir(err.ckpt_dir) if d.isdigit()] if os.path.isdir(err.ckpt_dir) else []
-        err.checkpoint = max(steps, default=None)
+        err.checkpoint = max(_saved_steps(err.ckpt_dir), default=None)
       raise
+
+
+def _saved_steps(directory: str) -> list[int]:
+  """Steps with a checkpoint directory (``DIR/<step>``) in ``directory``; ``[]`` when it does not exist."""
+  return [int(d) for d in os.listdir(directory) if d.isdigit()] if os.path.isdir(directory) else []
 
 
 def _train(config: Any, setup_fn: Callable[..., Setup], placement: Placement, signals, log) -> RunResult:

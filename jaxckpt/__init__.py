@@ -86,6 +86,7 @@ from jaxckpt.training.train import (
     create_train_state,
     make_eval_step,
     make_train_step,
+    plain_loss_fn,
 )
 from jaxckpt.units import format_bytes, parse_bytes
 from jaxckpt.training.xla import (
@@ -229,6 +230,7 @@ __all__ = [
     "create_train_state",
     "make_eval_step",
     "make_train_step",
+    "plain_loss_fn",
     "format_bytes",
     "parse_bytes",
     "CPU_REMAT_FIX",

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 
 from jaxckpt.errors import JaxckptError
 
@@ -30,8 +31,8 @@ class CLIParser(argparse.ArgumentParser):
 
     ``dest=value`` becomes ``--flag value`` for every flag (``dest=True`` of an on/off flag becomes ``--flag``); a bare
     ``dest`` becomes ``--flag`` only for names with an underscore (``seq_len``, ``num_layers``), so plain words such as
-    "model" or "preset" in a sentence stay. Quoted values (``mesh='data=4'``) are never rewritten: ``data=`` there
-    is a mesh axis, not the ``--data`` flag.
+    "model" or "preset" in a sentence stay. Values are left as they are: text in quotes (``mesh='data=4'``: ``data=``
+    there is a mesh axis, not the classifier's ``--data`` flag), the word after a ``--flag`` and after "e.g.".
 
     Args:
       message: an error message from the library.
@@ -46,11 +47,11 @@ class CLIParser(argparse.ArgumentParser):
         if not longs or action.dest in ("help", argparse.SUPPRESS):
           continue
         flag, dest = longs[0], re.escape(action.dest)
-        if action.nargs == 0:  # on/off flags: store_true, BooleanOptionalAction
-          parts[i] = re.sub(rf"(?<![\w.-]){dest}=True\b", flag, parts[i])
-        parts[i] = re.sub(rf"(?<![\w.-]){dest}=(?=\S|\Z)", flag + " ", parts[i])
+        if action.nargs == 0 or action.const is True:  # on/off flags: store_true, --resume [auto]
+          parts[i] = _sub_outside_values(rf"(?<![\w.'\"-]){dest}=True\b", flag, parts[i])
+        parts[i] = _sub_outside_values(rf"(?<![\w.'\"-]){dest}=(?=\S|\Z)", flag + " ", parts[i])
         if "_" in action.dest:
-          parts[i] = re.sub(rf"(?<![\w.-]){dest}\b", flag, parts[i])
+          parts[i] = _sub_outside_values(rf"(?<![\w.'\"-]){dest}\b", flag, parts[i])
     return "".join(parts)
 
   def fail(self, err: Exception, status: int = 2) -> int:
@@ -67,24 +68,111 @@ class CLIParser(argparse.ArgumentParser):
     return status
 
 
-def check_output_file(flag: str, path: str | None) -> None:
-  """Raises :class:`JaxckptError` before any work if ``path`` cannot be written as a file (it is a directory, or its
-  parent is a file), so a long run never ends with its results unwritable."""
-  if path is None:
-    return
-  if os.path.isdir(path):
-    raise JaxckptError(f"{flag} {path} is a directory; give a file path")
-  parent = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(parent):
+_VALUE_BEFORE = re.compile(r"(?:--[\w-]+|e\.g\.)[ =]$")
+"""Text right before a match that makes it a value (``--mesh data=4``, ``e.g. data=1``), not a Python argument."""
+
+
+def _sub_outside_values(pattern: str, replacement: str, message: str) -> str:
+  """``re.sub`` that leaves a match alone where it is a flag's value or an example (:data:`_VALUE_BEFORE`)."""
+
+  def replace(match: re.Match) -> str:
+    before = message[max(0, match.start() - 40):match.start()]
+    return match.group(0) if _VALUE_BEFORE.search(before) else replacement
+
+  return re.sub(pattern, replace, message)
+
+
+def _made_parents(path: str) -> list[str]:
+  """Creates the missing directories above ``path`` (``os.makedirs``); returns those it made, outermost first."""
+  missing, parent = [], os.path.dirname(path)
+  while parent and not os.path.exists(parent):
+    missing.append(parent)
     parent = os.path.dirname(parent)
-  if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-    raise JaxckptError(f"{flag} {path}: cannot create it under {parent}")
+  made = []
+  try:
+    for directory in reversed(missing):
+      os.mkdir(directory)
+      made.append(directory)
+  except OSError:
+    _remove_dirs(made)
+    raise
+  return made
 
 
-def check_output_dir(flag: str, path: str | None) -> None:
-  """Raises :class:`JaxckptError` before any work if ``path`` exists and is not a directory, or cannot be created."""
+def _remove_dirs(made: list[str]) -> None:
+  for directory in reversed(made):
+    try:
+      os.rmdir(directory)
+    except OSError:
+      pass
+
+
+def _reason(err: OSError) -> str:
+  return (err.strerror or type(err).__name__).lower()
+
+
+def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
+  """Raises :class:`JaxckptError` before any work if ``path`` cannot be written as a file, by trying it.
+
+  The missing parent directories are created and a new file opened exclusively (an existing file is opened for
+  append, which changes nothing); whatever the check made is removed again. Trying beats guessing from permission
+  bits: ``/sys`` and ``/proc`` look writable to root, and only the attempt fails.
+
+  Args:
+    flag: how messages name the path (``"--json"``).
+    path: the output file; ``None`` checks nothing.
+
+  Raises:
+    JaxckptError: one line naming ``flag``, ``path`` and the operating system's reason (a directory, a file where a
+      directory is needed, permission denied, no such file or directory, read-only file system).
+  """
   if path is None:
     return
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise JaxckptError(f"{flag} {path} exists and is not a directory")
-  check_output_file(flag, os.path.join(path, "metrics.json"))
+  path = os.fspath(path)
+  full = os.path.abspath(path)
+  if os.path.isdir(full):
+    raise JaxckptError(f"{flag} {path} is a directory; give a file path")
+  made: list[str] = []
+  try:
+    made = _made_parents(full)
+    if os.path.exists(full):
+      with open(full, "a"):
+        pass
+    else:
+      os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+      os.remove(full)
+  except OSError as err:
+    raise JaxckptError(f"{flag} {path}: cannot write it ({_reason(err)}); give a writable file path") from None
+  finally:
+    _remove_dirs(made)
+
+
+def check_output_dir(flag: str, path: str | os.PathLike[str] | None) -> None:
+  """Raises :class:`JaxckptError` before any work if ``path`` cannot be a directory to write into, by trying it.
+
+  The directory (and its missing parents) is created and a probe file written in it; whatever the check made is
+  removed again.
+
+  Args:
+    flag: how messages name the path (``"--ckpt-dir"``).
+    path: the output directory; it need not exist; ``None`` checks nothing.
+
+  Raises:
+    JaxckptError: one line naming ``flag``, ``path`` and the reason (exists as a file, permission denied, ...).
+  """
+  if path is None:
+    return
+  path = os.fspath(path)
+  full = os.path.abspath(path)
+  if os.path.exists(full) and not os.path.isdir(full):
+    raise JaxckptError(f"{flag} {path} exists and is not a directory; give a directory")
+  made: list[str] = []
+  try:
+    made = _made_parents(os.path.join(full, "probe"))
+    fd, probe = tempfile.mkstemp(prefix=".jaxckpt-probe-", dir=full)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as err:
+    raise JaxckptError(f"{flag} {path}: cannot write into it ({_reason(err)}); give a writable directory") from None
+  finally:
+    _remove_dirs(made)

@@ -200,7 +200,7 @@ def test_help_lists_block_types_and_grammar(capsys):
   with pytest.raises(SystemExit):
     main(["--help"])
   out = capsys.readouterr().out
-  assert "vit: attn, mlp" in out and "cnn: conv" in out and "block_map" in out
+  assert "vit: attn, mlp" in out and "cnn: conv" in out and "BLOCK=POLICY" in out and "budget:SIZE" in out
   assert classifier.build_parser().prog.startswith("python -m experiments.classifier")
 
 

@@ -48,7 +48,7 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path):
   ckpt, out = tmp_path / "ckpt", tmp_path / "out"
   seen_unfinished = 0
   for delay in (0.0, 0.4, 0.9, 1.4, 2.0):
-    proc = subprocess.Popen([*CLI, "--ckpt-dir", str(ckpt), "--out", str(out), "--resume"], env=env,
+    proc = subprocess.Popen([*CLI, "--ckpt-dir", str(ckpt), "--out", str(out), "--resume", "auto"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:  # wait until training starts, then kill at `delay` seconds
       if line.startswith("compiled in"):

@@ -41,9 +41,10 @@ def test_default_vit_full_remat_halves_temp(temps):
     assert temp["nothing_saveable"] <= 0.5 * temp["none"], temp
 
 
-def test_unrolled_remat_needs_the_cpu_fix_and_warns_without_it():
+def test_unrolled_remat_needs_the_cpu_fix_and_warns_without_it(monkeypatch):
   if jax.default_backend() != "cpu":
     pytest.skip("the cse_barrier_expander problem is XLA:CPU's")
+  monkeypatch.setattr(jaxckpt.training.xla, "_WARNED", set())  # the warning is once per process
   with_fix = jaxckpt.memory_stats(compiled_train_step("nothing_saveable", scan=False))["temp_bytes"]
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

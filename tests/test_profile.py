@@ -61,7 +61,7 @@ def test_profile_trace_unwritable_logdir_names_the_path(tmp_path):
       pass
   with pytest.raises(JaxckptError, match="exists and is not a directory"):
     check_profile_dir(blocker)
-  with pytest.raises(JaxckptError, match=f"cannot create it under {blocker}"):
+  with pytest.raises(JaxckptError, match=f"{blocker}/sub: cannot write into it"):
     check_profile_dir(blocker / "sub")
   assert trace_files(tmp_path / "nothing_here") == []
 
@@ -92,8 +92,8 @@ def _exit_status(argv):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--profile", "{file}"], "--profile={file} exists and is not a directory"),
-    (["--profile", "{file}/sub"], "--profile={file}/sub: cannot create it under {file}"),
+    (["--profile", "{file}"], "--profile {file} exists and is not a directory"),
+    (["--profile", "{file}/sub"], "--profile {file}/sub: cannot write into it (not a directory)"),
     (["--profile", "{dir}", "--profile-steps", "0"], "--profile-steps must be ≥ 1, got 0"),
     (["--profile", "{dir}", "--mesh", "data=1"], "--profile runs each policy on one device"),
 ])

@@ -11,8 +11,8 @@ import pytest
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report import build_report, shipped_target, to_html, write_outputs
-from jaxckpt.report.html import chart_figures
-from jaxckpt.report.plot import PLOT_SUFFIXES, plot_format, plot_pareto
+from jaxckpt.report.html import SPREAD_WITHIN, chart_figures, short_source, spread_points
+from jaxckpt.report.plot import PLOT_SUFFIXES, label_groups, pareto_figure, plot_format, plot_pareto
 
 POLICIES = ["none", "full", "dots_saveable", "budget:90%", "save_only_these_names:mlp_out"]
 
@@ -64,7 +64,7 @@ def test_page_is_self_contained_and_sortable(report, tmp_path):
   page = to_html(report)
   assert page.count("plotly.js v") == 1  # the library inlined once, before the first chart
   assert not re.search(r"<script[^>]*\ssrc=", page)  # nothing fetched: works offline
-  assert "Plotly.newPlot" in page and page.count("class='chart'") == 4
+  assert "Plotly.newPlot" in page and page.count('class="chart"') == 4
   assert page.count('<table class="sortable">') >= 2 + len(report.rows)  # summary, plans, residuals per policy
   none = report.row("none")
   assert f'data-sort="{none["temp_bytes"]}"' in page and f'data-sort="{none["flops"]}"' in page
@@ -173,3 +173,93 @@ def test_cli_writes_html_with_plotly_and_json(tmp_path, capsys):
   assert "Plotly.newPlot" in page and os.path.getsize(out) < 300_000
   data = json.loads((tmp_path / "r.json").read_text())
   assert all(r["profile"] is None for r in data["rows"])
+
+
+# --- readable output (issue 26): legend names, spread points, labels apart, template only, fits the window ---------
+
+
+def test_residual_legend_names_a_user_can_place(report):
+  names = [t.name for t in chart_figures(report)["residuals"].data]
+  assert names and not any("unnamed" in n for n in names)
+  for name in names:  # a checkpoint name, or the op and the source line that made most of its bytes
+    assert name.endswith("(checkpoint name)") or re.search(r" at \S+\.py:\d+", name) or name in ("other",) \
+        or name.endswith("values (made by no op: constants, scalars)"), name
+  assert short_source("/a/b/jaxckpt/core/blocks.py:207:27 (_residual_pair)") == "blocks.py:207 (_residual_pair)"
+  assert short_source(None) == "no source line"
+
+
+def test_spread_points_separates_only_overlapping_ones():
+  xs = spread_points([(1.0, 5.0), (1.0, 5.0), (1.0, 5.0), (2.0, 9.0), (1.5, 7.0)])
+  assert xs[3:] == [2.0, 1.5]  # alone: where they are
+  assert sorted(xs[:3]) == pytest.approx([0.975, 1.0, 1.025]) and len(set(xs[:3])) == 3
+  assert spread_points([(0.0, 0.0), (SPREAD_WITHIN * 2, 0.0), (1.0, 1.0)])[:2] == [0.0, SPREAD_WITHIN * 2]
+
+
+def test_label_groups_pairs_only_points_within_4_percent_of_each_other():
+  points = [(0.0, 0.0), (0.03, 0.0), (0.06, 0.0), (1.0, 1.0)]  # 0-1 and 1-2 are 3% apart, 0-2 are 6%
+  assert label_groups(points) == [[0, 1], [2], [3]]
+  assert label_groups([(0.5, 0.5), (0.5, 0.5), (0.0, 0.0), (1.0, 1.0)]) == [[0, 1], [2], [3]]
+
+
+def test_static_plot_labels_do_not_overlap(report):
+  from matplotlib import pyplot as plt
+
+  fig = pareto_figure(report)
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  for ax in fig.axes:
+    boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_gid() == "point-label"]
+    assert boxes
+    assert not [(i, j) for i, a in enumerate(boxes) for j, b in enumerate(boxes) if i < j and a.overlaps(b)]
+  plt.close(fig)
+
+
+def test_no_html_is_built_in_python():
+  """The page's markup lives in the Jinja2 template; Python modules hand it data (plotly hover text aside)."""
+  folder = os.path.join(os.path.dirname(__file__), "..", "jaxckpt", "report")
+  for name in sorted(os.listdir(folder)):
+    if name.endswith(".py"):
+      source = open(os.path.join(folder, name)).read()
+      assert not re.search(r"<(table|tr|td|th|thead|tbody|details|summary|p|h\d|ul|li|div|a|code|style|html|body)"
+                           r"[\s>]", source), name
+  assert os.path.exists(os.path.join(folder, "templates", "report.html.j2"))
+
+
+_MEASURE = """<script>
+window.addEventListener("load", function () {
+  setTimeout(function () {
+    var root = document.documentElement, out = document.createElement("pre");
+    out.id = "measured";
+    var points = [];
+    document.querySelectorAll("#plot-pareto g.subplot").forEach(function (sub) {
+      sub.querySelectorAll("path.point").forEach(function (p) {
+        var r = p.getBoundingClientRect();
+        points.push([sub.getAttribute("class"), r.x + r.width / 2, r.y + r.height / 2]);
+      });
+    });
+    out.textContent = JSON.stringify({scroll: root.scrollWidth, client: root.clientWidth, points: points});
+    document.body.appendChild(out);
+  }, 3000);
+});
+</script></body></html>"""
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium on PATH (apt-get install chromium)")
+@pytest.mark.parametrize("width", [1400, 1000])
+def test_page_fits_the_window_and_points_stay_apart(report, tmp_path, width):
+  """At 1400 and 1000 px: no horizontal scrollbar on the page, no two Pareto markers of a panel within 4 px."""
+  path = tmp_path / "report.html"
+  path.write_text(to_html(report).replace("</body></html>", _MEASURE))
+  done = subprocess.run(
+      [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+       "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},900",
+       "--virtual-time-budget=10000", "--dump-dom", path.as_uri()],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  measured = json.loads(html.unescape(re.search(r'<pre id="measured">(.*?)</pre>', done.stdout, re.S).group(1)))
+  assert measured["scroll"] <= measured["client"], measured
+  points = measured["points"]
+  assert len(points) == 2 * len(report.rows)
+  close = [(a, b) for i, a in enumerate(points) for b in points[i + 1:]
+           if a[0] == b[0] and abs(a[1] - b[1]) < 4 and abs(a[2] - b[2]) < 4]
+  assert close == []

@@ -127,7 +127,7 @@ def test_mesh_messages_name_the_mesh_flag_not_the_data_flag(capsys):
   assert classifier_main(["--model", "mlp", "--preset", "tiny", "--mesh", "data=4", "--no-progress"]) == 2
   err = capsys.readouterr().err
   assert "--mesh 'data=4' covers 4 device(s) but there are 1" in err and "--data" not in err, err
-  assert "(e.g. --mesh 'data=1')" in err
+  assert "(--mesh 'data=1' fits)" in err
 
 
 # --- 8 fake devices, in a subprocess ---

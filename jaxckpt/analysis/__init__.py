@@ -8,7 +8,7 @@ so the policy parser can check what a policy saves.
 
 from __future__ import annotations
 
-from jaxckpt.analysis import activations, flops, internals, jaxprs, render, residuals
+from jaxckpt.analysis import activations, flops, internals, jaxprs, render, residuals, tables
 
 __all__ = [
     "activations",
@@ -17,4 +17,5 @@ __all__ = [
     "jaxprs",
     "render",
     "residuals",
+    "tables",
 ]

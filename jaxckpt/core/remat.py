@@ -7,9 +7,11 @@ Nets with Sublinear Memory Cost"). The wrappers here take jaxckpt's policy strin
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -20,7 +22,29 @@ from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
 from jaxckpt.core.tagging import tag_values
 
-__all__ = ["checkpoint", "remat", "Remat"]
+__all__ = ["checkpoint", "remat", "Remat", "remat_calls"]
+
+_REMAT_CALLS: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("jaxckpt_remat_calls", default=None)
+
+
+@contextlib.contextmanager
+def remat_calls() -> Iterator[list[bool]]:
+  """Yields a list that gets one entry each time a jaxckpt remat wrapper puts a block under ``jax.checkpoint`` while
+  the body traces (:func:`jaxckpt.training.xla.watch_remat` warns when such a step is compiled on CPU without the
+  remat compiler option)."""
+  seen: list[bool] = []
+  token = _REMAT_CALLS.set(seen)
+  try:
+    yield seen
+  finally:
+    _REMAT_CALLS.reset(token)
+
+
+def note_remat() -> None:
+  """Records (at trace time) that a remat wrapper put a block under ``jax.checkpoint``, for :func:`remat_calls`."""
+  seen = _REMAT_CALLS.get()
+  if seen is not None:
+    seen.append(True)
 
 
 def _policy_for(spec: "str | Policy | PolicySpec | None", block_type: str) -> Policy:
@@ -217,6 +241,7 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
   shared: dict[Any, Callable[..., Any]] = {}  # graph definition -> its jax.checkpoint function (share_traces)
 
   def call(module: nnx.Module, *args):
+    note_remat()  # a train step traced under nnx.jit on CPU then warns (jaxckpt.training.xla.watch_remat)
     graphdef, state = nnx.split(module)
     checkpointed = shared.get(graphdef) if share_traces else None
     if checkpointed is None:

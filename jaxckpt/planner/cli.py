@@ -22,6 +22,7 @@ from jaxckpt.planner.plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner.segmented import mincut_policy
 from jaxckpt.policies import MINCUT, Budget, MinCut, parse_model_policy
 from jaxckpt.step.flags import add_target_flags, target_from_args
+from jaxckpt.analysis.tables import wrap_lines
 from jaxckpt.step.build import target_block_types
 
 __all__ = ["build_parser", "main"]
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
                       help=f"verification compiles after the none/full anchors (default {MAX_ROUNDS})")
   parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its compiles and candidates")
+  parser.add_argument("--wide", action="store_true",
+                      help="no wrapping: one line per range and candidate (default: fit the terminal, COLUMNS or 100)")
   return parser
 
 
@@ -86,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = plan_policy(target, budget, max_rounds=args.max_rounds)
   except JaxckptError as err:
     return parser.fail(err)
-  print(plan.explain(candidates=args.explain))
+  print(plan.explain(candidates=args.explain, wide=args.wide))
   print(f"policy: {plan.policy}")
   if args.export:
     print()
@@ -109,7 +112,7 @@ def _mincut(parser: CLIParser, args: argparse.Namespace) -> int:
     raise JaxckptError(f"--mincut {args.mincut!r} is not a cap")
   target = target_from_args(args)
   policy = mincut_policy(target, parsed)
-  print(policy.plan.explain())
+  print("\n".join(wrap_lines(policy.plan.explain().split("\n"), wide=args.wide, indent="    ")))
   print(f"policy: {policy}")
   if args.json:
     plan = policy.plan

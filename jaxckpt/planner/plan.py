@@ -39,6 +39,7 @@ from jaxckpt.planner.segmented import mincut_policy
 from jaxckpt.policies import (SAVE_TENSORS, Budget, ConcretePolicy, LayeredPolicy, MinCut, MinSaved, ModelPolicy, Policy,
                               PolicySpec, parse_model_policy)
 from jaxckpt.step import ModelTarget, Target, compile_policy, default_optimizer, policy_step, step_builder
+from jaxckpt.analysis.tables import render_table, wrap_lines
 from jaxckpt.units import format_bytes
 
 __all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
@@ -151,9 +152,16 @@ class Plan:
       first += count
     return out
 
-  def explain(self, *, candidates: bool = False) -> str:
+  def explain(self, *, candidates: bool = False, width: int | None = None, wide: bool = False) -> str:
     """The plan in words: ranges and the tensors they save, predicted vs compiled bytes, recompute FLOPs, rounds;
-    with ``candidates`` the candidate table too."""
+    with ``candidates`` the candidate table too.
+
+    Args:
+      candidates: add every candidate per layer (saved bytes, recompute FLOPs, policy; ``*`` = Pareto front).
+      width: characters per line, lines wrapped to it (:func:`jaxckpt.analysis.tables.render_table`); ``None`` = the
+        terminal's width (``COLUMNS``, else 100).
+      wide: no wrapping.
+    """
     limit = format_bytes(self.limit_bytes)
     if self.key == "temp_bytes":
       limit += f" ({self.budget.fraction * 100:g}% of none's temp {format_bytes(self.none.temp_bytes)})"
@@ -169,13 +177,14 @@ class Plan:
                  f" ({memory['temp_bytes'] / self.none.temp_bytes:.2f}× none); footprint {format_bytes(memory['footprint_bytes'])}")
     lines.append(f"  FLOPs: {self.flops_ratio:.3f}× none (+{self.compiled.flops - self.none.flops:.3e} recompute)")
     lines.append(f"  {len(self.history)} compiles (none, full + {self.rounds} verification), {self.seconds:.1f} s")
+    text = "\n".join(wrap_lines(lines, width=width, wide=wide, indent="    "))
     if candidates:
-      front = pareto_front(self.candidates)
-      lines.append("  candidates per layer (saved bytes, recompute FLOPs; * = Pareto front):")
-      for row in candidate_table(self.candidates, front):
-        lines.append(f"    {'*' if row['pareto'] else ' '} {format_bytes(row['saved_bytes']):>11}  "
-                     f"{row['recompute_flops']:>12.4g}  {row['spec']}")
-    return "\n".join(lines)
+      rows = [["*" if row["pareto"] else "", format_bytes(row["saved_bytes"]), f"{row['recompute_flops']:.4g}",
+               row["spec"]] for row in candidate_table(self.candidates, pareto_front(self.candidates))]
+      text += "\n" + render_table(["", "saved", "recompute FLOPs", "policy"], rows, width=width, wide=wide,
+                                  right=(1, 2), no_wrap=(0, 1, 2),
+                                  title="  candidates per layer (saved bytes, recompute FLOPs; * = Pareto front):")
+    return text
 
   def to_json(self) -> dict[str, Any]:
     """JSON-able summary: policy, budget, bytes, FLOPs, ranges, history and candidates."""

@@ -93,9 +93,11 @@ class BlockGraph:
   needed_inputs: frozenset[int] = frozenset()
 
   def describe(self, index: int) -> str:
-    """``t12_tanh [8, 256, 1024] float32 4.0 MiB from file.py:40 (forward)``."""
+    """``t12_tanh [8, 256, 1024] float32 4.0 MiB from file.py:40 (forward)``; a value JAX made without a source
+    line says so (as :mod:`jaxckpt.planner.whole` does)."""
     v = self.values[index]
-    return f"{v.name} {list(v.shape)} {v.dtype} {format_bytes(v.bytes)} from {v.source}"
+    where = f"from {v.source}" if v.source else "(no source line: made by JAX)"
+    return f"{v.name} {list(v.shape)} {v.dtype} {format_bytes(v.bytes)} {where}"
 
 
 @dataclasses.dataclass(frozen=True)

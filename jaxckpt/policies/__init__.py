@@ -22,6 +22,7 @@ from jaxckpt.policies.model import (
     MinCut,
     MinSaved,
     ModelPolicy,
+    POLICY_FORMS,
     parse_model_policy,
 )
 from jaxckpt.policies.spec import (
@@ -53,6 +54,7 @@ __all__ = [
     "MinCut",
     "MinSaved",
     "ModelPolicy",
+    "POLICY_FORMS",
     "parse_model_policy",
     "ALIASES",
     "CANONICAL_POLICIES",

@@ -20,7 +20,8 @@ from jaxckpt.policies.spec import Policy, PolicySpec, parse_policy
 from jaxckpt.units import format_bytes, parse_bytes
 
 __all__ = ["LayeredPolicy", "Budget", "MinSaved", "MIN_SAVED", "DEFAULT_MIN_SAVED_TOLERANCE", "MinCut", "MINCUT",
-           "LossPolicy", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO", "DEFAULT_MARGIN"]
+           "LossPolicy", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO", "DEFAULT_MARGIN",
+           "POLICY_FORMS"]
 
 
 _RANGE_RE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+))?\s*\Z")
@@ -39,6 +40,22 @@ MINCUT = "mincut"
 DEFAULT_MIN_SAVED_TOLERANCE = 0.002
 """Recompute FLOPs ``min_saved`` allows by default, as a share of each layer's forward FLOPs (0.2% of the forward is
 about 0.07% of the train step)."""
+
+_FORMS = (
+    ("NAME", "one policy for every block (policy names below)"),
+    ("NAME:N+N", "a name-taking policy: save_only_these_names:qkv+mlp_hidden"),
+    ("BLOCK=POLICY,...", "per block type: attn=dots_saveable,mlp=full,default=none"),
+    ("FIRST-LAST:SPEC;...", "per range of layers: 0-3:full;4-11:dots_saveable"),
+    (f"{BUDGET}:SIZE | {BUDGET}:P%", "least-recompute plan: footprint ≤ SIZE (B, KiB, MiB, GiB, TiB) or temp ≤ P% "
+                                   "of no remat's"),
+    (f"{AUTO} | {AUTO}:margin=P%", f"a budget of this device's memory less a margin (default {DEFAULT_MARGIN:.0%})"),
+    (f"{MIN_SAVED} | {MIN_SAVED}:tol=P%", "the least saved values per layer at ≤ P% more FLOPs (default "
+                                        f"{DEFAULT_MIN_SAVED_TOLERANCE * 100:g}%)"),
+    (f"{MINCUT}:SIZE | {MINCUT}:P%", "a whole-loss plan saving at most SIZE (or P% of no remat's) activations"),
+)
+POLICY_FORMS = "policy forms (one grammar, jaxckpt.parse_model_policy):\n" + "\n".join(
+    f"  {form:<30} {meaning}" for form, meaning in _FORMS)
+"""Every form a policy string takes, for the CLIs' ``--help`` (the one list: a new form is added here)."""
 
 
 @dataclasses.dataclass(frozen=True)

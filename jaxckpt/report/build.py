@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from jaxckpt.training import sharding
 from jaxckpt.errors import JaxckptError
+from jaxckpt.units import format_bytes
 from jaxckpt.policies import ModelPolicy
 from jaxckpt.training.profile import check_profile_dir, profile_slug
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
@@ -70,8 +71,8 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
   for row in rows:
     if row["policy"] != "none" and row["status"] == STATUS_OK and row["temp_bytes"] is not None \
         and row["temp_bytes"] >= base["temp_bytes"]:
-      out.append(f"policy {row['policy']!r} saves no memory: temp {row['temp_bytes']} bytes ≥ none's "
-                 f"{base['temp_bytes']} bytes")
+      out.append(f"policy {row['policy']!r} saves no memory: temp {format_bytes(row['temp_bytes'])} ≥ none's "
+                 f"{format_bytes(base['temp_bytes'])}")
   return out
 
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import jax
 
 from jaxckpt.core import names
-from jaxckpt.cli import CLIParser, check_output_file
+from jaxckpt.cli import CLIParser, check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models.registry import MODEL_REGISTRY
-from jaxckpt.policies import POLICY_NAMES
+from jaxckpt.policies import POLICY_FORMS, POLICY_NAMES
 from jaxckpt.report.build import build_report
 from jaxckpt.training.profile import check_profile_dir
 from jaxckpt.report.html import PLOTLYJS_MODES
@@ -44,10 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
       epilog=(
           f"presets per model: {presets}\n"
           f"block types per model: {blocks}\n"
-          f"policies: {ALL}, {', '.join(POLICY_NAMES)}\n"
+          f"{POLICY_FORMS}\n"
+          f"policy names: {ALL} (every policy worth comparing on the target), {', '.join(POLICY_NAMES)}\n"
           f"checkpoint names: {', '.join(names.ALL_NAMES)}\n"
-          "policy grammar: block=policy pairs joined by ',' (attn=dots_saveable,mlp=full) or one policy;\n"
-          "  name-taking policies: save_only_these_names:qkv+mlp_hidden\n"
           "--target package.module:function: function() returns a jaxckpt.report.ModelTarget or LossTarget\n"
           "  (see jaxckpt.step.targets.py); your own model: ModelTarget(make_model=lambda: jaxckpt.apply_remat(\n"
           "  model, 'none', blocks={'layer': MyLayer}), batch=..., loss_fn=lambda model, batch: loss); its\n"
@@ -86,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--plot", default=None, metavar="FILE",
                       help="static Pareto chart (memory vs FLOPs / time); format from the suffix: "
                            + ", ".join(PLOT_SUFFIXES))
+  parser.add_argument("--wide", action="store_true",
+                      help="one line per policy, every column (default: fit the terminal, COLUMNS or 100 characters, "
+                           "long policies as labels with a legend)")
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
   parser.add_argument("--list-blocks", action="store_true",
                       help="print the target's block types and the checkpoint names each emits (your own model's "
@@ -103,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
     for flag in ("json", "csv", "markdown", "html", "plot"):
       check_output_file(f"--{flag}", getattr(args, flag))
+    check_output_dir("--xla-dump", args.xla_dump)
     if args.plot is not None:
       plot_format(args.plot)
     if args.profile is not None:
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
                         xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
                         mesh=mesh, profile=args.profile, profile_steps=args.profile_steps)
-  print(to_table(report))
+  print(to_table(report, wide=args.wide))
   for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
                             html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs):
     print(f"wrote {os.path.abspath(path)}")

@@ -13,7 +13,7 @@ from jaxckpt.report.build import Report
 from jaxckpt.report.keys import STATUS_OK
 from jaxckpt.units import format_bytes
 
-__all__ = ["COLUMNS", "Column", "format_flops", "table_cells", "table_rows", "report_title", "plan_lines"]
+__all__ = ["COLUMNS", "Column", "format_flops", "table_cells", "table_rows", "report_title", "plan_lines", "top_groups"]
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 
@@ -49,10 +49,11 @@ COLUMNS: tuple[Column, ...] = (
 """The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``."""
 
 
-def _top_groups(row: Mapping[str, Any], n: int = 3) -> str:
+def top_groups(row: Mapping[str, Any], n: int = 3, *, sep: str = ", ") -> str:
+  """The row's ``n`` largest residual groups (arguments left out), ``"key bytes"`` joined by ``sep``."""
   groups = (row.get("residuals") or {}).get("groups") or []
   groups = [g for g in groups if g["by"] != "kind" or g["key"] != "argument"][:n]
-  return ", ".join(f"{g['key']} {format_bytes(g['bytes'])}" for g in groups)
+  return sep.join(f"{g['key']} {format_bytes(g['bytes'])}" for g in groups)
 
 
 Cell = tuple[str, "float | str | None"]  # (text, sort value: the raw number, or the text)
@@ -84,7 +85,7 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
       if ratio and base is not None:
         rel = None if value is None or not base.get(key) else value / base[key]
         line.append(("n/a" if rel is None else f"{rel:.2f}", rel))
-    top = _top_groups(r, top_residuals)
+    top = top_groups(r, top_residuals)
     line.append((top, top))
     out.append(line)
   return headers, out

@@ -9,15 +9,21 @@ overlap); every table sorts by a click on its header (a few lines of inline Java
 
 plotly.js is inlined once (``plotlyjs="inline"``, ~4.8 MB, the page then works offline) or loaded from plotly's CDN
 (``plotlyjs="cdn"``, a page of ~100 KB that needs the network to draw its charts).
+
+The page is the Jinja2 template ``templates/report.html.j2`` (autoescaped); this module only gathers what it shows
+(text, raw sort values, links) and the plotly figures. Points of the Pareto charts closer than
+:data:`SPREAD_WITHIN` of both axes' spans are spread sideways (hover gives their exact values).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import jinja2
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report.build import Report
@@ -26,25 +32,13 @@ from jaxckpt.report.keys import STATUS_OK
 from jaxckpt.report.plot import pareto_indices
 from jaxckpt.units import format_bytes
 
-__all__ = ["PLOTLYJS_MODES", "to_html", "chart_figures"]
+__all__ = ["PLOTLYJS_MODES", "SPREAD_WITHIN", "to_html", "chart_figures", "short_source", "spread_points"]
 
 PLOTLYJS_MODES = ("inline", "cdn")
 """How the page gets plotly.js: ``inline`` (offline, ~4.8 MB) or ``cdn`` (small, needs the network)."""
 
 _MIB = 2**20
 _TOP_RESIDUAL_KEYS = 12
-
-_STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}
-h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.6em}
-table{border-collapse:collapse;font-size:13px;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
-td:first-child,th:first-child,td.text,th.text{text-align:left}td.text{white-space:normal;min-width:12em}
-th{background:#f3f3f3;cursor:pointer;user-select:none;white-space:nowrap}
-th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
-code{font-size:12px}details{margin:.4em 0}.warn{color:#a40}.note{color:#555;font-size:13px}
-.chart{margin:.5em 0 1em 0}
-"""
 
 # Click a header: sort its table's rows by the cells' data-sort (raw numbers) or text; missing values stay last.
 _SORT_JS = """
@@ -74,36 +68,43 @@ document.querySelectorAll("table.sortable th").forEach(function (th) {
 """
 
 
-def _sort_attr(value: Any) -> str:
-  if value is None:
-    return ' data-sort=""'
-  if isinstance(value, (int, float)) and not isinstance(value, bool):
-    return f' data-sort="{value!r}"'
-  return ""
+SPREAD_WITHIN = 0.015
+"""Pareto points closer than this share of both axes' spans are spread sideways on the page (they would overlap)."""
+SPREAD_STEP = 0.025
+"""How far apart spread points are drawn, as a share of the x axis's span (≈ 10 px on a 400 px panel)."""
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("jaxckpt.report", "templates"),
+                          autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], *, text_columns: Sequence[int] = (0,),
-           escape: bool = True) -> str:
-  """A sortable table; cells are ``(text, sort value)`` (numbers sort by value; ``None`` = missing, sorts last)."""
-  def cls(i: int) -> str:
-    return ' class="text"' if i in text_columns else ""
+def _cell(text: str, sort: Any = None, *, text_col: bool = False, **extra: Any) -> dict[str, Any]:
+  """A table cell for the template: shown ``text``, raw ``sort`` value (numbers sort by it; ``None`` = missing)."""
+  number = isinstance(sort, (int, float)) and not isinstance(sort, bool)
+  return {"text": text, "sort": repr(sort) if number else None, "missing": sort is None and not text_col,
+          "text_col": text_col, "sub": None, "details": None, "lines": None, "links": None, "code": False, **extra}
 
-  head = "".join(f"<th{cls(i)}>{html.escape(h)}</th>" for i, h in enumerate(headers))
-  body = "".join(
-      "<tr>" + "".join(f"<td{cls(i)}{_sort_attr(v)}>{html.escape(t) if escape else t}</td>"
-                       for i, (t, v) in enumerate(row)) + "</tr>" for row in rows)
-  return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Cell | dict]], *, text_columns: Sequence[int] = (0,),
+           titles: Mapping[str, str] | None = None) -> dict[str, Any]:
+  """A sortable table for the template's ``table`` macro; cells are ``(text, sort value)`` or :func:`_cell` dicts."""
+  out_rows = []
+  for row in rows:
+    out_rows.append([c if isinstance(c, dict) else _cell(c[0], c[1], text_col=i in text_columns)
+                     for i, c in enumerate(row)])
+    for i, c in enumerate(out_rows[-1]):
+      c["text_col"] = i in text_columns
+  return {"headers": [{"text": h, "text_col": i in text_columns, "title": (titles or {}).get(h)}
+                      for i, h in enumerate(headers)], "rows": out_rows}
 
 
 def _bytes_cell(n: int | None) -> Cell:
   return (format_bytes(n), n)
 
 
-def _link(path: str | None, base: str | None, label: str) -> str:
+def _link(path: str | None, base: str | None, label: str) -> dict[str, str] | None:
   if not path:
-    return ""
-  href = os.path.relpath(path, base) if base else path
-  return f'<a href="{html.escape(href)}">{html.escape(label)}</a>'
+    return None
+  return {"href": os.path.relpath(path, base) if base else path, "label": label}
 
 
 def _ok(report: Report) -> list[dict[str, Any]]:
@@ -114,6 +115,41 @@ def _colors() -> list[str]:
   import plotly.colors  # pylint: disable=g-import-not-at-top
 
   return list(plotly.colors.qualitative.Dark24)
+
+
+def spread_points(points: Sequence[tuple[float, float]], *, within: float = SPREAD_WITHIN,
+                  step: float = SPREAD_STEP) -> list[float]:
+  """x positions to draw points at so that none hides another: points closer than ``within`` of both axes' spans
+  are spread sideways around their mean x, ``step`` of the x span apart (the y values and the data are unchanged).
+
+  Args:
+    points: ``(x, y)`` per point.
+    within: share of each axis's span below which two points count as overlapping.
+    step: distance between spread points, as a share of the x span.
+
+  Returns:
+    The x to draw each point at, in order (equal to its x where it overlaps nothing).
+  """
+  if not points:
+    return []
+  xs, ys = [p[0] for p in points], [p[1] for p in points]
+  x_span = (max(xs) - min(xs)) or abs(max(xs)) or 1.0
+  y_span = (max(ys) - min(ys)) or abs(max(ys)) or 1.0
+  clusters: list[list[int]] = []
+  for i, (x, y) in enumerate(points):
+    near = next((c for c in clusters if any(abs(points[j][0] - x) <= within * x_span
+                                            and abs(points[j][1] - y) <= within * y_span for j in c)), None)
+    if near is None:
+      clusters.append([i])
+    else:
+      near.append(i)
+  out = list(xs)
+  for cluster in clusters:
+    if len(cluster) > 1:
+      middle = sum(xs[j] for j in cluster) / len(cluster)
+      for k, j in enumerate(cluster):
+        out[j] = middle + (k - (len(cluster) - 1) / 2) * step * x_span
+  return out
 
 
 def _pareto_figure(report: Report):
@@ -138,12 +174,13 @@ def _pareto_figure(report: Report):
   colors = _colors()
   for col, ((xkey, xval, xlabel), (ykey, ylabel)) in enumerate(panels, start=1):
     pts = [r for r in ok if r.get(xkey) is not None and r.get(ykey) is not None]
+    shown_x = dict(zip(map(id, pts), spread_points([(xval(r), r[ykey]) for r in pts])))
     for i, r in enumerate(ok):
       if r not in pts:
         continue
       budget = r.get("plan") is not None
       fig.add_trace(go.Scatter(
-          x=[xval(r)], y=[r[ykey] / _MIB], mode="markers", name=r["policy"], legendgroup=r["policy"],
+          x=[shown_x[id(r)]], y=[r[ykey] / _MIB], mode="markers", name=r["policy"], legendgroup=r["policy"],
           showlegend=col == 1,
           marker={"size": 11, "color": colors[i % len(colors)], "symbol": "diamond" if budget else "circle",
                   "line": {"width": 1, "color": "#333"}},
@@ -151,7 +188,7 @@ def _pareto_figure(report: Report):
           hovertemplate=(f"<b>%{{customdata[0]}}</b><br>{ylabel}: %{{customdata[1]:,}} bytes (%{{y:.2f}} MiB)"
                          "<br>FLOPs: %{customdata[2]:,}"
                          + ("<br>× none: %{customdata[3]:.4f}" if xkey == "flops" and base is not None else "")
-                         + ("<br>step time: %{x:.2f} ms" if xkey == "step_time_s" else "")
+                         + ("<br>step time: %{customdata[3]:.2f} ms" if xkey == "step_time_s" else "")
                          + "<extra></extra>")),
           row=1, col=col)
     front = [pts[j] for j in pareto_indices([(xval(r), r[ykey]) for r in pts])]
@@ -189,8 +226,46 @@ def _memory_figure(report: Report):
   return fig
 
 
-def _residual_label(group: Mapping[str, Any]) -> str:
-  return str(group["key"]) if group["by"] == "name" else f"{group['key']} ({group['by']}, unnamed)"
+_OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
+             "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide"}
+"""Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
+
+
+def short_source(source: str | None) -> str:
+  """``/long/path/jaxckpt/core/blocks.py:207:27 (_residual_pair)`` → ``blocks.py:207 (_residual_pair)``."""
+  if not source:
+    return "no source line"
+  match = re.match(r"(?:.*/)?([^/:]+):(\d+)(?::\d+)?\s*(\(.*\))?", source)
+  if not match:
+    return source
+  return f"{match.group(1)}:{match.group(2)}" + (f" {match.group(3)}" if match.group(3) else "")
+
+
+def _main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, int]]:
+  """Per unnamed primitive: the source line holding most of its residual bytes over ``rows``, and how many lines."""
+  by_prim: dict[str, dict[str | None, int]] = {}
+  for r in rows:
+    for item in (r.get("residuals") or {}).get("items") or []:
+      if item["name"] is None and item["primitive"] and item["kind"] != "argument":
+        sources = by_prim.setdefault(item["primitive"], {})
+        sources[item["source"]] = sources.get(item["source"], 0) + item["bytes"]
+  return {prim: (max(sources, key=lambda k: (sources[k], k or "")), len(sources)) for prim, sources in by_prim.items()}
+
+
+def _residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
+                    short: bool = False) -> str:
+  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
+  (``short``: without the count of other lines and the primitive's own name)."""
+  if group["by"] == "name":
+    return f"{group['key']} (checkpoint name)"
+  if group["by"] == "primitive":
+    op = _OP_WORDS.get(group["key"], group["key"])
+    op = op if op == group["key"] or short else f"{op} ({group['key']})"
+    source, lines = sources.get(group["key"], (None, 0))
+    more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
+    return f"{op} at {short_source(source)}{more}"
+  return f"{group['key']} values (made by no op: constants, scalars)" if group["key"] == "other" else \
+      f"{group['key']} values"
 
 
 def _residuals_figure(report: Report):
@@ -200,9 +275,10 @@ def _residuals_figure(report: Report):
   if not ok:
     return None
   per_row = []
+  sources = _main_sources(ok)
   for r in ok:
     groups = [g for g in r["residuals"]["groups"] if not (g["by"] == "kind" and g["key"] == "argument")]
-    per_row.append({_residual_label(g): g for g in groups})
+    per_row.append({_residual_label(g, sources): g for g in groups})
   largest: dict[str, int] = {}
   for groups in per_row:
     for label, g in groups.items():
@@ -224,7 +300,7 @@ def _residuals_figure(report: Report):
                        "(%{y:.2f} MiB)<extra></extra>")))
   fig.update_layout(barmode="stack", height=400, template="plotly_white", yaxis_title="MiB saved for backward",
                     margin={"t": 20, "b": 40, "l": 60, "r": 10}, xaxis={"tickangle": -30, "automargin": True},
-                    legend={"font": {"size": 11}, "title": {"text": "checkpoint name / primitive"}})
+                    legend={"font": {"size": 11}, "title": {"text": "checkpoint name, or op and source line"}})
   return fig
 
 
@@ -268,7 +344,8 @@ def chart_figures(report: Report) -> dict[str, Any]:
 _CHART_TEXT = {
     "pareto": ("Pareto front: memory vs recompute",
                "Each point is a policy (diamonds: budget plans); hover for exact bytes and FLOPs, click a legend "
-               "entry to hide it. The red step line joins the policies no other beats on both axes."),
+               "entry to hide it. The red step line joins the policies no other beats on both axes. Policies at the "
+               "same place (often one program) are drawn side by side; hover gives their exact values."),
     "memory": ("Compiled memory per policy", "XLA's compiled statistics of the whole train step: arguments "
                "(parameters, optimizer state, batch), outputs and temp; footprint = their sum − aliased (donated)."),
     "residuals": ("What each policy keeps for the backward pass",
@@ -284,8 +361,9 @@ def _residual_source_rows(row: Mapping[str, Any]) -> list[list[Cell]]:
   for item in row["residuals"]["items"]:
     if item["kind"] == "argument":
       continue
-    label = item["name"] or f"{item['primitive'] or item['kind']} (unnamed)"
-    g = groups.setdefault((label, item["source"] or "?"), {"count": 0, "bytes": 0, "shapes": {}})
+    label = (f"{item['name']} (checkpoint name)" if item["name"] else
+             _OP_WORDS.get(item["primitive"], item["primitive"]) if item["primitive"] else f"{item['kind']} values")
+    g = groups.setdefault((label, short_source(item["source"])), {"count": 0, "bytes": 0, "shapes": {}})
     g["count"] += 1
     g["bytes"] += item["bytes"]
     shape = f"{item['dtype']}{list(item['shape'])}"
@@ -298,10 +376,10 @@ def _residual_source_rows(row: Mapping[str, Any]) -> list[list[Cell]]:
   return out
 
 
-def _plan_table(report: Report) -> str:
+def _plan_table(report: Report) -> dict[str, Any] | None:
   planned = [r for r in report.rows if r.get("plan")]
   if not planned:
-    return ""
+    return None
   rows = []
   for r in planned:
     p = r["plan"]
@@ -315,8 +393,38 @@ def _plan_table(report: Report) -> str:
                  "layer ranges"], rows, text_columns=(0, 7))
 
 
+def _summary(report: Report) -> dict[str, Any]:
+  """The summary table: value cells with their ratio to ``none`` under them, residual groups one per line, an
+  error folded into a ``details`` cell (its whole message; the warnings then leave it out)."""
+  headers, cells = table_cells(report, top_residuals=3)
+  sources = _main_sources([r for r in report.rows if r["status"] == STATUS_OK])
+  keep = [i for i, h in enumerate(headers) if h not in ("×none", "XLA FLOPs (raw)", "compile")]
+  out_rows = []
+  for row, line in zip(report.rows, cells):
+    out = []
+    for i in keep:
+      text, value = line[i]
+      if i == 1 and row["status"] != STATUS_OK:
+        out.append(_cell("error", row["error"], text_col=True, details=row["error"]))
+      elif headers[i] == "top residuals":
+        groups = [g for g in (row.get("residuals") or {}).get("groups") or []
+                  if g["by"] != "kind" or g["key"] != "argument"][:3]
+        out.append(_cell(text, text, text_col=True,
+                         lines=[f"{format_bytes(g['bytes'])} {_residual_label(g, sources, short=True)}"
+                                for g in groups]))
+      else:
+        ratio = line[i + 1][0] if i + 1 < len(headers) and headers[i + 1] == "×none" else None
+        out.append(_cell(text, value, sub=None if ratio is None else f"×{ratio}"))
+    out_rows.append(out)
+  shown = [headers[i] for i in keep]
+  return _table(shown, out_rows, text_columns=(0, 1, len(shown) - 1),
+                titles={h: "second line: ratio to the none row" for h in shown[2:-1]})
+
+
 def to_html(report: Report, *, base_dir: str | None = None, plot: bool = True, plotlyjs: str = "inline") -> str:
   """One self-contained HTML page: sortable tables, interactive charts, per-policy residuals and XLA buffers.
+
+  Rendered from the Jinja2 template ``jaxckpt/report/templates/report.html.j2`` (autoescaped).
 
   Args:
     report: the report.
@@ -333,72 +441,54 @@ def to_html(report: Report, *, base_dir: str | None = None, plot: bool = True, p
   if plotlyjs not in PLOTLYJS_MODES:
     raise JaxckptError(f"plotlyjs={plotlyjs!r} is not one of {', '.join(PLOTLYJS_MODES)}")
   d = report.data
-  title = report_title(report)
-  headers, cells = table_cells(report, top_residuals=3)
-  for line in cells:  # long errors: the first words here, the whole message in the warnings and per policy below
-    text, value = line[1]
-    line[1] = (text if len(text) <= 60 else text[:57] + "...", value)
-  parts = [
-      "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-      f"<title>{html.escape(title)}</title>",
-      f"<style>{_STYLE}</style></head><body>",
-      f"<h1>{html.escape(title)}</h1>",
-      f"<p class='note'>versions: {html.escape(', '.join(f'{k} {v}' for k, v in d['versions'].items()))}; "
-      f"compiler options: <code>{html.escape(json.dumps(d['compiler_options']))}</code></p>",
-      _table(headers, cells, text_columns=(0, 1, len(headers) - 1)),
-      "<p class='note'><code>*</code> = best of the column; ×none = ratio to the <code>none</code> row; click a "
-      "header to sort. FLOPs are counted from the jaxpr (scan bodies × trip count); XLA's raw count counts a loop "
-      "body once. Residual bytes exclude arguments and are an upper bound (XLA may fuse some away).</p>",
-  ]
-  if d["warnings"]:
-    parts.append("<ul>" + "".join(f"<li class='warn'>{html.escape(w)}</li>" for w in d["warnings"]) + "</ul>")
+  errors = [r["error"] for r in report.rows if r["status"] != STATUS_OK and r.get("error")]
+  charts = []
   if plot:
     include: bool | str = True if plotlyjs == "inline" else "cdn"
     for chart_id, fig in chart_figures(report).items():
       heading, note = _CHART_TEXT[chart_id]
-      parts.append(f"<h2>{html.escape(heading)}</h2><p class='note'>{html.escape(note)}</p>")
-      parts.append(f"<div class='chart' id='chart-{chart_id}'>" + fig.to_html(
+      charts.append({"id": chart_id, "heading": heading, "note": note, "html": fig.to_html(
           include_plotlyjs=include, full_html=False, div_id=f"plot-{chart_id}",
-          config={"displaylogo": False, "responsive": True}) + "</div>")
+          config={"displaylogo": False, "responsive": True})})
       include = False
-  plan = _plan_table(report)
-  if plan:
-    parts += ["<h2>Budget plans</h2>", plan,
-              "<p class='note'>" + "<br>".join(html.escape(line) for line in plan_lines(report)) + "</p>"]
   profiled = [r for r in report.rows if r.get("profile")]
+  profiles = None
   if profiled:
-    logdir = os.path.dirname(profiled[0]["profile"]["dir"])
-    parts.append(f"<h2>XProf profiles</h2><p>One run per policy: <code>xprof --logdir {html.escape(logdir)}</code> "
-                 "(or TensorBoard with the profile plugin), then pick the runs side by side.</p>")
-    parts.append(_table(["policy", "run directory", "trace files"],
-                        [[(html.escape(r["policy"]), r["policy"]),
-                          (_link(r["profile"]["dir"], base_dir, r["profile"]["dir"]), r["profile"]["dir"]),
-                          (" ".join(_link(f, base_dir, os.path.basename(f)) for f in r["profile"]["files"]),
-                           len(r["profile"]["files"]))] for r in profiled], text_columns=(0, 1, 2), escape=False))
-  parts.append("<h2>Per policy</h2>")
+    profiles = {"logdir": os.path.dirname(profiled[0]["profile"]["dir"]), "table": _table(
+        ["policy", "run directory", "trace files"],
+        [[_cell(r["policy"], r["policy"]),
+          _cell(r["profile"]["dir"], r["profile"]["dir"], links=[_link(r["profile"]["dir"], base_dir,
+                                                                        r["profile"]["dir"])]),
+          _cell("", len(r["profile"]["files"]),
+                links=[_link(f, base_dir, os.path.basename(f)) for f in r["profile"]["files"]])]
+         for r in profiled], text_columns=(0, 1, 2))}
+  policies = []
   for r in report.rows:
-    parts.append(f"<details><summary><b>{html.escape(r['policy'])}</b> — {html.escape(r['status'])}"
-                 f"{': ' + html.escape(r['error']) if r['error'] else ''}</summary>")
-    res = r.get("residuals")
-    if res:
-      parts.append(f"<p>residuals ({html.escape(res['analysed'])}): {res['count']} values, "
-                   f"{html.escape(format_bytes(res['bytes']))} (+ arguments "
-                   f"{html.escape(format_bytes(res['argument_bytes']))})</p>")
-      parts.append(_table(["checkpoint name / primitive", "source line", "count", "bytes", "shapes"],
-                          _residual_source_rows(r), text_columns=(0, 1, 4)))
-    if r.get("flops") is not None:
-      parts.append(f"<p class='note'>FLOPs {html.escape(format_flops(r['flops']))} ({r['flops']:,})</p>")
-    dump = r.get("xla_dump")
-    if dump:
-      links = " · ".join(filter(None, (_link(p, base_dir, k) for k, p in dump["files"].items())))
-      parts.append(f"<p>XLA's reports: {links}</p>")
-      parts.append(_table(
-          ["buffer live at peak", "bytes", "HLO op", "shape", "JAX op_name", "source"],
-          [[(html.escape(b["buffer"]), b["buffer"]), (html.escape(format_bytes(b["bytes"])), b["bytes"]),
-            (html.escape(str(b["opcode"])), str(b["opcode"])), (html.escape(str(b["shape"])), str(b["shape"])),
-            (f"<code>{html.escape(str(b['op_name']))}</code>", str(b["op_name"])),
-            (html.escape(str(b["source"])), str(b["source"]))] for b in dump["peak_buffers"]],
-          text_columns=(0, 2, 3, 4, 5), escape=False))
-    parts.append("</details>")
-  parts.append(f"<script>{_SORT_JS}</script></body></html>")
-  return "\n".join(parts)
+    res, dump = r.get("residuals"), r.get("xla_dump")
+    policies.append({
+        "policy": r["policy"], "status": r["status"], "error": r["error"],
+        "residuals": res and {
+            "analysed": res["analysed"], "count": res["count"], "bytes": format_bytes(res["bytes"]),
+            "argument_bytes": format_bytes(res["argument_bytes"]),
+            "table": _table(["checkpoint name / op", "source line", "count", "bytes", "shapes"],
+                            _residual_source_rows(r), text_columns=(0, 1, 4))},
+        "flops": r.get("flops") is not None and f"{format_flops(r['flops'])} ({r['flops']:,})",
+        "flops_xla_raw": format_flops(r.get("flops_xla_raw")),
+        "compile": "n/a" if r.get("compile_s") is None else f"{r['compile_s']:.1f} s",
+        "dump": dump and {
+            "links": [link for k, p in dump["files"].items() if (link := _link(p, base_dir, k))],
+            "table": _table(
+                ["buffer live at peak", "bytes", "HLO op", "shape", "JAX op_name", "source"],
+                [[_cell(b["buffer"], b["buffer"]), _cell(format_bytes(b["bytes"]), b["bytes"]),
+                  _cell(str(b["opcode"]), str(b["opcode"])), _cell(str(b["shape"]), str(b["shape"])),
+                  _cell(str(b["op_name"]), str(b["op_name"]), code=True), _cell(str(b["source"]), str(b["source"]))]
+                 for b in dump["peak_buffers"]], text_columns=(0, 2, 3, 4, 5))},
+    })
+  return _ENV.get_template("report.html.j2").render(
+      title=report_title(report),
+      versions=", ".join(f"{k} {v}" for k, v in d["versions"].items()),
+      compiler_options=json.dumps(d["compiler_options"]),
+      summary=_summary(report),
+      warnings=[w for w in d["warnings"] if not any(e in w for e in errors)],
+      charts=charts, plans=_plan_table(report), plan_lines=plan_lines(report), profiles=profiles,
+      policies=policies, sort_js=_SORT_JS)

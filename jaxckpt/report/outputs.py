@@ -11,31 +11,107 @@ import csv
 import io
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report.build import Report
-from jaxckpt.report.formats import COLUMNS, plan_lines, report_title, table_rows
+from jaxckpt.report.formats import COLUMNS, plan_lines, report_title, table_rows, top_groups
 from jaxckpt.report.html import PLOTLYJS_MODES, to_html
-from jaxckpt.report.keys import ROW_KEYS
+from jaxckpt.report.keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report.plot import plot_format, plot_pareto
+from jaxckpt.analysis.tables import fit_widths, render_table, short_labels, terminal_width
 
 __all__ = ["COLUMNS", "table_rows", "to_table", "to_markdown", "to_csv", "to_json", "to_html", "plot_pareto",
            "write_outputs"]
 
 
-def to_table(report: Report) -> str:
-  """An aligned plain-text table for the terminal, with the warnings under it."""
-  headers, rows = table_rows(report)
-  widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-  fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-  lines = [report_title(report), fmt(headers), fmt(["-" * w for w in widths]), *map(fmt, rows)]
-  lines.append("* = best of the column; ×none = ratio to the none row; FLOPs from the jaxpr (scan × length), "
-               "XLA's raw count counts a loop body once")
-  lines += plan_lines(report)
-  lines += [f"warning: {w}" for w in report.data["warnings"]]
-  return "\n".join(lines)
+WIDE_ONLY = ("XLA FLOPs (raw)",)
+"""Columns only ``--wide`` (and JSON/CSV/Markdown/HTML) show: the terminal table leaves them out to fit."""
+
+_NOTE = ("* = best of the column; ×none = ratio to the none row; FLOPs from the jaxpr (scan × length), XLA's raw "
+         "count counts a loop body once")
+
+
+def _policy_cell(policy: str, labels: Mapping[str, str], piece: int = 22) -> str:
+  """The policy as the narrow table shows it: whole when it fits ``piece`` characters, else broken after ``:`` and
+  ``,`` into at most 3 lines when each piece fits, else ``None`` (it gets a short label)."""
+  if len(policy) <= piece:
+    return policy
+  pieces = re.findall(r"[^:,]+[:,]?", policy)
+  if all(len(p) <= piece for p in pieces):
+    lines = [""]
+    for p in pieces:
+      if len(lines[-1]) + len(p) > piece:
+        lines.append("")
+      lines[-1] += p
+    if len(lines) <= 3:
+      return "\n".join(lines)
+  return labels[policy]
+
+
+def to_table(report: Report, *, width: int | None = None, wide: bool = False) -> str:
+  """The terminal table, with the budget plans, the errors and the warnings under it.
+
+  By default it fits ``width`` characters (``None``: the terminal's, :func:`jaxckpt.analysis.tables.terminal_width`): each
+  value has its ratio to ``none`` under it, a long policy string is broken after ``:``/``,`` or becomes a short
+  label with a legend (the full strings are in JSON/CSV/HTML), an error row's message is printed once, wrapped,
+  under the table, and :data:`WIDE_ONLY` columns are left out. ``wide`` prints every row on one line, every column
+  included (the layout of :func:`to_markdown`).
+
+  Args:
+    report: the report.
+    width: characters per line (no line is longer); ``None`` = the terminal's.
+    wide: one line per row, whatever its length.
+
+  Returns:
+    The text, no final newline.
+  """
+  errors = {r["policy"]: r["error"] for r in report.rows if r["status"] != STATUS_OK and r.get("error")}
+  warnings = [w for w in report.data["warnings"] if not any(e in w for e in errors.values())]  # said in its row
+  if wide:
+    headers, rows = table_rows(report)
+    notes = [_NOTE, *plan_lines(report), *[f"warning: {w}" for w in warnings]]
+    return render_table(headers, rows, title=report_title(report), notes=notes, wide=True)
+  rows = report.rows
+  ok = [r for r in rows if r["status"] == STATUS_OK]
+  base = next((r for r in ok if r["policy"] == "none"), None)
+  columns = [c for c in COLUMNS if c[0] not in WIDE_ONLY and any(r.get(c[1]) is not None for r in rows)]
+  best = {key: min((r[key] for r in ok if r.get(key) is not None), default=None) for _, key, _, _ in columns}
+  long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
+          and len(r["policy"]) > 22]
+  labels, legend = short_labels(long, max_len=0, keep=12)
+  headers = ["policy", *(h + ("\n×none" if ratio and base is not None else "") for h, _, _, ratio in columns),
+             "top residuals"]
+  table = []
+  for r in rows:
+    cells = [_policy_cell(r["policy"], labels)]
+    for _, key, fmt, ratio in columns:
+      value = r.get(key)
+      if r["status"] != STATUS_OK:
+        cells.append("")
+        continue
+      mark = " *" if value is not None and value == best[key] and len(ok) > 1 else ""
+      if ratio and base is not None:
+        rel = None if value is None or not base.get(key) else value / base[key]
+        cells.append(f"{fmt(value)}\n{'n/a' if rel is None else f'{rel:.2f}'}{mark}")
+      else:
+        cells.append(fmt(value) + mark)
+    cells.append(top_groups(r, sep="\n") if r["status"] == STATUS_OK else "error (below)")
+    table.append(cells)
+  plans = [f"{labels.get(r['policy'], r['policy'])} = {r['plan']['policy']} ({r['plan']['compiles']} compiles, "
+           f"{r['plan']['seconds']:.1f} s)" for r in rows if r.get("plan")]
+  notes = [_NOTE + "; --wide: XLA's raw FLOPs, one line per row", *legend, *plans,
+           *[f"error: {labels.get(p, p)}: {e}" for p, e in errors.items()],
+           *[f"warning: {w}" for w in warnings]]
+  # Numbers keep their width; the policy and then the residual groups wrap.
+  natural = [max(len(part) for cell in [headers[i], *(row[i] for row in table)] for part in cell.split("\n"))
+             for i in range(len(headers))]
+  numbers = range(1, len(headers) - 1)
+  widths = fit_widths(natural, width or terminal_width(), keep=numbers, least=12)
+  return render_table(headers, table, title=report_title(report), notes=notes, width=width, right=numbers,
+                      widths=widths)
 
 
 def to_markdown(report: Report) -> str:
@@ -56,11 +132,15 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
   out["residual_count"] = (row.get("residuals") or {}).get("count")
   out["xla_dump_dir"] = (row.get("xla_dump") or {}).get("dir")
   out["profile_dir"] = (row.get("profile") or {}).get("dir")
+  for key, value in out.items():  # nested values (stages_s, plan) as JSON text, never a Python repr
+    if isinstance(value, (dict, list, tuple)):
+      out[key] = json.dumps(value, sort_keys=False)
   return out
 
 
 def to_csv(report: Report) -> str:
-  """One CSV line per row: every scalar key of :data:`ROW_KEYS` (bytes, FLOPs, seconds as plain numbers)."""
+  """One CSV line per row: every scalar key of :data:`ROW_KEYS` (bytes, FLOPs, seconds as plain numbers); nested
+  values (``stages_s``, ``plan``) as JSON text (``{"build": 0.1, ...}``), read back with ``json.loads``."""
   buffer = io.StringIO()
   flat = [_flat(r) for r in report.rows]
   writer = csv.DictWriter(buffer, fieldnames=list(flat[0]) if flat else list(ROW_KEYS), lineterminator="\n")

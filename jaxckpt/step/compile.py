@@ -33,7 +33,7 @@ from jaxckpt.analysis.internals import compilation_cache_switch
 from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.step.build import PolicyStep, StepBuilder, default_optimizer
 from jaxckpt.step.targets import ModelTarget, Target
-from jaxckpt.training.xla import memory_stats, remat_compiler_options
+from jaxckpt.training.xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
@@ -219,7 +219,8 @@ def lower_policy(
     model = builder.abstract_model if isinstance(target, ModelTarget) else None
     kwargs = sharding.step_shardings(step.state, step.batch, mesh, model=model, params=step.params)
   t1 = time.perf_counter()
-  traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
+  with remat_fix_applied():  # compiled below with step_compiler_options (jaxckpt's option on CPU)
+    traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
   t2 = time.perf_counter()
   lowered = traced.lower()
   t3 = time.perf_counter()

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import os
 import sys
 from collections.abc import Callable, Collection, Mapping
@@ -50,7 +49,7 @@ from jaxckpt.linen.apply import RematModule, traced_block_types
 from jaxckpt.models.registry import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
 from jaxckpt.policies import PolicySpec
 from jaxckpt.core.structure import parse_structure
-from jaxckpt.training.train import LossFn, classification_loss
+from jaxckpt.training.train import LossFn, classification_loss, plain_loss_fn
 
 __all__ = [
     "ModelTarget",
@@ -69,44 +68,6 @@ __all__ = [
 
 SHIPPED_MODELS: dict[str, tuple[str, ...]] = {name: tuple(e.presets) for name, e in MODEL_REGISTRY.items()}
 """Every ``--model`` of the tools -> its presets: the entries of :data:`jaxckpt.models.MODEL_REGISTRY`."""
-
-
-def _takes_jaxckpt_keywords(loss_fn: Callable) -> bool:
-  try:
-    params = inspect.signature(loss_fn).parameters
-  except (TypeError, ValueError):  # builtins / C callables: assume jaxckpt's form
-    return True
-  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-    return True
-  return "dropout_key" in params and "deterministic" in params
-
-
-def plain_loss_fn(loss_fn: Callable[..., Any]) -> LossFn:
-  """Turns a plain ``loss_fn(model, batch) -> scalar`` (or ``-> (scalar, {metric: scalar})``) into jaxckpt's
-  :data:`~jaxckpt.training.train.LossFn` form; a loss already in that form (taking ``dropout_key`` and ``deterministic``
-  keywords) is returned unchanged.
-
-  The plain loss draws dropout from the model's own ``nnx.Rngs`` (whose state is part of the train state, so every
-  step draws new masks); ``dropout_key`` and ``deterministic`` are ignored.
-
-  Args:
-    loss_fn: the user's loss.
-
-  Returns:
-    ``loss(model, batch, *, dropout_key, deterministic) -> (loss, {"loss": loss, ...metrics})``.
-  """
-  if _takes_jaxckpt_keywords(loss_fn):
-    return loss_fn
-
-  def loss(model, batch, *, dropout_key=None, deterministic=False):
-    del dropout_key, deterministic  # the model's own Rngs and flags decide
-    out = loss_fn(model, batch)
-    value, metrics = out if isinstance(out, tuple) else (out, {})
-    return value, {"loss": value, **dict(metrics)}
-
-  loss.plain = loss_fn  # type: ignore[attr-defined]
-  loss.__name__ = getattr(loss_fn, "__name__", "loss")
-  return loss
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 import jax
 
+from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["profile_slug", "profile_trace", "trace_files", "check_profile_dir"]
@@ -68,22 +69,11 @@ def check_profile_dir(logdir: str | os.PathLike[str], *, flag: str = "logdir") -
     ``logdir`` as an absolute path.
 
   Raises:
-    JaxckptError: ``logdir`` is an existing file, or neither it nor its nearest existing parent is a writable
-      directory.
+    JaxckptError: ``logdir`` is an existing file, or a probe file cannot be written in it
+      (:func:`jaxckpt.cli.check_output_dir`).
   """
-  path = os.path.abspath(os.fspath(logdir))
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise JaxckptError(f"{flag}={os.fspath(logdir)} exists and is not a directory; give a directory for the traces")
-  if os.path.isdir(path):
-    if not os.access(path, os.W_OK | os.X_OK):
-      raise JaxckptError(f"{flag}={os.fspath(logdir)} is not writable; give a directory you can write to")
-    return path
-  parent = os.path.dirname(path)
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-    raise JaxckptError(f"{flag}={os.fspath(logdir)}: cannot create it under {parent}; give a writable directory")
-  return path
+  check_output_dir(flag, logdir)  # tries to write there (then removes what it made)
+  return os.path.abspath(os.fspath(logdir))
 
 
 @contextlib.contextmanager

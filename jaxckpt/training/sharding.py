@@ -135,7 +135,7 @@ def parse_mesh(spec: str | Mapping[str, int], *, device_count: int | None = None
   if count and product != count:
     raise MeshSpecError(
         f"mesh={text!r} covers {product} device(s) but there are {count}: the product of the sizes must equal the "
-        f"device count (e.g. mesh='data={count}'); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={product} "
+        f"device count (mesh='data={count}' fits); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={product} "
         "gives that many devices")
   return mesh
 

@@ -10,6 +10,7 @@ same masks as an uninterrupted one.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ import optax
 from flax import nnx, struct
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.training.xla import compile_step
+from jaxckpt.training.xla import compile_step, watch_remat
 
 __all__ = [
     "TrainState",
@@ -31,6 +32,7 @@ __all__ = [
     "abstract_state_of",
     "classification_loss",
     "make_train_step",
+    "plain_loss_fn",
     "make_eval_step",
     "compile_train_step",
 ]
@@ -140,6 +142,45 @@ def classification_loss(
   return loss, {"loss": loss, "accuracy": correct / count, "correct": correct, "count": mask.sum()}
 
 
+def _takes_jaxckpt_keywords(loss_fn: Callable) -> bool:
+  try:
+    params = inspect.signature(loss_fn).parameters
+  except (TypeError, ValueError):  # builtins / C callables: assume jaxckpt's form
+    return True
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    return True
+  return "dropout_key" in params and "deterministic" in params
+
+
+def plain_loss_fn(loss_fn: Callable[..., Any]) -> LossFn:
+  """Turns a plain ``loss_fn(model, batch) -> scalar`` (or ``-> (scalar, {metric: scalar})``) into jaxckpt's
+  :data:`~jaxckpt.training.train.LossFn` form; a loss already in that form (taking ``dropout_key`` and ``deterministic``
+  keywords) is returned unchanged.
+
+  The plain loss draws dropout from the model's own ``nnx.Rngs`` (whose state is part of the train state, so every
+  step draws new masks); ``dropout_key`` and ``deterministic`` are ignored.
+
+  Args:
+    loss_fn: the user's loss.
+
+  Returns:
+    ``loss(model, batch, *, dropout_key, deterministic) -> (loss, {"loss": loss, ...metrics})``.
+  """
+  if _takes_jaxckpt_keywords(loss_fn):
+    return loss_fn
+
+  def loss(model, batch, *, dropout_key=None, deterministic=False):
+    del dropout_key, deterministic  # the model's own Rngs and flags decide
+    out = loss_fn(model, batch)
+    value, metrics = out if isinstance(out, tuple) else (out, {})
+    return value, {"loss": value, **dict(metrics)}
+
+  loss.plain = loss_fn  # type: ignore[attr-defined]
+  loss.__name__ = getattr(loss_fn, "__name__", "loss")
+  return loss
+
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -154,7 +195,9 @@ def make_train_step(
   Args:
     graphdef: the model's graphdef (static; it carries the policy spec).
     tx: the optax optimizer.
-    loss_fn: see :data:`LossFn`.
+    loss_fn: see :data:`LossFn`; or a plain ``loss_fn(model, batch) -> scalar`` (or ``(scalar, metrics)``), the form
+      :class:`jaxckpt.step.ModelTarget` takes, adapted by :func:`plain_loss_fn` (dropout then comes from the model's
+      own ``nnx.Rngs``, which the train state carries).
     skip_nonfinite: when the loss, a gradient or an updated parameter is NaN/Inf, keep the parameters and optimizer
       state unchanged (the step counter still advances, so the next step sees the next batch). ``metrics["finite"]``
       (bool) tells.
@@ -170,6 +213,9 @@ def make_train_step(
 
   Returns:
     A pure function, to be compiled with :func:`compile_train_step` (or :func:`jaxckpt.jit`, donating the state).
+    Traced under ``nnx.jit`` or a plain ``jax.jit`` on CPU, a remat'd model's step warns once
+    (:class:`jaxckpt.RematIneffectiveWarning`): remat of unrolled layers saves nothing there without jaxckpt's
+    compiler option.
 
   Raises:
     JaxckptError: ``grad_accum_steps`` not an int ≥ 1, ``skip_nonfinite`` or ``metrics`` not a bool (a string such
@@ -180,6 +226,7 @@ def make_train_step(
       raise JaxckptError(f"{name}={flag!r} must be True or False")
   if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, numbers.Integral) or grad_accum_steps < 1:
     raise JaxckptError(f"grad_accum_steps must be an int ≥ 1, got {grad_accum_steps!r}")
+  loss_fn = plain_loss_fn(loss_fn)
 
   def grad_fn(params, other, batch, dropout_key):
     def loss(params):
@@ -213,7 +260,8 @@ def make_train_step(
   def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
     dropout_key = jax.random.fold_in(state.key, state.step)
     compute = grad_fn if grad_accum_steps == 1 else accumulated
-    value, step_metrics, other, grads = compute(state.params, state.other, batch, dropout_key)
+    with watch_remat():  # warns once when jitted on CPU without jaxckpt's remat option (nnx.jit, plain jax.jit)
+      value, step_metrics, other, grads = compute(state.params, state.other, batch, dropout_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     out = {**step_metrics} if metrics else {"loss": value}
@@ -235,7 +283,9 @@ def make_train_step(
 def make_eval_step(
     graphdef: nnx.GraphDef, loss_fn: LossFn = classification_loss
 ) -> Callable[[TrainState, Batch], dict[str, jax.Array]]:
-  """Builds ``eval_step(state, batch) -> metrics`` with dropout off (pad the last batch and mask it)."""
+  """Builds ``eval_step(state, batch) -> metrics`` with dropout off (pad the last batch and mask it); ``loss_fn`` as
+  :func:`make_train_step` takes it (a plain ``loss_fn(model, batch)`` too)."""
+  loss_fn = plain_loss_fn(loss_fn)
 
   def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
     model = nnx.merge(graphdef, state.params, state.other)

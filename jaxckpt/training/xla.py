@@ -9,6 +9,9 @@ owns (train steps, the report). Gradients are unchanged by it. :func:`jit` gives
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -17,6 +20,7 @@ from typing import Any
 import jax
 
 from jaxckpt.analysis.jaxprs import uses_remat
+from jaxckpt.core.remat import remat_calls
 from jaxckpt.policies import PolicySpec
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
 
@@ -29,6 +33,8 @@ __all__ = [
     "memory_stats",
     "offload_warning",
     "PEAK_BACKENDS",
+    "watch_remat",
+    "remat_fix_applied",
 ]
 
 CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
@@ -45,7 +51,10 @@ for a program with 1 MiB of temps), so :func:`memory_stats` reports it as ``None
 
 
 class RematIneffectiveWarning(UserWarning):
-  """A remat'd step is compiled where remat will not save memory (XLA:CPU without :data:`CPU_REMAT_FIX`)."""
+  """A remat'd step is compiled where remat will not save memory (XLA:CPU without :data:`CPU_REMAT_FIX`).
+
+  Issued once per process: by :func:`compile_step` with ``remat_fix=False``, and by a step of
+  :func:`jaxckpt.make_train_step` traced under ``nnx.jit`` or a plain ``jax.jit`` (:func:`watch_remat`)."""
 
 
 def _backend(backend: str | None) -> str:
@@ -74,6 +83,60 @@ def _fix_in_xla_flags() -> bool:
   return CPU_REMAT_FIX["xla_disable_hlo_passes"] in os.environ.get("XLA_FLAGS", "")
 
 
+_FIX_APPLIED: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxckpt_fix_applied", default=False)
+_WARNED: set[str] = set()  # warnings issued in this process (each once)
+
+_UNFIXED = ("this train step uses remat (jax.checkpoint) but is compiled on XLA:CPU without jaxckpt's compiler option "
+            "xla_disable_hlo_passes=cse_barrier_expander: remat of unrolled layers saves no memory there. Compile it "
+            "with jaxckpt.jit(step, donate_argnums=0) or jaxckpt.compile_train_step (nnx.jit and jax.jit without "
+            "compiler_options=jaxckpt.remat_compiler_options() do not apply it), or set "
+            "XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander before JAX starts (an ahead-of-time "
+            ".lower().compile(compiler_options=jaxckpt.remat_compiler_options()) applies it too: then ignore this)")
+
+
+def _warn_once(message: str, *, stacklevel: int = 3) -> None:
+  """Issues :class:`RematIneffectiveWarning` ``message`` the first time only (per process)."""
+  if message in _WARNED:
+    return
+  _WARNED.add(message)
+  warnings.warn(message, RematIneffectiveWarning, stacklevel=stacklevel)
+
+
+@contextlib.contextmanager
+def watch_remat():
+  """Around the tracing of a train step: warns once (:class:`RematIneffectiveWarning`) when a jaxckpt remat wrapper
+  ran inside it, the backend is CPU, and the step is not being compiled by jaxckpt (:func:`jit`,
+  :func:`compile_step`) nor with the fix in ``XLA_FLAGS``: the ``nnx.jit`` / plain ``jax.jit`` case, where remat of
+  unrolled layers silently saves nothing."""
+  with remat_calls() as seen:
+    yield
+  if seen and not _FIX_APPLIED.get() and jax.default_backend() == "cpu" and not _fix_in_xla_flags():
+    _warn_once(_UNFIXED, stacklevel=4)
+
+
+@contextlib.contextmanager
+def remat_fix_applied(applied: bool = True):
+  """Around tracing a step that will be compiled with :func:`remat_compiler_options` ahead of time
+  (``jax.jit(step).trace(...)``, then ``.lower().compile(compiler_options=...)``): tells :func:`watch_remat` that
+  the option is applied, so it does not warn."""
+  token = _FIX_APPLIED.set(applied)
+  try:
+    yield
+  finally:
+    _FIX_APPLIED.reset(token)
+
+
+def _traced_with_fix(fn: Callable) -> Callable:
+  """``fn`` that, when traced, tells :func:`watch_remat` that jaxckpt's compiler option is applied."""
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with remat_fix_applied():
+      return fn(*args, **kwargs)
+
+  return wrapped
+
+
 def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
   """``jax.jit`` with :func:`remat_compiler_options`, so remat of unrolled layers saves memory on CPU too.
 
@@ -86,7 +149,8 @@ def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **ji
   Returns:
     The jitted function.
   """
-  return jax.jit(fn, compiler_options=remat_compiler_options(extra=compiler_options), **jit_kwargs)
+  return jax.jit(_traced_with_fix(fn), compiler_options=remat_compiler_options(extra=compiler_options),
+                 **jit_kwargs)
 
 
 def compile_step(
@@ -105,22 +169,18 @@ def compile_step(
     donate_argnums: arguments whose buffers the step may reuse (e.g. the train state).
     compiler_options: extra XLA options, merged with jaxckpt's.
     remat_fix: apply :data:`CPU_REMAT_FIX` on CPU (default). With ``False`` a :class:`RematIneffectiveWarning` is
-      issued when the step contains ``jax.checkpoint`` and the backend is CPU (unless ``XLA_FLAGS`` already holds the
-      fix).
+      issued (once per process) when the step contains ``jax.checkpoint`` and the backend is CPU (unless
+      ``XLA_FLAGS`` already holds the fix).
     **jit_kwargs: passed to ``jax.jit``.
 
   Returns:
     The compiled step; call it like ``fn`` (its signature is fixed to these shapes and dtypes).
   """
   options = remat_compiler_options(extra=compiler_options) if remat_fix else dict(compiler_options or {})
-  traced = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs).trace(*args)
+  with remat_fix_applied(remat_fix or jax.default_backend() != "cpu"):
+    traced = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs).trace(*args)
   if not remat_fix and jax.default_backend() == "cpu" and not _fix_in_xla_flags() and uses_remat(traced.jaxpr):
-    warnings.warn(
-        "this step uses jax.checkpoint but is compiled on XLA:CPU without disabling the cse_barrier_expander pass: "
-        "remat of unrolled layers will save no memory (use jaxckpt.jit or compile_step(..., remat_fix=True))",
-        RematIneffectiveWarning,
-        stacklevel=2,
-    )
+    _warn_once(_UNFIXED)
   return traced.lower().compile(compiler_options=options or None)
 
 
