@@ -462,13 +462,13 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
       a model without stacks, or whose layer count or structure does not fit a stack; a budget (not yet planned).
   """
   parsed = parse_model_policy(policy)
-  if not parsed.resolved:
-    raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
-                       "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
-  if parsed.whole_loss is not None:
+  if parsed.scope == "loss":
     raise JaxckptError(f"policy {str(parsed)!r} remats the whole loss, not the model's blocks, so it cannot be set on a "
                        "model: the report and the planner apply it to the train step they build "
                        "(jaxckpt.planner.resolve_policy), and jaxckpt.planner.whole gives its loss as plain JAX")
+  if not parsed.resolved:
+    raise JaxckptError(f"policy {str(parsed)!r} is model-level: plan it for the model first with "
+                       "jaxckpt.planner.resolve_policy(target, policy), then set the policy it returns")
   types = block_types(module)
   if not types and parsed.remat:  # ``none`` on a model without blocks is true as it is; a remat policy is not
     raise no_blocks_error(module, f"set_policy({str(parsed)!r})")

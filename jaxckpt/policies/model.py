@@ -97,6 +97,7 @@ class LayeredPolicy:
 
   resolved = True
   """A concrete policy (see :attr:`jaxckpt.PolicySpec.resolved`)."""
+  scope = "blocks"
   whole_loss = None
   """Not a whole-loss plan."""
 
@@ -163,6 +164,7 @@ class Budget:
 
   resolved = False
   """Model-level: :func:`jaxckpt.planner.resolve_policy` turns it into a concrete policy for one model."""
+  scope = "blocks"
 
   def __str__(self) -> str:
     if self.auto:
@@ -191,6 +193,7 @@ class MinSaved:
 
   resolved = False
   """Model-level: :func:`jaxckpt.planner.resolve_policy` turns it into a concrete policy for one model."""
+  scope = "blocks"
 
   def __str__(self) -> str:
     if self.tolerance == DEFAULT_MIN_SAVED_TOLERANCE:
@@ -237,6 +240,7 @@ class MinCut:
 
   resolved = False
   """Model-level: :func:`jaxckpt.planner.resolve_policy` turns it into a concrete policy for one model."""
+  scope = "loss"
 
   def __str__(self) -> str:
     if self.fraction is not None:
@@ -297,6 +301,7 @@ class LossPolicy:
   remat = True
   offloads = False
   resolved = True
+  scope = "loss"
   layered = None
 
   @property

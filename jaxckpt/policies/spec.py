@@ -255,6 +255,8 @@ class PolicySpec:
   # boundary where a policy string is resolved reads these instead of asking which kind it has.
   resolved = True
   """A concrete policy: applied as it is (a budget, ``min_saved`` or ``mincut`` must be resolved first)."""
+  scope = "blocks"
+  """What the policy remats: ``"blocks"`` (the model's blocks) or ``"loss"`` (the whole loss, ``mincut``)."""
   whole_loss = None
   """The loss function of a whole-loss plan (:class:`~jaxckpt.policies.LossPolicy`); ``None`` for block policies."""
   layered = None
