@@ -119,16 +119,6 @@ def test_report_cli_mesh_errors_exit_2(capsys):
   assert "does not take --mesh" in capsys.readouterr().err
 
 
-def test_mesh_messages_name_the_mesh_flag_not_the_data_flag(capsys):
-  """The library says ``mesh='data=4'``; the CLI writes ``--mesh 'data=4'`` and leaves the quoted axis alone (the
-  classifier's ``--data`` is its data-file flag)."""
-  from experiments.classifier import main as classifier_main
-
-  assert classifier_main(["--model", "mlp", "--preset", "tiny", "--mesh", "data=4", "--no-progress"]) == 2
-  err = capsys.readouterr().err
-  assert "--mesh 'data=4' covers 4 device(s) but there are 1" in err and "--data" not in err, err
-  assert "(--mesh 'data=1' fits)" in err
-
 
 # --- 8 fake devices, in a subprocess ---
 
