@@ -56,7 +56,7 @@ def plan_budget(spec: jaxckpt.policies.ModelPolicy, target: ModelTarget, *, tx: 
     InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
     JaxckptError: ``mincut:<cap>``, a whole-loss plan the experiments' step (which returns metrics) cannot take.
   """
-  if isinstance(spec, jaxckpt.policies.MinCut):
+  if spec.scope == "loss":  # mincut
     raise JaxckptError(f"--policy {spec} remats the whole loss of the plain train step (the report's and the planner's); "
                        "the experiments' step also returns the loss metrics and finite flag the loop reads, so it "
                        "cannot take a whole-loss plan: use min_saved or budget:<size> here, or compare mincut rows "
