@@ -13,6 +13,14 @@
   multi-task heads: :mod:`jaxckpt.multitask`.
 """
 
+import sys as _sys
+
+from jaxckpt.remat_impl import check_env as _check_env
+
+if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on import (a ValueError traceback there)
+  _sys.stderr.write(f"jaxckpt: {_problem}\n")
+  raise SystemExit(2)
+
 from jaxckpt import linen, names, sharding
 from jaxckpt.apply import apply_remat, checkpoint_names
 from jaxckpt.diagnostics import RematPolicyWarning, policy_warnings, warn_policy

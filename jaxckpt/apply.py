@@ -49,7 +49,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.autonames import NNX_LAYERS, path_name
 from jaxckpt.errors import JaxckptError
-from jaxckpt.jaxprs import iter_eqns
+from jaxckpt.jaxprs import checkpoint_name_of, iter_eqns
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 from jaxckpt.policies.spec import is_name
 from jaxckpt.remat import Remat, module_call
@@ -188,7 +188,7 @@ def _call_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any
     finally:
       _RECORD.reset(token)
     record.setdefault(block_type, set()).update(
-        e.params["name"] for e in iter_eqns(jaxpr) if e.primitive.name == "name")
+        n for e in iter_eqns(jaxpr) if (n := checkpoint_name_of(e)) is not None)
   if not policy.remat:
     return cls.__call__(self, *args, **kwargs)
   return module_call(method, policy)(self, *arrays)

@@ -379,9 +379,10 @@ def recomputed_residuals(remat_eqn: Any) -> list[Residual]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.extend.core as jex_core  # pylint: disable=g-import-not-at-top
 
-  params = getattr(remat_eqn, "params", None)
-  body = params.get("jaxpr") if isinstance(params, dict) else None
-  if body is None or remat_eqn.primitive.name not in ("remat2", "checkpoint", "remat"):
+  from jaxckpt.jaxprs import is_remat, remat_body  # pylint: disable=g-import-not-at-top
+
+  body = remat_body(remat_eqn) if hasattr(remat_eqn, "primitive") and hasattr(remat_eqn, "params") else None
+  if body is None or not is_remat(remat_eqn):
     raise ValueError(f"recomputed_residuals needs a jax.checkpoint equation (primitive remat2), got "
                      f"{getattr(getattr(remat_eqn, 'primitive', None), 'name', type(remat_eqn).__name__)!r}")
   closed = body if isinstance(body, jex_core.ClosedJaxpr) else jex_core.ClosedJaxpr(body, ())

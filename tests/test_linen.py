@@ -18,6 +18,7 @@ import jaxckpt
 from jaxckpt import layers
 from jaxckpt import linen as L
 from jaxckpt.errors import JaxckptError, PolicySpecError
+from jaxckpt.policies.spec import refused
 from jaxckpt.jaxprs import emitted_checkpoint_names, iter_eqns, uses_remat
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
 from jaxckpt.xla import jit as remat_jit
@@ -172,8 +173,10 @@ def _every_policy():
   args = {"names": "qkv+mlp_hidden", "save/offload": "qkv/mlp_hidden"}
   specs = []
   for name in CANONICAL_POLICIES:
+    if refused(name) is not None:  # the installed JAX does not implement it as named (test_policies)
+      continue
     arity = REGISTRY[name].arity
-    arg = "attn_weights" if name == "save_anything_except_these_names" else args.get(arity)
+    arg = "attn_weights" if name in ("save_anything_except_these_names", "save_any_names_but_these") else args.get(arity)
     specs.append(name if arity == "none" else f"{name}:{arg}")
   return [*specs, "attn=dots_saveable,mlp=full"]
 

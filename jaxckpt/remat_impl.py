@@ -1,0 +1,111 @@
+"""Which remat implementation JAX uses ("remat2" or "remat3"), and what a policy must be to work under it.
+
+JAX 0.10 has two implementations of ``jax.checkpoint``: the default ("remat2": a ``remat2`` primitive whose policy is
+any predicate ``(prim, *avals, **params) -> bool``) and the next one ("remat3", JAX's ``jax_remat3`` config flag,
+env ``JAX_REMAT3=1``; JAX's remat doc calls it "on its way to becoming the default"). Under remat3 a policy takes
+effect only as *data*: the policy objects of ``jax.checkpoint_policies`` that JAX's remat rules recognise
+(``nothing_saveable``, ``everything_saveable``, ``dots_saveable``/``dots_with_no_batch_dims_saveable``
+(``DotsSaveable``), ``save_only_these_names`` (``SaveOnlyTheseNames``), ``save_any_names_but_these``
+(``SaveAnyNamesButThese``)). Any other callable -- a hand-written predicate, ``save_from_both_policies``, the offload
+policies -- silently becomes full remat there, so jaxckpt refuses it under remat3 (:func:`check_policy`).
+
+Other differences under remat3 (jax 0.10.2, ``jax/_src/ad_checkpoint.py``): ``everything_saveable`` saves the
+checkpoint-named values (and nothing unnamed); ``prevent_cse`` is ignored (an optimization barrier guards the
+backward's inputs instead).
+
+New layout: belongs in ``jaxckpt/core/`` (next to ``remat``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+__all__ = ["REMAT2", "REMAT3", "ENV_VAR", "check_env", "remat_implementation", "is_data_policy", "check_policy"]
+
+REMAT2 = "remat2"
+"""JAX's default remat implementation (primitive ``remat2``)."""
+REMAT3 = "remat3"
+"""JAX's next remat implementation (config flag ``jax_remat3``)."""
+ENV_VAR = "JAX_REMAT3"
+"""The environment variable JAX reads its ``jax_remat3`` flag from."""
+
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+
+
+def check_env(environ: "dict[str, str] | None" = None) -> str | None:
+  """The one-line problem with ``JAX_REMAT3`` in the environment, or None when it is unset or a valid truth value.
+
+  JAX reads ``JAX_REMAT3`` when it is imported and raises a ``ValueError`` traceback for a value it cannot read as
+  a bool; jaxckpt checks it first (``jaxckpt/__init__.py``, before JAX is imported) and stops with this line.
+
+  Args:
+    environ: the environment (default ``os.environ``).
+  """
+  value = (os.environ if environ is None else environ).get(ENV_VAR)
+  if value is None or value.strip().lower() in _TRUE + _FALSE:
+    return None
+  return (f"{ENV_VAR}={value!r} is not a value JAX accepts: use one of {', '.join(_TRUE)} (JAX's next remat, "
+          f"remat3) or {', '.join(_FALSE)} (the default, remat2), or unset it")
+
+
+def remat_implementation() -> Literal["remat2", "remat3"]:
+  """The remat implementation ``jax.checkpoint`` uses now: ``"remat3"`` when JAX's ``jax_remat3`` flag is on.
+
+  Returns:
+    ``"remat2"`` or ``"remat3"``.
+
+  Raises:
+    JaxckptError: ``JAX_REMAT3`` asks for remat3 but the installed JAX has no ``jax_remat3`` flag (it would be
+      ignored silently).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jaxckpt.errors import JaxckptError  # pylint: disable=g-import-not-at-top
+
+  flag = getattr(jax.config, "jax_remat3", None)
+  if flag is None:
+    if os.environ.get(ENV_VAR, "").strip().lower() in _TRUE:
+      raise JaxckptError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} asks for JAX's next remat, but jax {jax.__version__} has "
+                         f"no jax_remat3 flag (jaxckpt is tested with jax 0.10.2); unset {ENV_VAR} or install "
+                         f"jax>=0.10.2")
+    return REMAT2
+  return REMAT3 if flag else REMAT2
+
+
+def _data_policy_types() -> tuple[type, ...]:
+  from jax._src import ad_checkpoint as ac  # pylint: disable=g-import-not-at-top
+  names = ("DotsSaveable", "SaveOnlyTheseNames", "SaveAnyNamesButThese")
+  return tuple(t for n in names if (t := getattr(ac, n, None)) is not None)
+
+
+def is_data_policy(policy: Any) -> bool:
+  """Whether remat3 honours ``policy``: None, ``nothing_saveable``, ``everything_saveable`` or one of JAX's policy
+  classes (``DotsSaveable``, ``SaveOnlyTheseNames``, ``SaveAnyNamesButThese``)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  cp = jax.checkpoint_policies
+  if policy is None or policy is cp.nothing_saveable or policy is cp.everything_saveable:
+    return True
+  return isinstance(policy, _data_policy_types())
+
+
+def check_policy(policy: Any, *, what: str = "policy") -> Any:
+  """Returns ``policy`` unchanged, or raises when the remat implementation in use would silently ignore it.
+
+  Args:
+    policy: a ``jax.checkpoint`` policy (a predicate, a JAX policy object, or None).
+    what: how to call it in the message (e.g. ``"policy 'offload_dot_with_no_batch_dims'"``).
+
+  Raises:
+    PolicySpecError: under remat3, a policy that is not data (:func:`is_data_policy`): remat3 would run it as full
+      remat without a word.
+  """
+  if policy is None or remat_implementation() != REMAT3 or is_data_policy(policy):
+    return policy
+  from jaxckpt.errors import PolicySpecError  # pylint: disable=g-import-not-at-top
+  shown = getattr(policy, "__qualname__", None) or type(policy).__name__
+  raise PolicySpecError(
+      f"{what} ({shown}) is a callable policy, which JAX's next remat ({ENV_VAR}=1, remat3) ignores (it runs full "
+      f"remat); use a policy by name (dots_saveable, save_only_these_names:…, save_any_names_but_these:…, "
+      f"save_tensors:…) or unset {ENV_VAR}", spec=str(shown), bad=str(shown))
