@@ -20,9 +20,11 @@ from tqdm.auto import tqdm
 
 from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError
-from jaxckpt.policies import ModelPolicy
+from jaxckpt.errors import PolicySpecError
+from jaxckpt.policies import ModelPolicy, parse_model_policy
 from jaxckpt.profile import check_profile_dir, profile_slug
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
+from jaxckpt.report.effect import annotate_rows
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
 from jaxckpt.report.policies import expand_policies
@@ -72,6 +74,14 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
       out.append(f"policy {row['policy']!r} saves no memory: temp {row['temp_bytes']} bytes ≥ none's "
                  f"{base['temp_bytes']} bytes")
   return out
+
+
+def _offloads(policy: str) -> bool:
+  """Whether a row's policy text offloads saved values (False for budgets and texts that do not parse)."""
+  try:
+    return bool(getattr(parse_model_policy(policy), "offloads", False))
+  except PolicySpecError:
+    return False
 
 
 def _unique_slugs(policies: Sequence[str]) -> list[str]:
@@ -160,6 +170,8 @@ def build_report(
                                 compiler_options=compiler_options, residuals=residuals, progress=progress,
                                 mesh=mesh)
   warnings += saving_warnings(rows)
+  warnings += annotate_rows(rows, backend=jax.default_backend(), compiler_options=report_compiler_options(
+      compiler_options), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
   if measure or profile is not None:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:
