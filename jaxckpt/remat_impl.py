@@ -50,8 +50,13 @@ def check_env(environ: "dict[str, str] | None" = None) -> str | None:
           f"remat3) or {', '.join(_FALSE)} (the default, remat2), or unset it")
 
 
-def remat_implementation() -> Literal["remat2", "remat3"]:
+def remat_implementation(*, config: Any = None, environ: "dict[str, str] | None" = None
+                         ) -> Literal["remat2", "remat3"]:
   """The remat implementation ``jax.checkpoint`` uses now: ``"remat3"`` when JAX's ``jax_remat3`` flag is on.
+
+  Args:
+    config: where to read the flag (default ``jax.config``; tests pass a stand-in).
+    environ: the environment (default ``os.environ``).
 
   Returns:
     ``"remat2"`` or ``"remat3"``.
@@ -64,10 +69,11 @@ def remat_implementation() -> Literal["remat2", "remat3"]:
 
   from jaxckpt.errors import JaxckptError  # pylint: disable=g-import-not-at-top
 
-  flag = getattr(jax.config, "jax_remat3", None)
+  environ = os.environ if environ is None else environ
+  flag = getattr(jax.config if config is None else config, "jax_remat3", None)
   if flag is None:
-    if os.environ.get(ENV_VAR, "").strip().lower() in _TRUE:
-      raise JaxckptError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} asks for JAX's next remat, but jax {jax.__version__} has "
+    if environ.get(ENV_VAR, "").strip().lower() in _TRUE:
+      raise JaxckptError(f"{ENV_VAR}={environ[ENV_VAR]!r} asks for JAX's next remat, but jax {jax.__version__} has "
                          f"no jax_remat3 flag (jaxckpt is tested with jax 0.10.2); unset {ENV_VAR} or install "
                          f"jax>=0.10.2")
     return REMAT2
