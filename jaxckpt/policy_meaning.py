@@ -20,6 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt.remat_impl import REMAT3, remat_implementation
+from jaxckpt.residuals import saved_residuals
+
 __all__ = ["probe", "PROMISES", "saved_kinds", "check_policy_meaning", "broken_policies", "KINDS"]
 
 KINDS = ("named_a", "named_b", "dot", "batch_dot", "other", "offloaded")
@@ -82,7 +85,6 @@ def saved_kinds(policy: "Callable[..., object] | str | None") -> frozenset[str]:
   The checkpoint name, the producing primitive and the shape (the batched matmul's output is ``[2, 4, 4]``, the
   others ``[2, 4, 8]``) tell the kinds apart.
   """
-  from jaxckpt.residuals import saved_residuals  # pylint: disable=g-import-not-at-top
   kinds = set()
   fn = probe if policy == NO_REMAT else jax.checkpoint(probe, policy=policy)
   for r in saved_residuals(fn, *_ARGS):
@@ -128,7 +130,6 @@ def broken_policies() -> dict[str, str]:
 
   The offload policies are checked only under the default remat (remat3 refuses them: they are callables).
   """
-  from jaxckpt.remat_impl import REMAT3, remat_implementation  # pylint: disable=g-import-not-at-top
   skip = {"offload_dot_with_no_batch_dims", "save_and_offload_only_these_names", "save_anything_except_these_names",
           "everything_saveable"} if remat_implementation() == REMAT3 else set()
   found = {}

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
+from jaxckpt.errors import JaxckptError, PolicySpecError  # no JAX import: check_env runs before JAX reads the env
+
 __all__ = ["REMAT2", "REMAT3", "ENV_VAR", "check_env", "remat_implementation", "is_data_policy", "check_policy"]
 
 REMAT2 = "remat2"
@@ -67,8 +69,6 @@ def remat_implementation(*, config: Any = None, environ: "dict[str, str] | None"
   """
   import jax  # pylint: disable=g-import-not-at-top
 
-  from jaxckpt.errors import JaxckptError  # pylint: disable=g-import-not-at-top
-
   environ = os.environ if environ is None else environ
   flag = getattr(jax.config if config is None else config, "jax_remat3", None)
   if flag is None:
@@ -109,7 +109,6 @@ def check_policy(policy: Any, *, what: str = "policy") -> Any:
   """
   if policy is None or remat_implementation() != REMAT3 or is_data_policy(policy):
     return policy
-  from jaxckpt.errors import PolicySpecError  # pylint: disable=g-import-not-at-top
   shown = getattr(policy, "__qualname__", None) or type(policy).__name__
   raise PolicySpecError(
       f"{what} ({shown}) is a callable policy, which JAX's next remat ({ENV_VAR}=1, remat3) ignores (it runs full "

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxckpt.jaxprs import is_remat, remat_body
+
 __all__ = [
     "KINDS",
     "GROUP_BY",
@@ -378,8 +380,6 @@ def recomputed_residuals(remat_eqn: Any) -> list[Residual]:
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.extend.core as jex_core  # pylint: disable=g-import-not-at-top
-
-  from jaxckpt.jaxprs import is_remat, remat_body  # pylint: disable=g-import-not-at-top
 
   body = remat_body(remat_eqn) if hasattr(remat_eqn, "primitive") and hasattr(remat_eqn, "params") else None
   if body is None or not is_remat(remat_eqn):

@@ -12,7 +12,7 @@ from jaxckpt.planner.plan import CompiledPoint, _no_effect
 from jaxckpt.policies import PolicySpec
 from jaxckpt.remat_impl import remat_implementation
 from jaxckpt.report.build import Report
-from jaxckpt.report.effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
+from jaxckpt.effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
 from jaxckpt.report.html import to_html
 from jaxckpt.report.keys import REPORT_KEYS, empty_row
 from jaxckpt.report.outputs import to_csv, to_json, to_markdown, to_table

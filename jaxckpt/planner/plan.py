@@ -28,6 +28,7 @@ import jax
 import optax
 from flax import nnx
 
+from jaxckpt.effect import row_warning
 from jaxckpt.errors import JaxckptError
 from jaxckpt.layers import Stack, record_stack_inputs
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
@@ -513,8 +514,6 @@ def _no_effect(point: CompiledPoint, none: CompiledPoint) -> bool:
   """Whether a compiled candidate shows the report's "no compiled effect" sign (:mod:`jaxckpt.report.effect`): its
   predicted saved bytes at most half of none's while its compiled temp stays at 90% of none's or more. Such a
   candidate is never chosen: XLA undid its remat, so its memory is luck, not the plan."""
-  from jaxckpt.report.effect import row_warning  # pylint: disable=g-import-not-at-top
-
   def row(p: CompiledPoint, policy: str) -> dict[str, Any]:
     return {"policy": policy, "status": "ok", "residual_bytes": p.saved_bytes, "temp_bytes": p.temp_bytes}
 

@@ -49,6 +49,8 @@ from typing import Literal
 import jax
 
 from jaxckpt.errors import PolicySpecError, shorten
+from jaxckpt.policy_meaning import check_policy_meaning
+from jaxckpt.remat_impl import check_policy
 
 __all__ = [
     "Policy",
@@ -186,7 +188,6 @@ def refused(name: str) -> str | None:
   :func:`jaxckpt.policy_meaning.check_policy_meaning`), with what to use instead; None when it is accepted."""
   if name not in _CHECKED:
     return None
-  from jaxckpt.policy_meaning import check_policy_meaning  # pylint: disable=g-import-not-at-top
   problem = check_policy_meaning(name)
   return None if problem is None else f"{problem}; use {_CHECKED[name]}"
 
@@ -237,7 +238,6 @@ class Policy:
       PolicySpecError: under JAX's next remat (``JAX_REMAT3=1``), a policy JAX would build as a callable that remat3
         ignores (the offload policies): :func:`jaxckpt.remat_impl.check_policy`.
     """
-    from jaxckpt.remat_impl import check_policy  # pylint: disable=g-import-not-at-top
     return check_policy(REGISTRY[self.name].build(self), what=f"policy {str(self)!r}")
 
   def __str__(self) -> str:

@@ -20,11 +20,11 @@ from tqdm.auto import tqdm
 
 from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError
+from jaxckpt.effect import annotate_rows
 from jaxckpt.errors import PolicySpecError
 from jaxckpt.policies import ModelPolicy, parse_model_policy
 from jaxckpt.profile import check_profile_dir, profile_slug
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
-from jaxckpt.report.effect import annotate_rows
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report.measure import measure_policy
 from jaxckpt.report.policies import expand_policies

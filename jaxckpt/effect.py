@@ -16,6 +16,8 @@ Three signs, each turned into a one-line ``warning`` on the row (and shown in ev
    offload). On CPU the report already says offloading saves nothing there.
 
 The planner skips candidates flagged this way (:func:`no_effect`).
+
+New layout: belongs in ``jaxckpt/analysis/`` (the report and the planner both read it).
 """
 
 from __future__ import annotations
