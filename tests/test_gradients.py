@@ -8,7 +8,8 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
-from jaxckpt.policies.spec import refused
+from jaxckpt.policies.spec import parse_policy, refused
+from jaxckpt.remat_impl import remat_implementation
 
 # Checkpoint names each model emits, to give the name-taking policies real arguments.
 NAMES = {
@@ -26,8 +27,11 @@ def policy_specs(model: str) -> list[str]:
   # save_tensors takes automatic value names the planner finds per block (jaxckpt.tagging): its gradients are checked
   # against no remat in tests/test_pertensor.py, on the blocks those names come from.
   # A policy the installed JAX does not implement as named is refused by the parser (test_policies checks that).
+  # Under JAX's next remat the offload policies are refused (callables remat3 would ignore; test_remat3.py).
+  remat3 = remat_implementation() == "remat3"
   specs = [name if REGISTRY[name].arity == "none" else f"{name}:{args[name]}" for name in CANONICAL_POLICIES
-           if name != "save_tensors" and refused(name) is None]
+           if name != "save_tensors" and refused(name) is None and not (remat3 and parse_policy(
+               name if REGISTRY[name].arity == "none" else f"{name}:{args[name]}").offloads)]
   return [*specs, MIXED[model]]
 
 
