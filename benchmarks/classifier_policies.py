@@ -20,7 +20,7 @@ from jaxckpt.units import format_bytes
 POLICIES = {
     "vit": [
         "none", "nothing_saveable", "everything_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
-        "save_only_these_names:qkv+mlp_hidden", "save_anything_except_these_names:attn_weights",
+        "save_only_these_names:qkv+mlp_hidden", "save_any_names_but_these:attn_weights",
         "save_and_offload_only_these_names:qkv/mlp_hidden", "offload_dot_with_no_batch_dims",
         "attn=dots_saveable,mlp=full",
     ],

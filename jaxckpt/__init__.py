@@ -28,6 +28,12 @@ import sys
 import types
 import warnings
 
+from jaxckpt.remat_impl import check_env as _check_env
+
+if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on import (a ValueError traceback there)
+  sys.stderr.write(f"jaxckpt: {_problem}\n")
+  raise SystemExit(2)
+
 from jaxckpt import linen
 from jaxckpt.core import names
 from jaxckpt.training import sharding

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "jaxckpt"
 # The floors, bottom up. A module may import its own floor's other packages only where ``SIBLINGS`` allows it, and
 # any lower floor; never a higher one. ``jaxckpt/__init__.py`` (the package face) re-exports from every floor.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("jaxckpt.errors", "jaxckpt.units", "jaxckpt.schema", "jaxckpt.cli"),
+    ("jaxckpt.errors", "jaxckpt.units", "jaxckpt.schema", "jaxckpt.cli", "jaxckpt.remat_impl"),
     ("jaxckpt.analysis",),
     ("jaxckpt.policies",),
     ("jaxckpt.core",),
@@ -31,7 +31,7 @@ SIBLINGS: dict[str, tuple[str, ...]] = {}
 """Same-floor imports that are allowed besides the ground floor's (its modules may import each other): none; the
 two front-ends never import each other."""
 
-TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "units.py", "schema.py", "cli.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "units.py", "schema.py", "cli.py", "remat_impl.py"}
 """The only modules directly in ``jaxckpt/``: the package face and the ground modules; everything else is a package."""
 
 FRONT_ENDS = ("nnx", "linen")

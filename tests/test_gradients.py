@@ -8,6 +8,8 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
+from jaxckpt.policies.spec import parse_policy, refused
+from jaxckpt.remat_impl import remat_implementation
 
 # Checkpoint names each model emits, to give the name-taking policies real arguments.
 NAMES = {
@@ -21,11 +23,15 @@ MIXED = {"vit": "attn=dots_saveable,mlp=full", "mlp": "mlp=save_only_these_names
 def policy_specs(model: str) -> list[str]:
   save, except_, offload = NAMES[model]
   args = {"save_only_these_names": save, "save_anything_except_these_names": except_,
-          "save_and_offload_only_these_names": offload}
+          "save_any_names_but_these": except_, "save_and_offload_only_these_names": offload}
   # save_tensors takes automatic value names the planner finds per block (jaxckpt.core.tagging): its gradients are checked
   # against no remat in tests/test_pertensor.py, on the blocks those names come from.
+  # A policy the installed JAX does not implement as named is refused by the parser (test_policies checks that).
+  # Under JAX's next remat the offload policies are refused (callables remat3 would ignore; test_remat3.py).
+  remat3 = remat_implementation() == "remat3"
   specs = [name if REGISTRY[name].arity == "none" else f"{name}:{args[name]}" for name in CANONICAL_POLICIES
-           if name != "save_tensors"]
+           if name != "save_tensors" and refused(name) is None and not (remat3 and parse_policy(
+               name if REGISTRY[name].arity == "none" else f"{name}:{args[name]}").offloads)]
   return [*specs, MIXED[model]]
 
 

@@ -18,7 +18,9 @@ import jaxckpt
 from jaxckpt.nnx import layers
 from jaxckpt import linen as L
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, iter_eqns, uses_remat
+from jaxckpt.policies.spec import refused
+from jaxckpt.analysis.jaxprs import checkpoint_name_of, emitted_checkpoint_names, is_remat, iter_eqns, remat_body, uses_remat
+from jaxckpt.remat_impl import remat_implementation
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
 from jaxckpt.training.xla import jit as remat_jit
 
@@ -168,12 +170,19 @@ def test_gradients_equal_no_remat_under_jaxckpt_jit(no_remat_grads, kind, scan, 
   chex.assert_trees_all_close((loss, y, grads), (ref_loss, ref_y, ref_grads), **TOL)
 
 
+OFFLOAD = ("save_and_offload_only_these_names", "offload_dot_with_no_batch_dims")
+
+
 def _every_policy():
   args = {"names": "qkv+mlp_hidden", "save/offload": "qkv/mlp_hidden"}
   specs = []
   for name in CANONICAL_POLICIES:
+    if refused(name) is not None:  # the installed JAX does not implement it as named (test_policies)
+      continue
+    if remat_implementation() == "remat3" and name in OFFLOAD:  # refused under remat3 (test_remat3.py)
+      continue
     arity = REGISTRY[name].arity
-    arg = "attn_weights" if name == "save_anything_except_these_names" else args.get(arity)
+    arg = "attn_weights" if name in ("save_anything_except_these_names", "save_any_names_but_these") else args.get(arity)
     specs.append(name if arity == "none" else f"{name}:{arg}")
   return [*specs, "attn=dots_saveable,mlp=full"]
 
@@ -225,9 +234,9 @@ def test_each_sublayer_gets_its_own_policy():
   module, shape = _linen("transformer", "attn=dots_saveable,mlp=none")
   x = jax.ShapeDtypeStruct(shape, jnp.float32)
   jaxpr = jax.make_jaxpr(_linen_loss(module))(_init(module, shape), x, _key(0))
-  remats = [e for e in iter_eqns(jaxpr) if e.primitive.name == "remat2"]
+  remats = [e for e in iter_eqns(jaxpr) if is_remat(e)]  # either remat implementation
   assert len(remats) == 1  # the attention sublayer only
-  inside = {e.params["name"] for e in iter_eqns(remats[0].params["jaxpr"]) if e.primitive.name == "name"}
+  inside = {n for e in iter_eqns(remat_body(remats[0])) if (n := checkpoint_name_of(e)) is not None}
   assert inside == set(L.AttentionBlock.checkpoint_names)
 
 

@@ -7,6 +7,11 @@ from hypothesis import strategies as st
 
 from jaxckpt import PolicySpecError, parse_policy
 from jaxckpt.policies import ALIASES, CANONICAL_POLICIES, POLICY_NAMES, REGISTRY, Policy, PolicySpec
+from jaxckpt.policies.spec import refused
+from jaxckpt.analysis.policy_meaning import PROMISES, broken_policies, check_policy_meaning, saved_kinds
+from jaxckpt.remat_impl import remat_implementation
+
+OFFLOAD = ("save_and_offload_only_these_names", "offload_dot_with_no_batch_dims")
 
 NAMED_ARGS = {"names": "qkv+mlp_hidden", "save/offload": "qkv/mlp_hidden"}
 
@@ -24,6 +29,15 @@ def test_registry_covers_every_jax_policy():
 
 @pytest.mark.parametrize("name", CANONICAL_POLICIES)
 def test_each_canonical_policy_parses_and_builds(name):
+  if (why := refused(name)) is not None:  # the installed JAX does not do what the name says: one line, no build
+    with pytest.raises(PolicySpecError, match=f"policy '{name}' is refused: jax .* use "):
+      parse_policy(spec_for(name))
+    assert "\n" not in why
+    return
+  if remat_implementation() == "remat3" and name in OFFLOAD:
+    with pytest.raises(PolicySpecError, match="callable policy.*JAX_REMAT3"):  # remat3 would ignore it silently
+      parse_policy(spec_for(name)).default.to_jax()
+    return
   spec = parse_policy(spec_for(name))
   policy = spec.default
   assert policy.name == name
@@ -174,3 +188,45 @@ def test_fuzz_near_miss_names(name, cut, extra):
     parse_policy(text)
   except PolicySpecError as err:
     assert err.bad  # names the bad part
+
+
+# --- Policies mean what their names say, in the installed JAX (jaxckpt.analysis.policy_meaning) ---------------------------
+
+
+def test_policy_meaning_check_covers_every_jax_policy_jaxckpt_exposes():
+  exposed = {n for n in CANONICAL_POLICIES if n not in ("none", "save_tensors")}
+  assert exposed == set(PROMISES)
+
+
+@pytest.mark.parametrize("name", sorted(PROMISES))
+def test_each_jax_policy_saves_what_its_name_says_or_is_refused(name):
+  if remat_implementation() == "remat3" and name in (*OFFLOAD, "everything_saveable",
+                                                     "save_anything_except_these_names"):
+    pytest.skip("remat3: callables are refused; everything_saveable keeps only checkpoint-named values (README)")
+  problem = check_policy_meaning(name)
+  if problem is None:
+    return
+  assert name in broken_policies()
+  canonical_spec = spec_for(name)
+  with pytest.raises(PolicySpecError, match=f"policy '{name}' is refused: jax {jax.__version__}"):
+    parse_policy(canonical_spec)
+
+
+def test_the_check_can_fail_and_tells_policies_apart():
+  cp = jax.checkpoint_policies
+  assert saved_kinds(cp.nothing_saveable) == frozenset()
+  assert saved_kinds(cp.dots_saveable) == {"dot", "batch_dot"}
+  assert saved_kinds(cp.dots_with_no_batch_dims_saveable) == {"dot"}
+  assert saved_kinds(cp.save_only_these_names("a")) == {"named_a"}
+  assert saved_kinds(cp.save_any_names_but_these("a")) == {"named_b"}
+  if remat_implementation() == "remat2":
+    assert saved_kinds(cp.everything_saveable) == saved_kinds("none") == {"named_a", "named_b", "other"}
+    # jax 0.10.2's save_anything_except_these_names body is `lambda *_, **__: True`: it keeps the excluded name.
+    broken = saved_kinds(cp.save_anything_except_these_names("a")) != PROMISES["save_anything_except_these_names"]
+    assert broken == ("save_anything_except_these_names" in broken_policies())
+
+
+def test_save_any_names_but_these_is_its_own_policy():
+  policy = parse_policy("save_any_names_but_these:qkv").default
+  assert policy.name == "save_any_names_but_these"
+  assert policy.to_jax() == jax.checkpoint_policies.save_any_names_but_these("qkv")

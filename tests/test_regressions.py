@@ -33,7 +33,7 @@ D, F, B, T = 8, 16, 4, 6  # model width, MLP hidden width, batch, tokens
 # Policies a user module (no checkpoint names) is tried under; jaxckpt's MLP block also gets name policies.
 POLICIES = ("nothing_saveable", "dots_saveable", "everything_saveable")
 MLP_POLICIES = ("dots_with_no_batch_dims_saveable", "save_only_these_names:mlp_hidden",
-                "save_anything_except_these_names:mlp_out", "save_and_offload_only_these_names:mlp_hidden/mlp_out")
+                "save_any_names_but_these:mlp_out", "save_and_offload_only_these_names:mlp_hidden/mlp_out")
 
 _REFERENCES: dict = {}
 
@@ -659,8 +659,8 @@ def test_policy_warnings_other_silent_policies():
   assert policy_warnings(block, x, policy="save_only_these_names:mlp_hidden") == []
   (offload,) = policy_warnings(block, x, policy="save_and_offload_only_these_names:mlp_hidden/qkv")
   assert "'qkv'" in offload
-  (except_,) = policy_warnings(block, x, policy="save_anything_except_these_names:attn_out")
-  assert "everything_saveable" in except_
+  (except_,) = policy_warnings(block, x, policy="save_any_names_but_these:attn_out")
+  assert "every checkpoint-named value" in except_
   (everything,) = policy_warnings(block, x, policy="everything_saveable")
   assert "as much memory as no remat" in everything
   for quiet in ("none", "nothing_saveable", "full"):

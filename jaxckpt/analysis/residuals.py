@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from jaxckpt.analysis.internals import saved_residuals_parts
+from jaxckpt.analysis.jaxprs import is_remat, remat_body
 
 __all__ = [
     "KINDS",
@@ -176,6 +178,15 @@ def _jax_residual_parts() -> tuple[Callable[..., list[tuple[Any, str]]], Callabl
   return saved_residuals_parts()
 
 
+def _named_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """The function whose parameter names label the arguments: under JAX's next remat (remat3), ``jax.checkpoint(f)``
+  is a ``functools.partial`` of JAX's ``_remat3`` with ``f`` last, whose own signature names no argument (JAX then
+  prints ``args[0]``); ``f`` is looked through to. Other functions are returned as they are."""
+  while isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_remat3" and fn.args:
+    fn = fn.args[-1]
+  return fn
+
+
 @dataclasses.dataclass(frozen=True)
 class TracedResiduals:
   """The residuals of one ``jax.vjp`` trace and the trace itself, for analyses that need both.
@@ -216,7 +227,7 @@ def traced_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace
     a, k = jax.tree.unflatten(in_tree, leaves)
     return fn(*a, **k)
 
-  debug_info = debug_info_of("saved_residuals", fn, args, kwargs)
+  debug_info = debug_info_of("saved_residuals", _named_function(fn), args, kwargs)
   closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat_fn, *xs), return_shape=True)(*in_leaves)
   jaxpr = closed.jaxpr
   num_res = jax.tree.structure(out_shape[1]).num_leaves
@@ -363,19 +374,20 @@ def recomputed_residuals(remat_eqn: Any) -> list[Residual]:
 
   Example:
     >>> import jax, jax.numpy as jnp
+    >>> from jax.ad_checkpoint import checkpoint_name
     >>> from jaxckpt.analysis.jaxprs import outermost_remats
-    >>> block = jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)), policy=jax.checkpoint_policies.everything_saveable)
+    >>> save_s = jax.checkpoint_policies.save_only_these_names("s")
+    >>> block = jax.checkpoint(lambda x: jnp.sin(checkpoint_name(jnp.sin(x), "s")), policy=save_s)
     >>> group = jax.checkpoint(lambda x: block(block(x)), policy=jax.checkpoint_policies.nothing_saveable)
     >>> (eqn,) = outermost_remats(jax.make_jaxpr(lambda x: group(x).sum())(jnp.ones(4)))
-    >>> sum(r.bytes for r in recomputed_residuals(eqn) if r.kind != "argument")  # 2 blocks x 2 cos, [4] float32
-    64
+    >>> [(r.name, r.bytes) for r in recomputed_residuals(eqn) if r.kind != "argument"]  # [4] float32 each
+    [('s', 16), (None, 16), ('s', 16)]
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.extend.core as jex_core  # pylint: disable=g-import-not-at-top
 
-  params = getattr(remat_eqn, "params", None)
-  body = params.get("jaxpr") if isinstance(params, dict) else None
-  if body is None or remat_eqn.primitive.name not in ("remat2", "checkpoint", "remat"):
+  body = remat_body(remat_eqn) if hasattr(remat_eqn, "primitive") and hasattr(remat_eqn, "params") else None
+  if body is None or not is_remat(remat_eqn):
     raise ValueError(f"recomputed_residuals needs a jax.checkpoint equation (primitive remat2), got "
                      f"{getattr(getattr(remat_eqn, 'primitive', None), 'name', type(remat_eqn).__name__)!r}")
   closed = body if isinstance(body, jex_core.ClosedJaxpr) else jex_core.ClosedJaxpr(body, ())

@@ -121,11 +121,13 @@ def _dots_message(policy: Policy, saved: list[Residual], jaxpr: Any) -> str | No
 def _names_messages(policy: Policy, saved: list[Residual], emitted: frozenset[str]) -> list[str]:
   saved_names = {r.name for r in saved if r.kind == "checkpoint_name"}
   out = []
-  if policy.name == "save_anything_except_these_names":
+  if policy.name in ("save_anything_except_these_names", "save_any_names_but_these"):
     unused = sorted(set(policy.names) - emitted)
+    like = ("everything, like everything_saveable" if policy.name == "save_anything_except_these_names"
+            else "every checkpoint-named value")
     if unused and not set(policy.names) & emitted:
       out.append(f"policy {policy} excludes checkpoint name(s) {', '.join(unused)} that this function never emits "
-                 f"(emitted: {', '.join(sorted(emitted)) or 'none'}): it saves everything, like everything_saveable")
+                 f"(emitted: {', '.join(sorted(emitted)) or 'none'}): it saves {like}")
     return out
   for name in sorted(set(policy.names) | set(policy.offload_names)):
     if name not in emitted:

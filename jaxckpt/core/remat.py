@@ -20,6 +20,7 @@ from flax import nnx
 
 from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
+from jaxckpt.analysis.policy_meaning import check_policy
 from jaxckpt.core.tagging import tag_values
 
 __all__ = ["checkpoint", "remat", "Remat", "remat_calls"]
@@ -171,6 +172,9 @@ def checkpoint(
   Args:
     fn: a function of arrays/pytrees (use :func:`remat` or :class:`Remat` for NNX modules).
     policy: a policy spec (:func:`jaxckpt.parse_policy`); with a block map, the policy of ``block_type`` is used.
+      A JAX policy (a ``jax.checkpoint_policies`` member or a predicate ``(prim, *avals, **params) -> bool``) is
+      passed to ``jax.checkpoint`` as it is; under JAX's next remat (``JAX_REMAT3=1``) only JAX's policy objects
+      are, a predicate is refused (remat3 would run it as full remat).
     block_type: which block type ``fn`` is, for block maps (default: the map's ``default`` policy).
     prevent_cse: passed to ``jax.checkpoint``.
     static_argnums: positions of static arguments passed positionally (int or tuple of ints; negative counts from
@@ -181,7 +185,7 @@ def checkpoint(
     The wrapped function, same signature. For ``none`` (no remat) it is ``fn`` itself.
 
   Raises:
-    PolicySpecError: a malformed spec.
+    PolicySpecError: a malformed spec; under remat3, a callable policy that is not one of JAX's policy objects.
     StaticArgumentError: ``static_argnums``/``static_argnames`` malformed, or a name that is not a keyword parameter
       of ``fn``. When the wrapped function is called: a static argument passed the other way than declared (by
       keyword while declared in ``static_argnums``, positionally while declared in ``static_argnames``), a declared
@@ -198,13 +202,17 @@ def checkpoint(
   argnums, argnames = _static_argnums(static_argnums), _static_argnames(static_argnames)
   params = _parameters(fn)
   _check_static_names(fn, argnames, params)
-  chosen = _policy_for(policy, block_type)
-  if not chosen.remat:
-    return fn
   fn_name = getattr(fn, "__name__", type(fn).__name__)
-  if chosen.name == SAVE_TENSORS:
-    fn = tag_values(fn, chosen.names)
-  jax_policy = chosen.to_jax()
+  if callable(policy) and not isinstance(policy, (str, Policy, PolicySpec)):
+    # A JAX policy object or predicate, as jax.checkpoint takes it: remat3 honours only JAX's policy objects.
+    jax_policy = check_policy(policy, what="the policy passed to jaxckpt.checkpoint")
+  else:
+    chosen = _policy_for(policy, block_type)
+    if not chosen.remat:
+      return fn
+    if chosen.name == SAVE_TENSORS:
+      fn = tag_values(fn, chosen.names)
+    jax_policy = chosen.to_jax()
   if not argnums and not argnames:
     return jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)
 

@@ -41,6 +41,7 @@ from jaxckpt.core.matching import block_matcher, block_matchers
 from jaxckpt.core.arguments import split_arguments
 from jaxckpt.core.autonames import LINEN_LAYERS, path_name
 from jaxckpt.errors import JaxckptError, PolicySpecError
+from jaxckpt.analysis.jaxprs import checkpoint_name_of, sub_jaxprs
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 
 __all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types"]
@@ -274,16 +275,15 @@ def _region_names(jaxpr: Any) -> dict[str, set[str]]:
 
   def walk(jx: Any, block: str | None) -> None:
     jx = getattr(jx, "jaxpr", jx)
-    marks = [e.params["name"] for e in jx.eqns if e.primitive.name == "name" and e.params["name"].startswith(_MARKER)]
+    named = [(eqn, checkpoint_name_of(eqn)) for eqn in jx.eqns]
+    marks = [n for _, n in named if n is not None and n.startswith(_MARKER)]
     if marks:
       block = marks[0][len(_MARKER):]
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "name" and block is not None and not eqn.params["name"].startswith(_MARKER):
-        found.setdefault(block, set()).add(eqn.params["name"])
-      for value in eqn.params.values():
-        for sub in value if isinstance(value, (tuple, list)) else (value,):
-          if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
-            walk(sub, block)
+    for eqn, name in named:
+      if name is not None and block is not None and not name.startswith(_MARKER):
+        found.setdefault(block, set()).add(name)
+      for sub in sub_jaxprs(eqn):  # remat2 and remat3 bodies, scans, jit…
+        walk(sub, block)
 
   walk(jaxpr, None)
   return found

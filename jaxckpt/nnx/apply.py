@@ -49,7 +49,7 @@ from jaxckpt.core.arguments import split_arguments
 from jaxckpt.core.autonames import NNX_LAYERS, path_name
 from jaxckpt.core.matching import block_matchers, describe_blocks_value
 from jaxckpt.errors import JaxckptError
-from jaxckpt.analysis.jaxprs import iter_eqns
+from jaxckpt.analysis.jaxprs import checkpoint_name_of, iter_eqns
 from jaxckpt.policies import Policy, PolicySpec, parse_policy
 from jaxckpt.core.remat import Remat, module_call
 
@@ -181,7 +181,7 @@ def _call_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any
     finally:
       _RECORD.reset(token)
     record.setdefault(block_type, set()).update(
-        e.params["name"] for e in iter_eqns(jaxpr) if e.primitive.name == "name")
+        n for e in iter_eqns(jaxpr) if (n := checkpoint_name_of(e)) is not None)
   if not policy.remat:
     return cls.__call__(self, *args, **kwargs)
   return module_call(method, policy)(self, *arrays)

@@ -28,6 +28,7 @@ import jax
 import optax
 from flax import nnx
 
+from jaxckpt.analysis.effect import row_warning
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx.layers import Stack, record_stack_inputs, stacks
 from jaxckpt.planner.cache import PlanCache
@@ -516,12 +517,22 @@ def plan_policy(
     point = compile_point(policy, assignment.saved_bytes)
     history.append(point)
     points.append((point.saved_bytes, layered, point.temp_bytes))
-    if fits(point) and point.flops < best.flops:
+    if fits(point) and point.flops < best.flops and not _no_effect(point, none):
       best, best_assignment, best_predicted = point, assignment, predicted
   predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
   final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
   converged = final is None or str(final.policy()) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
+
+
+def _no_effect(point: CompiledPoint, none: CompiledPoint) -> bool:
+  """Whether a compiled candidate shows the report's "no compiled effect" sign (:mod:`jaxckpt.report.effect`): its
+  predicted saved bytes at most half of none's while its compiled temp stays at 90% of none's or more. Such a
+  candidate is never chosen: XLA undid its remat, so its memory is luck, not the plan."""
+  def row(p: CompiledPoint, policy: str) -> dict[str, Any]:
+    return {"policy": policy, "status": "ok", "residual_bytes": p.saved_bytes, "temp_bytes": p.temp_bytes}
+
+  return row_warning(row(point, f"candidate {point.policy}"), row(none, "none"), backend="gpu") is not None
 
 
 def resolve_policy(

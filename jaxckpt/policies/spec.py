@@ -49,6 +49,8 @@ from typing import Literal
 import jax
 
 from jaxckpt.errors import PolicySpecError, shorten
+from jaxckpt.analysis.policy_meaning import check_policy_meaning
+from jaxckpt.analysis.policy_meaning import check_policy
 
 __all__ = [
     "Policy",
@@ -63,6 +65,7 @@ __all__ = [
     "OFFLOAD_SRC",
     "OFFLOAD_DST",
     "SAVE_TENSORS",
+    "refused",
 ]
 
 DEFAULT_BLOCK = "default"
@@ -140,6 +143,12 @@ REGISTRY: dict[str, PolicyKind] = {
             "save everything but the named checkpoints: save_anything_except_these_names:attn_weights",
         ),
         PolicyKind(
+            "save_any_names_but_these",
+            "names",
+            lambda p: _cp.save_any_names_but_these(*p.names),
+            "save the checkpoint-named values except these (nothing unnamed): save_any_names_but_these:attn_weights",
+        ),
+        PolicyKind(
             "save_and_offload_only_these_names",
             "save/offload",
             lambda p: _cp.save_and_offload_only_these_names(
@@ -164,9 +173,24 @@ ALIASES: dict[str, str] = {
     "full": "nothing_saveable",
     "checkpoint_dots": "dots_saveable",
     "checkpoint_dots_with_no_batch_dims": "dots_with_no_batch_dims_saveable",
-    "save_any_names_but_these": "save_anything_except_these_names",
 }
 """Accepted alias -> canonical name (``full`` is jaxckpt's; the others are JAX's)."""
+
+_CHECKED: dict[str, str] = {
+    "save_anything_except_these_names": "save_any_names_but_these:NAMES (keeps the other checkpoint-named values) or "
+                                        "everything_saveable",
+}
+"""Policies whose meaning is checked on the installed JAX when parsed -> what to use instead if it fails."""
+
+
+def refused(name: str) -> str | None:
+  """Why the parser refuses canonical policy ``name`` in the installed JAX (its body does not do what its name says,
+  :func:`jaxckpt.analysis.policy_meaning.check_policy_meaning`), with what to use instead; None when it is accepted."""
+  if name not in _CHECKED:
+    return None
+  problem = check_policy_meaning(name)
+  return None if problem is None else f"{problem}; use {_CHECKED[name]}"
+
 
 POLICY_NAMES: tuple[str, ...] = tuple(sorted([*REGISTRY, *ALIASES]))
 """Every name the parser accepts."""
@@ -208,8 +232,13 @@ class Policy:
     return frozenset(self.names) | frozenset(self.offload_names)
 
   def to_jax(self) -> Callable[..., bool] | None:
-    """Returns the ``jax.checkpoint`` policy predicate, or ``None`` for ``none`` (no remat)."""
-    return REGISTRY[self.name].build(self)
+    """Returns the ``jax.checkpoint`` policy predicate, or ``None`` for ``none`` (no remat).
+
+    Raises:
+      PolicySpecError: under JAX's next remat (``JAX_REMAT3=1``), a policy JAX would build as a callable that remat3
+        ignores (the offload policies): :func:`jaxckpt.analysis.policy_meaning.check_policy`.
+    """
+    return check_policy(REGISTRY[self.name].build(self), what=f"policy {str(self)!r}")
 
   def __str__(self) -> str:
     arity = REGISTRY[self.name].arity
@@ -345,6 +374,8 @@ def _parse_one(text: str, spec: str) -> Policy:
   if canonical not in REGISTRY:
     raise PolicySpecError.unknown("policy", name, POLICY_NAMES, spec=spec)
   kind = REGISTRY[canonical]
+  if (problem := refused(canonical)) is not None:
+    raise PolicySpecError(f"policy {name!r} is refused: {problem}", spec=spec, bad=name)
   if kind.arity == "none":
     if sep:
       raise PolicySpecError(

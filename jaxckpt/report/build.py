@@ -22,7 +22,9 @@ from tqdm.auto import tqdm
 from jaxckpt.training import sharding
 from jaxckpt.errors import JaxckptError
 from jaxckpt.units import format_bytes
-from jaxckpt.policies import ModelPolicy
+from jaxckpt.analysis.effect import annotate_rows
+from jaxckpt.errors import PolicySpecError
+from jaxckpt.policies import ModelPolicy, parse_model_policy
 from jaxckpt.training.profile import check_profile_dir, profile_slug
 from jaxckpt.report.compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report.keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
@@ -74,6 +76,14 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
       out.append(f"policy {row['policy']!r} saves no memory: temp {format_bytes(row['temp_bytes'])} ≥ none's "
                  f"{format_bytes(base['temp_bytes'])}")
   return out
+
+
+def _offloads(policy: str) -> bool:
+  """Whether a row's policy text offloads saved values (False for budgets and texts that do not parse)."""
+  try:
+    return bool(getattr(parse_model_policy(policy), "offloads", False))
+  except PolicySpecError:
+    return False
 
 
 def _unique_slugs(policies: Sequence[str]) -> list[str]:
@@ -163,6 +173,8 @@ def build_report(
                                 compiler_options=compiler_options, residuals=residuals, progress=progress,
                                 mesh=mesh)
   warnings += saving_warnings(rows)
+  warnings += annotate_rows(rows, backend=jax.default_backend(), compiler_options=report_compiler_options(
+      compiler_options), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
   if measure or profile is not None:
     todo = [r for r in rows if r["status"] == STATUS_OK]
     if target.ref is None and todo:

@@ -27,6 +27,7 @@ from jaxckpt.analysis.jaxprs import count_remat_regions
 from jaxckpt.planner import PlanCache, resolve_policy
 from jaxckpt.policies import ModelPolicy
 from jaxckpt.report import xla_dump
+from jaxckpt.remat_impl import remat_implementation
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report.residuals import analyse_residuals
@@ -131,6 +132,9 @@ def compile_rows(
     policy (none for a remat policy, some for ``none``) is an error row: the policy was not applied.
   """
   rows = [empty_row(str(spec)) for spec in specs]
+  impl = remat_implementation()
+  for row in rows:
+    row["remat_impl"] = impl
   warnings: list[str] = []
   pending: dict[concurrent.futures.Future, tuple[int, str | None]] = {}
   programs: dict[str, int] = {}  # fingerprint of a lowered program -> the first row that compiles it

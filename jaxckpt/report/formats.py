@@ -77,6 +77,8 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
   out = []
   for r in rows:
     status = r["status"] if r["status"] == STATUS_OK else f"error: {r['error']}"
+    if r["status"] == STATUS_OK and r.get("warning"):
+      status = f"ok, warning: {r['warning']}"
     line: list[Cell] = [(r["policy"], r["policy"]), (status, status)]
     for _, key, fmt, ratio in columns:
       value = r.get(key)

@@ -36,6 +36,7 @@ ROW_KEYS: tuple[str, ...] = (
     "policy",  # Canonical policy spec (str(parse_model_policy(...))); for a budget the budget (plan in "plan").
     "status",  # "ok" or "error".
     "error",  # One-line message when status is "error", else None.
+    "warning",  # One line when an ok row's policy had no effect in the compiled program (report.effect), else None.
     *MEMORY_KEYS,  # XLA's CompiledMemoryStats under the schema's names (bytes), footprint_bytes last.
     "flops",  # FLOPs of the whole train step from the jaxpr (scan bodies × trip count).
     "flops_xla_raw",  # XLA's cost_analysis()["flops"] (counts a loop body once).
@@ -43,6 +44,7 @@ ROW_KEYS: tuple[str, ...] = (
     "activation_residual_bytes",  # residual_bytes minus values of the params only (per-layer parameter slices).
     "residuals",  # {"count", "bytes", "groups", "by_source", "items", "analysed"}: see report.residuals.
     "remat_regions",  # jax.checkpoint equations in the traced step (a scan body once): 0 for none, > 0 otherwise.
+    "remat_impl",  # JAX's remat implementation that compiled the row: "remat2" (default) or "remat3" (JAX_REMAT3=1).
     "same_program_as",  # Policy of an earlier row that lowered to the identical program (stats reused), else None.
     "compile_s",  # Seconds to trace, lower and compile the step (trace + lower only when the program was reused).
     "stages_s",  # Seconds per stage of this row: {"build", "trace", "lower", "flops", "residuals", "compile"}.

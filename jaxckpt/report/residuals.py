@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from jaxckpt.analysis.activations import parameter_only_bytes
-from jaxckpt.analysis.jaxprs import outermost_remats
+from jaxckpt.analysis.jaxprs import outermost_remats, remat_body, remat_policy
 from jaxckpt.nnx.layers import record_stack_inputs, shared_block_traces
 from jaxckpt.analysis.residuals import Residual, group_residuals, recomputed_residuals, total_residual_bytes, traced_residuals
 from jaxckpt.step.build import PolicyStep, dropout_key_struct
@@ -28,8 +28,9 @@ __all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
 
 
 def _signature(eqn: Any) -> tuple:
-  body = eqn.params["jaxpr"]
-  return tuple(str(v.aval) for v in body.invars), len(body.eqns), str(eqn.params.get("policy"))
+  body = remat_body(eqn)
+  body = getattr(body, "jaxpr", body)  # remat3 holds a closed jaxpr
+  return tuple(str(v.aval) for v in body.invars), len(body.eqns), str(remat_policy(eqn))
 
 
 def _group_sizes(stacks: list, depth: int) -> list[int | None]:
@@ -83,7 +84,7 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
       eqn, kept = max(analysed, key=lambda pair: total_residual_bytes(pair[1]))
       blocks = f" of {size} block(s)" if size is not None else ""
       levels.append((f"level {level}: one group{blocks} while the backward pass recomputes it", kept))
-      jaxpr = eqn.params["jaxpr"]
+      jaxpr = remat_body(eqn)
     return 0
 
   with shared_block_traces():  # the unrolled layers' blocks traced once per (graph, policy), not once per layer
