@@ -2,7 +2,7 @@
 
 Method (per policy):
 
-1. compile the train step at two small batch sizes (``probes``, default 1 and 8 mesh batch units) and fit the
+1. compile the train step at two batch sizes (``probes``, default 16 and 64 mesh batch units) and fit the
    footprint ``a + b·batch`` (:mod:`jaxckpt.fit.model`);
 2. predict the largest batch whose footprint is ≤ the device memory;
 3. **verify** by compiling at the predicted batch and its successor: the first must fit, the second must not.
@@ -242,6 +242,7 @@ def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None
     JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
   """
   started = time.perf_counter()
+  policy = parse_model_policy(policy)
   sized = with_batch(target, batch, grad_accum_steps=grad_accum_steps)
   compiled = compile_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
   footprint = compiled.memory.get("footprint_bytes")
@@ -264,7 +265,7 @@ def max_batch_size(
     tx: optax.GradientTransformation | None = None,
     min_batch: int | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
-    probes: Sequence[int] = (1, 8),
+    probes: Sequence[int] = (16, 64),
     max_rounds: int = 3,
     compiler_options: Mapping[str, Any] | None = None,
     on_compile: Callable[[str, int], None] | None = None,
@@ -281,7 +282,9 @@ def max_batch_size(
     tx: the optimizer (default ``optax.adamw(1e-3)``; its state counts in the footprint).
     min_batch: the smallest batch considered (default one mesh batch unit); must be a multiple of that unit.
     max_batch: the largest batch considered (≥ ``min_batch``).
-    probes: the two (or more) batch sizes of the affine fit, in mesh batch units.
+    probes: the two (or more) batch sizes of the affine fit, in mesh batch units (clipped to the range); the
+      line interpolates where the answer lies between them, and small batches (where XLA's choices differ most from
+      affine) are compiled only when the answer is there.
     max_rounds: secant corrections before falling back to bisection (≥ 1).
     compiler_options: extra XLA options.
     on_compile: called ``(policy, batch)`` before each compile (a progress bar).
@@ -333,58 +336,68 @@ def max_batch_size(
     return BatchFit(text, best, foot, limit, len(points), model, tuple(points.values()), method,
                     best == hi_b, over, unit, time.perf_counter() - started)
 
-  probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes} | {lo_b})
+  probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
   for b in probe_batches:
     at(b)
-  if len(probe_batches) < 2:  # a range of one batch size
-    fits = points[lo_b].footprint_bytes <= limit
-    return done(lo_b if fits else None, "affine", AffineModel(points[lo_b].footprint_bytes, 0.0))
-  model = fit_affine([(p.batch, p.footprint_bytes) for p in points.values()])
-  if model.slope <= 0:
+  if len(points) < 2:  # a range of one batch size, or probes that coincide
+    at(lo_b if lo_b not in points else hi_b)
+  model = fit_affine([(p.batch, p.footprint_bytes) for p in points.values()]) if len(points) > 1 \
+      else AffineModel(float(points[lo_b].footprint_bytes), 0.0, ((lo_b, points[lo_b].footprint_bytes),))
+  if len(points) > 1 and model.slope <= 0:
     model.largest_within(limit)  # raises: the footprint does not grow with the batch
-  if points[lo_b].footprint_bytes > limit:
-    return done(None, "affine", model)
 
   def bracket() -> tuple[int, int | None]:
-    fit_b = max(b for b, p in points.items() if p.footprint_bytes <= limit)
+    """(largest batch that fit, or min_batch − unit when none did; smallest batch over the limit, or None)."""
+    fit = [b for b, p in points.items() if p.footprint_bytes <= limit]
     over = [b for b, p in points.items() if p.footprint_bytes > limit]
-    return fit_b, min(over) if over else None
+    return max(fit, default=lo_b - unit), min(over, default=None)
 
-  def clamp(pred: int, lo: int, hi: int | None) -> int:
-    top = hi_b if hi is None else hi - unit
-    return min(max(pred, lo), top)
+  def settled() -> bool:
+    lo, hi = bracket()
+    return lo == hi_b or (hi is not None and hi == lo + unit)
+
+  def answer(method: str) -> BatchFit:
+    lo, _ = bracket()
+    if lo < lo_b:
+      at(lo_b)  # the footprint nothing fits at (already compiled when settled)
+    return done(lo if lo >= lo_b else None, method, model)
 
   current = model
   for _ in range(max_rounds):
+    if settled():
+      return answer("affine")
     lo, hi = bracket()
-    if lo == hi_b or (hi is not None and hi == lo + unit):
-      return done(lo, "affine", model)
-    pred = clamp(current.largest_within(limit, step=unit), lo, hi)
+    top = hi_b if hi is None else hi - unit
+    pred = min(max(current.largest_within(limit, step=unit), lo_b, lo), top)
     at(pred)
-    if pred + unit <= hi_b and points[pred].footprint_bytes <= limit:
+    if points[pred].footprint_bytes <= limit and pred + unit <= hi_b:
       at(pred + unit)
+    elif points[pred].footprint_bytes > limit and pred - unit >= lo_b:
+      at(pred - unit)
+    if settled():
+      return answer("affine")
+    # secant: between the largest fitting and the smallest over batch when both are known, else the two nearest
     lo, hi = bracket()
-    if lo == hi_b or (hi is not None and hi == lo + unit):
-      return done(lo, "affine", model)
-    # secant through the compiled points nearest the crossing
-    near = sorted(points.values(), key=lambda p: abs(p.footprint_bytes - limit))[:2]
-    if near[0].batch == near[1].batch or near[0].footprint_bytes == near[1].footprint_bytes:
+    pair = [points[b] for b in (lo, hi) if b is not None and b in points]
+    if len(pair) < 2:
+      pair = sorted(points.values(), key=lambda p: abs(p.footprint_bytes - limit))[:2]
+    if pair[0].footprint_bytes == pair[1].footprint_bytes:
       break
-    current = fit_affine([(near[0].batch, near[0].footprint_bytes), (near[1].batch, near[1].footprint_bytes)])
+    current = fit_affine([(p.batch, p.footprint_bytes) for p in pair])
     if current.slope <= 0:
       break
   lo, hi = bracket()
   if hi is None:  # everything so far fit: grow towards max_batch
-    b = lo
+    b = max(lo, lo_b)
     while b < hi_b and points[b].footprint_bytes <= limit:
       b = min(hi_b, 2 * b)
       at(b)
     lo, hi = bracket()
   while hi is not None and hi - lo > unit:
-    mid = (lo + hi) // 2 // unit * unit
+    mid = max(lo_b, (lo + hi) // 2 // unit * unit)
     at(mid)
     lo, hi = bracket()
-  return done(lo, "search", model)
+  return answer("search")
 
 
 def fit_policies(
@@ -412,7 +425,7 @@ def fit_policies(
   fits = [max_batch_size(target, p, memory, **kwargs) for p in policies]
   if all(f.max_batch_size is None for f in fits):
     least = min(fits, key=lambda f: f.footprint_bytes)
-    smallest = min(f.points[0].batch for f in fits)
+    smallest = min(p.batch for f in fits for p in f.points)
     raise NothingFitsError(
         f"memory={format_bytes(least.limit_bytes)} fits no policy even at batch size {smallest}: the least footprint "
         f"is {format_bytes(least.footprint_bytes)} with policy {least.policy}; give more memory, a smaller model or "
