@@ -11,7 +11,8 @@ from typing import Any
 from scipy import stats
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit.search import DEFAULT_POLICIES, BatchFit, compile_point, fit_policies, resolve_memory, with_batch
+from jaxckpt.fit.search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, resolve_memory,
+                                with_batch)
 from jaxckpt.fit.speed import Accelerator, Candidate, candidates
 from jaxckpt.sharding import check_batch_size
 from jaxckpt.step import ModelTarget, Target
@@ -165,6 +166,12 @@ def plan_fit(
       raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
     if mesh is not None:
       check_batch_size(global_batch, mesh, flag="global_batch_size")
+    unit = batch_unit(mesh)
+    lo = kwargs.get("min_batch") or unit
+    if not any(global_batch % b == 0 for b in range(lo, global_batch + 1, unit) if b % unit == 0):
+      raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={lo}"
+                         + (f" and a multiple of {unit} (the mesh's batch axes)" if unit > 1 else "")
+                         + f" divides it; use a multiple of {lo}")
     kwargs.setdefault("max_batch", global_batch)
   fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
   choice = None

@@ -190,7 +190,8 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
   out: list[Candidate] = []
   for fit in fits:
-    if fit.max_batch_size is None:
+    sizes = [b for b in range(fit.unit, (fit.max_batch_size or 0) + 1, fit.unit) if global_batch % b == 0]
+    if not sizes:
       continue
     pts = fit.points
     flops_model = fit_affine([(p.batch, p.flops) for p in pts])
@@ -198,9 +199,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
     bytes_model = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
         else None
     by_batch = fit.by_batch
-    for b in range(fit.unit, fit.max_batch_size + 1, fit.unit):
-      if global_batch % b:
-        continue
+    for b in sizes:
       k = global_batch // b
       point = by_batch.get(b)
       flops = float(point.flops) if point else flops_model(b)
