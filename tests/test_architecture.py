@@ -16,6 +16,7 @@ LAYERS = {
     "jaxckpt.step": ("jaxckpt.report", "jaxckpt.planner", "experiments"),
     "jaxckpt.planner": ("jaxckpt.report", "experiments"),
     "jaxckpt.report": ("experiments",),
+    "jaxckpt.fit": ("experiments",),
     "jaxckpt.policies": ("jaxckpt.step", "jaxckpt.report", "jaxckpt.planner", "jaxckpt.layers", "jaxckpt.linen"),
 }
 

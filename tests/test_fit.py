@@ -149,3 +149,28 @@ def test_mesh_memory_per_device(tmp_path):
 
 def test_nothing_fits_error_is_a_jaxckpt_error():
   assert issubclass(NothingFitsError, JaxckptError)
+
+
+def test_experiment_fit_flags_bad_input(capsys):
+  from experiments import lm  # noqa: PLC0415
+
+  assert lm.main(["--global-batch-size", "16", "--grad-accum-steps", "2", "--steps", "1"]) == 2
+  assert "--global-batch-size 16 chooses the batch size and accumulation; drop --grad-accum-steps" in \
+      capsys.readouterr().err
+  assert lm.main(["--batch-size", "auto", "--policy", "budget:1GiB", "--steps", "1"]) == 2
+  assert "is a memory budget for one batch size" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_experiment_global_batch_size_recorded(tmp_path):
+  from experiments import lm  # noqa: PLC0415
+
+  out = tmp_path / "run"
+  assert lm.main(["--preset", "tiny", "--global-batch-size", "16", "--memory", "8MiB", "--policy", "auto",
+                  "--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--corpus-max-mib", "0.2",
+                  "--out", str(out), "--no-progress"]) == 0
+  metrics = json.loads((out / "metrics.json").read_text())
+  fit = metrics["config"]["fit"]
+  assert fit["batch_size"] == 16 == metrics["config"]["batch_size"]
+  assert fit["micro_batch_size"] * fit["grad_accum_steps"] == 16
+  assert metrics["config"]["policy"] == fit["policy"] and fit["footprint_bytes"] <= 8 * 2**20

@@ -105,7 +105,7 @@ def to_table(plan: FitPlan) -> str:
 
 def plot_fit(plan: FitPlan, path: str) -> None:
   """Footprint vs batch per policy (compiled points and the affine model), the memory line, each policy's answer."""
-  import matplotlib  # noqa: PLC0415 - only --plot needs it
+  import matplotlib  # noqa: PLC0415 - only --plot needs it (a second of import)
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415

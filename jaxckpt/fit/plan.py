@@ -14,6 +14,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.fit.search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, resolve_memory,
                                 with_batch)
 from jaxckpt.fit.speed import Accelerator, Candidate, candidates
+from jaxckpt.report.measure import measure_in_process
 from jaxckpt.sharding import check_batch_size
 from jaxckpt.step import ModelTarget, Target
 from jaxckpt.units import format_bytes
@@ -112,8 +113,6 @@ def measure_candidates(target: Target, table: Sequence[Candidate], global_batch:
   Returns:
     Those candidates with ``measured_step_s`` set (seconds per step of G examples).
   """
-  from jaxckpt.report.measure import measure_in_process  # noqa: PLC0415 - only --measure runs steps
-
   out = []
   for cand in table[:top]:
     sized = with_batch(target, global_batch, grad_accum_steps=cand.accum) if isinstance(target, ModelTarget) \

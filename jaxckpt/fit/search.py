@@ -32,6 +32,7 @@ import optax
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit.model import AffineModel, fit_affine
+from jaxckpt.planner import device_memory_bytes, resolve_policy
 from jaxckpt.policies import Budget, MinCut, MinSaved, parse_model_policy
 from jaxckpt.policies.model import DEFAULT_MARGIN
 from jaxckpt.sharding import BATCH_AXES, mesh_shape
@@ -197,8 +198,6 @@ def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN) -> tupl
     JaxckptError: a size that does not parse, or ≤ 0.
   """
   if isinstance(memory, str) and memory.strip() == "auto":
-    from jaxckpt.planner import device_memory_bytes  # noqa: PLC0415 - the planner imports the report's stack
-
     available, source = device_memory_bytes()
     return int(available * (1 - margin)), f"{source} {format_bytes(available)} − {margin * 100:g}% margin"
   if isinstance(memory, str):
@@ -228,8 +227,6 @@ def _cost_bytes(compiled: Any) -> tuple[float | None, float | None]:
 def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
   """A policy the step compiles: named/layered as they are; ``min_saved``/``mincut`` resolved for this target."""
   if isinstance(policy, (MinSaved, MinCut)):
-    from jaxckpt.planner import resolve_policy  # noqa: PLC0415 - only these plans need the planner
-
     return resolve_policy(target, policy, tx=tx, compiler_options=options, mesh=mesh)[0]
   return policy
 
