@@ -89,6 +89,8 @@ SLOW: tuple[tuple[str, str], ...] = (
     (r"--num-processes", "starts a multi-process run (gloo collectives)"),
     (r"budget:", "plans a budget: several compiles"),
     (r"--mesh", "compiles for 8 fake devices"),
+    (r"jaxckpt-fit|python -m jaxckpt\.fit", "an absolute memory is tied to the model size: compiles at several batch "
+     "sizes per policy, not shrunk"),
     (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""

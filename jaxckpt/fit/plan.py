@@ -176,21 +176,25 @@ def plan_fit(
   choice = None
   if global_batch is not None:
     table = candidates(fits, global_batch, device)
-    compiles, winner, footprint = 0, None, None
-    for cand in table:  # the winner's accumulated step, compiled: the accumulator adds a gradient-sized buffer
-      if not isinstance(target, ModelTarget) or cand.accum == 1:
-        footprint = cand.footprint_bytes if cand.compiled else None
-        if not cand.compiled:
-          if on_compile is not None:
-            on_compile(cand.policy, cand.micro_batch)
-          footprint = compile_point(target, cand.policy, cand.micro_batch, mesh=mesh).footprint_bytes
-          compiles += 1
+    compiles = 0
+
+    def verify(cand: Candidate) -> int:
+      """The compiled footprint of the step as it will run: the micro-step, or the accumulated step at G."""
+      nonlocal compiles
+      if cand.accum == 1 or not isinstance(target, ModelTarget):
+        if cand.compiled:
+          return cand.footprint_bytes
+        batch, accum = cand.micro_batch, 1
       else:
-        if on_compile is not None:
-          on_compile(cand.policy, global_batch)
-        footprint = compile_point(target, cand.policy, global_batch, mesh=mesh,
-                                  grad_accum_steps=cand.accum).footprint_bytes
-        compiles += 1
+        batch, accum = global_batch, cand.accum  # the accumulator adds a gradient-sized buffer
+      if on_compile is not None:
+        on_compile(cand.policy, batch)
+      compiles += 1
+      return compile_point(target, cand.policy, batch, mesh=mesh, grad_accum_steps=accum).footprint_bytes
+
+    winner, footprint = None, None
+    for cand in table:
+      footprint = verify(cand)
       if footprint <= limit:
         winner = cand
         break
@@ -204,7 +208,11 @@ def plan_fit(
       measured = measure_candidates(target, table, global_batch, top=measure)
       if len(measured) >= 3:
         rho = float(stats.spearmanr([c.est_step_s for c in measured], [c.measured_step_s for c in measured])[0])
-      winner = min(measured, key=lambda c: c.measured_step_s)
       ranked_by = "measured"
+      for best in sorted(measured, key=lambda c: c.measured_step_s):  # the fastest measured whose step fits
+        foot = footprint if (best.policy, best.micro_batch) == (winner.policy, winner.micro_batch) else verify(best)
+        if foot <= limit:
+          winner, footprint = best, foot
+          break
     choice = GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, compiles)
   return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started)
