@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -19,7 +20,7 @@ from tqdm.auto import tqdm
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit.plan import FitPlan, plan_fit
-from jaxckpt.fit.search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, resolve_memory
+from jaxckpt.fit.search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, resolve_memory
 from jaxckpt.fit.speed import ACCELERATORS, accelerator
 from jaxckpt.policies import parse_model_policy
 from jaxckpt.sharding import make_mesh
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
               "examples:\n"
               f"  {PROG} --model gpt --preset small --memory 16GiB\n"
               f"  {PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100\n"
+              f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
               f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
               f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
               "--memory 1GiB"))
@@ -56,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
   parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                       help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size)")
+  parser.add_argument("--max-seq-len", type=int, default=None, metavar="T",
+                      help="instead of the batch: the largest sequence length ≤ T at --batch-size (sequence models)")
   parser.add_argument("--global-batch-size", type=int, default=None, metavar="G",
                       help="examples per optimizer step: choose policy, micro-batch b and accumulation G/b")
   parser.add_argument("--device", default=None, help=f"time model device: {', '.join(ACCELERATORS)}, cpu "
@@ -74,9 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
 def to_table(plan: FitPlan) -> str:
   """The plan as text tables: per policy, and the global-batch candidates."""
   console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - recorded, not printed
-  table = Table(title=f"largest micro-batch within {format_bytes(plan.limit_bytes)} per device "
+  what = "sequence length" if plan.axis == "seq_len" else "micro-batch"
+  table = Table(title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
                       f"({plan.memory_source}), {plan.compiles} compiles")
-  for col in ("policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example"):
+  cols = ("policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example")
+  if plan.axis == "seq_len":
+    cols = ("policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)")
+  for col in cols:
     table.add_column(col, justify="left" if col == "policy" else "right")
   for f in plan.fits:
     nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
@@ -135,9 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   bar = None
   try:
-    if args.batch_size is not None or args.grad_accum_steps != 1:
+    if (args.batch_size is not None and args.max_seq_len is None) or args.grad_accum_steps != 1:
       raise JaxckptError("--batch-size and --grad-accum-steps are what jaxckpt-fit chooses; give --min-batch, "
-                         "--max-batch or --global-batch-size instead")
+                         "--max-batch or --global-batch-size instead (--batch-size goes with --max-seq-len)")
+    if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
+      raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
+                         "--seq-len")
     for flag in ("json", "plot"):
       check_output_file(f"--{flag}", getattr(args, flag))
     if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
@@ -163,11 +174,18 @@ def main(argv: Sequence[str] | None = None) -> int:
       bar.set_postfix_str(f"{policy} @ {batch}")
       bar.update(1)
 
-    kwargs = {"min_batch": args.min_batch}
-    if args.global_batch_size is None:
-      kwargs["max_batch"] = args.max_batch
-    plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
-                    measure=args.measure, mesh=mesh, on_compile=on_compile, **kwargs)
+    if args.max_seq_len is not None:
+      started = time.perf_counter()
+      limit, source = resolve_memory(args.memory)
+      fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
+                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024))
+      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len")
+    else:
+      kwargs = {"min_batch": args.min_batch}
+      if args.global_batch_size is None:
+        kwargs["max_batch"] = args.max_batch
+      plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
+                      measure=args.measure, mesh=mesh, on_compile=on_compile, **kwargs)
   except JaxckptError as err:
     if bar is not None:
       bar.close()

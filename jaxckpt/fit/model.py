@@ -12,9 +12,11 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["AffineModel", "fit_affine"]
+__all__ = ["AffineModel", "fit_affine", "tangent_at_crossing"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,3 +75,35 @@ def fit_affine(points: Sequence[tuple[int, int]]) -> AffineModel:
   sxy = sum((b - mx) * (v - my) for b, v in points)
   slope = sxy / sxx
   return AffineModel(my - slope * mx, slope, tuple(points))
+
+
+def tangent_at_crossing(points: Sequence[tuple[int, int]], limit: float, lo: int, hi: int | None) -> AffineModel | None:
+  """Where a curved footprint crosses ``limit``: a parabola through the three points nearest the limit, returned as
+  the line through its crossing (so :meth:`AffineModel.largest_within` gives the parabola's answer).
+
+  Args:
+    points: ``(size, bytes)`` compiles so far.
+    limit: the bytes to fit.
+    lo: the largest size known to fit; hi: the smallest known not to (or ``None``).
+
+  Returns:
+    A line through the parabola's crossing inside ``(lo, hi)``, or ``None`` with fewer than three distinct sizes, a
+    crossing outside the bracket, or a parabola that is (nearly) a line (then the chord is as good).
+  """
+  near = sorted(points, key=lambda p: abs(p[1] - limit))[:3]
+  if len({b for b, _ in near}) < 3:
+    return None
+  xs = np.array([b for b, _ in near], dtype=float)
+  ys = np.array([v for _, v in near], dtype=float)
+  a, b, c = np.polyfit(xs, ys, 2)
+  if abs(a) * (xs.max() - xs.min()) ** 2 < 1e-3 * abs(ys).max():
+    return None
+  roots = [r.real for r in np.roots([a, b, c - limit]) if abs(r.imag) < 1e-9]
+  inside = [r for r in roots if r > lo and (hi is None or r < hi)]
+  if not inside:
+    return None
+  x = min(inside)
+  slope = 2 * a * x + b
+  if slope <= 0:
+    return None
+  return AffineModel(limit - slope * x, slope, tuple(near))

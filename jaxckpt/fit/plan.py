@@ -80,6 +80,7 @@ class FitPlan:
     device: the :class:`~jaxckpt.fit.speed.Accelerator` of the time model (``None`` without a global batch).
     choice: the :class:`GlobalChoice` for the global batch, or ``None``.
     seconds: wall seconds.
+    axis: what was searched: ``"batch"`` (micro-batch size) or ``"seq_len"`` (tokens per example at a batch).
   """
 
   fits: tuple[BatchFit, ...]
@@ -88,6 +89,7 @@ class FitPlan:
   device: Accelerator | None
   choice: GlobalChoice | None
   seconds: float
+  axis: str = "batch"
 
   @property
   def compiles(self) -> int:
@@ -98,7 +100,7 @@ class FitPlan:
     """``{"rows": [one per policy], "global_batch": {...} | None, "memory": ..., ...}``."""
     out: dict[str, Any] = {"rows": [f.as_row() for f in self.fits], "limit_bytes": self.limit_bytes,
                            "memory_source": self.memory_source, "compiles": self.compiles,
-                           "seconds": round(self.seconds, 3), "global_batch": None}
+                           "seconds": round(self.seconds, 3), "global_batch": None, "axis": self.axis}
     if self.device is not None:
       out["device"] = dataclasses.asdict(self.device)
     if self.choice is not None:

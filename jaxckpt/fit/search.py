@@ -31,7 +31,7 @@ import jax
 import optax
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit.model import AffineModel, fit_affine
+from jaxckpt.fit.model import AffineModel, fit_affine, tangent_at_crossing
 from jaxckpt.planner import device_memory_bytes, resolve_policy
 from jaxckpt.policies import Budget, MinCut, MinSaved, parse_model_policy
 from jaxckpt.policies.model import DEFAULT_MARGIN
@@ -39,8 +39,8 @@ from jaxckpt.sharding import BATCH_AXES, mesh_shape
 from jaxckpt.step import LossTarget, ModelTarget, Target, compile_policy, shipped_target
 from jaxckpt.units import format_bytes, parse_bytes
 
-__all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch", "compile_point",
-           "batch_unit", "resolve_memory", "max_batch_size", "fit_policies"]
+__all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
+           "compile_point", "batch_unit", "resolve_memory", "max_batch_size", "max_seq_len", "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """The policies the fit planner compares by default: no remat, full remat and the two matmul-saving ones (cheap:
@@ -175,6 +175,19 @@ def with_batch(target: Target, batch_size: int, *, grad_accum_steps: int = 1) ->
   return dataclasses.replace(target, **changes)
 
 
+def with_seq_len(target: Target, seq_len: int) -> Target:
+  """A shipped sequence model at another sequence length (tokens per example).
+
+  Raises:
+    JaxckptError: ``target`` is not a shipped model (its ``ref``), or not a sequence model (the registry says so).
+  """
+  ref = target.ref or {}
+  if not (isinstance(target, ModelTarget) and "model" in ref):
+    raise JaxckptError("seq_len search needs a shipped sequence model (--model gpt); a user's target sets its own "
+                       "shapes")
+  return shipped_target(**{**ref, "seq_len": seq_len})
+
+
 def batch_unit(mesh: Any) -> int:
   """The batch step of a mesh: the product of its batch axes (``data`` × ``fsdp``), 1 for ``None``."""
   if mesh is None:
@@ -232,15 +245,16 @@ def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
 
 
 def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
-                  grad_accum_steps: int = 1) -> FitPoint:
-  """Compiles the step of ``target`` at ``batch`` under ``policy`` and returns its :class:`FitPoint`.
+                  grad_accum_steps: int = 1, seq_len: int | None = None) -> FitPoint:
+  """Compiles the step of ``target`` at ``batch`` (and ``seq_len``) under ``policy``; returns its :class:`FitPoint`.
 
   Raises:
     JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
   """
   started = time.perf_counter()
   policy = parse_model_policy(policy)
-  sized = with_batch(target, batch, grad_accum_steps=grad_accum_steps)
+  sized = with_batch(target if seq_len is None else with_seq_len(target, seq_len), batch,
+                     grad_accum_steps=grad_accum_steps)
   compiled = compile_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
   footprint = compiled.memory.get("footprint_bytes")
   if footprint is None:
@@ -266,6 +280,7 @@ def max_batch_size(
     max_rounds: int = 3,
     compiler_options: Mapping[str, Any] | None = None,
     on_compile: Callable[[str, int], None] | None = None,
+    axis: str = "batch",
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -285,6 +300,8 @@ def max_batch_size(
     max_rounds: secant corrections before falling back to bisection (≥ 1).
     compiler_options: extra XLA options.
     on_compile: called ``(policy, batch)`` before each compile (a progress bar).
+    axis: ``"batch"``, or ``"seq_len"``: search the sequence length at the target's batch size instead (shipped
+      sequence models; use :func:`max_seq_len`).
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -306,7 +323,11 @@ def max_batch_size(
                        "(none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
-  unit = batch_unit(mesh)
+  if axis not in ("batch", "seq_len"):
+    raise JaxckptError(f"axis={axis!r}: valid axes are batch, seq_len")
+  if axis == "seq_len":
+    with_seq_len(target, 1)  # raises for targets without a sequence length
+  unit = batch_unit(mesh) if axis == "batch" else 1
   lo_b = unit if min_batch is None else min_batch
   if lo_b < 1 or lo_b % unit:
     raise JaxckptError(f"min_batch={lo_b} must be ≥ 1 and a multiple of the mesh's batch axes ({unit} devices)")
@@ -322,7 +343,12 @@ def max_batch_size(
     if batch not in points:
       if on_compile is not None:
         on_compile(text, batch)
-      points[batch] = compile_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
+      if axis == "seq_len":
+        points[batch] = compile_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh,
+                                      options=compiler_options, seq_len=batch)
+        points[batch] = dataclasses.replace(points[batch], batch=batch)
+      else:
+        points[batch] = compile_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
     return points[batch]
 
   def done(best: int | None, method: str, model: AffineModel) -> BatchFit:
@@ -373,7 +399,9 @@ def max_batch_size(
       at(pred - unit)
     if settled():
       return answer("affine")
-    # secant: between the largest fitting and the smallest over batch when both are known, else the two nearest
+    # secant: between the largest fitting and the smallest over batch when both are known, else the two nearest;
+    # a curved footprint (attention's T² in a sequence length) gets the local tangent of a parabola through the
+    # three compiles nearest the limit instead, so the chord of a convex curve does not creep up one side
     lo, hi = bracket()
     pair = [points[b] for b in (lo, hi) if b is not None and b in points]
     if len(pair) < 2:
@@ -383,6 +411,9 @@ def max_batch_size(
     current = fit_affine([(p.batch, p.footprint_bytes) for p in pair])
     if current.slope <= 0:
       break
+    local = tangent_at_crossing([(p.batch, p.footprint_bytes) for p in points.values()], limit, lo, hi)
+    if local is not None:
+      current = local
   lo, hi = bracket()
   if hi is None:  # everything so far fit: grow towards max_batch
     b = max(lo, lo_b)
@@ -395,6 +426,30 @@ def max_batch_size(
     at(mid)
     lo, hi = bracket()
   return answer("search")
+
+
+def max_seq_len(target: Target, policy: Any, memory: int | str = "auto", *, min_seq_len: int = 1,
+                max_seq_len: int = 8192, probes: Sequence[int] = (256, 1024), **kwargs: Any) -> BatchFit:
+  """The largest sequence length (tokens per example) of a shipped sequence model at its batch size that fits.
+
+  The same predict-then-verify search as :func:`max_batch_size` over the sequence length; attention's
+  ``[B, H, T, T]`` values make the footprint quadratic in T under policies that save them (``none``), where the
+  secant corrections (or the bisection fallback) take over from the line. The answer is verified the same way.
+
+  Args:
+    target: a shipped sequence model (``shipped_target("gpt", ..., batch_size=B)``).
+    policy, memory, **kwargs: as :func:`max_batch_size`.
+    min_seq_len, max_seq_len: the range searched (tokens).
+    probes: the two sequence lengths of the first fit.
+
+  Returns:
+    A :class:`BatchFit` whose ``max_batch_size`` is the sequence length (and ``points`` keyed by it).
+
+  Raises:
+    JaxckptError: a target that is not a shipped sequence model; as :func:`max_batch_size`.
+  """
+  return max_batch_size(target, policy, memory, min_batch=min_seq_len, max_batch=max_seq_len, probes=probes,
+                        axis="seq_len", **kwargs)
 
 
 def fit_policies(
