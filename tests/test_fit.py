@@ -174,3 +174,22 @@ def test_experiment_global_batch_size_recorded(tmp_path):
   assert fit["batch_size"] == 16 == metrics["config"]["batch_size"]
   assert fit["micro_batch_size"] * fit["grad_accum_steps"] == 16
   assert metrics["config"]["policy"] == fit["policy"] and fit["footprint_bytes"] <= 8 * 2**20
+
+
+def test_parabola_corrects_a_curved_footprint():
+  from jaxckpt.fit.model import tangent_at_crossing  # noqa: PLC0415
+
+  curve = lambda t: 1000 + 3 * t + 0.01 * t * t  # noqa: E731 - attention's T² term
+  points = [(t, int(curve(t))) for t in (256, 1024, 300)]
+  truth = max(t for t in range(1, 2048) if curve(t) <= 6000)
+  line = tangent_at_crossing(points, 6000, 300, 1024)
+  assert abs(line.largest_within(6000) - truth) <= 1  # the chord through 300 and 1024 says 384
+  assert fit_affine([points[2], points[1]]).largest_within(6000) < truth - 50
+  assert tangent_at_crossing(points[:2], 6000, 300, 1024) is None  # two sizes: no parabola
+
+
+def test_seq_len_search_needs_a_sequence_model():
+  from jaxckpt.fit import max_seq_len  # noqa: PLC0415
+
+  with pytest.raises(JaxckptError, match="seq_len"):
+    max_seq_len(shipped_target("vit", "tiny"), "none", "1GiB")
