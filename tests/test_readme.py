@@ -76,6 +76,9 @@ OVERRIDES: tuple[Override, ...] = (
              "--no-progress", "the default run takes 600 steps"),
     Override(r"(jaxckpt-report|python -m jaxckpt\.report) .*--model", "--preset tiny --batch-size 8",
              "small / gpt2-small presets compile for seconds to minutes per policy"),
+    Override(r"jaxckpt-fit .*--preset gpt2-small", "--preset tiny --memory 48MiB",
+             "GPT-2 small compiles for ~20 s each, 17 times; the tiny preset in a memory scaled to it runs the same "
+             "search"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",
