@@ -120,7 +120,10 @@ def render(data: Mapping[str, Any]) -> str:
   pc = sum(r["planner_compiles"] for r in rows) / n
   sc = sum(r["search_compiles"] for r in rows) / n
   ratio = sum(r["planner_s"] for r in rows) / sum(r["search_s"] for r in rows)
-  lines = [f"Run: {common.header(data)}.", "", table, "",
+  runs = [f"Run: {common.header(data)}."]
+  for extra in data.get("merged_runs", []):  # rows measured by a second process of the same commit, in parallel
+    runs.append(f"Rows of {', '.join(extra['models'])}: {common.header(extra)} (run alongside).")
+  lines = [" ".join(runs), "", table, "",
            f"Same answer on {agree} of {n} (model, policy) pairs; compiles per policy {pc:.2f} (planner, "
            f"verification included) vs {sc:.2f} (binary search); planner wall time {ratio:.2f}× the search's."]
   for g in data.get("global", []):
@@ -145,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p = common.parser(NAME, __doc__)
   p.add_argument("--models", nargs="+", default=["gpt:small", "vit:small", "gpt:gpt2-small"], metavar="MODEL:PRESET")
   p.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
+  p.add_argument("--no-choice", dest="choice", action="store_false",
+                 help="only planner vs binary search (skip the global-batch and measured checks)")
   args = p.parse_args(argv)
   if args.quick:
     args.models, args.policies = ["mlp:tiny"], ["none", "nothing_saveable"]
@@ -161,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model, preset = m.split(":")
     record["rows"] += compare(model, preset, MEMORY[m], args.policies)
     common.write_json(partial, record)
-  if not args.quick:
+  if args.choice and not args.quick:
     record["global"].append(global_choice("gpt", "small", MEMORY["gpt:small"], 256))
     common.write_json(partial, record)
     record["measured"] = measured_choice("gpt", "tiny", MEMORY["gpt:tiny"], 64)
