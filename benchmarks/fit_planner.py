@@ -31,7 +31,7 @@ from jaxckpt.step import shipped_target
 from jaxckpt.units import format_bytes, parse_bytes
 
 NAME = "fit_planner"
-MEMORY = {"gpt:small": "4GiB", "vit:small": "48MiB", "gpt:gpt2-small": "12GiB", "gpt:tiny": "40MiB",
+MEMORY = {"gpt:small": "4GiB", "vit:small": "48MiB", "gpt:gpt2-small": "40GiB", "gpt:tiny": "40MiB",
           "mlp:tiny": "1000KiB"}
 """Device memory per model, chosen so the largest batches fall between 8 and 512."""
 
@@ -90,8 +90,17 @@ def measured_choice(model: str, preset: str, memory: str, global_batch: int, top
   target = shipped_target(model, preset)
   plan = plan_fit(target, DEFAULT_POLICIES, memory, global_batch=global_batch, device=accelerator("cpu"))
   table = list(plan.choice.table)
-  # spread over policies and micro-batches: the fastest estimate of each (policy, b), in estimate order
-  timed = measure_candidates(target, table[:most], global_batch, steps=3, warmup=1)
+  # spread over policies and micro-batches: round-robin over the policies, each in estimate order
+  by_policy: dict[str, list] = {}
+  for cand in table:
+    by_policy.setdefault(cand.policy, []).append(cand)
+  picked = []
+  while len(picked) < most and any(by_policy.values()):
+    for queue in by_policy.values():
+      if queue and len(picked) < most:
+        picked.append(queue.pop(0))
+  picked.sort(key=lambda c: c.est_step_s)
+  timed = measure_candidates(target, picked, global_batch, top=len(picked), steps=5, warmup=2)
   est = [c.est_step_s for c in timed]
   meas = [c.measured_step_s for c in timed]
   best_all = min(meas)
