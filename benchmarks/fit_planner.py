@@ -146,7 +146,8 @@ def render(data: Mapping[str, Any]) -> str:
                    f"compiled footprint with accumulation {format_bytes(d['footprint_bytes'])}.")
   m = data.get("measured")
   if m:
-    lines.append(f"Measured on this CPU ({m['model']}, G={m['global_batch']}, {m['timed']} configurations over "
+    when = f" on {m['date_utc']} UTC, load {m['loadavg'][0]:.1f}" if "date_utc" in m else ""
+    lines.append(f"Measured on this CPU{when} ({m['model']}, G={m['global_batch']}, {m['timed']} configurations over "
                  f"{len(m['policies'])} policies and micro-batches {m['micro_batches']}): Spearman ρ of estimated vs "
                  f"measured step time {m['spearman']:.2f}; the planner's --measure choice {m['planner_choice'][0]} "
                  f"b={m['planner_choice'][1]} × k={m['planner_choice'][2]} is {m['within'] * 100:.1f}% slower than "
