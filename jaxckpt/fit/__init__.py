@@ -25,5 +25,6 @@ from jaxckpt.fit.speed import ACCELERATORS, Accelerator, Candidate, accelerator,
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
-           "compile_point", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory", "with_batch", "ACCELERATORS",
+           "compile_point", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
+           "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "candidates", "measure_cpu"]

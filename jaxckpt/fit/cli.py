@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
   parser = CLIParser(
       prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog=("method: per policy, compile at two small batch sizes, fit footprint = a + b·batch (argument + output +\n"
+      epilog=("method: per policy, compile at two batch sizes, fit footprint = a + b·batch (argument + output +\n"
               "  temp − alias bytes), predict the largest batch within --memory, then compile it and its successor:\n"
               "  the first must fit and the second must not (else correct and re-verify; bisect where not affine)\n"
               "time model (--global-batch-size): k × (max(FLOPs/peak, bytes/bandwidth) + overhead) per micro-batch\n"
