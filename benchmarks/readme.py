@@ -19,11 +19,12 @@ from collections.abc import Sequence
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import common, faults, policy_sweep, report_speed, runner_overhead, structure_depth, truth_check
+from benchmarks import (common, faults, fit_planner, policy_sweep, report_speed, runner_overhead, structure_depth,
+                        truth_check)
 
 PAGE = os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs", "benchmarks.md")
 """The page holding the tables (README.md before the manual moved to docs/)."""
-MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults)
+MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fit_planner)
 
 
 def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR) -> str:

@@ -20,14 +20,16 @@ import optax
 from flax import nnx
 
 import jaxckpt
+from experiments.autofit import autofit, batch_size_flag
 from experiments.data import eval_batches, load_dataset, train_batch
 from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
-from experiments.options import RunOptions, run_identity
+from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
 from jaxckpt.models.multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
 from jaxckpt.core.structure import parse_structure
+from jaxckpt.step import ModelTarget
 
 __all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]
 
@@ -43,7 +45,7 @@ class ClassifierConfig:
   num_layers: int | None = None  # Overrides the preset's depth.
   compute_dtype: str = "float32"  # float32 or bfloat16 (parameters stay float32).
   epochs: int = 30
-  batch_size: int = 64  # Examples per step; the last partial training batch of an epoch is dropped.
+  batch_size: int | str = 64  # Examples per step (the last partial batch of an epoch is dropped); "auto": fit.
   grad_accum_steps: int = 1  # Micro-batches per step (gradients averaged, one update); must divide batch_size.
   learning_rate: float = 2e-3  # Peak AdamW learning rate (warmup then cosine decay).
   weight_decay: float = 1e-4
@@ -188,7 +190,27 @@ def train(config: ClassifierConfig, *, log=print) -> ClassifierResult:
     DataError: a bad ``--data`` file (labels leaving inferred classes empty included); the others of
       :func:`experiments.runner.run`.
   """
-  return run(config, check=_check, setup=_setup, log=log)
+  return run(autofit(config, functools.partial(fit_target, config), log=log), check=_check, setup=_setup, log=log)
+
+
+def fit_target(config: ClassifierConfig, batch_size: int) -> ModelTarget:
+  """The run's model, loss and a batch of ``batch_size`` examples ``{"x": [B, H, W, C] float32, "y": [B] int32}``,
+  as shapes (for the fit planner, :mod:`experiments.autofit`)."""
+  data = load_dataset(config.data, split_seed=config.split_seed, num_classes=config.num_classes)
+  model_cfg = model_config(config)
+  loss_fn = jaxckpt.classification_loss if config.aux_task is None else multitask_loss(config.aux_task,
+                                                                                       _aux_weight(config))
+
+  def make_model():
+    model = build_model(config.model, model_cfg, image_shape=data.image_shape, num_classes=data.num_classes,
+                        seed=config.seed)
+    if config.aux_task is not None:
+      model = MultiTaskClassifier(model, config.aux_task, rngs=nnx.Rngs(config.seed + 1))
+    return model
+
+  batch = MODELS[config.model].batch(batch_size, model_cfg, image_shape=data.image_shape,
+                                     num_classes=data.num_classes)
+  return ModelTarget(make_model=make_model, batch=batch, loss_fn=loss_fn, name=config.model, preset=config.preset)
 
 
 def _train_batch(data, step: int, *, batch_size: int, seed: int):
@@ -225,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
   parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype)
   parser.add_argument("--epochs", type=int, default=defaults.epochs)
-  parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+  parser.add_argument("--batch-size", type=batch_size_flag, default=defaults.batch_size,
+                      help="examples per step (default %(default)s), or auto: the largest that fits --memory")
   parser.add_argument("--grad-accum-steps", type=int, default=defaults.grad_accum_steps,
                       help="split each batch into N micro-batches, one update (must divide --batch-size)")
   parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)

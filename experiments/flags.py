@@ -61,6 +61,12 @@ def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions = RunOpt
                       help="XProf trace of --profile-steps warm train steps into DIR/<policy>/ (xprof --logdir DIR)")
   parser.add_argument("--profile-steps", type=int, default=defaults.profile_steps,
                       help=f"steps inside the --profile trace (default {defaults.profile_steps})")
+  parser.add_argument("--global-batch-size", type=int, default=None, metavar="G",
+                      help="examples per update: the fit planner chooses micro-batch and --grad-accum-steps (and, "
+                           "with --policy auto, the fastest fitting policy) within --memory")
+  parser.add_argument("--memory", default=defaults.memory, metavar="SIZE|auto",
+                      help="device memory --batch-size auto / --global-batch-size plan for (default auto: this "
+                           "device less 10%%)")
 
 
 def interrupted_line(prog: str, argv: Sequence[str], err: RunInterrupted) -> str:

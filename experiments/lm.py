@@ -19,18 +19,22 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 import jaxckpt
 from experiments import text
+from experiments.autofit import autofit, batch_size_flag
 from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
-from experiments.options import RunOptions, run_identity
+from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
 from jaxckpt.nnx.layers import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
+from jaxckpt.step import ModelTarget
 
 __all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_config"]
 
@@ -43,7 +47,7 @@ class LMConfig:
   structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
   max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
   attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).
-  batch_size: int | None = None  # Sequences per step B; None keeps the preset's.
+  batch_size: int | str | None = None  # Sequences per step B; None: the preset's; "auto": the largest that fits.
   grad_accum_steps: int = 1  # Micro-batches per step (gradients averaged, one update); must divide B.
   num_layers: int | None = None  # Overrides the preset's depth.
   tie_embeddings: bool | None = None  # Tied (True) or untied (False) output head; None keeps the preset's (tied).
@@ -164,7 +168,16 @@ def train(config: LMConfig, *, log=print) -> LMResult:
   Raises:
     DataError: a bad ``--corpus``; the others of :func:`experiments.runner.run`.
   """
-  return run(config, check=_check, setup=_setup, log=log)
+  return run(autofit(config, functools.partial(fit_target, config), log=log), check=_check, setup=_setup, log=log)
+
+
+def fit_target(config: LMConfig, batch_size: int) -> ModelTarget:
+  """The run's GPT, loss and a batch of ``batch_size`` sequences ``{"tokens": [B, T+1] int32}``, as shapes (for the
+  fit planner, :mod:`experiments.autofit`)."""
+  model_cfg = model_config(configure(config, batch_size=batch_size, grad_accum_steps=1))
+  batch = {"tokens": jax.ShapeDtypeStruct((batch_size, model_cfg.seq_len + 1), jnp.int32)}
+  return ModelTarget(make_model=lambda: build_gpt(model_cfg, seed=config.seed), batch=batch, loss_fn=lm_loss,
+                     name="gpt", preset=config.preset)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--max-seq-length", type=int, default=None, help="context length T (overrides the preset's)")
   parser.add_argument("--attention", choices=list(ATTENTION_IMPLEMENTATIONS), default=None,
                       help="attention implementation (default: the preset's, xla)")
-  parser.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
+  parser.add_argument("--batch-size", type=batch_size_flag, default=None,
+                      help="sequences per step (default: the preset's), or auto: the largest that fits --memory")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
   parser.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
                       help="output head tied to the token embedding (default) or --no-tie-embeddings")

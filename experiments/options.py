@@ -46,6 +46,9 @@ class RunOptions:
   process_id: int = 0  # This process, 0..num_processes-1.
   profile: str | None = None  # XProf log directory: a trace of profile_steps warm steps into profile/<policy>/.
   profile_steps: int = 3  # Steps inside the trace (from the run's second step on: the first one is warm-up).
+  global_batch_size: int | None = None  # Examples per update G: micro-batch, accumulation (and policy) planned.
+  memory: str = "auto"  # Device memory --batch-size auto / --global-batch-size plan for: a size (16GiB) or auto.
+  fit: Any = None  # What the fit planner chose (experiments.autofit), recorded in metrics.json; not a flag.
 
   def check(self) -> None:
     """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``/``--ckpt-dir``/``--profile``

@@ -178,3 +178,14 @@ def test_twins_bad_arguments_exit_2_with_one_line(argv, match, capsys):
       twin.main(argv)
     err = capsys.readouterr().err
     assert info.value.code == 2 and match in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_fit_planner_quick(tmp_path):
+  from benchmarks import fit_planner
+
+  record = fit_planner.main(["--quick", "--out", str(tmp_path / "fit.json")])
+  assert record["rows"]
+  for row in record["rows"]:  # the planner's verified answer is the binary search's, in fewer compiles
+    assert row["planner"] == row["search"] and row["planner_compiles"] < row["search_compiles"]
+    assert row["footprint_bytes"] <= row["limit_bytes"] < row["over_bytes_at_next"]

@@ -85,6 +85,9 @@ OVERRIDES: tuple[Override, ...] = (
              "--no-progress", "the default run takes 600 steps"),
     Override(r"(jaxckpt-report|python -m jaxckpt\.report) .*--model", "--preset tiny --batch-size 8",
              "small / gpt2-small presets compile for seconds to minutes per policy"),
+    Override(r"jaxckpt-fit .*--preset gpt2-small", "--preset tiny --memory 48MiB",
+             "GPT-2 small compiles for ~20 s each, 17 times; the tiny preset in a memory scaled to it runs the same "
+             "search"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",
@@ -98,6 +101,8 @@ SLOW: tuple[tuple[str, str], ...] = (
     (r"--num-processes", "starts a multi-process run (gloo collectives)"),
     (r"budget:", "plans a budget: several compiles"),
     (r"--mesh", "compiles for 8 fake devices"),
+    (r"jaxckpt-fit|python -m jaxckpt\.fit", "an absolute memory is tied to the model size: compiles at several batch "
+     "sizes per policy, not shrunk"),
     (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""

@@ -1,0 +1,202 @@
+"""``python -m jaxckpt.fit`` / ``jaxckpt-fit``: which micro-batch, accumulation and policy fit a device, and which
+trains fastest, from a handful of compiles, verified.
+
+The CLI parses flags, builds a target and calls :func:`jaxckpt.fit.plan_fit`; exit status 0, or 2 for bad input
+(one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from tqdm.auto import tqdm
+
+from jaxckpt.cli import CLIParser, check_output_file
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit.plan import FitPlan, plan_fit
+from jaxckpt.fit.search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, resolve_memory
+from jaxckpt.fit.speed import ACCELERATORS, accelerator
+from jaxckpt.policies import parse_model_policy
+from jaxckpt.training.sharding import make_mesh
+from jaxckpt.step.flags import add_target_flags, target_from_args
+from jaxckpt.units import format_bytes
+
+__all__ = ["build_parser", "main", "to_table", "plot_fit"]
+
+PROG = "jaxckpt-fit"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser."""
+  parser = CLIParser(
+      prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=("method: per policy, compile at two batch sizes, fit footprint = a + b·batch (argument + output +\n"
+              "  temp − alias bytes), predict the largest batch within --memory, then compile it and its successor:\n"
+              "  the first must fit and the second must not (else correct and re-verify; bisect where not affine)\n"
+              "time model (--global-batch-size): k × (max(FLOPs/peak, bytes/bandwidth) + overhead) per micro-batch\n"
+              f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (measured), or --peak-flops/--bandwidth\n"
+              "examples:\n"
+              f"  {PROG} --model gpt --preset small --memory 16GiB\n"
+              f"  {PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100\n"
+              f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
+              f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
+              f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
+              "--memory 1GiB"))
+  add_target_flags(parser)
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                      help="compile sharded over a device mesh (axes data, fsdp): memory per device")
+  parser.add_argument("--memory", default="auto", metavar="SIZE|auto",
+                      help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default)")
+  parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), metavar="SPEC",
+                      help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too)")
+  parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
+  parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                      help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size)")
+  parser.add_argument("--max-seq-len", type=int, default=None, metavar="T",
+                      help="instead of the batch: the largest sequence length ≤ T at --batch-size (sequence models)")
+  parser.add_argument("--global-batch-size", type=int, default=None, metavar="G",
+                      help="examples per optimizer step: choose policy, micro-batch b and accumulation G/b")
+  parser.add_argument("--device", default=None, help=f"time model device: {', '.join(ACCELERATORS)}, cpu "
+                                                     "(default: this one; CPU measured)")
+  parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the time model's device")
+  parser.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s of the time model's device")
+  parser.add_argument("--overhead", type=float, default=None, help="seconds per micro-step (default 20e-6)")
+  parser.add_argument("--measure", nargs="?", const=4, default=0, type=int, metavar="N",
+                      help="time the N (default 4) fastest estimates on this device and rank by measurement")
+  parser.add_argument("--json", default=None, metavar="FILE")
+  parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
+  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+  return parser
+
+
+def to_table(plan: FitPlan) -> str:
+  """The plan as text tables: per policy, and the global-batch candidates."""
+  console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - recorded, not printed
+  what = "sequence length" if plan.axis == "seq_len" else "micro-batch"
+  table = Table(title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
+                      f"({plan.memory_source}), {plan.compiles} compiles")
+  cols = ("policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example")
+  if plan.axis == "seq_len":
+    cols = ("policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)")
+  for col in cols:
+    table.add_column(col, justify="left" if col == "policy" else "right")
+  for f in plan.fits:
+    nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
+    table.add_row(f.policy, "none fits" if f.max_batch_size is None else str(f.max_batch_size),
+                  format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope)))
+  console.print(table)
+  if plan.choice is not None:
+    c = plan.choice
+    t = Table(title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by {c.ranked_by})")
+    for col in ("policy", "b × k", "FLOPs/step", "est. step", "measured", "examples/s"):
+      t.add_column(col, justify="left" if col == "policy" else "right")
+    measured = {(m.policy, m.micro_batch): m for m in c.measured}
+    for cand in list(c.table)[:12]:
+      m = measured.get((cand.policy, cand.micro_batch))
+      t.add_row(("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
+                f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}",
+                f"{cand.est_step_s * 1e3:.2f} ms", f"{m.measured_step_s * 1e3:.1f} ms" if m else "",
+                f"{c.global_batch / m.measured_step_s:.0f}" if m else "")
+    console.print(t)
+    if c.spearman is not None:
+      console.print(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
+    foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
+    console.print(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
+  return console.export_text()
+
+
+def plot_fit(plan: FitPlan, path: str) -> None:
+  """Footprint vs batch per policy (compiled points and the affine model), the memory line, each policy's answer."""
+  import matplotlib  # noqa: PLC0415 - only --plot needs it (a second of import)
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for f in plan.fits:
+    pts = sorted(f.points, key=lambda p: p.batch)
+    top = max(p.batch for p in pts)
+    line = ax.plot([0, top], [f.model(0) / 2**30, f.model(top) / 2**30], alpha=0.4)[0]
+    ax.scatter([p.batch for p in pts], [p.footprint_bytes / 2**30 for p in pts], color=line.get_color(), s=14,
+               label=f"{f.policy}: {f.max_batch_size}")
+    if f.max_batch_size:
+      ax.axvline(f.max_batch_size, color=line.get_color(), ls=":", lw=0.8)
+  ax.axhline(plan.limit_bytes / 2**30, color="k", lw=1, label=f"memory {format_bytes(plan.limit_bytes)}")
+  ax.set_xlabel("batch size (examples per micro-step)")
+  ax.set_ylabel("compiled footprint (GiB)")
+  ax.set_title("footprint vs batch: compiled points, affine model, largest batch that fits")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (0 done, 2 bad input)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  bar = None
+  try:
+    if (args.batch_size is not None and args.max_seq_len is None) or args.grad_accum_steps != 1:
+      raise JaxckptError("--batch-size and --grad-accum-steps are what jaxckpt-fit chooses; give --min-batch, "
+                         "--max-batch or --global-batch-size instead (--batch-size goes with --max-seq-len)")
+    if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
+      raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
+                         "--seq-len")
+    for flag in ("json", "plot"):
+      check_output_file(f"--{flag}", getattr(args, flag))
+    if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+      raise JaxckptError(f"--plot {args.plot}: use a .png, .svg or .pdf file")
+    if args.measure < 0:
+      raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
+    if args.measure and args.global_batch_size is None:
+      raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
+    if args.measure and args.mesh:
+      raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
+    for spec in args.policies:
+      parse_model_policy(spec)  # a typo exits 2 before any compile
+    resolve_memory(args.memory)
+    target = target_from_args(args)
+    mesh = make_mesh(args.mesh) if args.mesh is not None else None
+    device = None
+    if args.global_batch_size is not None:
+      device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
+                           overhead_s=args.overhead)
+    bar = tqdm(desc="compiles", unit="compile", disable=not args.progress, leave=False)
+
+    def on_compile(policy: str, batch: int) -> None:
+      bar.set_postfix_str(f"{policy} @ {batch}")
+      bar.update(1)
+
+    if args.max_seq_len is not None:
+      started = time.perf_counter()
+      limit, source = resolve_memory(args.memory)
+      fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
+                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024))
+      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len")
+    else:
+      kwargs = {"min_batch": args.min_batch}
+      if args.global_batch_size is None:
+        kwargs["max_batch"] = args.max_batch
+      plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
+                      measure=args.measure, mesh=mesh, on_compile=on_compile, **kwargs)
+  except JaxckptError as err:
+    if bar is not None:
+      bar.close()
+    return parser.fail(err)
+  bar.close()
+  print(to_table(plan), end="")
+  if args.json:
+    with open(args.json, "w") as fh:
+      json.dump(plan.as_json(), fh, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}")
+  if args.plot:
+    plot_fit(plan, args.plot)
+    print(f"wrote {os.path.abspath(args.plot)}")
+  return 0

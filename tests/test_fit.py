@@ -1,0 +1,195 @@
+"""The fit planner (jaxckpt.fit): the planned batch fits and the next does not, by an independent compile; bad input
+exits 2 with one line; the JSON keys scripts read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxckpt
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit import (AffineModel, NothingFitsError, accelerator, candidates, fit_affine, max_batch_size,
+                         with_batch)
+from jaxckpt.fit.cli import main
+from jaxckpt.step import LossTarget, compile_policy, shipped_target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEMORY = "1000KiB"  # mlp tiny: none fits ~30 examples, nothing_saveable ~75
+
+
+def footprint(target, policy: str, batch: int) -> int:
+  """The compiled footprint at ``batch``, compiled here without jaxckpt.fit."""
+  sized = shipped_target("mlp", "tiny", batch_size=batch) if target is None else with_batch(target, batch)
+  return compile_policy(sized, jaxckpt.parse_policy(policy)).memory["footprint_bytes"]
+
+
+@pytest.fixture(scope="module")
+def cli_json(tmp_path_factory):
+  path = tmp_path_factory.mktemp("fit") / "fit.json"
+  code = main(["--model", "mlp", "--memory", MEMORY, "--policies", "none", "--global-batch-size", "32",
+               "--device", "h100", "--json", str(path), "--no-progress"])
+  assert code == 0
+  return json.loads(path.read_text())
+
+
+def test_planned_batch_fits_and_next_does_not(cli_json):
+  row = cli_json["rows"][0]
+  assert set(row) >= {"policy", "max_batch_size", "footprint_bytes", "compiles"}
+  assert row["policy"] == "none" and row["compiles"] <= 6
+  b, limit = row["max_batch_size"], cli_json["limit_bytes"]
+  assert limit == 1000 * 1024 and 8 <= b < 100
+  at_b, at_next = footprint(None, "none", b), footprint(None, "none", b + 1)
+  assert at_b == row["footprint_bytes"] <= limit < at_next
+
+
+def test_global_batch_choice_json(cli_json):
+  choice = cli_json["global_batch"]
+  assert set(choice) >= {"global_batch_size", "policy", "micro_batch_size", "grad_accum_steps", "flags", "table"}
+  b, k = choice["micro_batch_size"], choice["grad_accum_steps"]
+  assert b * k == 32 and b <= cli_json["rows"][0]["max_batch_size"]
+  assert choice["footprint_bytes"] <= cli_json["limit_bytes"]  # compiled with its accumulation
+  times = [c["est_step_s"] for c in choice["table"]]
+  assert choice["est_step_s"] == min(times)
+  assert choice["flags"] == f"--policy none --batch-size 32 --grad-accum-steps {k}"
+
+
+def test_affine_model():
+  model = fit_affine([(16, 1000 + 16 * 7), (64, 1000 + 64 * 7)])
+  assert model.intercept == pytest.approx(1000) and model.slope == pytest.approx(7)
+  assert model.largest_within(1000 + 7 * 50 + 3) == 50
+  assert model.largest_within(1000 + 7 * 50 + 3, step=8) == 48
+  with pytest.raises(JaxckptError, match="does not grow with the batch"):
+    AffineModel(1000.0, 0.0, ((16, 1000), (64, 1000))).largest_within(2000)
+
+
+def test_with_batch_resizes_a_loss_target():
+  x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+  target = LossTarget(lambda p, b, *, policy: jnp.sum(b["x"] @ p), params=jax.ShapeDtypeStruct((3,), jnp.float32),
+                      batch={"x": x, "seed": jax.ShapeDtypeStruct((), jnp.uint32)})
+  sized = with_batch(target, 10)
+  assert sized.batch["x"].shape == (10, 3) and sized.batch["seed"].shape == ()
+  with pytest.raises(JaxckptError, match="no gradient accumulation"):
+    with_batch(target, 10, grad_accum_steps=2)
+  with pytest.raises(JaxckptError, match="no batch axis"):
+    max_batch_size(LossTarget(lambda p, b, *, policy: p @ p, params=jax.ShapeDtypeStruct((3,), jnp.float32),
+                              batch={"seed": jax.ShapeDtypeStruct((), jnp.uint32)}), "none", "1GiB")
+
+
+def test_nothing_fits_names_the_least_footprint(capsys):
+  assert main(["--model", "mlp", "--memory", "64KiB", "--policies", "none", "--max-batch", "1",
+               "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert "fits no policy even at batch size 1" in err and "with policy none" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--min-batch", "10", "--max-batch", "5"], "batch range is empty"),
+    (["--min-batch", "8", "--global-batch-size", "6"], "--global-batch-size 6: no micro-batch"),
+    (["--memory", "16GB"], "bad size '16GB'"),
+    (["--batch-size", "8"], "what jaxckpt-fit chooses"),
+    (["--policies", "budget:1GiB"], None),
+    (["--global-batch-size", "8", "--device", "k80"], "--device 'k80' is unknown"),
+])
+def test_bad_input_exits_2(capsys, argv, needle):
+  assert main(["--model", "mlp", "--no-progress", *argv]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and err.startswith("jaxckpt-fit: error:")
+  if needle:
+    assert needle in err
+
+
+def test_global_batch_no_divisor():
+  from jaxckpt.fit.search import BatchFit  # noqa: PLC0415
+
+  # micro-batches 2 and 4 fit (a data=2 mesh: multiples of 2); G=7 is reachable by neither
+  fit = BatchFit("none", 4, 10, 100, 4, AffineModel(0.0, 1.0), (), "affine", False, None, 2, 0.0)
+  with pytest.raises(JaxckptError, match="global_batch_size=7: no micro-batch that fits divides it"):
+    candidates([fit], 7, accelerator("h100"))
+
+
+def test_mesh_that_does_not_divide_the_batch_exits_2():
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  done = subprocess.run([sys.executable, "-m", "jaxckpt.fit", "--model", "mlp", "--mesh", "data=4",
+                         "--global-batch-size", "6", "--memory", "1GiB", "--no-progress"],
+                        capture_output=True, text=True, env=env, cwd=ROOT)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1].startswith("jaxckpt-fit: error: --global-batch-size 6 cannot be split")
+
+
+@pytest.mark.slow
+def test_own_nnx_and_linen_models():
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  import own_models  # noqa: PLC0415
+
+  for target in (own_models.decoder_target(), own_models.linen_lm_target()):
+    fit = max_batch_size(target, "nothing_saveable", 16 * 2**20, max_batch=512)
+    b = fit.max_batch_size
+    assert b is not None and fit.compiles <= 6
+    assert footprint(target, "nothing_saveable", b) <= 16 * 2**20 < footprint(target, "nothing_saveable", b + 1)
+
+
+@pytest.mark.slow
+def test_mesh_memory_per_device(tmp_path):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  out = tmp_path / "fit.json"
+  done = subprocess.run([sys.executable, "-m", "jaxckpt.fit", "--model", "gpt", "--mesh", "data=2,fsdp=4",
+                         "--memory", "4MiB", "--policies", "none", "--json", str(out), "--no-progress"],
+                        capture_output=True, text=True, env=env, cwd=ROOT)
+  assert done.returncode == 0, done.stderr
+  row = json.loads(out.read_text())["rows"][0]
+  assert row["max_batch_size"] % 8 == 0 and row["footprint_bytes"] <= 4 * 2**20 < row["over_bytes_at_next"]
+
+
+def test_nothing_fits_error_is_a_jaxckpt_error():
+  assert issubclass(NothingFitsError, JaxckptError)
+
+
+def test_experiment_fit_flags_bad_input(capsys):
+  from experiments import lm  # noqa: PLC0415
+
+  assert lm.main(["--global-batch-size", "16", "--grad-accum-steps", "2", "--steps", "1"]) == 2
+  assert "--global-batch-size 16 chooses the batch size and accumulation; drop --grad-accum-steps" in \
+      capsys.readouterr().err
+  assert lm.main(["--batch-size", "auto", "--policy", "budget:1GiB", "--steps", "1"]) == 2
+  assert "is a memory budget for one batch size" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_experiment_global_batch_size_recorded(tmp_path):
+  from experiments import lm  # noqa: PLC0415
+
+  out = tmp_path / "run"
+  assert lm.main(["--preset", "tiny", "--global-batch-size", "16", "--memory", "8MiB", "--policy", "auto",
+                  "--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--corpus-max-mib", "0.2",
+                  "--out", str(out), "--no-progress"]) == 0
+  metrics = json.loads((out / "metrics.json").read_text())
+  fit = metrics["config"]["fit"]
+  assert fit["batch_size"] == 16 == metrics["config"]["batch_size"]
+  assert fit["micro_batch_size"] * fit["grad_accum_steps"] == 16
+  assert metrics["config"]["policy"] == fit["policy"] and fit["footprint_bytes"] <= 8 * 2**20
+
+
+def test_parabola_corrects_a_curved_footprint():
+  from jaxckpt.fit.model import tangent_at_crossing  # noqa: PLC0415
+
+  curve = lambda t: 1000 + 3 * t + 0.01 * t * t  # noqa: E731 - attention's T² term
+  points = [(t, int(curve(t))) for t in (256, 1024, 300)]
+  truth = max(t for t in range(1, 2048) if curve(t) <= 6000)
+  line = tangent_at_crossing(points, 6000, 300, 1024)
+  assert abs(line.largest_within(6000) - truth) <= 1  # the chord through 300 and 1024 says 384
+  assert fit_affine([points[2], points[1]]).largest_within(6000) < truth - 50
+  assert tangent_at_crossing(points[:2], 6000, 300, 1024) is None  # two sizes: no parabola
+
+
+def test_seq_len_search_needs_a_sequence_model():
+  from jaxckpt.fit import max_seq_len  # noqa: PLC0415
+
+  with pytest.raises(JaxckptError, match="seq_len"):
+    max_seq_len(shipped_target("vit", "tiny"), "none", "1GiB")
