@@ -244,3 +244,14 @@ def test_profile_flag_errors(tmp_path):
   blocker.write_text("x")
   assert main(["--preset", "tiny", "--epochs", "1", "--profile", str(blocker), "--no-progress"]) == 2
   assert main(["--preset", "tiny", "--epochs", "1", "--profile", str(tmp_path), "--profile-steps", "0"]) == 2
+
+
+def test_a_bad_jax_remat3_value_is_one_line_before_jax_starts():
+  """The experiments import optax (and JAX) right after jaxckpt: ``experiments/__init__`` imports jaxckpt first, so an
+  unknown ``JAX_REMAT3`` is jaxckpt's one line and exit 2, not JAX's ValueError traceback."""
+  env = {**os.environ, "JAX_REMAT3": "maybe"}
+  done = subprocess.run([sys.executable, "-m", "experiments.classifier", "--help"], env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+  assert "JAX_REMAT3='maybe' is not a value JAX accepts" in done.stderr
+

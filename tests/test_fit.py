@@ -96,6 +96,8 @@ def test_nothing_fits_names_the_least_footprint(capsys):
     (["--batch-size", "8"], "what jaxckpt-fit chooses"),
     (["--policies", "budget:1GiB"], None),
     (["--global-batch-size", "8", "--device", "k80"], "--device 'k80' is unknown"),
+    (["--global-batch-size", "8", "--device", "k80"], "(or give --peak-flops FLOPS and --bandwidth BYTES_PER_S)"),
+    (["--device", "h100"], "give --global-batch-size G"),  # was ignored silently without a global batch
 ])
 def test_bad_input_exits_2(capsys, argv, needle):
   assert main(["--model", "mlp", "--no-progress", *argv]) == 2

@@ -344,3 +344,21 @@ def test_structure_and_grad_accumulation_targets():
 def test_cli_unwritable_output_is_refused_before_compiling(tmp_path, capsys):
   assert main(["--model", "mlp", "--policies", "none", "--json", str(tmp_path)]) == 2
   assert "is a directory" in capsys.readouterr().err
+
+
+def test_a_target_function_that_takes_arguments_is_one_line(capsys):
+  """``--target json:dumps`` (a function that needs an argument) was a TypeError traceback."""
+  from jaxckpt.report.cli import main  # noqa: PLC0415
+
+  assert main(["--target", "json:dumps", "--policies", "none", "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "bad --target 'json:dumps': dumps(" in err and "takes arguments" in err
+
+
+def test_plot_error_names_the_plot_flag(capsys):
+  from jaxckpt.report.cli import main  # noqa: PLC0415
+
+  assert main(["--model", "mlp", "--preset", "tiny", "--policies", "none", "--plot", "x.txt", "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "--plot x.txt: unknown image format ('.txt')" in err, err
+

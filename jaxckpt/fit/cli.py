@@ -165,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = target_from_args(args)
     mesh = make_mesh(args.mesh) if args.mesh is not None else None
     device = None
+    timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
+                             ("--bandwidth", args.bandwidth), ("--overhead", args.overhead)) if v is not None]
+    if timing and args.global_batch_size is None:
+      raise JaxckptError(f"{', '.join(timing)} set the time model that ranks configurations of a global batch; "
+                         "give --global-batch-size G (without it only the largest batch per policy is planned)")
     if args.global_batch_size is not None:
       device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
                            overhead_s=args.overhead)

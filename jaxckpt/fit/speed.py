@@ -120,7 +120,7 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
       base = ACCELERATORS[key]
     else:
       raise JaxckptError(f"device={name!r} is unknown; valid: {', '.join([*ACCELERATORS, 'cpu'])} (or give "
-                         "peak_flops= and bandwidth=)")
+                         "peak_flops=FLOPS and bandwidth=BYTES_PER_S)")
   else:
     device = jax.devices()[0]
     if device.platform == "cpu":
@@ -130,7 +130,7 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
       base = next((a for k, a in ACCELERATORS.items() if k in kind.replace(" ", "")), None)
       if base is None and (peak_flops is None or bandwidth is None):
         raise JaxckptError(f"device {device.device_kind!r} is not in the table ({', '.join(ACCELERATORS)}); give "
-                           "peak_flops= and bandwidth=")
+                           "peak_flops=FLOPS and bandwidth=BYTES_PER_S")
       base = base or Accelerator(device.device_kind, 1.0, 1.0)
   changes = {k: v for k, v in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s))
              if v is not None}

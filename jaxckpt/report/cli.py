@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       check_output_file(f"--{flag}", getattr(args, flag))
     check_output_dir("--xla-dump", args.xla_dump)
     if args.plot is not None:
-      plot_format(args.plot)
+      plot_format(args.plot, flag="plot")
     if args.profile is not None:
       check_profile_dir(args.profile, flag="--profile")
     target = target_from_args(args)

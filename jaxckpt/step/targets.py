@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Collection, Mapping
@@ -289,6 +290,13 @@ def load_target(spec: str) -> Target:
     found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
     raise JaxckptError(f"bad target={spec!r}: module {module_name} has no function {function_name!r}; "
                        f"its functions: {', '.join(found[:20]) or '(none)'}{', ...' if len(found) > 20 else ''}")
+  try:
+    inspect.signature(function).bind()
+  except TypeError:
+    raise JaxckptError(f"bad target={spec!r}: {function_name}{inspect.signature(function)} takes arguments; a target "
+                       "function takes none and returns a ModelTarget or LossTarget") from None
+  except ValueError:  # no signature (a builtin): call it and let the type check below speak
+    pass
   target = function()
   if not isinstance(target, (ModelTarget, LossTarget)):
     raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
