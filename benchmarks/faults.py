@@ -6,7 +6,7 @@ Usage: ``python benchmarks/faults.py [--kills 12] [--signals 8] [--pairs 4] [--s
 Runs the tiny classifier (3 epochs, a checkpoint every 3 steps) once straight through, then:
 
 - *kill -9*: again under repeated ``SIGKILL`` at random delays after start-up, each time relaunched with
-  ``--resume``. A kill is classified by what it interrupted: start-up/compile (no new step on disk), a save (an
+  ``--resume auto``. A kill is classified by what it interrupted: start-up/compile (no new step on disk), a save (an
   unfinished ``*.orbax-checkpoint-tmp*`` directory is left), or training steps.
 - *SIGINT / SIGTERM*: the same with a random one of the two signals; each must exit 130 / 143 with one line on stderr
   (the step reached, the last checkpoint, the resume command) and leave no unfinished save.
@@ -68,7 +68,7 @@ def interrupted_sequence(tmp: str, rng: random.Random, *, faults: int, signals: 
   for _ in range(faults):
     before = latest_step(ckpt)
     with open(log_path, "w") as log, open(f"{log_path}.err", "w") as err:
-      proc = subprocess.Popen([*CLI, "--ckpt-dir", ckpt, "--out", out, "--resume"], stdout=log, stderr=err, env=ENV)
+      proc = subprocess.Popen([*CLI, "--ckpt-dir", ckpt, "--out", out, "--resume", "auto"], stdout=log, stderr=err, env=ENV)
       # A third of the faults land in start-up (imports, data, compile: 0.5-6 s), the rest at a random moment of
       # training (0-3 s after the compile).
       in_startup = rng.random() < 1 / 3
@@ -104,7 +104,7 @@ def interrupted_sequence(tmp: str, rng: random.Random, *, faults: int, signals: 
     key = f"{signal.Signals(sig).name} during {kind}"
     counts[key] = counts.get(key, 0) + 1
   before = latest_step(ckpt)
-  done = subprocess.run([*CLI, "--ckpt-dir", ckpt, "--out", out, "--resume"], capture_output=True, text=True,
+  done = subprocess.run([*CLI, "--ckpt-dir", ckpt, "--out", out, "--resume", "auto"], capture_output=True, text=True,
                         check=True, env=ENV)
   if (step := resumed_from(done.stdout.splitlines())) is not None:
     resumes += 1

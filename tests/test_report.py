@@ -239,7 +239,8 @@ def test_cli_bad_policy_names_closest_match(capsys):
   assert "did you mean 'dots_saveable'?" in capsys.readouterr().err
 
 
-def test_cli_end_to_end_writes_every_output(tmp_path, capsys):
+def test_cli_end_to_end_writes_every_output(tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv("COLUMNS", "100")  # the table fits the terminal; CI's may be narrower
   out = {ext: str(tmp_path / f"report.{ext}") for ext in ("json", "csv", "md", "html", "png")}
   status = main(["--model", "mlp", "--preset", "tiny", "--batch-size", "8", "--policies", "none", "full",
                  "--no-progress", "--json", out["json"], "--csv", out["csv"], "--markdown", out["md"],

@@ -86,7 +86,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
              "top residuals"]
   table = []
   for r in rows:
-    cells = [_policy_cell(r["policy"], labels)]
+    cells = [_policy_cell(r["policy"], labels) + ("\n(warning below)" if r.get("warning") else "")]
     for _, key, fmt, ratio in columns:
       value = r.get(key)
       if r["status"] != STATUS_OK:
