@@ -33,7 +33,7 @@ import optax
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit.model import AffineModel, fit_affine, tangent_at_crossing
 from jaxckpt.planner import device_memory_bytes, resolve_policy
-from jaxckpt.policies import Budget, MinCut, MinSaved, parse_model_policy
+from jaxckpt.policies import Budget, parse_model_policy
 from jaxckpt.policies.model import DEFAULT_MARGIN
 from jaxckpt.training.sharding import BATCH_AXES, mesh_shape
 from jaxckpt.step import LossTarget, ModelTarget, Target, compile_policy, shipped_target
@@ -239,10 +239,9 @@ def _cost_bytes(compiled: Any) -> tuple[float | None, float | None]:
 
 
 def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
-  """A policy the step compiles: named/layered as they are; ``min_saved``/``mincut`` resolved for this target."""
-  if isinstance(policy, (MinSaved, MinCut)):
-    return resolve_policy(target, policy, tx=tx, compiler_options=options, mesh=mesh)[0]
-  return policy
+  """A policy the step compiles: named/layered as they are; ``min_saved``/``mincut`` resolved for this target
+  (:func:`jaxckpt.planner.resolve_policy` returns a concrete policy unchanged; budgets were refused at the entry)."""
+  return resolve_policy(target, policy, tx=tx, compiler_options=options, mesh=mesh)[0]
 
 
 def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
