@@ -11,7 +11,7 @@ import pytest
 from jaxckpt.policies import AUTO, BUDGET, MIN_SAVED, MINCUT
 from jaxckpt.report.build import Report
 from jaxckpt.report.keys import STATUS_ERROR, empty_row
-from jaxckpt.report.outputs import to_csv, to_table
+from jaxckpt.report.outputs import to_csv, to_markdown, to_table
 from jaxckpt.analysis.tables import render_table, short_labels, wrap_lines
 
 MiB = 2**20
@@ -59,6 +59,11 @@ def test_wide_table_is_one_line_per_row():
   row_lines = [line for line in text.splitlines() if line.startswith(("none ", "budget:30%", PLAN[:20]))]
   assert len(row_lines) == 3 and any(PLAN in line for line in row_lines)
   assert "XLA FLOPs (raw)" in text and text.count("no plan fits budget:30%") == 1
+
+
+def test_markdown_prints_an_error_rows_message_once():
+  text = to_markdown(_report())
+  assert text.count("no plan fits budget:30%") == 1 and "saves no memory" in text  # other warnings stay
 
 
 def test_csv_nested_values_are_json_text():

@@ -51,6 +51,12 @@ def _policy_cell(policy: str, labels: Mapping[str, str], piece: int = 22) -> str
   return labels[policy]
 
 
+def _unshown_warnings(report: Report) -> list[str]:
+  """The report's warnings less those that repeat an error row's message (the row already says it)."""
+  errors = [r["error"] for r in report.rows if r["status"] != STATUS_OK and r.get("error")]
+  return [w for w in report.data["warnings"] if not any(e in w for e in errors)]
+
+
 def to_table(report: Report, *, width: int | None = None, wide: bool = False) -> str:
   """The terminal table, with the budget plans, the errors and the warnings under it.
 
@@ -69,7 +75,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
     The text, no final newline.
   """
   errors = {r["policy"]: r["error"] for r in report.rows if r["status"] != STATUS_OK and r.get("error")}
-  warnings = [w for w in report.data["warnings"] if not any(e in w for e in errors.values())]  # said in its row
+  warnings = _unshown_warnings(report)
   if wide:
     headers, rows = table_rows(report)
     notes = [_NOTE, *plan_lines(report), *[f"warning: {w}" for w in warnings]]
@@ -123,7 +129,7 @@ def to_markdown(report: Report) -> str:
   lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
   lines += ["", "`*` = best of the column; ×none = ratio to the `none` row."]
   lines += [f"- `{line.split(' = ', 1)[0]}` = `{line.split(' = ', 1)[1]}`" for line in plan_lines(report)]
-  lines += [f"- warning: {w}" for w in report.data["warnings"]]
+  lines += [f"- warning: {w}" for w in _unshown_warnings(report)]
   return "\n".join(lines) + "\n"
 
 
