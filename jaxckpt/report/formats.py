@@ -6,14 +6,17 @@ against the ``none`` row; ``*`` marks the best (smallest) value of a column amon
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxckpt.report.build import Report
 from jaxckpt.report.keys import STATUS_OK
 from jaxckpt.units import format_bytes
 
-__all__ = ["COLUMNS", "Column", "format_flops", "table_cells", "table_rows", "report_title", "plan_lines", "top_groups"]
+__all__ = ["COLUMNS", "Column", "OP_WORDS", "format_flops", "main_sources", "plan_lines", "report_title", "residual_label",
+           "short_source", "table_cells", "table_rows", "top_groups"]
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 
@@ -49,11 +52,63 @@ COLUMNS: tuple[Column, ...] = (
 """The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``."""
 
 
-def top_groups(row: Mapping[str, Any], n: int = 3, *, sep: str = ", ") -> str:
-  """The row's ``n`` largest residual groups (arguments left out), ``"key bytes"`` joined by ``sep``."""
+OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
+             "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide"}
+"""Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
+
+
+def short_source(source: str | None) -> str:
+  """``/long/path/jaxckpt/core/blocks.py:207:27 (_residual_pair)`` → ``blocks.py:207 (_residual_pair)``."""
+  if not source:
+    return "no source line"
+  match = re.match(r"(?:.*/)?([^/:]+):(\d+)(?::\d+)?\s*(\(.*\))?", source)
+  if not match:
+    return source
+  return f"{match.group(1)}:{match.group(2)}" + (f" {match.group(3)}" if match.group(3) else "")
+
+
+def main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, int]]:
+  """Per unnamed primitive: the source line holding most of its residual bytes over ``rows``, and how many lines."""
+  by_prim: dict[str, dict[str | None, int]] = {}
+  for r in rows:
+    for item in (r.get("residuals") or {}).get("items") or []:
+      if item["name"] is None and item["primitive"] and item["kind"] != "argument":
+        sources = by_prim.setdefault(item["primitive"], {})
+        sources[item["source"]] = sources.get(item["source"], 0) + item["bytes"]
+  return {prim: (max(sources, key=lambda k: (sources[k], k or "")), len(sources)) for prim, sources in by_prim.items()}
+
+
+def residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
+                    short: bool = False) -> str:
+  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
+  (``short``: without the count of other lines and the primitive's own name)."""
+  if group["by"] == "name":
+    return f"{group['key']} (checkpoint name)"
+  if group["by"] == "primitive":
+    op = OP_WORDS.get(group["key"], group["key"])
+    op = op if op == group["key"] or short else f"{op} ({group['key']})"
+    source, lines = sources.get(group["key"], (None, 0))
+    more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
+    return f"{op} at {short_source(source)}{more}"
+  return f"{group['key']} values (made by no op: constants, scalars)" if group["key"] == "other" else \
+      f"{group['key']} values"
+
+
+def top_groups(row: Mapping[str, Any], n: int = 3, *, sep: str = ", ",
+               sources: Mapping[str, tuple[str | None, int]] | None = None) -> str:
+  """The row's ``n`` largest residual groups (arguments left out), ``"bytes label"`` joined by ``sep``; the label
+  is :func:`residual_label`'s short one (``"26.00 MiB add at blocks.py:202 (attention)"``).
+
+  Args:
+    row: a report row (its ``residuals.groups``).
+    n: how many groups.
+    sep: the separator.
+    sources: :func:`main_sources` of the report's rows (``None``: this row's own).
+  """
+  sources = main_sources([row]) if sources is None else sources
   groups = (row.get("residuals") or {}).get("groups") or []
   groups = [g for g in groups if g["by"] != "kind" or g["key"] != "argument"][:n]
-  return sep.join(f"{g['key']} {format_bytes(g['bytes'])}" for g in groups)
+  return sep.join(f"{format_bytes(g['bytes'])} {residual_label(g, sources, short=True)}" for g in groups)
 
 
 Cell = tuple[str, "float | str | None"]  # (text, sort value: the raw number, or the text)
@@ -74,6 +129,7 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
   for header, _, _, ratio in columns:
     headers += [header] + (["×none"] if ratio and base is not None else [])
   headers.append("top residuals")
+  sources = main_sources(ok)
   out = []
   for r in rows:
     status = r["status"] if r["status"] == STATUS_OK else f"error: {r['error']}"
@@ -87,7 +143,7 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
       if ratio and base is not None:
         rel = None if value is None or not base.get(key) else value / base[key]
         line.append(("n/a" if rel is None else f"{rel:.2f}", rel))
-    top = top_groups(r, top_residuals)
+    top = top_groups(r, top_residuals, sources=sources)
     line.append((top, top))
     out.append(line)
   return headers, out

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +26,8 @@ import jinja2
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report.build import Report
-from jaxckpt.report.formats import Cell, format_flops, plan_lines, report_title, table_cells
+from jaxckpt.report.formats import (OP_WORDS, Cell, format_flops, main_sources, plan_lines, report_title, residual_label,
+                                    short_source, table_cells)
 from jaxckpt.report.keys import STATUS_OK
 from jaxckpt.report.plot import pareto_indices
 from jaxckpt.units import format_bytes
@@ -226,48 +226,6 @@ def _memory_figure(report: Report):
   return fig
 
 
-_OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
-             "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide"}
-"""Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
-
-
-def short_source(source: str | None) -> str:
-  """``/long/path/jaxckpt/core/blocks.py:207:27 (_residual_pair)`` → ``blocks.py:207 (_residual_pair)``."""
-  if not source:
-    return "no source line"
-  match = re.match(r"(?:.*/)?([^/:]+):(\d+)(?::\d+)?\s*(\(.*\))?", source)
-  if not match:
-    return source
-  return f"{match.group(1)}:{match.group(2)}" + (f" {match.group(3)}" if match.group(3) else "")
-
-
-def _main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, int]]:
-  """Per unnamed primitive: the source line holding most of its residual bytes over ``rows``, and how many lines."""
-  by_prim: dict[str, dict[str | None, int]] = {}
-  for r in rows:
-    for item in (r.get("residuals") or {}).get("items") or []:
-      if item["name"] is None and item["primitive"] and item["kind"] != "argument":
-        sources = by_prim.setdefault(item["primitive"], {})
-        sources[item["source"]] = sources.get(item["source"], 0) + item["bytes"]
-  return {prim: (max(sources, key=lambda k: (sources[k], k or "")), len(sources)) for prim, sources in by_prim.items()}
-
-
-def _residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
-                    short: bool = False) -> str:
-  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
-  (``short``: without the count of other lines and the primitive's own name)."""
-  if group["by"] == "name":
-    return f"{group['key']} (checkpoint name)"
-  if group["by"] == "primitive":
-    op = _OP_WORDS.get(group["key"], group["key"])
-    op = op if op == group["key"] or short else f"{op} ({group['key']})"
-    source, lines = sources.get(group["key"], (None, 0))
-    more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
-    return f"{op} at {short_source(source)}{more}"
-  return f"{group['key']} values (made by no op: constants, scalars)" if group["key"] == "other" else \
-      f"{group['key']} values"
-
-
 def _residuals_figure(report: Report):
   import plotly.graph_objects as go  # pylint: disable=g-import-not-at-top
 
@@ -275,10 +233,10 @@ def _residuals_figure(report: Report):
   if not ok:
     return None
   per_row = []
-  sources = _main_sources(ok)
+  sources = main_sources(ok)
   for r in ok:
     groups = [g for g in r["residuals"]["groups"] if not (g["by"] == "kind" and g["key"] == "argument")]
-    per_row.append({_residual_label(g, sources): g for g in groups})
+    per_row.append({residual_label(g, sources): g for g in groups})
   largest: dict[str, int] = {}
   for groups in per_row:
     for label, g in groups.items():
@@ -362,7 +320,7 @@ def _residual_source_rows(row: Mapping[str, Any]) -> list[list[Cell]]:
     if item["kind"] == "argument":
       continue
     label = (f"{item['name']} (checkpoint name)" if item["name"] else
-             _OP_WORDS.get(item["primitive"], item["primitive"]) if item["primitive"] else f"{item['kind']} values")
+             OP_WORDS.get(item["primitive"], item["primitive"]) if item["primitive"] else f"{item['kind']} values")
     g = groups.setdefault((label, short_source(item["source"])), {"count": 0, "bytes": 0, "shapes": {}})
     g["count"] += 1
     g["bytes"] += item["bytes"]
@@ -397,7 +355,7 @@ def _summary(report: Report) -> dict[str, Any]:
   """The summary table: value cells with their ratio to ``none`` under them, residual groups one per line, an
   error folded into a ``details`` cell (its whole message; the warnings then leave it out)."""
   headers, cells = table_cells(report, top_residuals=3)
-  sources = _main_sources([r for r in report.rows if r["status"] == STATUS_OK])
+  sources = main_sources([r for r in report.rows if r["status"] == STATUS_OK])
   keep = [i for i, h in enumerate(headers) if h not in ("×none", "XLA FLOPs (raw)", "compile")]
   out_rows = []
   for row, line in zip(report.rows, cells):
@@ -410,7 +368,7 @@ def _summary(report: Report) -> dict[str, Any]:
         groups = [g for g in (row.get("residuals") or {}).get("groups") or []
                   if g["by"] != "kind" or g["key"] != "argument"][:3]
         out.append(_cell(text, text, text_col=True,
-                         lines=[f"{format_bytes(g['bytes'])} {_residual_label(g, sources, short=True)}"
+                         lines=[f"{format_bytes(g['bytes'])} {residual_label(g, sources, short=True)}"
                                 for g in groups]))
       else:
         ratio = line[i + 1][0] if i + 1 < len(headers) and headers[i + 1] == "×none" else None

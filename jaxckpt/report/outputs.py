@@ -17,7 +17,7 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report.build import Report
-from jaxckpt.report.formats import COLUMNS, plan_lines, report_title, table_rows, top_groups
+from jaxckpt.report.formats import COLUMNS, main_sources, plan_lines, report_title, table_rows, top_groups
 from jaxckpt.report.html import PLOTLYJS_MODES, to_html
 from jaxckpt.report.keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report.plot import plot_format, plot_pareto
@@ -82,6 +82,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
     return render_table(headers, rows, title=report_title(report), notes=notes, wide=True)
   rows = report.rows
   ok = [r for r in rows if r["status"] == STATUS_OK]
+  sources = main_sources(ok)
   base = next((r for r in ok if r["policy"] == "none"), None)
   columns = [c for c in COLUMNS if c[0] not in WIDE_ONLY and any(r.get(c[1]) is not None for r in rows)]
   best = {key: min((r[key] for r in ok if r.get(key) is not None), default=None) for _, key, _, _ in columns}
@@ -104,7 +105,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
         cells.append(f"{fmt(value)}\n{'n/a' if rel is None else f'{rel:.2f}'}{mark}")
       else:
         cells.append(fmt(value) + mark)
-    cells.append(top_groups(r, sep="\n") if r["status"] == STATUS_OK else "error (below)")
+    cells.append(top_groups(r, sep="\n", sources=sources) if r["status"] == STATUS_OK else "error (below)")
     table.append(cells)
   plans = [f"{labels.get(r['policy'], r['policy'])} = {r['plan']['policy']} ({r['plan']['compiles']} compiles, "
            f"{r['plan']['seconds']:.1f} s)" for r in rows if r.get("plan")]
