@@ -12,11 +12,13 @@ of the built-in sweep), the issue's "at most 6 compiles" target. Writes ``benchm
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
+import re
 import statistics
 import sys
+import time
+from collections.abc import Mapping
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,12 +28,43 @@ from jaxckpt.errors import PolicySpecError  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, plan_policy  # noqa: E402
 from jaxckpt.policies import Budget, parse_model_policy  # noqa: E402
 from jaxckpt.report import build_report, shipped_target  # noqa: E402
-from jaxckpt.schema import versions  # noqa: E402
 
 NAME = "budget_plans"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _count(match: re.Match) -> str:
+  n = len(match.group(1).split("+"))
+  return f"save_tensors:({n} tensor{'s' if n > 1 else ''})"
+
+
+def _label(policy: str) -> str:
+  """``policy`` with each ``save_tensors:`` list shortened to its count (the full string is in the JSON)."""
+  short = re.sub(r"save_tensors:([^,;]+)", _count, policy)
+  return f"`{short}`"
+
+
+def render(data: Mapping[str, Any]) -> str:
+  """The result as markdown: the run line and one row per budget (docs/plans.md)."""
+  rows = []
+  for e in data["budgets"]:
+    fixed = ("none fits" if e["best_fixed"] is None else
+             f"`{e['best_fixed']['policy']}` ×{e['best_fixed']['flops_ratio']:.4f}")
+    budget = f"{e['budget_percent']:g}% ({e['limit_bytes'] / 2**20:.1f} MiB)"
+    if e["feasible"]:
+      rows.append([budget, _label(e["policy"]), f"{e['temp_bytes'] / 2**20:.1f} MiB", f"×{e['flops_ratio']:.4f}",
+                   fixed, f"{e['compiles']} / {e['seconds_in_compiles']:.1f}"])
+    else:
+      rows.append([budget, f"infeasible: exit 2, least temp {e['minimum_bytes'] / 2**20:.1f} MiB", "—", "—", fixed,
+                   "—"])
+  none = data["none"]
+  return "\n".join([
+      f"Measured {common.header(data)}; {data['model']} `{data['preset']}`, none's temp "
+      f"{none['temp_bytes'] / 2**20:.1f} MiB, one compile of the step {none['compile_s']:.1f} s:", "",
+      common.markdown_table(["budget (temp ≤)", "plan", "compiled temp", "FLOPs vs none",
+                             "best fixed built-in that fits", "compiles / time in compiles"], rows)])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
   """Runs the benchmark; returns what it writes as JSON (bytes, FLOPs, seconds)."""
   parser = common.parser(NAME, __doc__)
   parser.add_argument("--model", default="gpt")
@@ -49,6 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     except PolicySpecError as err:
       parser.error(str(err))
   common.check_out(parser, NAME, args)
+  started = time.perf_counter()
+  record = common.run_record(NAME, args)
   target = shipped_target(args.model, args.preset)
   fixed = build_report(target, ["all"], residuals=False, progress=False)
   rows = [r for r in fixed.rows if r["status"] == "ok"]
@@ -77,34 +112,15 @@ def main(argv: list[str] | None = None) -> dict:
               f"{entry['compiles']} compiles  {entry['seconds']:.1f} s = {entry['seconds_in_compiles']:.1f} compiles"
               if entry["feasible"] else f"infeasible (least temp {entry['minimum_bytes'] / 2**20:.1f} MiB)")
     print(f"budget {pct:g}% (temp ≤ {limit / 2**20:.1f} MiB): {status}", flush=True)
-  print()
-  print("| budget (temp ≤) | plan | compiled temp | FLOPs × none | best fixed that fits | its FLOPs × none | "
-        "plan time (compiles) |")
-  print("|---|---|---|---|---|---|---|")
-  for e in results:
-    fixed_text = ("none fits" if e["best_fixed"] is None else
-                  f"`{e['best_fixed']['policy']}` | {e['best_fixed']['flops_ratio']:.4f}")
-    if e["feasible"]:
-      print(f"| {e['budget_percent']:g}% ({e['limit_bytes'] / 2**20:.1f} MiB) | `{e['policy']}` | "
-            f"{e['temp_bytes'] / 2**20:.1f} MiB | {e['flops_ratio']:.4f} | {fixed_text} | "
-            f"{e['seconds']:.1f} s ({e['seconds_in_compiles']:.1f}) |")
-    else:
-      print(f"| {e['budget_percent']:g}% ({e['limit_bytes'] / 2**20:.1f} MiB) | infeasible: least temp "
-            f"{e['minimum_bytes'] / 2**20:.1f} MiB | — | — | {fixed_text} | — |")
-  data = {
-      "model": args.model, "preset": args.preset, "date": datetime.date.today().isoformat(),
-      "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "platform": platform.platform()},
-      "versions": versions(), "none": {"temp_bytes": none["temp_bytes"], "flops": none["flops"],
-                                       "compile_s": compile_s},
-      "median_fixed_compile_s": statistics.median(r["compile_s"] for r in rows),
-      "fixed": [{"policy": r["policy"], "temp_bytes": r["temp_bytes"], "flops_ratio": r["flops"] / none["flops"]}
-                for r in rows],
-      "budgets": results,
-  }
-  path = common.write_json(common.out_path(NAME, args), data)
-  print(f"wrote {path}")
+  record.update(model=args.model, preset=args.preset,
+                none={"temp_bytes": none["temp_bytes"], "flops": none["flops"], "compile_s": compile_s},
+                median_fixed_compile_s=statistics.median(r["compile_s"] for r in rows),
+                fixed=[{"policy": r["policy"], "temp_bytes": r["temp_bytes"], "flops_ratio": r["flops"] / none["flops"]}
+                       for r in rows],
+                budgets=results)
+  data = common.publish(record, started, render, NAME, args)
   if args.plot:
-    plot_path = os.path.splitext(path)[0] + ".png"
+    plot_path = os.path.splitext(common.out_path(NAME, args))[0] + ".png"
     _plot(data, plot_path)
     print(f"wrote {plot_path}")
   return data

@@ -1,11 +1,11 @@
-"""Writes the benchmarks' tables into docs/benchmarks.md from the committed JSON, so the manual shows the latest run.
+"""Writes the benchmarks' tables into the manual from the committed JSON, so the manual shows the latest run.
 
-Usage: ``python benchmarks/readme.py`` (rewrite) or ``python benchmarks/readme.py --check`` (exit 1 if the page
+Usage: ``python benchmarks/readme.py`` (rewrite) or ``python benchmarks/readme.py --check`` (exit 1 if a page
 differs).
 
 Each script's ``render(json)`` output goes between ``<!-- benchmark:NAME -->`` and ``<!-- /benchmark:NAME -->`` in
-docs/benchmarks.md (the benchmark log, linked from README.md); a script without a committed
-``benchmarks/results/NAME.json`` (or without markers) is skipped.
+its page (:data:`PAGES`: docs/benchmarks.md, the benchmark log linked from README.md, and docs/plans.md for the
+budget plans); a script without a committed ``benchmarks/results/NAME.json`` (or without markers) is skipped.
 """
 
 from __future__ import annotations
@@ -15,21 +15,27 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import (common, faults, fit_planner, policy_sweep, report_speed, runner_overhead, structure_depth,
-                        truth_check)
+from benchmarks import (budget_plans, common, faults, fit_planner, policy_sweep, report_speed, runner_overhead,
+                        structure_depth, truth_check)
 
-PAGE = os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs", "benchmarks.md")
-"""The page holding the tables (README.md before the manual moved to docs/)."""
+_DOCS = os.path.normpath(os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs"))
+PAGE = os.path.join(_DOCS, "benchmarks.md")
+"""The benchmark log (README.md before the manual moved to docs/)."""
 MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fit_planner)
+"""The scripts whose tables are on :data:`PAGE`."""
+PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,)}
+"""Each page holding tables -> the scripts whose tables it holds."""
 
 
-def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR) -> str:
-  """``text`` (the page's contents) with every marked block replaced by its script's render of the committed JSON."""
-  for module in MODULES:
+def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR, modules: Sequence[Any] = MODULES) -> str:
+  """``text`` (a page's contents) with every marked block of ``modules`` replaced by its script's render of the
+  committed JSON."""
+  for module in modules:
     path = os.path.join(results_dir, f"{module.NAME}.json")
     if not os.path.exists(path):
       continue
@@ -41,22 +47,23 @@ def rendered_readme(text: str, results_dir: str = common.RESULTS_DIR) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """Rewrites docs/benchmarks.md (or with ``--check`` only compares); returns the exit status."""
+  """Rewrites the pages of :data:`PAGES` (or with ``--check`` only compares); returns the exit status."""
   p = common.CLIParser(prog="python benchmarks/readme.py", description=__doc__.split("\n\n")[0])
-  p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from the JSON")
+  p.add_argument("--check", action="store_true", help="exit 1 if a page differs from the JSON")
   args = p.parse_args(argv)
-  path = os.path.normpath(PAGE)
-  with open(path) as f:
-    text = f.read()
-  new = rendered_readme(text)
-  if args.check:
-    if new != text:
-      print(f"{path} differs from benchmarks/results/*.json: run python benchmarks/readme.py", file=sys.stderr)
-      return 1
-    return 0
-  with open(path, "w") as f:
-    f.write(new)
-  return 0
+  status = 0
+  for path, modules in PAGES.items():
+    with open(path) as f:
+      text = f.read()
+    new = rendered_readme(text, modules=modules)
+    if args.check:
+      if new != text:
+        print(f"{path} differs from benchmarks/results/*.json: run python benchmarks/readme.py", file=sys.stderr)
+        status = 1
+      continue
+    with open(path, "w") as f:
+      f.write(new)
+  return status
 
 
 if __name__ == "__main__":
