@@ -57,14 +57,15 @@ OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul"
 """Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
 
 
-def short_source(source: str | None) -> str:
-  """``/long/path/jaxckpt/core/blocks.py:207:27 (_residual_pair)`` → ``blocks.py:207 (_residual_pair)``."""
+def short_source(source: str | None, *, function: bool = True) -> str:
+  """``/long/path/jaxckpt/core/blocks.py:207:27 (_residual_pair)`` → ``blocks.py:207 (_residual_pair)``
+  (``function=False``: ``blocks.py:207``)."""
   if not source:
     return "no source line"
   match = re.match(r"(?:.*/)?([^/:]+):(\d+)(?::\d+)?\s*(\(.*\))?", source)
   if not match:
     return source
-  return f"{match.group(1)}:{match.group(2)}" + (f" {match.group(3)}" if match.group(3) else "")
+  return f"{match.group(1)}:{match.group(2)}" + (f" {match.group(3)}" if match.group(3) and function else "")
 
 
 def main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, int]]:
@@ -79,23 +80,24 @@ def main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | Non
 
 
 def residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
-                    short: bool = False) -> str:
+                    short: bool = False, brief: bool = False) -> str:
   """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
-  (``short``: without the count of other lines and the primitive's own name)."""
+  (``short``: without the count of other lines and the primitive's own name; ``brief``: also without the source
+  line's function and the words "checkpoint name", for the terminal)."""
   if group["by"] == "name":
-    return f"{group['key']} (checkpoint name)"
+    return group["key"] if brief else f"{group['key']} (checkpoint name)"
   if group["by"] == "primitive":
     op = OP_WORDS.get(group["key"], group["key"])
     op = op if op == group["key"] or short else f"{op} ({group['key']})"
     source, lines = sources.get(group["key"], (None, 0))
     more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
-    return f"{op} at {short_source(source)}{more}"
+    return f"{op} at {short_source(source, function=not brief)}{more}"
   return f"{group['key']} values (made by no op: constants, scalars)" if group["key"] == "other" else \
       f"{group['key']} values"
 
 
 def top_groups(row: Mapping[str, Any], n: int = 3, *, sep: str = ", ",
-               sources: Mapping[str, tuple[str | None, int]] | None = None) -> str:
+               sources: Mapping[str, tuple[str | None, int]] | None = None, brief: bool = False) -> str:
   """The row's ``n`` largest residual groups (arguments left out), ``"bytes label"`` joined by ``sep``; the label
   is :func:`residual_label`'s short one (``"26.00 MiB add at blocks.py:202 (attention)"``).
 
@@ -104,11 +106,12 @@ def top_groups(row: Mapping[str, Any], n: int = 3, *, sep: str = ", ",
     n: how many groups.
     sep: the separator.
     sources: :func:`main_sources` of the report's rows (``None``: this row's own).
+    brief: :func:`residual_label`'s ``brief`` labels (the terminal's).
   """
   sources = main_sources([row]) if sources is None else sources
   groups = (row.get("residuals") or {}).get("groups") or []
   groups = [g for g in groups if g["by"] != "kind" or g["key"] != "argument"][:n]
-  return sep.join(f"{format_bytes(g['bytes'])} {residual_label(g, sources, short=True)}" for g in groups)
+  return sep.join(f"{format_bytes(g['bytes'])} {residual_label(g, sources, short=True, brief=brief)}" for g in groups)
 
 
 Cell = tuple[str, "float | str | None"]  # (text, sort value: the raw number, or the text)

@@ -105,7 +105,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
         cells.append(f"{fmt(value)}\n{'n/a' if rel is None else f'{rel:.2f}'}{mark}")
       else:
         cells.append(fmt(value) + mark)
-    cells.append(top_groups(r, sep="\n", sources=sources) if r["status"] == STATUS_OK else "error (below)")
+    cells.append(top_groups(r, sep="\n", sources=sources, brief=True) if r["status"] == STATUS_OK else "error (below)")
     table.append(cells)
   plans = [f"{labels.get(r['policy'], r['policy'])} = {r['plan']['policy']} ({r['plan']['compiles']} compiles, "
            f"{r['plan']['seconds']:.1f} s)" for r in rows if r.get("plan")]
