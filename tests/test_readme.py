@@ -380,7 +380,7 @@ def test_shell_example_runs(block: Block, tmp_path: Path):
 @pytest.mark.parametrize("block", _params(PYTHON_BLOCKS))
 def test_python_example_runs(block: Block, tmp_path: Path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  exec(compile(block.text, block.where, "exec"), {"__name__": "__readme__"})  # noqa: S102
+  exec(compile(block.text, block.where, "exec", dont_inherit=True), {"__name__": "__readme__"})  # noqa: S102
 
 
 def _display_steps(text: str) -> list[tuple[str, list[str]]]:

@@ -8,10 +8,11 @@ re-nested: the parameter tree is the module's own, so existing checkpoints load.
 
 - Array arguments go through the checkpoint; everything else (``deterministic=True``, ``train=False``, ``None``) is
   closed over as a static Python value.
-- Inside a remat'd block the outputs of the standard Linen layers (:data:`jaxckpt.core.autonames.LINEN_LAYERS`: ``Dense``,
-  ``DenseGeneral``, ``Einsum``, ``Conv``, ...) are tagged with checkpoint names from their module path relative to
-  the block (``MlpBlock_0.Dense_1``, ``attention.query``), so ``save_only_these_names:…`` works; :func:`block_types`
-  lists them.
+- Inside a remat'd block the outputs of its layers are tagged with checkpoint names from their module path relative
+  to the block (``MlpBlock_0.Dense_1``, ``attention.query``, ``attn.c_attn``), so ``save_only_these_names:…``
+  works; :func:`block_types` lists them. ``names=`` chooses which layers (:mod:`jaxckpt.core.autonames`; default:
+  the standard Linen layers :data:`~jaxckpt.core.autonames.LINEN_LAYERS` and modules of your own classes that hold
+  a weight themselves, such as GPT-2's ``Conv1D``), decided at each call once the layer's parameters exist.
 - Only ``__call__`` of a matched module is remat'd (call a block through another method and it runs as written).
 
 Idea: Flax's ``nn.remat`` / ``nn.checkpoint`` lifted transform and ``nn.intercept_methods``; swapping a block class
@@ -39,7 +40,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.core.matching import block_matcher, block_matchers
 from jaxckpt.core.arguments import split_arguments
-from jaxckpt.core.autonames import LINEN_LAYERS, path_name
+from jaxckpt.core.autonames import NameRule, names_rule, path_name, tag_output
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis.jaxprs import checkpoint_name_of, sub_jaxprs
 from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
@@ -58,6 +59,7 @@ class _Run:
   active: list[tuple[str, tuple]] = dataclasses.field(default_factory=list)  # (block type, path) of running blocks
   matched: dict[str, int] = dataclasses.field(default_factory=dict)  # block type -> calls
   record: dict[str, set[str]] | None = None  # block type -> names emitted (when listing names)
+  names: NameRule = NameRule("auto")  # which layers inside a block get automatic names (apply_remat's names=)
 
 
 _MARKER = "__jaxckpt_block__:"
@@ -88,13 +90,17 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
       return next_fun(*args, **kwargs)
     finally:
       run.active.pop()
-  if run.active and isinstance(module, LINEN_LAYERS):  # a standard layer inside a block: name its output
-    block_type, block_path = run.active[-1]
-    name = path_name(tuple(module.path)[len(block_path):])
-    if run.record is not None:
-      run.record.setdefault(block_type, set()).add(name)
-    return jax.tree.map(lambda v: checkpoint_name(v, name), next_fun(*args, **kwargs))
   block_type = _block_type(run, module)
+  if run.active and block_type is None:  # a layer inside a block: names= decides (after the call: params exist)
+    outer_type, block_path = run.active[-1]
+    path = tuple(module.path)[len(block_path):]
+    out = next_fun(*args, **kwargs)
+    if not run.names(path, module):
+      return out
+    out, tagged = tag_output(out, path_name(path))
+    if tagged and run.record is not None:
+      run.record.setdefault(outer_type, set()).add(path_name(path))
+    return out
   if block_type is None:
     return next_fun(*args, **kwargs)
   run.matched[block_type] = run.matched.get(block_type, 0) + 1
@@ -128,11 +134,13 @@ class RematModule:
     module: your Linen module, unchanged.
     spec: the policy spec in use.
     blocks: ``(block type, matcher)`` pairs, from ``blocks=``.
+    name_rule: which layers inside a block get automatic checkpoint names, from ``names=``.
   """
 
   module: nn.Module
   spec: PolicySpec
   blocks: tuple[tuple[str, Any], ...]
+  name_rule: NameRule = NameRule("auto")
 
   @property
   def block_type_names(self) -> tuple[str, ...]:
@@ -143,7 +151,8 @@ class RematModule:
   def _running(self) -> Iterator[_Run]:
     record = _LISTING.get()  # listing names: every block remat'd (everything_saveable, same numbers) and recorded
     spec = self.spec if record is None else PolicySpec(default=Policy("everything_saveable"))
-    run = _Run(spec, tuple((b, block_matcher(b, v, front_end="linen")) for b, v in self.blocks), record=record)
+    run = _Run(spec, tuple((b, block_matcher(b, v, front_end="linen")) for b, v in self.blocks), record=record,
+               names=self.name_rule)
     token = _RUN.set(run)
     try:
       with nn.intercept_methods(_interceptor):
@@ -190,8 +199,8 @@ def _checked(spec: PolicySpec, block_types: tuple[str, ...]) -> PolicySpec:
   return spec
 
 
-def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *, blocks: Mapping[str, Any]
-                ) -> RematModule:
+def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *, blocks: Mapping[str, Any],
+                names: Any = None) -> RematModule:
   """Makes the blocks of an existing Linen model run under remat with ``policy``, keeping its parameter tree.
 
   Args:
@@ -200,6 +209,12 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
       ``blocks`` (``attn=dots_saveable,mlp=full``); ``none`` runs the blocks as written.
     blocks: block type -> a Linen module class (instances of it and its subclasses match), a tuple of classes, or a
       predicate ``(path, module) -> bool`` where ``path`` is the module's scope path (``('decoder_block_0',)``).
+    names: which submodules of a block get automatic checkpoint names (their scope path relative to the block,
+      ``attn.c_attn``; :mod:`jaxckpt.core.autonames`): ``None``/``"auto"`` (default: the standard Linen layers and
+      modules of your own classes that hold a weight, a parameter with ≥ 2 dimensions, themselves), ``"all"``
+      (every submodule whose output holds arrays), a Linen module class or tuple of classes (exactly their
+      instances; ``()`` names nothing), or a predicate ``(path, module) -> bool`` with ``path`` relative to the block
+      (``("attn", "c_attn")``), called after the submodule's call.
 
   Returns:
     The :class:`RematModule` to ``init`` / ``apply``. A block type that matches no module raises at the first
@@ -207,12 +222,13 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
 
   Raises:
     JaxckptError: ``module`` is not a Linen module (an NNX one: use :func:`jaxckpt.apply_remat`), malformed
-      ``blocks``.
+      ``blocks`` or ``names``.
     PolicySpecError: a malformed spec, or a block map naming a type not in ``blocks``.
 
   Example::
 
     >>> model = apply_remat(MyLM(), "save_only_these_names:MlpBlock_0.Dense_0", blocks={"layer": DecoderLayer})
+    >>> gpt2 = apply_remat(GPT2(), "save_only_these_names:attn.c_attn", blocks={"block": Block}, names=(Conv1D,))
   """
   if isinstance(module, RematModule):
     module = module.module
@@ -221,8 +237,9 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
   if not isinstance(module, nn.Module):
     raise JaxckptError(f"jaxckpt.linen.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
   block_matchers(blocks, front_end="linen")
+  rule = names_rule(names, front_end="linen")
   spec = _checked(parse_policy(policy), tuple(blocks))
-  return RematModule(module, spec, tuple(blocks.items()))
+  return RematModule(module, spec, tuple(blocks.items()), rule)
 
 
 def traced_block_types(fn: Callable[..., Any], *args, block_type_names: tuple[str, ...] = ()

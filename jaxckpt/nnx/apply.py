@@ -14,9 +14,12 @@ train state saved before restores after (a wrapper module would add a level: ``�
 - The block's variables (parameters and RNG streams such as the ``nnx.Dropout``'s own ``Rngs`` fork) are inputs of
   the checkpointed function, so the recomputation draws the forward pass's dropout masks; updated RNG counters and
   other state are written back after the call.
-- Inside a remat'd block the outputs of the standard Flax layers get checkpoint names from their attribute path
-  (:mod:`jaxckpt.core.autonames`: ``attn.q_einsum``, ``mlp.up_proj``), so ``save_only_these_names:…`` works on models
-  that never call ``checkpoint_name``.
+- Inside a remat'd block the outputs of its layers get checkpoint names from their attribute path
+  (:mod:`jaxckpt.core.autonames`: ``attn.q_einsum``, ``mlp.up_proj``, ``attn.c_attn`` for a ``Conv1D`` of your
+  own), so ``save_only_these_names:…`` works on models that never call ``checkpoint_name``; ``names=`` chooses
+  which layers (default: standard Flax layers and your own modules that hold a weight). The named layers of a copy
+  made inside the checkpoint get a cached subclass that tags their output; the model's own instances keep their
+  classes, so the parameter tree, ``nnx.split``/``merge`` and saved train states are unchanged.
 
 :func:`jaxckpt.set_policy` and :func:`jaxckpt.block_types` see applied blocks too; calling :func:`apply_remat`
 again, or ``set_policy``, changes the policy. Nothing matched, or a policy for a model without blocks, is an error
@@ -43,10 +46,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.core.arguments import split_arguments
-from jaxckpt.core.autonames import NNX_LAYERS, path_name
+from jaxckpt.core.autonames import NameRule, layer_axes, names_rule, path_name, tag_output
 from jaxckpt.core.matching import block_matchers, describe_blocks_value
 from jaxckpt.errors import JaxckptError
 from jaxckpt.analysis.jaxprs import checkpoint_name_of, iter_eqns
@@ -79,10 +81,13 @@ _TYPE = "_jaxckpt_block_type"
 """Instance attribute (static) holding the block type of an applied block."""
 _LEARNED = "_jaxckpt_names"
 """Instance attribute (static): checkpoint names the model tags itself, learned by :func:`checkpoint_names`."""
+_NAMED_PATHS = "_jaxckpt_named_paths"
+"""Instance attribute (static): paths (relative to the block) of the layers whose outputs get automatic names,
+decided by ``names=`` when :func:`apply_remat` ran."""
 
 _ORIGINAL: dict[type, type] = {}  # applied subclass -> the user's class
 _APPLIED: dict[type, type] = {}  # the user's class -> applied subclass
-_NAMED: dict[type, type] = {}  # standard layer class -> subclass that tags its output
+_NAMED: dict[type, type] = {}  # named layer class -> subclass that tags its output
 _ACTIVE_NAMES: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("jaxckpt_auto_names",
                                                                                       default=None)
 _RECORD: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.ContextVar("jaxckpt_record_names",
@@ -118,25 +123,36 @@ def no_blocks_error(model: nnx.Module, what: str) -> JaxckptError:
 
 
 def _named_class(cls: type) -> type:
-  """A subclass of a standard layer whose ``__call__`` tags its output with the name registered for the instance."""
+  """A subclass of a named layer's class whose ``__call__`` tags the array leaves of its output with the name
+  registered for the instance (only on copies made inside a block's checkpoint)."""
   if cls not in _NAMED:
 
     def __call__(self, *args, **kwargs):
       out = cls.__call__(self, *args, **kwargs)
       name = (_ACTIVE_NAMES.get() or {}).get(id(self))
-      return out if name is None else jax.tree.map(lambda v: checkpoint_name(v, name), out)
+      return out if name is None else tag_output(out, name)[0]
 
     _NAMED[cls] = type(cls)(cls.__name__, (cls,), {
         "__call__": __call__, "__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__})
   return _NAMED[cls]
 
 
-def _auto_name_paths(block: nnx.Module) -> dict[tuple, nnx.Module]:
-  """``{path relative to block: layer}`` of the standard layers ``block`` names (not those in nested blocks)."""
+def _named_paths(block: nnx.Module, rule: NameRule) -> tuple[tuple, ...]:
+  """Paths relative to ``block`` of the layers ``rule`` names: callable submodules, not in nested blocks."""
   modules = list(nnx.iter_modules(block))
   nested = [path for path, m in modules if path and is_applied(m)]
-  return {path: m for path, m in modules
-          if path and isinstance(m, NNX_LAYERS) and not any(path[:len(r)] == r for r in nested)}
+  stacked = layer_axes(jax.tree.leaves(nnx.state(block)))
+  return tuple(path for path, m in modules if path and callable(m) and not any(path[:len(r)] == r for r in nested)
+               and rule(path, m, layer_axes=stacked))
+
+
+def _auto_name_paths(block: nnx.Module) -> dict[tuple, nnx.Module]:
+  """``{path relative to block: layer}`` of the layers ``block`` names (decided by :func:`apply_remat`)."""
+  paths = getattr(block, _NAMED_PATHS, None)
+  if paths is None:  # not decided yet (e.g. a block applied before names= existed): the default rule
+    paths = _named_paths(block, names_rule(None))
+  wanted = set(paths)
+  return {path: m for path, m in nnx.iter_modules(block) if path in wanted}
 
 
 def _static_names(block: nnx.Module) -> frozenset[str]:
@@ -146,7 +162,7 @@ def _static_names(block: nnx.Module) -> frozenset[str]:
 
 @contextlib.contextmanager
 def _auto_names(block: nnx.Module) -> Iterator[None]:
-  """Within: the standard layers of ``block`` (a copy made inside the checkpoint) tag their outputs."""
+  """Within: the named layers of ``block`` (a copy made inside the checkpoint) tag their outputs."""
   names: dict[int, str] = {}
   for path, layer in _auto_name_paths(block).items():
     if type(layer) is not _NAMED.get(type(layer)):
@@ -207,7 +223,7 @@ def _applied_class(cls: type) -> type:
 
 def _unapply(module: nnx.Module) -> None:
   object.__setattr__(module, "__class__", original_class(module))
-  for attr in (_POLICY, _TYPE, _LEARNED):
+  for attr in (_POLICY, _TYPE, _LEARNED, _NAMED_PATHS):
     if attr in vars(module):
       delattr(module, attr)
 
@@ -272,8 +288,8 @@ def set_applied_policy(model: nnx.Module, spec: PolicySpec) -> int:
   return len(blocks) + len(wrappers)
 
 
-def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *, blocks: Mapping[str, Any]
-                ) -> nnx.Module:
+def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *, blocks: Mapping[str, Any],
+                names: Any = None) -> nnx.Module:
   """Makes the blocks of an existing NNX model run under remat with ``policy``, in place, keeping every path.
 
   Each module matched by ``blocks`` keeps its place, parameters and state; only how it is called changes (its
@@ -287,18 +303,25 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
     blocks: block type -> what is a block of that type (:data:`BlockMatcher`): an NNX module class (instances and
       subclasses match), a tuple of classes, or a predicate ``(path, module) -> bool`` with ``path`` the module's
       path as a tuple. A module matching several types gets the first. Keys are block-type names (not ``default``).
+    names: which submodules of a block get automatic checkpoint names (their path relative to the block,
+      ``attn.c_attn``; :mod:`jaxckpt.core.autonames`): ``None``/``"auto"`` (default: the standard Flax layers and
+      modules of your own classes that hold a weight, a parameter with ≥ 2 dimensions, themselves), ``"all"``
+      (every callable submodule), an NNX module class or tuple of classes (exactly their instances; ``()`` names
+      nothing), or a predicate ``(path, module) -> bool`` with ``path`` relative to the block (``("attn",
+      "c_attn")``). Decided now, on the blocks as they are.
 
   Returns:
     ``model`` itself.
 
   Raises:
-    JaxckptError: malformed ``blocks`` (not a class/tuple/predicate, a Linen class, a bad key), or a block type
-      that matched no module (the message lists the model's module classes).
+    JaxckptError: malformed ``blocks`` (not a class/tuple/predicate, a Linen class, a bad key), a block type
+      that matched no module (the message lists the model's module classes), or a malformed ``names``.
     PolicySpecError: a malformed spec, a block type not in ``blocks``, or a checkpoint name the blocks never emit.
 
   Example::
 
     >>> jaxckpt.apply_remat(model, "attn=dots_saveable,mlp=full", blocks={"attn": Attention, "mlp": FeedForward})
+    >>> jaxckpt.apply_remat(gpt2, "save_only_these_names:attn.c_attn", blocks={"block": Block}, names=(Conv1D,))
   """
   if isinstance(model, nn.Module):
     raise JaxckptError(f"apply_remat got a Flax Linen module ({type(model).__name__}); for Linen use "
@@ -306,6 +329,7 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
   if not isinstance(model, nnx.Module):
     raise JaxckptError(f"apply_remat needs a flax.nnx.Module, got {type(model).__name__}")
   spec = parse_policy(policy)
+  rule = names_rule(names, front_end="nnx")
   found = _match(model, blocks)
   matched = {id(m) for hits in found.values() for _, m in hits}
   for _, module in applied_blocks(model):
@@ -315,6 +339,8 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
     for _, module in hits:
       object.__setattr__(module, "__class__", _applied_class(original_class(module)))
       setattr(module, _TYPE, block_type)
+  for _, block in applied_blocks(model):  # after every swap, so layers inside nested blocks are left to them
+    setattr(block, _NAMED_PATHS, _named_paths(block, rule))
   spec.validate(applied_block_types(model))
   set_applied_policy(model, spec)
   return model
