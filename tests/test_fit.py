@@ -83,6 +83,20 @@ def test_spread_spans_policies_and_micro_batches():
   assert spread(table, 1) == [table[0]] and spread(table, 20) == table
 
 
+def test_bandwidth_by_working_set_and_calibrate_is_cached():
+  from jaxckpt.fit import Accelerator, calibrate  # noqa: PLC0415
+
+  dev = Accelerator("x", 1e9, 1e9, 0.0, None, ((2**20, 4e9), (2**24, 2e9)))
+  assert dev.bandwidth_at(None) == 1e9 and dev.bandwidth_at(2**10) == 4e9 and dev.bandwidth_at(2**30) == 2e9
+  assert dev.bandwidth_at(2**22) == pytest.approx(3e9)  # halfway in log size
+  assert dev.micro_step_s(0.0, 4e9, 2**20) == pytest.approx(1.0)  # 4 GB at 4 GB/s, compute-free
+  cpu = calibrate(repeats=1)
+  assert calibrate(repeats=1) is cpu  # measured once per process
+  assert cpu.peak_flops > 1e8 and cpu.overhead_s > 0 and len(cpu.bandwidth_curve) == 4
+  assert all(b > 1e7 for _, b in cpu.bandwidth_curve) and cpu.bandwidth == cpu.bandwidth_curve[-1][1]
+  assert accelerator("cpu", bandwidth=5e9).bandwidth_at(2**20) == 5e9  # a given bandwidth holds at every size
+
+
 def test_affine_model():
   model = fit_affine([(16, 1000 + 16 * 7), (64, 1000 + 64 * 7)])
   assert model.intercept == pytest.approx(1000) and model.slope == pytest.approx(7)
@@ -122,6 +136,7 @@ def test_nothing_fits_names_the_least_footprint(capsys):
     (["--global-batch-size", "8", "--device", "k80"], "--device 'k80' is unknown"),
     (["--global-batch-size", "8", "--device", "k80"], "(or give --peak-flops FLOPS and --bandwidth BYTES_PER_S)"),
     (["--device", "h100"], "give --global-batch-size G"),  # was ignored silently without a global batch
+    (["--html", "fit.txt"], "--html fit.txt: use a .html file"),
 ])
 def test_bad_input_exits_2(capsys, argv, needle):
   assert main(["--model", "mlp", "--no-progress", *argv]) == 2
