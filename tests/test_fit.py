@@ -97,6 +97,21 @@ def test_bandwidth_by_working_set_and_calibrate_is_cached():
   assert accelerator("cpu", bandwidth=5e9).bandwidth_at(2**20) == 5e9  # a given bandwidth holds at every size
 
 
+@pytest.mark.slow
+def test_measure_ranks_by_measured_time():
+  from jaxckpt.fit import plan_fit  # noqa: PLC0415
+
+  plan = plan_fit(shipped_target("mlp", "tiny"), ["none", "nothing_saveable"], MEMORY, global_batch=32,
+                  device=accelerator("h100"), measure=3)
+  c = plan.choice
+  assert c.ranked_by == "measured" and len(c.measured) == 3
+  assert {m.policy for m in c.measured} == {"none", "nothing_saveable"}  # spread over the policies
+  key = lambda m: (m.policy, m.micro_batch)  # noqa: E731
+  assert key(c.measured[0]) == key(c.table[0])  # the fastest estimate is always timed
+  assert c.winner == min(c.measured, key=lambda m: m.measured_step_s) and c.winner.measured_step_s > 0
+  assert c.footprint_bytes <= plan.limit_bytes and c.spearman is not None
+
+
 def test_affine_model():
   model = fit_affine([(16, 1000 + 16 * 7), (64, 1000 + 64 * 7)])
   assert model.intercept == pytest.approx(1000) and model.slope == pytest.approx(7)

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
               f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (calibrated: measured matmul FLOP/s, bandwidth\n"
               "  by working-set size, dispatch overhead), or --peak-flops/--bandwidth\n"
               "examples:\n"
-              f"  {PROG} --model gpt --preset small --memory 16GiB\n"
+              f"  {PROG} --model gpt --preset small --memory 16GiB --html fit.html\n"
               f"  {PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100\n"
               f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
               f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
