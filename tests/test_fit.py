@@ -33,7 +33,7 @@ def footprint(target, policy: str, batch: int) -> int:
 def cli_json(tmp_path_factory):
   path = tmp_path_factory.mktemp("fit") / "fit.json"
   code = main(["--model", "mlp", "--memory", MEMORY, "--policies", "none", "--global-batch-size", "32",
-               "--device", "h100", "--json", str(path), "--no-progress"])
+               "--device", "h100", "--json", str(path), "--html", str(path.with_suffix(".html")), "--no-progress"])
   assert code == 0
   return json.loads(path.read_text())
 
@@ -57,6 +57,59 @@ def test_global_batch_choice_json(cli_json):
   times = [c["est_step_s"] for c in choice["table"]]
   assert choice["est_step_s"] == min(times)
   assert choice["flags"] == f"--policy none --batch-size 32 --grad-accum-steps {k}"
+
+
+def test_html_page_has_the_rows_and_the_plot(cli_json, tmp_path_factory):
+  page = (tmp_path_factory.getbasetemp() / "fit0" / "fit.html").read_text()
+  row = cli_json["rows"][0]
+  assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "table class=\"sortable\"" in page
+  # the per-policy row: policy, largest batch (sortable by its raw value), compiles
+  assert f'<td class="text">none</td><td data-sort="{row["max_batch_size"]}">{row["max_batch_size"]}</td>' in page
+  assert f'data-sort="{row["compiles"]}">{row["compiles"]}</td>' in page
+  choice = cli_json["global_batch"]
+  assert page.count("<tr>") == 1 + 1 + 1 + len(choice["table"])  # two header rows, one policy, the candidates
+  assert choice["flags"] in page
+
+
+def test_spread_spans_policies_and_micro_batches():
+  from jaxckpt.fit import Candidate, spread  # noqa: PLC0415
+
+  table = [Candidate(p, b, 64 // b, 0, True, 1.0, None, t) for t, (p, b) in enumerate(
+      [("a", 32), ("a", 16), ("a", 64), ("a", 8), ("b", 16), ("b", 8), ("a", 4), ("c", 2)])]
+  # the best estimate, each other policy's best, then a policy's next best at another micro-batch octave
+  assert [(c.policy, c.micro_batch) for c in spread(table, 4)] == [("a", 32), ("a", 16), ("b", 16), ("c", 2)]
+  assert [(c.policy, c.micro_batch) for c in spread(table, 5)] == [("a", 32), ("a", 16), ("b", 16), ("b", 8),
+                                                                   ("c", 2)]
+  assert spread(table, 1) == [table[0]] and spread(table, 20) == table
+
+
+def test_bandwidth_by_working_set_and_calibrate_is_cached():
+  from jaxckpt.fit import Accelerator, calibrate  # noqa: PLC0415
+
+  dev = Accelerator("x", 1e9, 1e9, 0.0, None, ((2**20, 4e9), (2**24, 2e9)))
+  assert dev.bandwidth_at(None) == 1e9 and dev.bandwidth_at(2**10) == 4e9 and dev.bandwidth_at(2**30) == 2e9
+  assert dev.bandwidth_at(2**22) == pytest.approx(3e9)  # halfway in log size
+  assert dev.micro_step_s(0.0, 4e9, 2**20) == pytest.approx(1.0)  # 4 GB at 4 GB/s, compute-free
+  cpu = calibrate(repeats=1)
+  assert calibrate(repeats=1) is cpu  # measured once per process
+  assert cpu.peak_flops > 1e8 and cpu.overhead_s > 0 and len(cpu.bandwidth_curve) == 4
+  assert all(b > 1e7 for _, b in cpu.bandwidth_curve) and cpu.bandwidth == cpu.bandwidth_curve[-1][1]
+  assert accelerator("cpu", bandwidth=5e9).bandwidth_at(2**20) == 5e9  # a given bandwidth holds at every size
+
+
+@pytest.mark.slow
+def test_measure_ranks_by_measured_time():
+  from jaxckpt.fit import plan_fit  # noqa: PLC0415
+
+  plan = plan_fit(shipped_target("mlp", "tiny"), ["none", "nothing_saveable"], MEMORY, global_batch=32,
+                  device=accelerator("h100"), measure=3)
+  c = plan.choice
+  assert c.ranked_by == "measured" and len(c.measured) == 3
+  assert {m.policy for m in c.measured} == {"none", "nothing_saveable"}  # spread over the policies
+  key = lambda m: (m.policy, m.micro_batch)  # noqa: E731
+  assert key(c.measured[0]) == key(c.table[0])  # the fastest estimate is always timed
+  assert c.winner == min(c.measured, key=lambda m: m.measured_step_s) and c.winner.measured_step_s > 0
+  assert c.footprint_bytes <= plan.limit_bytes and c.spearman is not None
 
 
 def test_affine_model():
@@ -94,10 +147,11 @@ def test_nothing_fits_names_the_least_footprint(capsys):
     (["--min-batch", "8", "--global-batch-size", "6"], "--global-batch-size 6: no micro-batch"),
     (["--memory", "16GB"], "bad size '16GB'"),
     (["--batch-size", "8"], "what jaxckpt-fit chooses"),
-    (["--policies", "budget:1GiB"], None),
+    (["--policies", "budget:1GiB"], "the nothing_saveable row"),
     (["--global-batch-size", "8", "--device", "k80"], "--device 'k80' is unknown"),
     (["--global-batch-size", "8", "--device", "k80"], "(or give --peak-flops FLOPS and --bandwidth BYTES_PER_S)"),
     (["--device", "h100"], "give --global-batch-size G"),  # was ignored silently without a global batch
+    (["--html", "fit.txt"], "--html fit.txt: use a .html file"),
 ])
 def test_bad_input_exits_2(capsys, argv, needle):
   assert main(["--model", "mlp", "--no-progress", *argv]) == 2
@@ -195,3 +249,20 @@ def test_seq_len_search_needs_a_sequence_model():
 
   with pytest.raises(JaxckptError, match="seq_len"):
     max_seq_len(shipped_target("vit", "tiny"), "none", "1GiB")
+
+
+def test_max_seq_len_fits_and_next_does_not():
+  from jaxckpt.fit import max_seq_len  # noqa: PLC0415
+
+  tiny = {"batch_size": 1, "num_layers": 1}  # one GPT tiny layer: ~17 KB per token over ~0.2 MB, fast compiles
+  limit = 3 * 2**20
+  fit = max_seq_len(shipped_target("gpt", "tiny", **tiny), "nothing_saveable", limit, max_seq_len=512,
+                    probes=(64, 256))
+  length = fit.max_batch_size
+  assert 64 < length < 256 and fit.compiles <= 8  # curved (attention grows as T²): a parabola step or two
+
+  def at(seq_len: int) -> int:  # compiled here, without jaxckpt.fit
+    sized = shipped_target("gpt", "tiny", seq_len=seq_len, **tiny)
+    return compile_policy(sized, jaxckpt.parse_policy("nothing_saveable")).memory["footprint_bytes"]
+
+  assert at(length) == fit.footprint_bytes <= limit < at(length + 1) == fit.verified_over

@@ -19,7 +19,9 @@ from tqdm.auto import tqdm
 
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
+from jaxckpt.fit.html import to_html
 from jaxckpt.fit.plan import FitPlan, plan_fit
+from jaxckpt.fit.plot import plot_fit
 from jaxckpt.fit.search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, resolve_memory
 from jaxckpt.fit.speed import ACCELERATORS, accelerator
 from jaxckpt.policies import parse_model_policy
@@ -27,7 +29,7 @@ from jaxckpt.training.sharding import make_mesh
 from jaxckpt.step.flags import add_target_flags, target_from_args
 from jaxckpt.units import format_bytes
 
-__all__ = ["build_parser", "main", "to_table", "plot_fit"]
+__all__ = ["build_parser", "main", "to_table", "plot_fit", "to_html"]
 
 PROG = "jaxckpt-fit"
 
@@ -40,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
               "  temp − alias bytes), predict the largest batch within --memory, then compile it and its successor:\n"
               "  the first must fit and the second must not (else correct and re-verify; bisect where not affine)\n"
               "time model (--global-batch-size): k × (max(FLOPs/peak, bytes/bandwidth) + overhead) per micro-batch\n"
-              f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (measured), or --peak-flops/--bandwidth\n"
+              f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (calibrated: measured matmul FLOP/s, bandwidth\n"
+              "  by working-set size, dispatch overhead), or --peak-flops/--bandwidth\n"
               "examples:\n"
-              f"  {PROG} --model gpt --preset small --memory 16GiB\n"
+              f"  {PROG} --model gpt --preset small --memory 16GiB --html fit.html\n"
               f"  {PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100\n"
               f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
               f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
@@ -67,10 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the time model's device")
   parser.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s of the time model's device")
   parser.add_argument("--overhead", type=float, default=None, help="seconds per micro-step (default 20e-6)")
-  parser.add_argument("--measure", nargs="?", const=4, default=0, type=int, metavar="N",
-                      help="time the N (default 4) fastest estimates on this device and rank by measurement")
+  parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
+                      help="time N (default 6) configurations on this device, spanning policies and micro-batches "
+                           "(the fastest estimate first), and rank by measurement")
   parser.add_argument("--json", default=None, metavar="FILE")
   parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
+  parser.add_argument("--html", default=None, metavar="FILE",
+                      help="one HTML page: the tables and the footprint-vs-batch plot (.html)")
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
   return parser
 
@@ -111,32 +117,6 @@ def to_table(plan: FitPlan) -> str:
   return console.export_text()
 
 
-def plot_fit(plan: FitPlan, path: str) -> None:
-  """Footprint vs batch per policy (compiled points and the affine model), the memory line, each policy's answer."""
-  import matplotlib  # noqa: PLC0415 - only --plot needs it (a second of import)
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for f in plan.fits:
-    pts = sorted(f.points, key=lambda p: p.batch)
-    top = max(p.batch for p in pts)
-    line = ax.plot([0, top], [f.model(0) / 2**30, f.model(top) / 2**30], alpha=0.4)[0]
-    ax.scatter([p.batch for p in pts], [p.footprint_bytes / 2**30 for p in pts], color=line.get_color(), s=14,
-               label=f"{f.policy}: {f.max_batch_size}")
-    if f.max_batch_size:
-      ax.axvline(f.max_batch_size, color=line.get_color(), ls=":", lw=0.8)
-  ax.axhline(plan.limit_bytes / 2**30, color="k", lw=1, label=f"memory {format_bytes(plan.limit_bytes)}")
-  ax.set_xlabel("batch size (examples per micro-step)")
-  ax.set_ylabel("compiled footprint (GiB)")
-  ax.set_title("footprint vs batch: compiled points, affine model, largest batch that fits")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   """CLI entry point; returns the exit status (0 done, 2 bad input)."""
   parser = build_parser()
@@ -149,10 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
       raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
                          "--seq-len")
-    for flag in ("json", "plot"):
+    for flag in ("json", "plot", "html"):
       check_output_file(f"--{flag}", getattr(args, flag))
     if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
       raise JaxckptError(f"--plot {args.plot}: use a .png, .svg or .pdf file")
+    if args.html is not None and os.path.splitext(args.html)[1].lower() not in (".html", ".htm"):
+      raise JaxckptError(f"--html {args.html}: use a .html file")
     if args.measure < 0:
       raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
     if args.measure and args.global_batch_size is None:
@@ -204,4 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.plot:
     plot_fit(plan, args.plot)
     print(f"wrote {os.path.abspath(args.plot)}")
+  if args.html:
+    with open(args.html, "w", encoding="utf-8") as fh:
+      fh.write(to_html(plan))
+    print(f"wrote {os.path.abspath(args.html)}")
   return 0

@@ -3,7 +3,9 @@
 Method (per policy):
 
 1. compile the train step at two batch sizes (``probes``, default 16 and 64 mesh batch units) and fit the
-   footprint ``a + b·batch`` (:mod:`jaxckpt.fit.model`);
+   footprint ``a + b·batch`` (:mod:`jaxckpt.fit.model`); for the second and later policies of a target
+   (:func:`fit_policies`), the batch-independent bytes ``a`` (parameters, gradients, optimizer state) of the previous
+   policy stand in for the small probe, so the second compile is already at the predicted crossing;
 2. predict the largest batch whose footprint is ≤ the device memory;
 3. **verify** by compiling at the predicted batch and its successor: the first must fit, the second must not.
    When either check fails, refit the line through the compiled points nearest the crossing (a secant step) and
@@ -44,8 +46,14 @@ __all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batc
            "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
-"""The policies the fit planner compares by default: no remat, full remat and the two matmul-saving ones (cheap:
-about four compiles each). Add ``min_saved`` or ``mincut:<cap>`` plans, or per-name policies, with ``policies=``."""
+"""The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —
+no remat, full remat and the two matmul-saving ones (about 3–4 compiles each). Left out, with the reason:
+``everything_saveable`` (the memory of ``none``); ``save_only_these_names`` and the other per-name ones (they need
+names: give them as specs); the offload ones (they need a host memory space the CPU backend lacks); ``budget:…`` and
+``auto`` (a plan chosen *for* one batch: at the largest batch it is its least-memory plan, the ``nothing_saveable``
+row; refused); ``min_saved`` and ``mincut:<cap>`` (opt-in: each compile also solves a 0-1 program, ~1.5× a compile
+on GPT ``tiny``, and the plan wraps the whole loss, so the experiments' ``--policy`` cannot run it; add them with
+``policies=``)."""
 
 DEFAULT_MAX_BATCH = 4096
 """The largest batch size searched by default."""
@@ -86,7 +94,7 @@ class BatchFit:
     footprint_bytes: compiled footprint at :attr:`max_batch_size` (at ``min_batch`` when ``None``).
     limit_bytes: the memory it had to fit (per device).
     compiles: compiles used for this policy (probes, predictions and verification).
-    model: the affine footprint model fitted to the two probes (slope, intercept in bytes).
+    model: the affine footprint model fitted to the first two compiles (slope, intercept in bytes).
     points: every compile, in order.
     method: ``"affine"`` (the prediction, or a secant correction, was verified) or ``"search"`` (bisection, after
       ``max_rounds`` misses: the footprint is not affine over that range).
@@ -281,6 +289,7 @@ def max_batch_size(
     compiler_options: Mapping[str, Any] | None = None,
     on_compile: Callable[[str, int], None] | None = None,
     axis: str = "batch",
+    intercept_hint: float | None = None,
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -302,6 +311,11 @@ def max_batch_size(
     on_compile: called ``(policy, batch)`` before each compile (a progress bar).
     axis: ``"batch"``, or ``"seq_len"``: search the sequence length at the target's batch size instead (shipped
       sequence models; use :func:`max_seq_len`).
+    intercept_hint: bytes at batch 0 from another policy of the same target (parameters, gradients and optimizer
+      state do not depend on the policy; :func:`fit_policies` passes the previous policy's). With it, only the
+      largest probe is compiled and the second point of the line is the batch that the hint and that probe predict:
+      a compile next to the crossing, so the verification often needs one more compile instead of two (three in
+      all). A wrong hint costs compiles, never exactness.
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -319,8 +333,9 @@ def max_batch_size(
   started = time.perf_counter()
   parsed = parse_model_policy(policy)
   if isinstance(parsed, Budget):
-    raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, chosen for one batch size; give a fixed policy "
-                       "(none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
+    raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
+                       "batch is that of the least-memory plan it can choose (the nothing_saveable row); give fixed "
+                       "policies (none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
   if axis not in ("batch", "seq_len"):
@@ -360,7 +375,16 @@ def max_batch_size(
                     best == hi_b, over, unit, time.perf_counter() - started)
 
   probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
+  if intercept_hint is not None and len(probe_batches) > 1:
+    far = at(probe_batches[-1])
+    hinted = AffineModel(float(intercept_hint), (far.footprint_bytes - intercept_hint) / far.batch,
+                         ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
+    if hinted.slope > 0:  # the second point: the hint's prediction (next to the crossing), else the other probe
+      guess = min(max(hinted.largest_within(limit, step=unit), lo_b), hi_b)
+      at(guess if guess != far.batch else probe_batches[0])
   for b in probe_batches:
+    if len(points) >= 2:
+      break
     at(b)
   if len(points) < 2:  # a range of one batch size, or probes that coincide
     at(lo_b if lo_b not in points else hi_b)
@@ -465,6 +489,9 @@ def fit_policies(
     policies: policy specs (default :data:`DEFAULT_POLICIES`).
     **kwargs: passed to :func:`max_batch_size`.
 
+  The first policy's line comes from two probes; each later one starts from the previous policy's intercept
+  (``intercept_hint``): one probe, then a compile at the hinted prediction.
+
   Returns:
     One :class:`BatchFit` per policy, in order.
 
@@ -474,7 +501,13 @@ def fit_policies(
   """
   if not policies:
     raise JaxckptError("policies=[] is empty: give at least one policy")
-  fits = [max_batch_size(target, p, memory, **kwargs) for p in policies]
+  fits: list[BatchFit] = []
+  hint = None
+  for p in policies:
+    fits.append(max_batch_size(target, p, memory, intercept_hint=hint, **kwargs))
+    pts = [(q.batch, q.footprint_bytes) for q in fits[-1].points]
+    if len({b for b, _ in pts}) > 1:
+      hint = fit_affine(pts).intercept  # batch-independent bytes: the next policy's first point of its line
   if all(f.max_batch_size is None for f in fits):
     least = min(fits, key=lambda f: f.footprint_bytes)
     smallest = min(p.batch for f in fits for p in f.points)

@@ -4,7 +4,7 @@ For a global batch G, each policy and each micro-batch b that fits and divides G
 steps. FLOPs alone cannot rank them (accumulation costs no FLOPs, so ``none`` at b = 1 would always win), so the
 step time is estimated as
 
-    time(policy, b, k) = k × (max(FLOPs(b) / peak_flops, bytes_accessed(b) / bandwidth) + overhead)
+    time(policy, b, k) = k × (max(FLOPs(b) / peak_flops, bytes_accessed(b) / bandwidth(footprint(b))) + overhead)
 
 the roofline model (Williams, Waterman & Patterson, CACM 2009) of one micro-step plus a fixed per-micro-step
 overhead (launch, loop and optimizer bookkeeping). ``FLOPs(b)`` counts recomputation (the jaxpr count of
@@ -12,11 +12,17 @@ overhead (launch, loop and optimizer bookkeeping). ``FLOPs(b)`` counts recomputa
 way; both are affine in b, fitted from the compiles the batch search already made (no new compile). A small
 micro-batch pays the overhead k times and streams the parameters k times: the reason people trade recompute for
 a bigger batch.
+
+``bandwidth(footprint)`` is the device's memory bandwidth, except on a calibrated CPU (:func:`calibrate`), where it
+is measured at several working-set sizes: a micro-step whose footprint stays in the caches streams its bytes faster
+than one that spills to main memory (the cache-aware roofline). The table's accelerators use their HBM bandwidth at
+every size.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +34,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.fit.model import fit_affine
 from jaxckpt.fit.search import BatchFit
 
-__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "measure_cpu", "Candidate", "candidates"]
+__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +44,12 @@ class Accelerator:
   Attributes:
     name: shown in tables.
     peak_flops: FLOP/s (dense bfloat16 on GPU/TPU, float32 measured on CPU).
-    bandwidth: memory bytes/s.
+    bandwidth: memory bytes/s (the main memory's: HBM, or DRAM on a CPU).
     overhead_s: seconds per micro-step beyond the roofline.
     memory_bytes: the device's memory (informational; the fit uses ``memory=``), ``None`` if unknown.
+    bandwidth_curve: ``((working set bytes, bytes/s), ...)`` ascending, measured by :func:`calibrate` on a CPU: a
+      step whose working set (its compiled footprint) stays in the caches streams faster than :attr:`bandwidth`
+      (the cache-aware roofline, Ilic, Pratas & Sousa, IEEE CAL 2014). Empty: :attr:`bandwidth` at every size.
   """
 
   name: str
@@ -48,11 +57,32 @@ class Accelerator:
   bandwidth: float
   overhead_s: float = 20e-6
   memory_bytes: int | None = None
+  bandwidth_curve: tuple[tuple[int, float], ...] = ()
 
-  def micro_step_s(self, flops: float, bytes_accessed: float | None) -> float:
-    """Roofline seconds of one micro-step plus the overhead."""
+  def bandwidth_at(self, working_set: float | None) -> float:
+    """Bytes/s for a working set of ``working_set`` bytes: :attr:`bandwidth_curve` interpolated in log size
+    (clamped to its ends), or :attr:`bandwidth` without a curve or a working set."""
+    curve = self.bandwidth_curve
+    if not curve or working_set is None:
+      return self.bandwidth
+    if working_set <= curve[0][0]:
+      return curve[0][1]
+    for (s0, b0), (s1, b1) in zip(curve, curve[1:]):
+      if working_set <= s1:
+        t = (math.log(working_set) - math.log(s0)) / (math.log(s1) - math.log(s0))
+        return b0 + t * (b1 - b0)
+    return curve[-1][1]
+
+  def micro_step_s(self, flops: float, bytes_accessed: float | None, working_set: float | None = None) -> float:
+    """Roofline seconds of one micro-step plus the overhead.
+
+    Args:
+      flops: FLOPs of the micro-step.
+      bytes_accessed: bytes it reads and writes (``None``: compute only).
+      working_set: its compiled footprint in bytes (selects the bandwidth on :attr:`bandwidth_curve`).
+    """
     compute = flops / self.peak_flops
-    memory = (bytes_accessed or 0.0) / self.bandwidth
+    memory = (bytes_accessed or 0.0) / self.bandwidth_at(working_set)
     return max(compute, memory) + self.overhead_s
 
 
@@ -67,30 +97,66 @@ ACCELERATORS: dict[str, Accelerator] = {
 TPU v5e docs). Peaks, not achieved rates: the model ranks, it does not promise seconds."""
 
 
-def measure_cpu(*, size: int = 1024, repeats: int = 5) -> Accelerator:
-  """This host's achieved float32 matmul FLOP/s, copy bandwidth and a tiny step's overhead, measured now (~1 s).
+_CALIBRATED: dict[tuple[str, int], Accelerator] = {}
+
+
+def _best_s(f, x, repeats: int) -> float:
+  """Least wall seconds of ``repeats`` calls of ``f(x)`` (compiled and warmed up first): the least-disturbed run."""
+  jax.block_until_ready(f(x))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def calibrate(*, repeats: int = 7, refresh: bool = False) -> Accelerator:
+  """This device's achieved figures for the time model, measured once per process (about a second; cached).
+
+  Measures, each as the least of ``repeats`` timed calls after a warm-up (the run least disturbed by other jobs on
+  a shared machine):
+
+  - ``peak_flops``: float32 matmuls of 256², 512² and 1024² (2n³ FLOPs each), the best rate;
+  - ``bandwidth_curve``: ``y = 2·x`` over float32 vectors whose working set (x and y) is 256 KiB, 2 MiB, 16 MiB and
+    128 MiB (2·n·4 bytes moved each): what a step streams at from the caches up to main memory; ``bandwidth`` is
+    the largest size's (main memory);
+  - ``overhead_s``: a jitted ``x + 1`` on 8 floats (dispatch and synchronisation of one program).
+
+  Args:
+    repeats: timed calls per measurement (≥ 1).
+    refresh: measure again instead of returning this process's cached figures.
 
   Returns:
-    An :class:`Accelerator` named ``"cpu (measured)"``.
+    An :class:`Accelerator` named ``"<platform> (calibrated)"``.
+
+  Raises:
+    JaxckptError: ``repeats`` < 1.
   """
-  a = jnp.ones((size, size), jnp.float32)
-  v = jnp.ones((16 * 2**20,), jnp.float32)  # 64 MiB
-  matmul, copy, tiny = jax.jit(lambda x: x @ x), jax.jit(lambda x: x * 2.0), jax.jit(lambda x: x + 1.0)
-  s = jnp.ones((8,), jnp.float32)
-  for f, x in ((matmul, a), (copy, v), (tiny, s)):
-    f(x).block_until_ready()
+  if repeats < 1:
+    raise JaxckptError(f"repeats={repeats} must be ≥ 1")
+  device = jax.devices()[0]
+  key = (device.platform, repeats)
+  if key in _CALIBRATED and not refresh:
+    return _CALIBRATED[key]
+  matmul = jax.jit(lambda x: x @ x)
+  flops = max(2 * n**3 / _best_s(matmul, jnp.ones((n, n), jnp.float32), repeats) for n in (256, 512, 1024))
+  scale = jax.jit(lambda x: x * 2.0)
+  curve = []
+  for working_set in (2**18, 2**21, 2**24, 2**27):
+    v = jnp.ones((working_set // 8,), jnp.float32)  # x and y: working_set bytes
+    curve.append((working_set, working_set / _best_s(scale, v, repeats)))
+    del v
+  tiny = jax.jit(lambda x: x + 1.0)
+  overhead = max(_best_s(tiny, jnp.ones((8,), jnp.float32), repeats), 1e-6)
+  out = Accelerator(f"{device.platform} (calibrated)", flops, curve[-1][1], overhead, None, tuple(curve))
+  _CALIBRATED[key] = out
+  return out
 
-  def best(f, x):
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      f(x).block_until_ready()
-      times.append(time.perf_counter() - t0)
-    return min(times)
 
-  flops = 2 * size**3 / best(matmul, a)
-  bandwidth = 2 * v.nbytes / best(copy, v)
-  return Accelerator("cpu (measured)", flops, bandwidth, max(best(tiny, s), 1e-6))
+def measure_cpu(*, repeats: int = 7) -> Accelerator:
+  """This host's calibrated figures (:func:`calibrate`; kept for callers of the earlier name)."""
+  return calibrate(repeats=repeats)
 
 
 def accelerator(name: str | None = None, *, peak_flops: float | None = None, bandwidth: float | None = None,
@@ -98,8 +164,9 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
   """The accelerator to model: a table entry, this device, or the given figures.
 
   Args:
-    name: a key of :data:`ACCELERATORS` (``h100``, ``h200``, ``a100``, ``v5e``), ``"cpu"`` (measured), or ``None``
-      for this device (its ``device_kind`` matched against the table; CPU measured).
+    name: a key of :data:`ACCELERATORS` (``h100``, ``h200``, ``a100``, ``v5e``), ``"cpu"`` (this host, measured by
+      :func:`calibrate`), or ``None`` for this device (its ``device_kind`` matched against the table; a CPU
+      calibrated).
     peak_flops, bandwidth, overhead_s: override the figures (FLOP/s, bytes/s, seconds).
 
   Returns:
@@ -115,7 +182,10 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
   if name is not None:
     key = name.lower()
     if key == "cpu":
-      base = measure_cpu()
+      if jax.devices()[0].platform != "cpu":
+        raise JaxckptError(f"device={name!r} is calibrated by measuring this host, but JAX runs on "
+                           f"{jax.devices()[0].platform}; give peak_flops= and bandwidth=, or a table device")
+      base = calibrate()
     elif key in ACCELERATORS:
       base = ACCELERATORS[key]
     else:
@@ -124,7 +194,7 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
   else:
     device = jax.devices()[0]
     if device.platform == "cpu":
-      base = measure_cpu() if peak_flops is None or bandwidth is None else Accelerator("cpu", 1.0, 1.0, 50e-6)
+      base = calibrate() if peak_flops is None or bandwidth is None else Accelerator("cpu", 1.0, 1.0, 50e-6)
     else:
       kind = device.device_kind.lower()
       base = next((a for k, a in ACCELERATORS.items() if k in kind.replace(" ", "")), None)
@@ -136,6 +206,8 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
              if v is not None}
   if changes and name is None and base.name.startswith("cpu"):
     changes["name"] = "cpu (given)"
+  if "bandwidth" in changes:
+    changes["bandwidth_curve"] = ()  # a given bandwidth holds at every size
   return dataclasses.replace(base, **changes)
 
 
@@ -207,7 +279,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
                   else (bytes_model(b) if bytes_model else None))
       foot = point.footprint_bytes if point else int(round(fit.model(b)))
       out.append(Candidate(fit.policy, b, k, foot, point is not None,
-                           flops, accessed, k * device.micro_step_s(flops, accessed)))
+                           flops, accessed, k * device.micro_step_s(flops, accessed, foot)))
   if not out:
     largest = {f.policy: f.max_batch_size for f in fits}
     units = {f.unit for f in fits}

@@ -32,7 +32,8 @@ from jaxckpt.report.keys import STATUS_OK
 from jaxckpt.report.plot import pareto_indices
 from jaxckpt.units import format_bytes
 
-__all__ = ["PLOTLYJS_MODES", "SPREAD_WITHIN", "to_html", "chart_figures", "short_source", "spread_points"]
+__all__ = ["PLOTLYJS_MODES", "SPREAD_WITHIN", "SORT_JS", "to_html", "chart_figures", "short_source", "spread_points",
+           "table_data", "template_env"]
 
 PLOTLYJS_MODES = ("inline", "cdn")
 """How the page gets plotly.js: ``inline`` (offline, ~4.8 MB) or ``cdn`` (small, needs the network)."""
@@ -95,6 +96,26 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Cell | dict]], *, tex
       c["text_col"] = i in text_columns
   return {"headers": [{"text": h, "text_col": i in text_columns, "title": (titles or {}).get(h)}
                       for i, h in enumerate(headers)], "rows": out_rows}
+
+
+SORT_JS = _SORT_JS
+"""The inline script that sorts every ``table.sortable`` by a click on a header (other pages reuse it)."""
+
+
+def table_data(headers: Sequence[str], rows: Sequence[Sequence[Cell]], *,
+               text_columns: Sequence[int] = (0,)) -> dict[str, Any]:
+  """A sortable table for the ``table`` macro of ``templates/macros.html.j2``: ``headers`` (str) and rows of
+  ``(shown text, raw sort value)`` cells (numbers sort by the raw value; ``None`` sorts last). Other pages
+  (:mod:`jaxckpt.fit.html`) build their tables with it."""
+  return _table(headers, rows, text_columns=text_columns)
+
+
+def template_env(*packages: str) -> jinja2.Environment:
+  """A Jinja2 environment (autoescaped, strict) that finds templates in ``<package>/templates`` for each of
+  ``packages``, then in the report's own (its ``macros.html.j2`` table macros)."""
+  loaders = [jinja2.PackageLoader(p, "templates") for p in packages]
+  return jinja2.Environment(loader=jinja2.ChoiceLoader([*loaders, jinja2.PackageLoader("jaxckpt.report", "templates")]),
+                            autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
 
 
 def _bytes_cell(n: int | None) -> Cell:

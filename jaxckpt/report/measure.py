@@ -99,7 +99,8 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
     profile_steps: steps inside the trace, ≥ 1, each marked with ``StepTraceAnnotation("train_step")``.
 
   Returns:
-    ``{"step_time_s": float seconds | None, "peak_bytes_measured": int bytes | None, "baseline_bytes": int | None,
+    ``{"step_time_s": float seconds (median) | None, "step_times_s": [seconds of each timed step] (when measured),
+    "peak_bytes_measured": int bytes | None, "baseline_bytes": int | None,
     "method": str | None, "profile": {"dir": str, "files": [*.xplane.pb paths]} | None}`` (measurements ``None``
     when ``measure`` is false).
 
@@ -135,7 +136,8 @@ def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: i
       stats = jax.local_devices()[0].memory_stats() or {}
       peak = stats.get("peak_bytes_in_use")
       method = "device peak_bytes_in_use"
-    result.update(step_time_s=statistics.median(times), peak_bytes_measured=None if peak is None else int(peak),
+    result.update(step_time_s=statistics.median(times), step_times_s=list(times),
+                  peak_bytes_measured=None if peak is None else int(peak),
                   baseline_bytes=baseline, method=method)
   if profile_dir is not None:
     with profile_trace(profile_dir, name=profile_name or policy) as run_dir:
