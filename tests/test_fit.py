@@ -3,10 +3,13 @@ exits 2 with one line; the JSON keys scripts read."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -32,10 +35,19 @@ def footprint(target, policy: str, batch: int) -> int:
 @pytest.fixture(scope="module")
 def cli_json(tmp_path_factory):
   path = tmp_path_factory.mktemp("fit") / "fit.json"
-  code = main(["--model", "mlp", "--memory", MEMORY, "--policies", "none", "--global-batch-size", "32",
-               "--device", "h100", "--json", str(path), "--html", str(path.with_suffix(".html")), "--no-progress"])
+  out = io.StringIO()
+  with mock.patch.dict(os.environ, {"COLUMNS": "100"}), contextlib.redirect_stdout(out):
+    code = main(["--model", "mlp", "--memory", MEMORY, "--policies", "none", "--global-batch-size", "32",
+                 "--device", "h100", "--json", str(path), "--html", str(path.with_suffix(".html")), "--no-progress"])
   assert code == 0
+  path.with_suffix(".txt").write_text(out.getvalue())
   return json.loads(path.read_text())
+
+
+def test_tables_fit_the_terminal(cli_json, tmp_path_factory):
+  text = (tmp_path_factory.getbasetemp() / "fit0" / "fit.txt").read_text()
+  assert max(len(line) for line in text.splitlines() if not line.startswith(("wrote ", "  "))) <= 100
+  assert "largest micro-batch within" in text and "* none" in text and "--grad-accum-steps" in text
 
 
 def test_planned_batch_fits_and_next_does_not(cli_json):

@@ -13,10 +13,9 @@ import os
 import time
 from collections.abc import Sequence
 
-from rich.console import Console
-from rich.table import Table
 from tqdm.auto import tqdm
 
+from jaxckpt.analysis.tables import render_table
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit.html import to_html
@@ -78,43 +77,54 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--html", default=None, metavar="FILE",
                       help="one HTML page: the tables and the footprint-vs-batch plot (.html)")
   parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+  parser.add_argument("--wide", action="store_true",
+                      help="one line per table row, whatever the terminal's width (default: fit the width)")
   return parser
 
 
-def to_table(plan: FitPlan) -> str:
-  """The plan as text tables: per policy, and the global-batch candidates."""
-  console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - recorded, not printed
+def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> str:
+  """The plan as text tables: per policy, and the global-batch candidates, with the winner as flags and Python.
+
+  Args:
+    plan: the :class:`~jaxckpt.fit.FitPlan`.
+    width: characters per line (no line is longer); ``None`` = the terminal's
+      (:func:`jaxckpt.analysis.tables.terminal_width`).
+    wide: one line per row, whatever its length.
+
+  Returns:
+    The text, ending in a newline.
+  """
   what = "sequence length" if plan.axis == "seq_len" else "micro-batch"
-  table = Table(title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
-                      f"({plan.memory_source}), {plan.compiles} compiles")
-  cols = ("policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example")
+  cols = ["policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example"]
   if plan.axis == "seq_len":
-    cols = ("policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)")
-  for col in cols:
-    table.add_column(col, justify="left" if col == "policy" else "right")
+    cols = ["policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)"]
+  rows = []
   for f in plan.fits:
     nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
-    table.add_row(f.policy, "none fits" if f.max_batch_size is None else str(f.max_batch_size),
-                  format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope)))
-  console.print(table)
+    rows.append([f.policy, "none fits" if f.max_batch_size is None else str(f.max_batch_size),
+                 format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope))])
+  parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
+                                          f"({plan.memory_source}), {plan.compiles} compiles",
+                        width=width, wide=wide, right=range(1, len(cols)))]
   if plan.choice is not None:
     c = plan.choice
-    t = Table(title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by {c.ranked_by})")
-    for col in ("policy", "b × k", "FLOPs/step", "est. step", "measured", "examples/s"):
-      t.add_column(col, justify="left" if col == "policy" else "right")
     measured = {(m.policy, m.micro_batch): m for m in c.measured}
+    rows = []
     for cand in list(c.table)[:12]:
       m = measured.get((cand.policy, cand.micro_batch))
-      t.add_row(("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
-                f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}",
-                f"{cand.est_step_s * 1e3:.2f} ms", f"{m.measured_step_s * 1e3:.1f} ms" if m else "",
-                f"{c.global_batch / m.measured_step_s:.0f}" if m else "")
-    console.print(t)
+      rows.append([("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
+                   f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}",
+                   f"{cand.est_step_s * 1e3:.2f} ms", f"{m.measured_step_s * 1e3:.1f} ms" if m else "",
+                   f"{c.global_batch / m.measured_step_s:.0f}" if m else ""])
+    notes = ["* = the winner"]
     if c.spearman is not None:
-      console.print(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
+      notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
+    parts.append(render_table(["policy", "b × k", "FLOPs/step", "est. step", "measured", "examples/s"], rows,
+                              title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
+                                    f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, 6)))
     foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
-    console.print(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
-  return console.export_text()
+    parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
+  return "\n\n".join(parts) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       bar.close()
     return parser.fail(err)
   bar.close()
-  print(to_table(plan), end="")
+  print(to_table(plan, wide=args.wide), end="")
   if args.json:
     with open(args.json, "w") as fh:
       json.dump(plan.as_json(), fh, indent=1)
