@@ -94,6 +94,7 @@ _MARKER = "__jaxckpt_block__:"
 _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("jaxckpt_linen_run", default=None)
 _LISTING: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.ContextVar("jaxckpt_linen_listing",
                                                                                       default=None)
+_PATHS: contextvars.ContextVar[list[tuple] | None] = contextvars.ContextVar("jaxckpt_linen_paths", default=None)
 
 
 def _block_type(run: _Run, module: nn.Module) -> str | None:
@@ -237,7 +238,7 @@ class RematModule:
       return ()
     layers = self.layers
     if layers is None:
-      layers = group_layers(traced_block_paths(self, call))
+      layers = group_layers(traced_block_paths(lambda: self.set_policy(PolicySpec())._run_traced(call)))
       object.__setattr__(self, "layers", layers)  # a cache of what the module's code determines
     name = type(self.module).__name__
     if not layers:
@@ -254,8 +255,11 @@ class RematModule:
   def _running(self, call: Callable[[], Any] | None = None) -> Iterator[_Run]:
     record = _LISTING.get()  # listing names: every block remat'd (everything_saveable, same numbers) and recorded
     spec = self.spec if record is None else PolicySpec(default=Policy("everything_saveable"))
+    paths = _PATHS.get()  # finding layers: no remat, every matched call's path recorded
+    if paths is not None:
+      spec = PolicySpec()
     layers = self._layers_for(spec, call) if call is not None else ()
-    run = _Run(spec, self._matchers(), layers=layers, record=record)
+    run = _Run(spec, self._matchers(), layers=layers, record=record, paths=[] if paths is None else paths)
     token = _RUN.set(run)
     try:
       with nn.intercept_methods(_interceptor):
@@ -284,6 +288,10 @@ class RematModule:
     with self._running(lambda: self.module.apply(*args, **kwargs)):
       return self.module.apply(*args, **kwargs)
 
+  def _run_traced(self, call: Callable[[], Any]) -> Any:
+    with self._running():
+      return call()
+
   def with_layers(self, *args, **kwargs) -> "RematModule":
     """A copy that knows its layers (:func:`group_layers` of the blocks matched while tracing
     ``module.init(*args, **kwargs)``; nothing is computed), so layered policies need no tracing later.
@@ -291,8 +299,7 @@ class RematModule:
     Args:
       *args, **kwargs: what ``init`` takes: an RNG key, then inputs (arrays or ``jax.ShapeDtypeStruct``).
     """
-    paths = traced_block_paths(self, lambda: self.module.init(*args, **kwargs))
-    return dataclasses.replace(self, layers=group_layers(paths))
+    return dataclasses.replace(self, layers=group_layers(traced_block_paths(lambda: self.init(*args, **kwargs))))
 
   def set_policy(self, policy: Any) -> "RematModule":
     """A copy with another policy: any concrete policy the NNX side takes (a spec string, :class:`~jaxckpt.Policy`,
@@ -368,20 +375,25 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
   return RematModule(module, spec, tuple(blocks.items()))
 
 
-def traced_block_paths(model: RematModule, call: Callable[[], Any]) -> list[tuple]:
-  """Scope paths of the blocks ``model`` matches while ``call()`` (which inits or applies ``model.module``) is
-  traced with no remat (``jax.eval_shape``: nothing is computed), in call order.
+def traced_block_paths(fn: Callable[..., Any], *args) -> list[tuple]:
+  """Scope paths of the blocks matched while ``fn(*args)`` — which inits or applies :class:`RematModule` s, e.g. a
+  loss — is traced with no remat (``jax.eval_shape``: nothing is computed), in call order.
+
+  Args:
+    fn: e.g. ``lambda: model.init(key, x)`` or a loss that calls ``model.apply``.
+    *args: arrays or ``jax.ShapeDtypeStruct`` s.
 
   Raises:
     JaxckptError: a block type that matched no module.
   """
-  token = _LISTING.set(None)
+  paths: list[tuple] = []
+  tokens = _LISTING.set(None), _PATHS.set(paths)
   try:
-    with dataclasses.replace(model, spec=PolicySpec())._running() as run:
-      jax.eval_shape(call)
+    jax.eval_shape(fn, *args)
   finally:
-    _LISTING.reset(token)
-  return run.paths
+    _PATHS.reset(tokens[1])
+    _LISTING.reset(tokens[0])
+  return paths
 
 
 def traced_block_types(fn: Callable[..., Any], *args, block_type_names: tuple[str, ...] = ()

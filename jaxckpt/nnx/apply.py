@@ -63,6 +63,7 @@ __all__ = [
     "loss_block_types",
     "applied_layers",
     "set_layered_policy",
+    "applied_block_type",
     "is_applied",
     "original_class",
     "model_classes",
@@ -427,3 +428,8 @@ def set_layered_policy(model: nnx.Module, layered: Any) -> None:
       setattr(block, _POLICY, spec)
   for block in outside:
     setattr(block, _POLICY, layered.segments[0][1])
+
+
+def applied_block_type(module: Any) -> str | None:
+  """The block type :func:`apply_remat` gave ``module``, or ``None`` when it is not an applied block."""
+  return getattr(module, _TYPE, None) if is_applied(module) else None
