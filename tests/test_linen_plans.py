@@ -21,7 +21,7 @@ from jaxckpt.step import compile_policy
 from linen_lms import (BATCH, SEQ, TOKENS, FlaxGPT2Block, FlaxGPT2LMHeadModel, LlamaConfig, LlamaDecoderLayer,
                        LlamaForCausalLM, gpt2_target, llama_target)
 
-LAYERED = "0-1:nothing_saveable;2-3:dots_saveable"
+LAYERED = "0-1:nothing_saveable;2-4:dots_saveable"
 FIXED = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 
 
@@ -43,9 +43,9 @@ def test_group_layers_rule(paths, layers):
 
 def test_linen_targets_know_their_layers():
   gpt2, llama = gpt2_target(), llama_target()
-  assert (gpt2.num_layers, llama.num_layers) == (4, 4)
-  assert gpt2.name == "FlaxGPT2LMHeadModel" and gpt2.model.layers == (("h_0",), ("h_1",), ("h_2",), ("h_3",))
-  assert llama.model.layers[3] == ("layers_3",)
+  assert (gpt2.num_layers, llama.num_layers) == (5, 5)
+  assert gpt2.name == "FlaxGPT2LMHeadModel" and gpt2.model.layers == (("h_0",), ("h_1",), ("h_2",), ("h_3",), ("h_4",))
+  assert llama.model.layers[4] == ("layers_4",)
   assert "mlp.up_proj" in llama.block_types["layer"]
 
 
@@ -57,7 +57,7 @@ class ScannedLM(nn.Module):
     cfg = LlamaConfig()
     x = nn.Embed(cfg.vocab_size, cfg.hidden_size)(tokens)
     stack = nn.scan(lambda mdl, h, _: (mdl(h), None), variable_axes={"params": 0}, split_rngs={"params": True},
-                    length=4)
+                    length=5)
     x, _ = stack(LlamaDecoderLayer(cfg, name="layers"), x, None)
     return nn.Dense(cfg.vocab_size, use_bias=False)(x)
 
@@ -69,30 +69,25 @@ def test_scanned_linen_model_has_one_layer_and_refuses_a_layered_policy():
     compile_policy(target, parse_model_policy(LAYERED))
 
 
-@pytest.mark.slow
-def test_layered_policy_gradients_equal_no_remat_and_params_unchanged():
-  tokens = jax.random.randint(jax.random.key(1), (BATCH, SEQ + 1), 0, 128)
+def test_layered_policy_per_layer_and_params_unchanged():
+  tokens = jnp.zeros((2, 8), jnp.int32)
   model = apply_remat(LlamaForCausalLM(), "none", blocks={"layer": LlamaDecoderLayer})
-  plain = LlamaForCausalLM().init(jax.random.key(0), tokens[:, :-1])
-  variables = model.init(jax.random.key(0), tokens[:, :-1])
+  plain = jax.eval_shape(lambda: LlamaForCausalLM().init(jax.random.key(0), tokens))
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))
   assert jax.tree.structure(variables) == jax.tree.structure(plain)
   layered = model.set_policy(LAYERED)
   assert isinstance(layered.spec, LayeredPolicy)
-
-  def grads(m):
-    loss = lambda p: m.apply({"params": p}, tokens[:, :-1]).astype(jnp.float32).std()  # noqa: E731
-    return jax.jit(jax.grad(loss))(variables["params"])
-
-  jaxpr = jax.make_jaxpr(jax.grad(lambda p: layered.apply({"params": p}, tokens[:, :-1]).sum()))(variables["params"])
-  assert str(jaxpr).count("remat") == 4  # every layer under its range's policy
-  for a, b in zip(jax.tree.leaves(grads(model)), jax.tree.leaves(grads(layered))):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  loss = lambda p: layered.apply({"params": p}, tokens).sum()  # noqa: E731
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss))(variables["params"]))
+  assert jaxpr.count("remat") == 5  # every layer under its range's policy: 2 save nothing, 3 save matmul outputs
+  assert jaxpr.count("policy=<function nothing_saveable") == 2
+  assert jaxpr.count("policy=DotsSaveable(only_if_no_batch_dims=False)") == 3
 
 
 def test_set_policy_refusals_name_the_module():
   model = apply_remat(LlamaForCausalLM(), "none", blocks={"layer": LlamaDecoderLayer})
   tokens = jnp.zeros((2, 8), jnp.int32)
-  with pytest.raises(JaxckptError, match=r"covers 2 layers but LlamaForCausalLM has 4 .*layers_0.*0-3"):
+  with pytest.raises(JaxckptError, match=r"covers 2 layers but LlamaForCausalLM has 5 .*layers_0.*0-4"):
     model.set_policy("0-1:nothing_saveable").init(jax.random.key(0), tokens)
   with pytest.raises(JaxckptError, match=r"'budget:50%' is planned for a target, not set on LlamaForCausalLM"):
     model.set_policy("budget:50%")
@@ -168,12 +163,13 @@ def test_budget_plans_fit_beat_fixed_policies_and_keep_gradients(make):
   cache = PlanCache()
   plans = {b: plan_policy(target, b, cache=cache) for b in ("budget:50%", "budget:30%")}
   none = plans["budget:50%"].none
-  fixed = {p: compile_policy(target, parse_model_policy(p)) for p in FIXED}
+  fixed = {p: (cache.points[p].flops, cache.points[p].temp_bytes) if p in cache.points else
+           (lambda c: (c.flops, c.memory["temp_bytes"]))(compile_policy(target, parse_model_policy(p))) for p in FIXED}
   reference = _grads(target, parse_model_policy("none"))
   for budget, plan in plans.items():
     assert plan.compiled.temp_bytes <= plan.limit_bytes < none.temp_bytes, budget
     assert len(plan.history) <= 5  # none, full + at most 3 verification compiles
-    fitting = [c.flops for c in fixed.values() if c.memory["temp_bytes"] <= plan.limit_bytes]
+    fitting = [flops for flops, temp in fixed.values() if temp <= plan.limit_bytes]
     assert fitting and plan.compiled.flops <= min(fitting), budget
   min_saved, _ = resolve_policy(target, "min_saved")
   for policy in (*(p.policy for p in plans.values()), min_saved, parse_model_policy(LAYERED)):

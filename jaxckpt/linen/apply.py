@@ -51,8 +51,7 @@ from jaxckpt.core.autonames import LINEN_LAYERS, path_name
 from jaxckpt.core.tagging import tag_values
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis.jaxprs import checkpoint_name_of, sub_jaxprs
-from jaxckpt.policies import (DEFAULT_BLOCK, SAVE_TENSORS, LayeredPolicy, Policy, PolicySpec, parse_model_policy,
-                              parse_policy)
+from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, LayeredPolicy, Policy, PolicySpec, parse_model_policy
 
 __all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types", "group_layers", "traced_block_paths"]
 
@@ -347,7 +346,8 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
   Args:
     module: your Linen module (unbound), unedited; a :class:`RematModule` is re-applied with the new arguments.
     policy: a per-block policy spec (:func:`jaxckpt.parse_policy`): one policy, or a block map over the keys of
-      ``blocks`` (``attn=dots_saveable,mlp=full``); ``none`` runs the blocks as written.
+      ``blocks`` (``attn=dots_saveable,mlp=full``); ``none`` runs the blocks as written; or a spec per range of
+      layers (``0-1:nothing_saveable;2-3:dots_saveable``, layers as the module docstring says).
     blocks: block type -> a Linen module class (instances of it and its subclasses match), a tuple of classes, or a
       predicate ``(path, module) -> bool`` where ``path`` is the module's scope path (``('decoder_block_0',)``).
 
@@ -371,8 +371,7 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
   if not isinstance(module, nn.Module):
     raise JaxckptError(f"jaxckpt.linen.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
   block_matchers(blocks, front_end="linen")
-  spec = _checked(parse_policy(policy), tuple(blocks))
-  return RematModule(module, spec, tuple(blocks.items()))
+  return RematModule(module, PolicySpec(), tuple(blocks.items())).set_policy(policy)
 
 
 def traced_block_paths(fn: Callable[..., Any], *args) -> list[tuple]:

@@ -400,9 +400,9 @@ def plan_policy(
 
   Args:
     target: a :class:`jaxckpt.report.ModelTarget` whose model has one :class:`~jaxckpt.Stack` (structure
-      ``block``), e.g. ``shipped_target("gpt", "small")``, or your own model with blocks named by
-      :func:`jaxckpt.apply_remat` (per-layer plans for layers in a list, one spec for a scanned stack:
-      :mod:`jaxckpt.planner.own`).
+      ``block``), e.g. ``shipped_target("gpt", "small")``; or your own model: NNX with blocks named by
+      :func:`jaxckpt.apply_remat`, or Linen through :func:`jaxckpt.linen_model_target` / :func:`jaxckpt.report.linen_target`
+      (per-layer plans for layers in a list or loop, one spec for a scanned stack: :mod:`jaxckpt.planner.own`).
     budget: ``budget:<size>`` (compiled ``footprint_bytes`` ≤ size), ``budget:<p>%`` (compiled ``temp_bytes`` ≤ p%
       of ``none``'s), ``auto`` / ``auto:margin=<p>%`` (footprint ≤ :func:`device_memory_bytes` × (1 − margin)), or
       the parsed :class:`~jaxckpt.policies.Budget`.
@@ -421,8 +421,8 @@ def plan_policy(
   Raises:
     InfeasibleBudgetError: even the least-memory plan (``full`` on every layer) exceeds the budget; the message
       gives its compiled bytes.
-    JaxckptError: a target that is not a model with one block-structured stack, ``max_rounds`` < 1, a spec that is
-      not a budget.
+    JaxckptError: a model without blocks of its own and without one block-structured stack (the message lists
+      its module classes), ``max_rounds`` < 1, a spec that is not a budget.
   """
   started = time.perf_counter()
   parsed = parse_model_policy(budget)
