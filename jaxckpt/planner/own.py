@@ -33,7 +33,7 @@ from jaxckpt.analysis.flops import count_flops
 from jaxckpt.nnx.layers import stacks
 from jaxckpt.policies import PolicySpec
 from jaxckpt.analysis.residuals import saved_residuals
-from jaxckpt.step import LossTarget, ModelTarget, StepBuilder, Target, dropout_key_struct
+from jaxckpt.step import LossTarget, StepBuilder, Target, dropout_key_struct
 
 __all__ = ["own_model_layers", "plan_layers", "OwnModelProbe"]
 
