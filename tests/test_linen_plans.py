@@ -231,3 +231,11 @@ def test_report_rows_for_a_linen_target():
   assert all(r["status"] == "ok" for r in rows.values()), [r.get("error") for r in rows.values()]
   none = rows["none"]["temp_bytes"]
   assert all(rows[p]["temp_bytes"] < none for p in policies[1:])
+
+
+def test_min_saved_for_an_nnx_own_model_through_the_same_path():
+  from own_models import decoder_target
+
+  policy, _ = resolve_policy(decoder_target(), "min_saved")  # refused before: it needed a jaxckpt Stack
+  chosen = policy.for_block("layer")
+  assert chosen.name == "save_tensors" and chosen.names
