@@ -43,6 +43,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 from flax import nnx
+from flax.core import lift as flax_lift
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.core.matching import block_matcher, block_matchers
@@ -153,8 +154,6 @@ def _tagged_checkpoint(fn: Callable, *, policy: Policy, owner: _BlockOwner) -> C
   """Flax's lifted ``lift.checkpoint`` (variables and RNGs lifted, ``prevent_cse``) with the function under
   ``jax.checkpoint`` first tagged by :func:`jaxckpt.core.tagging.tag_values`, so a ``save_tensors`` policy saves the
   values it names."""
-  from flax.core import lift  # noqa: PLC0415 - Flax's lifting internals, only for save_tensors
-
   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
     def pure(variable_groups, rng_groups, *args):
       scope = scope_fn(variable_groups, rng_groups)
@@ -163,7 +162,7 @@ def _tagged_checkpoint(fn: Callable, *, policy: Policy, owner: _BlockOwner) -> C
     tagged = tag_values(pure, policy.names, owner=owner)
     return jax.checkpoint(tagged, policy=policy.to_jax(), prevent_cse=True)(variable_groups, rng_groups, *args)
 
-  return lift.pack(inner, (True,), (True,), (True,), name="remat")
+  return flax_lift.pack(inner, (True,), (True,), (True,), name="remat")  # as flax.core.lift.checkpoint packs
 
 
 _INDEXED = re.compile(r"(?P<prefix>.*?)(?P<index>[0-9]+)\Z")
