@@ -205,9 +205,16 @@ def test_plan_cli_on_a_linen_target(capsys):
   assert "plan for budget:50%" in out and "remat_block_class" in out and "policy: " in out
 
 
+def tiny_llama_target():
+  """A --target small enough for a CLI refusal test: 2 layers, d=32, 8 tokens."""
+  config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+  return jaxckpt.linen_model_target(LlamaForCausalLM(config), jax.ShapeDtypeStruct((4, 9), jnp.int32),
+                                    loss="next_token", blocks={"layer": LlamaDecoderLayer})
+
+
 @pytest.mark.slow
 def test_plan_cli_infeasible_budget_is_one_line(capsys):
-  assert plan_main(["--target", "linen_lms:llama_target", "--budget", "1%"]) == 2
+  assert plan_main(["--target", "test_linen_plans:tiny_llama_target", "--budget", "1%"]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "no plan fits budget:1%" in err and "LlamaForCausalLM" in err
 
