@@ -1,4 +1,5 @@
-"""Two Linen LMs written the way public Flax code writes them, NOT built from jaxckpt blocks (tests only).
+"""Two Linen LMs (and an NNX twin) written the way public Flax code writes them, NOT built from jaxckpt blocks (tests
+only).
 
 - :class:`FlaxGPT2LMHeadModel`: GPT-2 in the style of the Hugging Face Flax port: a ``Conv1D`` dense layer of its
   own (weight ``(in, out)``, ``self.param`` + ``jnp.dot``), ``FlaxGPT2Block`` s held in a list built in ``setup``
@@ -6,8 +7,10 @@
   tied input/output embeddings.
 - :class:`LlamaForCausalLM`: a Llama-style LM: RMSNorm, rotary position embeddings, a SwiGLU MLP of
   ``nn.Dense(use_bias=False)``, decoder layers created in an ``nn.compact`` loop named ``layers_{i}``, no dropout.
+- :class:`NNXGPT2`: the GPT-2 LM in NNX, its projections an NNX class of its own (:class:`NNXConv1D`), blocks in
+  an ``nnx.List`` (``h[i]``), for "the same holds for NNX".
 
-Both tiny (5 layers, d=64, seq 32, batch 32: activations dominate the temp bytes, as in training, and full remat
+All tiny (5 layers, d=64, seq 32, batch 32: activations dominate the temp bytes, as in training, and full remat
 keeps about 1/5 of them, so budget:30% is reachable), so compiles are quick on CPU.
 :func:`gpt2_target` / :func:`llama_target` are ``--target`` functions (two lines each with
 :func:`jaxckpt.linen_model_target`).
@@ -21,6 +24,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 128, 64, 4, 5, 32, 32
 
@@ -231,3 +235,68 @@ def llama_target(policy: str = "none"):
 
   model = jaxckpt.linen.apply_remat(LlamaForCausalLM(), policy, blocks={"layer": LlamaDecoderLayer})
   return jaxckpt.linen_model_target(model, TOKENS, loss="next_token")
+
+
+# ------------------------------------------------------------------------------- NNX twin with its own projection
+
+
+class NNXConv1D(nnx.Module):
+  """GPT-2's dense layer as an NNX module of its own class: weight ``(in, out)``, ``x @ kernel + bias``."""
+
+  def __init__(self, nx: int, nf: int, *, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(0.02 * jax.random.normal(rngs.params(), (nx, nf)))
+    self.bias = nnx.Param(jnp.zeros((nf,)))
+
+  def __call__(self, x):
+    return jnp.dot(x, self.kernel[...]) + self.bias[...]
+
+
+class NNXGPT2Block(nnx.Module):
+  def __init__(self, d: int, heads: int, dropout: float, *, rngs: nnx.Rngs):
+    self.heads = heads
+    self.ln_1, self.ln_2 = nnx.LayerNorm(d, rngs=rngs), nnx.LayerNorm(d, rngs=rngs)
+    self.c_attn, self.attn_proj = NNXConv1D(d, 3 * d, rngs=rngs), NNXConv1D(d, d, rngs=rngs)
+    self.c_fc, self.c_proj = NNXConv1D(d, 4 * d, rngs=rngs), NNXConv1D(4 * d, d, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+  def __call__(self, x, *, deterministic: bool = False):
+    b, t, d = x.shape
+    q, k, v = (a.reshape(b, t, self.heads, d // self.heads) for a in jnp.split(self.c_attn(self.ln_1(x)), 3, -1))
+    w = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // self.heads)
+    w = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((t, t), bool)), w, -1e9), axis=-1)
+    x = x + self.dropout(self.attn_proj(jnp.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, t, d)),
+                         deterministic=deterministic)
+    h = self.c_proj(jax.nn.gelu(self.c_fc(self.ln_2(x)), approximate=True))
+    return x + self.dropout(h, deterministic=deterministic)
+
+
+class NNXGPT2(nnx.Module):
+  def __init__(self, *, vocab=VOCAB, d=DIM, heads=HEADS, layers=LAYERS, dropout=0.1, rngs: nnx.Rngs):
+    self.wte = nnx.Embed(vocab, d, rngs=rngs)
+    self.wpe = nnx.Param(0.02 * jax.random.normal(rngs.params(), (SEQ, d)))
+    self.h = nnx.List([NNXGPT2Block(d, heads, dropout, rngs=rngs) for _ in range(layers)])
+    self.ln_f = nnx.LayerNorm(d, rngs=rngs)
+
+  def __call__(self, tokens, *, deterministic: bool = False):
+    x = self.wte(tokens) + self.wpe[...][: tokens.shape[1]]
+    for block in self.h:
+      x = block(x, deterministic=deterministic)
+    return self.wte.attend(self.ln_f(x))                                   # [B, T, V]
+
+
+def nnx_gpt2_loss(model: NNXGPT2, batch) -> jax.Array:
+  """Next-token cross-entropy; dropout from the model's own Rngs."""
+  import optax
+
+  tokens = batch["tokens"]
+  return optax.softmax_cross_entropy_with_integer_labels(model(tokens[:, :-1]), tokens[:, 1:]).mean()
+
+
+def nnx_gpt2_target():
+  """``--target linen_lms:nnx_gpt2_target``: the NNX twin, its blocks named (per-layer plans over ``h[i]``)."""
+  import jaxckpt
+  from jaxckpt.report import ModelTarget
+
+  return ModelTarget(make_model=lambda: jaxckpt.apply_remat(NNXGPT2(rngs=nnx.Rngs(0)), "none",
+                                                            blocks={"block": NNXGPT2Block}),
+                     batch={"tokens": TOKENS}, loss_fn=nnx_gpt2_loss, name="NNXGPT2")

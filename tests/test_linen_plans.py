@@ -200,9 +200,11 @@ def test_exported_linen_plan_compiles_to_the_same_temp():
 
 @pytest.mark.slow
 def test_plan_cli_on_a_linen_target(capsys):
-  assert plan_main(["--target", "linen_lms:gpt2_target", "--budget", "50%", "--max-rounds", "1", "--export"]) == 0
+  assert plan_main(["--target", "linen_lms:gpt2_target", "--budget", "50%", "--max-rounds", "1", "--export",
+                    "--explain"]) == 0
   out = capsys.readouterr().out
   assert "plan for budget:50%" in out and "remat_block_class" in out and "policy: " in out
+  assert "candidates per layer" in out and "nothing_saveable" in out
 
 
 def tiny_llama_target():
@@ -246,3 +248,23 @@ def test_min_saved_for_an_nnx_own_model_through_the_same_path():
   policy, _ = resolve_policy(decoder_target(), "min_saved")  # refused before: it needed a jaxckpt Stack
   chosen = policy.for_block("layer")
   assert chosen.name == "save_tensors" and chosen.names
+
+
+@pytest.mark.slow
+def test_budget_plan_for_the_nnx_twin_with_its_own_projection_class():
+  from linen_lms import nnx_gpt2_target
+
+  target = nnx_gpt2_target()
+  plan = plan_policy(target, "budget:50%", max_rounds=2)
+  assert plan.num_layers == 5 and plan.compiled.temp_bytes <= plan.limit_bytes < plan.none.temp_bytes
+  assert len(plan.history) <= 4
+  tokens = {"tokens": jax.random.randint(jax.random.key(1), TOKENS.shape, 0, 128)}
+
+  def grads(policy):
+    model = target.make_model()
+    jaxckpt.set_policy(model, policy)
+    return jax.tree.leaves(nnx.jit(nnx.grad(lambda m: target.loss_fn(m, tokens, dropout_key=None,
+                                                                        deterministic=False)[0]))(model))
+
+  for a, b in zip(grads("none"), grads(plan.policy)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
