@@ -175,7 +175,7 @@ def test_budget_plans_fit_beat_fixed_policies_and_keep_gradients(make):
   for policy in (*(p.policy for p in plans.values()), min_saved, parse_model_policy(LAYERED)):
     for a, b in zip(reference, _grads(target, policy)):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=str(policy))
-  assert compile_policy(target, min_saved).memory["temp_bytes"] < none.temp_bytes
+  # (min_saved's compiled row, below none's temp: test_report_rows_for_a_linen_target)
 
 
 @pytest.mark.slow
