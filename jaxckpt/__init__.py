@@ -74,6 +74,7 @@ from jaxckpt.policies import (
     parse_policy,
 )
 from jaxckpt.core.remat import Remat, checkpoint, remat
+from jaxckpt.step.targets import linen_model_target
 from jaxckpt.schema import SCHEMA_VERSION, versions
 from jaxckpt.training.sharding import (
     MESH_AXES,
@@ -175,6 +176,7 @@ __all__ = [
     "names",
     "sharding",
     "apply_remat",
+    "linen_model_target",
     "checkpoint_names",
     "GPT",
     "GPT_PRESETS",

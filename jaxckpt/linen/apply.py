@@ -14,6 +14,13 @@ re-nested: the parameter tree is the module's own, so existing checkpoints load.
   the standard Linen layers :data:`~jaxckpt.core.autonames.LINEN_LAYERS` and modules of your own classes that hold
   a weight themselves, such as GPT-2's ``Conv1D``), decided at each call once the layer's parameters exist.
 - Only ``__call__`` of a matched module is remat'd (call a block through another method and it runs as written).
+- **Layers** (per-layer policies, :class:`~jaxckpt.policies.LayeredPolicy`): the matched blocks are grouped by their
+  scope path, as NNX groups ``layers[i]``: the layer axis is the shallowest path position where the blocks' names
+  end in an integer that varies under one parent and prefix (``h_0``, ``h_1`` … from a list attribute
+  ``self.h = [Block(...) ...]``; ``DecoderBlock_0`` … or ``layers_0`` … from a loop in ``nn.compact``; ``0``, ``1`` …
+  from ``name=str(i)``); layer i is every block under the i-th such name, in integer order (:func:`group_layers`).
+  Blocks not under one (a head) use the first range's spec. Blocks inside an ``nn.scan`` stack are one call, so a
+  scanned model has no layers: one spec per block type.
 
 Idea: Flax's ``nn.remat`` / ``nn.checkpoint`` lifted transform and ``nn.intercept_methods``; swapping a block class
 for ``nn.remat(cls, policy=…)`` gives the same parameters and gradients, but needs the model's code edited.
@@ -30,36 +37,57 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 from flax import nnx
+from flax.core import lift as flax_lift
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.core.matching import block_matcher, block_matchers
 from jaxckpt.core.arguments import split_arguments
 from jaxckpt.core.autonames import NameRule, names_rule, path_name, tag_output
+from jaxckpt.core.tagging import tag_values
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis.jaxprs import checkpoint_name_of, sub_jaxprs
-from jaxckpt.policies import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
+from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, LayeredPolicy, Policy, PolicySpec, parse_model_policy
 
-__all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types"]
+__all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types", "group_layers", "traced_block_paths"]
 
 
 @dataclasses.dataclass
 class _Run:
   """State of one ``init``/``apply`` of a :class:`RematModule` (one trace)."""
 
-  spec: PolicySpec
+  spec: PolicySpec | LayeredPolicy
   matchers: tuple[tuple[str, Callable[[tuple, nn.Module], bool]], ...]
+  layers: tuple[tuple[str, ...], ...] = ()  # layer keys (scope path prefixes) for a LayeredPolicy, in layer order
   skip_next: bool = False  # the next intercepted __call__ is the block's own call, inside its checkpoint
   active_type: str = ""  # the block type of that call
   active: list[tuple[str, tuple]] = dataclasses.field(default_factory=list)  # (block type, path) of running blocks
   matched: dict[str, int] = dataclasses.field(default_factory=dict)  # block type -> calls
   record: dict[str, set[str]] | None = None  # block type -> names emitted (when listing names)
   names: NameRule = NameRule("auto")  # which layers inside a block get automatic names (apply_remat's names=)
+  paths: list[tuple] = dataclasses.field(default_factory=list)  # scope path of every matched call, in call order
+
+  def policy_for(self, block_type: str, path: tuple) -> Policy:
+    """The policy of a matched block: its layer's spec (layered policies), then its block type's policy."""
+    spec = self.spec
+    if isinstance(spec, LayeredPolicy):
+      layer = _layer_index(self.layers, path)
+      spec = spec.base_spec if layer is None else spec.layer_specs()[layer]
+    return spec.for_block(block_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockOwner:
+  """What a ``save_tensors`` block records with its jaxpr (:func:`jaxckpt.core.tagging.record_tagged`)."""
+
+  block_type: str
+  path: tuple
 
 
 _MARKER = "__jaxckpt_block__:"
@@ -68,6 +96,7 @@ _MARKER = "__jaxckpt_block__:"
 _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("jaxckpt_linen_run", default=None)
 _LISTING: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.ContextVar("jaxckpt_linen_listing",
                                                                                       default=None)
+_PATHS: contextvars.ContextVar[list[tuple] | None] = contextvars.ContextVar("jaxckpt_linen_paths", default=None)
 
 
 def _block_type(run: _Run, module: nn.Module) -> str | None:
@@ -104,7 +133,8 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
   if block_type is None:
     return next_fun(*args, **kwargs)
   run.matched[block_type] = run.matched.get(block_type, 0) + 1
-  policy: Policy = run.spec.for_block(block_type)
+  run.paths.append(tuple(module.path))
+  policy: Policy = run.policy_for(block_type, tuple(module.path))
   split = split_arguments(args, kwargs)
   arrays = split.arrays
 
@@ -120,7 +150,61 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
     policy = Policy("everything_saveable")
   if not policy.remat:
     return fn(module, *arrays)
+  if policy.name == SAVE_TENSORS:  # per-tensor: tag the chosen values of the block's function, save exactly them
+    owner = _BlockOwner(block_type, tuple(module.path))
+    return nn.transforms.lift_transform(_tagged_checkpoint, fn, policy=policy, owner=owner)(module, *arrays)
   return nn.checkpoint(fn, policy=policy.to_jax(), prevent_cse=True)(module, *arrays)
+
+
+def _tagged_checkpoint(fn: Callable, *, policy: Policy, owner: _BlockOwner) -> Callable:
+  """Flax's lifted ``lift.checkpoint`` (variables and RNGs lifted, ``prevent_cse``) with the function under
+  ``jax.checkpoint`` first tagged by :func:`jaxckpt.core.tagging.tag_values`, so a ``save_tensors`` policy saves the
+  values it names."""
+  def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
+    def pure(variable_groups, rng_groups, *args):
+      scope = scope_fn(variable_groups, rng_groups)
+      return fn(scope, *args), repack_fn(scope)
+
+    tagged = tag_values(pure, policy.names, owner=owner)
+    return jax.checkpoint(tagged, policy=policy.to_jax(), prevent_cse=True)(variable_groups, rng_groups, *args)
+
+  return flax_lift.pack(inner, (True,), (True,), (True,), name="remat")  # as flax.core.lift.checkpoint packs
+
+
+_INDEXED = re.compile(r"(?P<prefix>.*?)(?P<index>[0-9]+)\Z")
+
+
+def group_layers(paths: Sequence[tuple[str, ...]]) -> tuple[tuple[str, ...], ...]:
+  """The layers of a model from the scope paths of its matched blocks: the rule of the module docstring.
+
+  The layer axis is the shallowest depth d at which some parent path ``p[:d]`` and name prefix have at least two
+  blocks whose name at d is ``<prefix><integer>`` with different integers (``h_0``/``h_1``, ``layers_2``,
+  ``DecoderBlock_0``, ``"3"``); each distinct such name is a layer, ordered by its integer.
+
+  Args:
+    paths: scope paths of the matched blocks, e.g. ``[("h_0",), ("h_1",)]`` or ``[("layers_0", "mlp"), ...]``.
+
+  Returns:
+    The layer keys (path prefixes, e.g. ``(("h_0",), ("h_1",))``) in layer order; ``()`` when the blocks are not
+    in separate layers (one block, an ``nn.scan`` stack).
+  """
+  for depth in range(max((len(p) for p in paths), default=0)):
+    groups: dict[tuple, dict[int, str]] = {}
+    for path in paths:
+      if len(path) > depth and (match := _INDEXED.match(str(path[depth]))):
+        groups.setdefault((tuple(path[:depth]), match["prefix"]), {})[int(match["index"])] = str(path[depth])
+    if groups:
+      (parent, _), names = max(groups.items(), key=lambda item: len(item[1]))
+      if len(names) > 1:
+        return tuple((*parent, names[i]) for i in sorted(names))
+  return ()
+
+
+def _layer_index(layers: tuple[tuple[str, ...], ...], path: tuple) -> int | None:
+  for i, key in enumerate(layers):
+    if tuple(path[:len(key)]) == key:
+      return i
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,26 +216,56 @@ class RematModule:
 
   Attributes:
     module: your Linen module, unchanged.
-    spec: the policy spec in use.
+    spec: the policy in use: a :class:`~jaxckpt.PolicySpec`, or a :class:`~jaxckpt.policies.LayeredPolicy` (a spec
+      per range of layers, module docstring).
     blocks: ``(block type, matcher)`` pairs, from ``blocks=``.
     name_rule: which layers inside a block get automatic checkpoint names, from ``names=``.
+    layers: the layer keys (scope path prefixes, :func:`group_layers`) once known (:meth:`with_layers`); found by
+      tracing at the first ``init``/``apply`` under a layered policy otherwise.
   """
 
   module: nn.Module
-  spec: PolicySpec
+  spec: PolicySpec | LayeredPolicy
   blocks: tuple[tuple[str, Any], ...]
   name_rule: NameRule = NameRule("auto")
+  layers: tuple[tuple[str, ...], ...] | None = None
 
   @property
   def block_type_names(self) -> tuple[str, ...]:
     """The block types named in ``blocks=``."""
     return tuple(b for b, _ in self.blocks)
 
+  def _matchers(self) -> tuple[tuple[str, Callable[[tuple, nn.Module], bool]], ...]:
+    return tuple((b, block_matcher(b, v, front_end="linen")) for b, v in self.blocks)
+
+  def _layers_for(self, spec: PolicySpec | LayeredPolicy, call: Callable[[], Any]) -> tuple[tuple[str, ...], ...]:
+    """The layer keys a layered ``spec`` needs (traced from ``call`` when unknown), checked against its ranges."""
+    if not isinstance(spec, LayeredPolicy):
+      return ()
+    layers = self.layers
+    if layers is None:
+      layers = group_layers(traced_block_paths(lambda: self.set_policy(PolicySpec())._run_traced(call)))
+      object.__setattr__(self, "layers", layers)  # a cache of what the module's code determines
+    name = type(self.module).__name__
+    if not layers:
+      raise JaxckptError(f"layered policy {str(spec)!r} needs separate layers (blocks under scope names ending in an "
+                         f"index, such as h_0, layers_1 from a list or a loop); the blocks of {name} are not (blocks "
+                         "in an nn.scan stack take one spec for all layers): give one spec")
+    if len(layers) != spec.num_layers:
+      raise JaxckptError(f"layered policy {str(spec)!r} covers {spec.num_layers} layers but {name} has {len(layers)} "
+                         f"({', '.join('/'.join(k) for k in layers[:4])}{', ...' if len(layers) > 4 else ''}): "
+                         f"ranges must cover 0-{len(layers) - 1}")
+    return layers
+
   @contextlib.contextmanager
-  def _running(self) -> Iterator[_Run]:
+  def _running(self, call: Callable[[], Any] | None = None) -> Iterator[_Run]:
     record = _LISTING.get()  # listing names: every block remat'd (everything_saveable, same numbers) and recorded
     spec = self.spec if record is None else PolicySpec(default=Policy("everything_saveable"))
-    run = _Run(spec, tuple((b, block_matcher(b, v, front_end="linen")) for b, v in self.blocks), record=record,
+    paths = _PATHS.get()  # finding layers: no remat, every matched call's path recorded
+    if paths is not None:
+      spec = PolicySpec()
+    layers = self._layers_for(spec, call) if call is not None else ()
+    run = _Run(spec, self._matchers(), layers=layers, record=record, paths=[] if paths is None else paths,
                names=self.name_rule)
     token = _RUN.set(run)
     try:
@@ -167,23 +281,57 @@ class RematModule:
 
   def init(self, *args, **kwargs) -> Any:
     """``module.init(*args, **kwargs)`` with the blocks remat'd: the same variables."""
-    with self._running():
+    with self._running(lambda: self.module.init(*args, **kwargs)):
       return self.module.init(*args, **kwargs)
 
   def init_with_output(self, *args, **kwargs) -> Any:
     """``module.init_with_output(*args, **kwargs)`` with the blocks remat'd."""
-    with self._running():
+    with self._running(lambda: self.module.init_with_output(*args, **kwargs)):
       return self.module.init_with_output(*args, **kwargs)
 
   def apply(self, *args, **kwargs) -> Any:
     """``module.apply(variables, *args, **kwargs)`` with the blocks remat'd (pass ``rngs={'dropout': key}`` as
     usual)."""
-    with self._running():
+    with self._running(lambda: self.module.apply(*args, **kwargs)):
       return self.module.apply(*args, **kwargs)
 
-  def set_policy(self, policy: "str | Policy | PolicySpec | None") -> "RematModule":
-    """A copy with another policy (block-map keys checked against ``blocks=``; names by :func:`block_types`)."""
-    return dataclasses.replace(self, spec=_checked(parse_policy(policy), self.block_type_names))
+  def _run_traced(self, call: Callable[[], Any]) -> Any:
+    with self._running():
+      return call()
+
+  def with_layers(self, *args, **kwargs) -> "RematModule":
+    """A copy that knows its layers (:func:`group_layers` of the blocks matched while tracing
+    ``module.init(*args, **kwargs)``; nothing is computed), so layered policies need no tracing later.
+
+    Args:
+      *args, **kwargs: what ``init`` takes: an RNG key, then inputs (arrays or ``jax.ShapeDtypeStruct``).
+    """
+    return dataclasses.replace(self, layers=group_layers(traced_block_paths(lambda: self.init(*args, **kwargs))))
+
+  def set_policy(self, policy: Any) -> "RematModule":
+    """A copy with another policy: any concrete policy the NNX side takes (a spec string, :class:`~jaxckpt.Policy`,
+    :class:`~jaxckpt.PolicySpec`, or a :class:`~jaxckpt.policies.LayeredPolicy` / ``first-last:spec;...``).
+    Block-map keys are checked against ``blocks=``; names by :func:`block_types`.
+
+    Raises:
+      PolicySpecError: a malformed spec or a block type not in ``blocks=``.
+      JaxckptError: a policy that needs the planner first (``budget:…``, ``min_saved``: resolve it with
+        :func:`jaxckpt.planner.resolve_policy`), or a whole-loss ``mincut`` plan (it remats the train step's loss,
+        not the module).
+    """
+    parsed = parse_model_policy(policy)
+    name = type(self.module).__name__
+    if not parsed.resolved:
+      raise JaxckptError(f"policy {str(parsed)!r} is planned for a target, not set on {name}: resolve it first "
+                         "(jaxckpt.planner.resolve_policy(target, policy)) and set the plan's policy")
+    if parsed.whole_loss is not None:
+      raise JaxckptError(f"policy {str(parsed)!r} remats the whole loss of the train step the tools build; it cannot "
+                         f"be set on {name} (set a per-block or per-layer policy)")
+    if isinstance(parsed, LayeredPolicy):
+      for _, spec in parsed.segments:
+        _checked(spec, self.block_type_names)
+      return dataclasses.replace(self, spec=parsed)
+    return dataclasses.replace(self, spec=_checked(parsed, self.block_type_names))
 
   def __getattr__(self, name: str) -> Any:
     if name.startswith("__"):
@@ -206,7 +354,8 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
   Args:
     module: your Linen module (unbound), unedited; a :class:`RematModule` is re-applied with the new arguments.
     policy: a per-block policy spec (:func:`jaxckpt.parse_policy`): one policy, or a block map over the keys of
-      ``blocks`` (``attn=dots_saveable,mlp=full``); ``none`` runs the blocks as written.
+      ``blocks`` (``attn=dots_saveable,mlp=full``); ``none`` runs the blocks as written; or a spec per range of
+      layers (``0-1:nothing_saveable;2-3:dots_saveable``, layers as the module docstring says).
     blocks: block type -> a Linen module class (instances of it and its subclasses match), a tuple of classes, or a
       predicate ``(path, module) -> bool`` where ``path`` is the module's scope path (``('decoder_block_0',)``).
     names: which submodules of a block get automatic checkpoint names (their scope path relative to the block,
@@ -238,8 +387,28 @@ def apply_remat(module: nn.Module, policy: "str | Policy | PolicySpec | None", *
     raise JaxckptError(f"jaxckpt.linen.apply_remat needs a flax.linen.Module, got {type(module).__name__}")
   block_matchers(blocks, front_end="linen")
   rule = names_rule(names, front_end="linen")
-  spec = _checked(parse_policy(policy), tuple(blocks))
-  return RematModule(module, spec, tuple(blocks.items()), rule)
+  return RematModule(module, PolicySpec(), tuple(blocks.items()), rule).set_policy(policy)
+
+
+def traced_block_paths(fn: Callable[..., Any], *args) -> list[tuple]:
+  """Scope paths of the blocks matched while ``fn(*args)`` — which inits or applies :class:`RematModule` s, e.g. a
+  loss — is traced with no remat (``jax.eval_shape``: nothing is computed), in call order.
+
+  Args:
+    fn: e.g. ``lambda: model.init(key, x)`` or a loss that calls ``model.apply``.
+    *args: arrays or ``jax.ShapeDtypeStruct`` s.
+
+  Raises:
+    JaxckptError: a block type that matched no module.
+  """
+  paths: list[tuple] = []
+  tokens = _LISTING.set(None), _PATHS.set(paths)
+  try:
+    jax.eval_shape(fn, *args)
+  finally:
+    _PATHS.reset(tokens[1])
+    _LISTING.reset(tokens[0])
+  return paths
 
 
 def traced_block_types(fn: Callable[..., Any], *args, block_type_names: tuple[str, ...] = ()

@@ -65,10 +65,12 @@ __all__ = [
     "loss_block_types",
     "applied_layers",
     "set_layered_policy",
+    "applied_block_type",
     "is_applied",
     "original_class",
     "model_classes",
     "no_blocks_error",
+    "linen_error",
 ]
 
 BlockMatcher = "type | tuple[type, ...] | Callable[[tuple, nnx.Module], bool]"
@@ -109,8 +111,23 @@ def model_classes(model: nnx.Module) -> list[str]:
   return sorted({original_class(m).__name__ for _, m in nnx.iter_modules(model)})
 
 
+def linen_error(model: Any, what: str) -> JaxckptError | None:
+  """The error for an NNX-only operation given a Flax Linen module (or the ``RematModule`` of
+  ``jaxckpt.linen.apply_remat``), naming the Linen way; ``None`` for anything else."""
+  inner = model if isinstance(model, nn.Module) else getattr(model, "module", None) if not isinstance(
+      model, nnx.Module) else None
+  if not isinstance(inner, nn.Module):
+    return None
+  return JaxckptError(f"{what} is for NNX models; {type(inner).__name__} is a Flax Linen module: use "
+                      "jaxckpt.linen.apply_remat(module, policy, blocks=...) and its .set_policy(...), "
+                      "jaxckpt.linen.apply.block_types(model, key, *inputs), or jaxckpt.linen_model_target for the tools")
+
+
 def no_blocks_error(model: nnx.Module, what: str) -> JaxckptError:
   """The error for an operation that found no block in ``model``: names the classes it has and the fix."""
+  linen = linen_error(model, what)
+  if linen is not None:
+    return linen
   classes = model_classes(model)
   shown = ", ".join(classes[:30]) + (", ..." if len(classes) > 30 else "")
   return JaxckptError(
@@ -453,3 +470,8 @@ def set_layered_policy(model: nnx.Module, layered: Any) -> None:
       setattr(block, _POLICY, spec)
   for block in outside:
     setattr(block, _POLICY, layered.segments[0][1])
+
+
+def applied_block_type(module: Any) -> str | None:
+  """The block type :func:`apply_remat` gave ``module``, or ``None`` when it is not an applied block."""
+  return getattr(module, _TYPE, None) if is_applied(module) else None

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.core import blocks, names
-from jaxckpt.nnx.apply import applied_block_types, no_blocks_error, set_applied_policy, set_layered_policy
+from jaxckpt.nnx.apply import applied_block_types, linen_error, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.core.blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies import SAVE_TENSORS, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
@@ -430,7 +430,13 @@ def block_types(module: nnx.Module) -> dict[str, frozenset[str]]:
 
   Returns:
     ``{block_type: frozenset(checkpoint names)}``, e.g. ``{"attn": {...}, "mlp": {...}}`` for a ViT.
+
+  Raises:
+    JaxckptError: ``module`` is a Flax Linen module (the message names the Linen call).
   """
+  linen = linen_error(module, "jaxckpt.block_types")
+  if linen is not None:
+    raise linen
   found: dict[str, set[str]] = {}
   for block in remat_blocks(module):
     found.setdefault(block.block_type, set()).update(block.checkpoint_names)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from jaxckpt.cli import CLIParser, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.planner.export import export_code
+from jaxckpt.planner.export import export_code, linen_export_code
 from jaxckpt.planner.plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner.segmented import mincut_policy
 from jaxckpt.policies import MINCUT, Budget, MinCut, parse_model_policy
@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"policy: {plan.policy}")
   if args.export:
     print()
-    print(export_code(plan, tuple(target_block_types(target))), end="")
+    linen_model = getattr(target, "model", None)  # a Linen target: nn.remat code
+    print(linen_export_code(plan, linen_model) if linen_model is not None
+          else export_code(plan, tuple(target_block_types(target))), end="")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -1,11 +1,13 @@
-"""A plan as plain JAX code: ``jax.checkpoint`` with ``jax.checkpoint_policies`` per layer range and block type."""
+"""A plan as plain JAX code: ``jax.checkpoint`` with ``jax.checkpoint_policies`` per layer range and block type; for a
+Flax Linen model, ``nn.remat`` of each layer's block class (and the one-line :func:`jaxckpt.linen.apply_remat`
+alternative that needs no edit of the model)."""
 
 from __future__ import annotations
 
 from jaxckpt.planner.plan import Plan
 from jaxckpt.policies import OFFLOAD_DST, OFFLOAD_SRC, REGISTRY, SAVE_TENSORS, Policy
 
-__all__ = ["policy_code", "export_code"]
+__all__ = ["policy_code", "export_code", "linen_export_code"]
 
 
 def policy_code(policy: Policy) -> str:
@@ -122,5 +124,72 @@ def export_code(plan: Plan, block_types: tuple[str, ...] | None = None) -> str:
       "#   for first, last, policies in PLAN:",
       "#     x, _ = jax.lax.scan(lambda h, p: (remat_block(layer_fn, first, block_type)(p, h), None), x,",
       "#                         jax.tree.map(lambda a: a[first:last + 1], stacked_params))",
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def _blocks_text(blocks: tuple[tuple[str, object], ...]) -> str:
+  def what(value: object) -> str:
+    if isinstance(value, type):
+      return value.__name__
+    if isinstance(value, tuple):
+      return "(" + ", ".join(what(v) for v in value) + ",)"
+    return "<your predicate>"
+
+  return "{" + ", ".join(f'"{b}": {what(v)}' for b, v in blocks) + "}"
+
+
+def linen_export_code(plan: Plan, model: object) -> str:
+  """Renders ``plan`` for a Flax Linen model: plain Flax (``nn.remat`` of the block class with the range's policy),
+  and the jaxckpt call that applies it without editing the model.
+
+  It defines ``PLAN`` (as :func:`export_code`) and ``remat_block_class(block_cls, layer, block_type,
+  static_argnums=())``, which returns ``block_cls`` or ``nn.remat(block_cls, policy=..., static_argnums=...)``:
+  create layer i's block from it (``static_argnums`` counts ``self``: a ``deterministic`` flag passed third
+  positionally is ``(2,)``).
+
+  Args:
+    plan: from :func:`jaxckpt.planner.plan_policy` on a Linen target (:func:`jaxckpt.linen_model_target`).
+    model: the target's :class:`jaxckpt.linen.apply.RematModule` (its module class and ``blocks=``).
+
+  Returns:
+    The code, ending with a newline.
+  """
+  ranges = plan.layer_ranges()
+  block_types = tuple(b for b, _ in model.blocks)
+  per_tensor = any(p.name == SAVE_TENSORS for _, _, spec in ranges for p in (spec.default, *(q for _, q in spec.blocks)))
+  lines = [
+      f"# Remat plan for {plan.budget} ({plan.key.replace('_bytes', '')} ≤ {plan.limit_bytes} bytes; compiled "
+      f"{plan.compiled.memory[plan.key]} bytes, FLOPs {plan.flops_ratio:.3f}× no remat), made by jaxckpt.",
+      "# With jaxckpt, your model unedited (the same parameter tree):",
+      "#   model = jaxckpt.linen.apply_remat(" f"{type(model.module).__name__}(...), {str(plan.policy)!r},",
+      f"#                                    blocks={_blocks_text(model.blocks)})",
+  ]
+  if per_tensor:
+    return "\n".join([*lines, "# (per-tensor save_tensors policies need jaxckpt's tagging: use the line above)"]) + "\n"
+  lines += [
+      "# Plain Flax: create layer i's block from remat_block_class(BlockClass, i, block_type).",
+      "import flax.linen as nn",
+      "from jax import checkpoint_policies as cp",
+      "",
+      "# (first layer, last layer, {block type: policy, or None for no remat}), layers inclusive.",
+      "PLAN = [",
+  ]
+  for first, last, spec in ranges:
+    policies = ", ".join(f'"{b}": {policy_code(spec.for_block(b))}' for b in block_types)
+    lines.append(f"    ({first}, {last}, {{{policies}}}),")
+  lines += [
+      "]",
+      "",
+      "",
+      "def remat_block_class(block_cls, layer, block_type, static_argnums=()):",
+      '  """block_cls for layer `layer`: nn.remat with the plan\'s policy (static_argnums count self)."""',
+      "  for first, last, policies in PLAN:",
+      "    if first <= layer <= last:",
+      "      policy = policies[block_type]",
+      "      if policy is None:",
+      "        return block_cls",
+      "      return nn.remat(block_cls, policy=policy, prevent_cse=True, static_argnums=static_argnums)",
+      '  raise IndexError(f"layer {layer} is not in the plan")',
   ]
   return "\n".join(lines) + "\n"

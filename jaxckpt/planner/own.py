@@ -1,4 +1,11 @@
-"""Budget plans for your own model (blocks named with :func:`jaxckpt.apply_remat`), next to the Stack planner.
+"""Budget plans for your own model (blocks named with :func:`jaxckpt.apply_remat`, NNX or Linen), next to the Stack
+planner.
+
+One code path for both front-ends: :func:`plan_layers` says how many layers a plan has (the *layers interface* of a
+target) and :class:`OwnModelProbe` measures candidates through the :class:`~jaxckpt.step.StepBuilder`, whatever the
+target's kind: an NNX :class:`~jaxckpt.step.ModelTarget` with applied blocks, or a
+:class:`~jaxckpt.step.LossTarget` such as :func:`jaxckpt.linen_model_target` makes (its ``num_layers``: the Linen
+model's layers grouped by scope path, :func:`jaxckpt.linen.apply.group_layers`).
 
 A model whose blocks are separate instances in a Python list (``layers[i]``) gets *per-layer* plans: layer i is the
 applied blocks under ``…/i/…`` (:func:`jaxckpt.nnx.apply.applied_layers`), and a
@@ -26,9 +33,9 @@ from jaxckpt.analysis.flops import count_flops
 from jaxckpt.nnx.layers import stacks
 from jaxckpt.policies import PolicySpec
 from jaxckpt.analysis.residuals import saved_residuals
-from jaxckpt.step import ModelTarget, StepBuilder, dropout_key_struct
+from jaxckpt.step import LossTarget, StepBuilder, Target, dropout_key_struct
 
-__all__ = ["own_model_layers", "OwnModelProbe"]
+__all__ = ["own_model_layers", "plan_layers", "OwnModelProbe"]
 
 
 def own_model_layers(model: nnx.Module) -> int | None:
@@ -41,19 +48,34 @@ def own_model_layers(model: nnx.Module) -> int | None:
   return len(layers) or 1
 
 
+def plan_layers(target: Target, builder: StepBuilder | None = None) -> int | None:
+  """The layers interface of a target: how many layers a per-layer plan of its own blocks has (per-layer plans apply
+  when > 1; 1 = one spec for every block), or ``None`` for a model with a jaxckpt Stack (the Stack planner's case)
+  or without blocks.
+
+  Args:
+    target: a :class:`~jaxckpt.step.LossTarget` (its ``num_layers``) or a :class:`~jaxckpt.step.ModelTarget`
+      (:func:`own_model_layers` of its abstract model).
+    builder: the planning's builder, whose abstract model is reused.
+  """
+  if isinstance(target, LossTarget):
+    return target.num_layers
+  return own_model_layers(builder.abstract_model if builder is not None else nnx.eval_shape(target.make_model))
+
+
 @dataclasses.dataclass
 class OwnModelProbe:
   """Measures a layer candidate of your own model: ``measure(spec) -> (saved_bytes, flops)`` per layer, as
   :class:`jaxckpt.planner.candidates.LayerProbe` does for a Stack (module docstring).
 
   Args:
-    target: the :class:`~jaxckpt.step.ModelTarget`.
-    num_layers: from :func:`own_model_layers`.
+    target: the :class:`~jaxckpt.step.ModelTarget` or :class:`~jaxckpt.step.LossTarget`.
+    num_layers: from :func:`plan_layers`.
     tx: the optimizer of the step (the probe traces the loss only; the step is built the same way).
     builder: the planning's :class:`~jaxckpt.step.StepBuilder` (shares the abstract model); ``None`` makes one.
   """
 
-  target: ModelTarget
+  target: Target
   num_layers: int
   tx: optax.GradientTransformation
   builder: StepBuilder | None = None

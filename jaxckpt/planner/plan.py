@@ -33,7 +33,8 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx.layers import Stack, record_stack_inputs, stacks
 from jaxckpt.planner.cache import PlanCache
 from jaxckpt.planner.candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
-from jaxckpt.planner.own import OwnModelProbe, own_model_layers
+from jaxckpt.nnx.apply import applied_block_types, no_blocks_error
+from jaxckpt.planner.own import OwnModelProbe, plan_layers
 from jaxckpt.planner.solve import Assignment, solve
 from jaxckpt.planner.tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
 from jaxckpt.planner.segmented import mincut_policy
@@ -254,7 +255,7 @@ def layer_probe(target: Any, builder: Any = None) -> tuple[Stack, LayerProbe]:
   Raises:
     JaxckptError: the model has no or several stacks, or a stack of another structure than ``block``.
   """
-  stack = _only_stack(nnx.eval_shape(target.make_model))
+  stack = _only_stack(builder.abstract_model if builder is not None else nnx.eval_shape(target.make_model))
   probe_step = builder.step(PolicySpec()) if builder is not None else policy_step(target, PolicySpec(),
                                                                                   default_optimizer())
   with record_stack_inputs() as seen:
@@ -268,7 +269,9 @@ def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockG
   layer's forward FLOPs in all (:func:`jaxckpt.planner.tensors.min_saved_layer`).
 
   Args:
-    target: a :class:`~jaxckpt.step.ModelTarget` with one :class:`~jaxckpt.Stack`.
+    target: a :class:`~jaxckpt.step.ModelTarget` with one :class:`~jaxckpt.Stack`, or your own model's target (NNX
+      blocks applied by :func:`jaxckpt.apply_remat`; a Linen model's :func:`jaxckpt.linen_model_target`): its
+      blocks' graphs are recorded from the whole loss, each block type's first call.
     tolerance: share of the layer's forward FLOPs the recomputation may cost, in [0, 1).
     tensors: block graphs already recorded (else traced here).
 
@@ -276,13 +279,19 @@ def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockG
     ``(spec, graphs)``: a spec of ``save_tensors`` policies per block type, and the block graphs.
 
   Raises:
-    JaxckptError: a target without exactly one stack (see :func:`plan_policy`).
+    JaxckptError: a model target without exactly one stack and without blocks of its own, or a block type whose
+      graph could not be recorded (named).
   """
-  if not isinstance(target, ModelTarget):
-    raise JaxckptError(f"min_saved needs a model target (jaxckpt.step.ModelTarget with a Stack), got "
-                       f"{type(target).__name__}")
   if tensors is None:
-    tensors = record_block_graphs(layer_probe(target)[1])
+    builder = step_builder(target, tx=default_optimizer())
+    own_layers = plan_layers(target, builder)
+    probe = (OwnModelProbe(target, own_layers, default_optimizer(), builder) if own_layers is not None
+             else layer_probe(target, builder)[1])
+    tensors = record_block_graphs(probe)
+    missing = sorted(set(builder.block_types) - set(tensors))
+    if own_layers is not None and missing:
+      raise JaxckptError(f"min_saved found no graph for block type(s) {', '.join(missing)} of {target.name} (their "
+                         "blocks never ran under a per-tensor policy); use a fixed policy for them")
   chosen = min_saved_layer(tensors, tolerance)
   blocks = tuple((b, chosen[b].policy) for b in sorted(chosen))
   return PolicySpec(blocks=blocks), dict(tensors)
@@ -306,6 +315,8 @@ def device_memory_bytes() -> tuple[int, str]:
 
 def _only_stack(model: nnx.Module) -> Stack:
   found = stacks(model)
+  if not found and not applied_block_types(model):
+    raise no_blocks_error(model, "budget plans")
   if len(found) != 1:
     raise JaxckptError(f"budget plans need a model with exactly one jaxckpt Stack (the layers they plan); this one "
                        f"has {len(found)}")
@@ -389,9 +400,9 @@ def plan_policy(
 
   Args:
     target: a :class:`jaxckpt.report.ModelTarget` whose model has one :class:`~jaxckpt.Stack` (structure
-      ``block``), e.g. ``shipped_target("gpt", "small")``, or your own model with blocks named by
-      :func:`jaxckpt.apply_remat` (per-layer plans for layers in a list, one spec for a scanned stack:
-      :mod:`jaxckpt.planner.own`).
+      ``block``), e.g. ``shipped_target("gpt", "small")``; or your own model: NNX with blocks named by
+      :func:`jaxckpt.apply_remat`, or Linen through :func:`jaxckpt.linen_model_target` / :func:`jaxckpt.report.linen_target`
+      (per-layer plans for layers in a list or loop, one spec for a scanned stack: :mod:`jaxckpt.planner.own`).
     budget: ``budget:<size>`` (compiled ``footprint_bytes`` ≤ size), ``budget:<p>%`` (compiled ``temp_bytes`` ≤ p%
       of ``none``'s), ``auto`` / ``auto:margin=<p>%`` (footprint ≤ :func:`device_memory_bytes` × (1 − margin)), or
       the parsed :class:`~jaxckpt.policies.Budget`.
@@ -410,8 +421,8 @@ def plan_policy(
   Raises:
     InfeasibleBudgetError: even the least-memory plan (``full`` on every layer) exceeds the budget; the message
       gives its compiled bytes.
-    JaxckptError: a target that is not a model with one block-structured stack, ``max_rounds`` < 1, a spec that is
-      not a budget.
+    JaxckptError: a model without blocks of its own and without one block-structured stack (the message lists
+      its module classes), ``max_rounds`` < 1, a spec that is not a budget.
   """
   started = time.perf_counter()
   parsed = parse_model_policy(budget)
@@ -419,15 +430,11 @@ def plan_policy(
     raise JaxckptError(f"{str(parsed)!r} is not a budget; write budget:<size>, budget:<percent>% or auto")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds must be ≥ 1, got {max_rounds}")
-  if not isinstance(target, ModelTarget):
-    raise JaxckptError(f"budget plans need a model target (jaxckpt.report.ModelTarget with a Stack), got "
-                       f"{type(target).__name__}")
   tx = tx or default_optimizer()
   cache = PlanCache() if cache is None else cache
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
   types = builder.block_types
-  model = nnx.eval_shape(target.make_model)
-  own_layers = own_model_layers(model)  # your own model's layers (jaxckpt.apply_remat), else the Stack's
+  own_layers = plan_layers(target, builder)  # your own model's layers (NNX or Linen), else the Stack's
   tensors = None
   if own_layers is not None:
     stack, num_layers = None, own_layers
@@ -495,8 +502,9 @@ def plan_policy(
     raise InfeasibleBudgetError(
         f"no plan fits {parsed} ({key.replace('_bytes', '')} ≤ {format_bytes(limit)}): the least memory any plan "
         f"reaches is {what}, with policy {least.policy} on every layer (footprint "
-        f"{format_bytes(least.memory['footprint_bytes'])}); to go lower use a smaller batch or grad_accum_steps > 1 "
-        "(or a fixed policy with structure='nested', which plans do not take)",
+        f"{format_bytes(least.memory['footprint_bytes'])}); to go lower "
+        + ("use a smaller batch or grad_accum_steps > 1 (or a fixed policy with structure='nested', which plans do not "
+           "take)" if isinstance(target, ModelTarget) else f"give {target.name}'s target a smaller batch"),
         budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key], policy=str(least.policy))
 
   params = nnx.state(stack.layers, nnx.Param) if stack is not None else {}  # own layers: no slicing of a stack

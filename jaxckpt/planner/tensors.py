@@ -35,6 +35,7 @@ from jax.extend import core as jex_core
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.analysis.flops import equation_flops
+from jaxckpt.nnx.apply import applied_block_type
 from jaxckpt.policies import Policy, PolicySpec
 from jaxckpt.analysis.residuals import saved_residuals
 from jaxckpt.core.tagging import ValueInfo, evaluate_tagged, record_tagged, walk_values
@@ -544,7 +545,8 @@ def record_block_graphs(probe) -> dict[str, BlockGraph]:
   """The :class:`BlockGraph` of each block type of one layer, traced as the train step traces it.
 
   Args:
-    probe: a :class:`jaxckpt.planner.candidates.LayerProbe` of the model's stack.
+    probe: a :class:`jaxckpt.planner.candidates.LayerProbe` of the model's stack, or a
+      :class:`jaxckpt.planner.own.OwnModelProbe` (your own blocks, NNX or Linen: each type's first call).
 
   Returns:
     Block type -> graph, for every remat block type of the layer.
@@ -553,7 +555,7 @@ def record_block_graphs(probe) -> dict[str, BlockGraph]:
     probe.measure(PolicySpec(default=Policy("save_tensors", ("t0_probe",))))
   graphs: dict[str, BlockGraph] = {}
   for owner, closed in recorded:
-    block_type = getattr(owner, "block_type", None)
+    block_type = getattr(owner, "block_type", None) or applied_block_type(owner)  # jaxckpt / Linen / NNX applied
     if block_type is not None and block_type not in graphs:
       graphs[block_type] = block_graph(block_type, closed)
   return graphs

@@ -20,7 +20,7 @@ from jaxckpt.report.build import Report, build_report, saving_warnings
 from jaxckpt.report.keys import REPORT_KEYS, ROW_KEYS
 from jaxckpt.report.outputs import plot_pareto, to_csv, to_html, to_json, to_markdown, to_table, write_outputs
 from jaxckpt.report.policies import all_policies, expand_policies
-from jaxckpt.step.targets import LossTarget, ModelTarget, Target, linen_target, load_target, shipped_target
+from jaxckpt.step.targets import LossTarget, ModelTarget, Target, linen_model_target, linen_target, load_target, shipped_target
 
 __all__ = [
     "Report",
@@ -41,6 +41,7 @@ __all__ = [
     "ModelTarget",
     "Target",
     "linen_target",
+    "linen_model_target",
     "load_target",
     "shipped_target",
 ]

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
           "  (see jaxckpt.step.targets.py); your own model: ModelTarget(make_model=lambda: jaxckpt.apply_remat(\n"
           "  model, 'none', blocks={'layer': MyLayer}), batch=..., loss_fn=lambda model, batch: loss); its\n"
           "  checkpoint names are the layers' attribute paths (attn.q_proj, mlp.up_proj): --list-blocks prints them\n"
+          "  a Linen model: jaxckpt.linen_model_target(module, tokens, loss='next_token', blocks={'layer': MyBlock})\n"
           "examples:\n"
           f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
           f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"

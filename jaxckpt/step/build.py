@@ -182,6 +182,12 @@ class StepBuilder:
       return self._loss_policy_step(spec)
     spec.validate(self.block_types)
     if isinstance(target, LossTarget):
+      if isinstance(spec, LayeredPolicy):
+        if target.num_layers == 1:
+          raise JaxckptError(f"layered policy {str(spec)!r} needs separate layers; the loss of {target.name} has one "
+                             "(its blocks are not in a list or loop of layers, or its loss takes one spec): give one "
+                             "spec")
+        spec.segments_for(target.num_layers)
       if self._state is None:
         self._state = jax.eval_shape(lambda p: _loss_state(p, tx), target.params)
       unrolled = target.unrolled_loss or target.loss

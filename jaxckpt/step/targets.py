@@ -43,10 +43,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.linen.apply import RematModule, traced_block_types
+from jaxckpt.linen.apply import apply_remat as linen_apply_remat
+from jaxckpt.linen.apply import RematModule, group_layers, traced_block_paths, traced_block_types
 from jaxckpt.models.registry import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
 from jaxckpt.policies import PolicySpec
 from jaxckpt.core.structure import parse_structure
@@ -57,6 +59,8 @@ __all__ = [
     "LossTarget",
     "plain_loss_fn",
     "linen_target",
+    "linen_model_target",
+    "LOSSES",
     "Target",
     "shipped_target",
     "load_target",
@@ -125,6 +129,11 @@ class LossTarget:
     unrolled_loss: the same loss with layers unrolled (same params), used for the residual analysis when ``loss``
       scans over layers (a scan hides checkpoint names); ``None`` = use ``loss``.
     name, preset, ref: as in :class:`ModelTarget`.
+    num_layers: layers of a per-layer plan: ``loss`` also takes a :class:`~jaxckpt.policies.LayeredPolicy` covering
+      this many layers (:func:`linen_target` sets it from the model's layers); 1 = one spec for every block (budget
+      plans then choose one spec).
+    model: the Linen :class:`jaxckpt.linen.apply.RematModule` the loss applies (:func:`linen_target` sets it), for
+      exported code and messages; ``None`` for other losses.
   """
 
   loss: Callable[..., jax.Array]
@@ -135,6 +144,12 @@ class LossTarget:
   name: str = "custom"
   preset: str | None = None
   ref: Mapping[str, Any] | None = None
+  num_layers: int = 1
+  model: Any = None
+
+  def __post_init__(self):
+    if not isinstance(self.num_layers, int) or self.num_layers < 1:
+      raise JaxckptError(f"LossTarget(num_layers={self.num_layers!r}) must be an int ≥ 1")
 
 
 Target = ModelTarget | LossTarget
@@ -148,9 +163,11 @@ def linen_target(
     params: Any = None,
     init_args: tuple = (),
     dropout_rng: str = "dropout",
-    name: str = "custom",
+    name: str | None = None,
 ) -> LossTarget:
   """Your own Linen model as a report/planner target: a :class:`LossTarget` that sets each policy on it.
+
+  For the common cases (next-token LM, classifier) :func:`linen_model_target` needs no ``loss_fn``.
 
   Args:
     model: the :class:`jaxckpt.linen.apply.RematModule` from :func:`jaxckpt.linen.apply_remat` (any policy;
@@ -164,10 +181,12 @@ def linen_target(
     init_args: example inputs of ``model.init`` after the key (arrays or ``jax.ShapeDtypeStruct``), used when
       ``params`` is ``None``.
     dropout_rng: the name of the RNG stream the model's ``nn.Dropout`` uses.
-    name: shown as the report's ``model``.
+    name: shown as the report's ``model``; ``None``: the module's class name.
 
   Returns:
-    A :class:`LossTarget` whose block types are the model's (traced names, :func:`jaxckpt.linen.apply.block_types`).
+    A :class:`LossTarget` whose block types are the model's (traced names, :func:`jaxckpt.linen.apply.block_types`)
+    and whose ``num_layers`` are the model's layers (:func:`jaxckpt.linen.apply.group_layers`; 1 when its blocks
+    are not in separate layers): budget plans, ``min_saved`` and layered policies work on it.
     Its batch is ``{"batch": batch, "dropout_seed": uint32 scalar}``.
 
   Raises:
@@ -193,7 +212,7 @@ def linen_target(
   wrapped_batch = {"batch": batch, "dropout_seed": jax.ShapeDtypeStruct((), jnp.uint32)}
 
   def loss(params, wrapped, *, policy):
-    applied = model.set_policy(policy)
+    applied = model.set_policy(policy)  # model: the one with its layers known (below)
     key = jax.random.key(wrapped["dropout_seed"])
 
     def apply_fn(p, *args, **kwargs):
@@ -203,7 +222,122 @@ def linen_target(
 
   types = traced_block_types(lambda p, b: loss(p, b, policy=PolicySpec()), params, wrapped_batch,
                              block_type_names=model.block_type_names)
-  return LossTarget(loss, params=params, batch=wrapped_batch, block_types=types, name=name)
+  layers = group_layers(traced_block_paths(lambda p, b: loss(p, b, policy=PolicySpec()), params, wrapped_batch))
+  model = dataclasses.replace(model, layers=layers)
+  return LossTarget(loss, params=params, batch=wrapped_batch, block_types=types, num_layers=len(layers) or 1,
+                    name=name or type(model.module).__name__, model=model)
+
+
+LOSSES = ("next_token", "classification")
+"""The losses :func:`linen_model_target` knows by name."""
+
+
+def _next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def linen_model_target(
+    model: Any,
+    batch: Any,
+    *,
+    loss: "str | Callable[[Any, Any], jax.Array]",
+    blocks: Mapping[str, Any] | None = None,
+    inputs: Callable[[Any], tuple] | None = None,
+    call_kwargs: Mapping[str, Any] | None = None,
+    dropout_rng: str = "dropout",
+    name: str | None = None,
+) -> LossTarget:
+  """Your own Linen model as a report/planner target without glue: the module, an example batch and a loss.
+
+  The model is called ``model.apply({"params": params}, *inputs(batch), rngs={dropout_rng: key}, **call_kwargs)``
+  under each policy the tools compile (the key is fresh per step) and ``loss`` turns its output into the scalar.
+
+  Args:
+    model: the :class:`jaxckpt.linen.apply.RematModule` from :func:`jaxckpt.linen.apply_remat`, or your plain Linen
+      module with ``blocks=``.
+    batch: example batch, pytree of ``jax.ShapeDtypeStruct`` (or arrays): for ``loss="next_token"`` token ids
+      ``[B, T+1] int32`` (or ``{"tokens": [B, T+1] int32}``); for ``loss="classification"``
+      ``{"inputs": [B, ...], "labels": [B] int32}``; anything ``inputs`` and your ``loss`` read otherwise.
+    loss: ``"next_token"`` (cross-entropy of logits ``[B, T, V]`` from tokens ``[:, :-1]`` against tokens
+      ``[:, 1:]``, mean), ``"classification"`` (cross-entropy of logits ``[B, C]`` against ``labels``, mean), or
+      ``loss(outputs, batch) -> scalar float32``.
+    blocks: block type -> block class (or predicate), as :func:`jaxckpt.linen.apply_remat` takes it, when ``model``
+      is a plain module.
+    inputs: ``batch -> tuple`` of the model's positional inputs; default: ``(tokens[:, :-1],)`` for next_token,
+      ``(batch["inputs"],)`` otherwise.
+    call_kwargs: static keyword arguments of the model's call in training, e.g. ``{"deterministic": False}`` or
+      ``{"train": True}`` (default none: the model's own defaults).
+    dropout_rng: the RNG stream name of the model's ``nn.Dropout``.
+    name: shown as the report's ``model``; ``None``: the module's class name.
+
+  Returns:
+    The :class:`LossTarget` of :func:`linen_target` (block types, layers for per-layer plans).
+
+  Raises:
+    JaxckptError: ``model`` is not a Linen module (an NNX one: :class:`ModelTarget`), a plain module without
+      ``blocks=``, an unknown ``loss`` name, a batch without the keys the named loss reads, or model outputs of
+      the wrong shape for it (the message names your module and the shapes).
+
+  Example::
+
+    >>> model = jaxckpt.linen.apply_remat(GPT2(cfg), "none", blocks={"block": GPT2Block})
+    >>> target = linen_model_target(model, jax.ShapeDtypeStruct((8, 129), jnp.int32), loss="next_token",
+    ...                             call_kwargs={"deterministic": False})
+  """
+  if isinstance(model, nnx.Module):
+    raise JaxckptError(f"linen_model_target got an NNX module ({type(model).__name__}); for NNX use "
+                       "ModelTarget(make_model=..., batch=..., loss_fn=...) with jaxckpt.apply_remat")
+  if not isinstance(model, RematModule):
+    if blocks is None:
+      raise JaxckptError(f"linen_model_target({type(model).__name__}(...)) needs blocks= (block type -> your block "
+                         "class), or the model from jaxckpt.linen.apply_remat(module, policy, blocks=...)")
+    model = linen_apply_remat(model, "none", blocks=blocks)
+  elif blocks is not None:
+    model = linen_apply_remat(model, model.spec if isinstance(model.spec, PolicySpec) else "none", blocks=blocks)
+  module_name = type(model.module).__name__
+  kwargs = dict(call_kwargs or {})
+  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
+  if isinstance(loss, str):
+    if loss not in LOSSES:
+      raise JaxckptError(f"linen_model_target(loss={loss!r}): valid names are {', '.join(LOSSES)}, or a function "
+                         "loss(outputs, batch) -> scalar")
+    keys = {"next_token": None, "classification": ("inputs", "labels")}[loss]
+    if keys and not (isinstance(batch, Mapping) and all(k in batch for k in keys)):
+      raise JaxckptError(f"linen_model_target(loss={loss!r}) needs batch={{'inputs': [B, ...], 'labels': [B] int32}}, "
+                         f"got {jax.tree.map(lambda a: f'{a.dtype}{list(a.shape)}', batch)}")
+  tokens_of = (lambda b: b["tokens"] if isinstance(b, Mapping) else b)  # noqa: E731
+  if inputs is None:
+    inputs = ((lambda b: (tokens_of(b)[:, :-1],)) if loss == "next_token"  # noqa: E731
+              else (lambda b: (b["inputs"],)))
+  if loss == "next_token":
+    def loss_of(out, b):
+      tokens = tokens_of(b)
+      if getattr(out, "ndim", 0) != 3 or out.shape[:2] != (tokens.shape[0], tokens.shape[1] - 1):
+        raise JaxckptError(f"loss='next_token' needs {module_name} to return logits [B, T, V] = "
+                           f"[{tokens.shape[0]}, {tokens.shape[1] - 1}, V] for tokens [B, T+1] = {list(tokens.shape)}, "
+                           f"got {jax.tree.map(lambda a: list(a.shape), out)}")
+      return _next_token_loss(out, tokens)
+  elif loss == "classification":
+    def loss_of(out, b):
+      labels = b["labels"]
+      if getattr(out, "ndim", 0) != 2 or out.shape[0] != labels.shape[0]:
+        raise JaxckptError(f"loss='classification' needs {module_name} to return logits [B, C] with B = "
+                           f"{labels.shape[0]}, got {jax.tree.map(lambda a: list(a.shape), out)}")
+      return optax.softmax_cross_entropy_with_integer_labels(out, labels).mean()
+  else:
+    if not callable(loss):
+      raise JaxckptError(f"linen_model_target(loss={loss!r}) must be one of {', '.join(LOSSES)} or a function "
+                         "loss(outputs, batch) -> scalar")
+    loss_of = loss
+
+  def loss_fn(apply_fn, params, b):
+    return loss_of(apply_fn(params, *inputs(b), **kwargs), b)
+
+  init_args = tuple(jax.eval_shape(inputs, batch))
+  params = jax.eval_shape(lambda key, *a: model.init({"params": key, dropout_rng: key}, *a, **kwargs),
+                          jax.random.key(0), *init_args)["params"]
+  return linen_target(model, batch=batch, loss_fn=loss_fn, params=params, dropout_rng=dropout_rng,
+                      name=name or module_name)
 
 
 def shipped_target(
