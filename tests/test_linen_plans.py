@@ -234,12 +234,16 @@ def test_plan_cli_bad_block_class_is_one_line(capsys):
 
 @pytest.mark.slow
 def test_report_rows_for_a_linen_target():
-  policies = ["none", "min_saved", LAYERED, "budget:50%"]
-  report = build_report(gpt2_target(), policies, progress=False)
+  target = gpt2_target()
+  assert target.block_types["block"] >= {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}  # Conv1D's outputs
+  policies = ["none", "min_saved", LAYERED, "budget:50%", "nothing_saveable", "save_only_these_names:attn.c_attn"]
+  report = build_report(target, policies, progress=False)
   rows = {r["policy"]: r for r in report.rows}
   assert all(r["status"] == "ok" for r in rows.values()), [r.get("error") for r in rows.values()]
   none = rows["none"]["temp_bytes"]
   assert all(rows[p]["temp_bytes"] < none for p in policies[1:])
+  # a name policy on the custom layer's automatic name saves more than full remat, less than none
+  assert rows["nothing_saveable"]["temp_bytes"] < rows["save_only_these_names:attn.c_attn"]["temp_bytes"] < none
 
 
 def test_min_saved_for_an_nnx_own_model_through_the_same_path():
