@@ -272,3 +272,9 @@ def test_budget_plan_for_the_nnx_twin_with_its_own_projection_class():
 
   for a, b in zip(grads("none"), grads(plan.policy)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_linen_model_target_keeps_the_models_names_rule():
+  model = apply_remat(FlaxGPT2LMHeadModel(), "none", blocks={"block": FlaxGPT2Block}, names=())  # names nothing
+  target = jaxckpt.linen_model_target(model, TOKENS, loss="next_token", blocks={"block": FlaxGPT2Block})
+  assert not target.block_types["block"] and gpt2_target().block_types["block"]

@@ -197,6 +197,8 @@ def names_rule(names: Any, *, front_end: str = "nnx") -> NameRule:
   shown = _show(names)
   if names is None or names == AUTO:
     return NameRule(AUTO)
+  if isinstance(names, NameRule):  # an applied model's own rule, passed on
+    return names
   if isinstance(names, str):
     if names == ALL:
       return NameRule(ALL)

@@ -293,7 +293,8 @@ def linen_model_target(
                          "class), or the model from jaxckpt.linen.apply_remat(module, policy, blocks=...)")
     model = linen_apply_remat(model, "none", blocks=blocks)
   elif blocks is not None:
-    model = linen_apply_remat(model, model.spec if isinstance(model.spec, PolicySpec) else "none", blocks=blocks)
+    model = linen_apply_remat(model, model.spec if isinstance(model.spec, PolicySpec) else "none", blocks=blocks,
+                              names=model.name_rule)
   module_name = type(model.module).__name__
   kwargs = dict(call_kwargs or {})
   batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
