@@ -112,16 +112,18 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     rows = []
     for cand in list(c.table)[:12]:
       m = measured.get((cand.policy, cand.micro_batch))
-      rows.append([("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
-                   f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}",
-                   f"{cand.est_step_s * 1e3:.2f} ms", f"{m.measured_step_s * 1e3:.1f} ms" if m else "",
-                   f"{c.global_batch / m.measured_step_s:.0f}" if m else ""])
+      row = [("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
+             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}", f"{cand.est_step_s * 1e3:.2f} ms"]
+      if c.measured:  # the measured columns only where something was measured
+        row += [f"{m.measured_step_s * 1e3:.1f} ms" if m else "", f"{c.global_batch / m.measured_step_s:.0f}" if m else ""]
+      rows.append(row)
     notes = ["* = the winner"]
     if c.spearman is not None:
       notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
-    parts.append(render_table(["policy", "b × k", "FLOPs/step", "est. step", "measured", "examples/s"], rows,
+    headers = ["policy", "b × k", "FLOPs/step", "est. step"] + (["measured", "examples/s"] if c.measured else [])
+    parts.append(render_table(headers, rows,
                               title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
-                                    f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, 6)))
+                                    f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, len(headers))))
     foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
     parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
   return "\n\n".join(parts) + "\n"
