@@ -18,7 +18,7 @@ from jaxckpt.planner.export import linen_export_code
 from jaxckpt.policies import LayeredPolicy, parse_model_policy
 from jaxckpt.report import LossTarget, build_report
 from jaxckpt.step import compile_policy
-from linen_lms import (BATCH, SEQ, TOKENS, FlaxGPT2Block, FlaxGPT2LMHeadModel, LlamaConfig, LlamaDecoderLayer,
+from linen_lms import (TOKENS, FlaxGPT2Block, FlaxGPT2LMHeadModel, LlamaConfig, LlamaDecoderLayer,
                        LlamaForCausalLM, gpt2_target, llama_target)
 
 LAYERED = "0-1:nothing_saveable;2-4:dots_saveable"
