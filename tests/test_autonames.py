@@ -13,6 +13,7 @@ import flax.linen as nn
 from flax import nnx
 
 import jaxckpt
+from jaxckpt.remat_impl import remat_implementation
 from jaxckpt.errors import JaxckptError
 from jaxckpt.linen import apply as linen_apply
 from jaxckpt.report import ModelTarget, build_report, linen_target
@@ -319,10 +320,14 @@ def test_a_custom_layer_name_policy_compiles_between_none_and_nothing(front_end)
   else:
     target = linen_target(linen_gpt2(), batch={"tokens": BIG_TOKENS}, loss_fn=linen_loss,
                           init_args=(jax.ShapeDtypeStruct((32, 32), jnp.int32),))
-  report = build_report(target, POLICIES, progress=False, residuals=False)
+  remat3 = remat_implementation() == "remat3"
+  report = build_report(target, POLICIES, progress=False, residuals=remat3)  # residuals: for the no-effect check
   rows = {row["policy"]: row for row in report.rows}
   assert all(row["status"] == "ok" for row in rows.values()), rows
   temp = {p: rows[p]["temp_bytes"] for p in POLICIES}
+  if remat3:  # no barrier XLA:CPU honours around unrolled blocks (docs/policies.md)
+    assert rows["nothing_saveable"]["warning"].startswith("no compiled effect"), rows["nothing_saveable"]
+    return
   assert temp["nothing_saveable"] < temp["save_only_these_names:attn.c_attn"] < temp["none"], temp
 
 
