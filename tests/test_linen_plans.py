@@ -282,3 +282,16 @@ def test_linen_model_target_keeps_the_models_names_rule():
   model = apply_remat(FlaxGPT2LMHeadModel(), "none", blocks={"block": FlaxGPT2Block}, names=())  # names nothing
   target = jaxckpt.linen_model_target(model, TOKENS, loss="next_token", blocks={"block": FlaxGPT2Block})
   assert not target.block_types["block"] and gpt2_target().block_types["block"]
+
+
+def test_newcomer_frictions_block_types_and_uncovered_layers():
+  target = gpt2_target()
+  # jaxckpt.linen.block_types takes the model from apply_remat (it used to say "declares no block types")
+  found = jaxckpt.linen.block_types(target.model, jax.random.key(0), jax.ShapeDtypeStruct((4, 32), jnp.int32))
+  assert found["block"] == target.block_types["block"]
+  with pytest.raises(JaxckptError, match="give an RNG key and example inputs"):
+    jaxckpt.linen.block_types(target.model)
+  # the target's model knows its 5 layers: ranges that do not cover them are refused at set_policy, not later
+  with pytest.raises(JaxckptError, match="covers 2 layers but FlaxGPT2LMHeadModel has 5"):
+    target.model.set_policy("0-1:nothing_saveable")
+  assert isinstance(target.model.set_policy(LAYERED).spec, LayeredPolicy)

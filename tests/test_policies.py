@@ -230,3 +230,8 @@ def test_save_any_names_but_these_is_its_own_policy():
   policy = parse_policy("save_any_names_but_these:qkv").default
   assert policy.name == "save_any_names_but_these"
   assert policy.to_jax() == jax.checkpoint_policies.save_any_names_but_these("qkv")
+
+
+def test_comma_between_a_policys_names_points_to_plus():
+  with pytest.raises(PolicySpecError, match=r"joined by '\+', not ','.*save_only_these_names:qkv\+mlp_out"):
+    parse_policy("save_only_these_names:qkv,mlp_out")

@@ -315,7 +315,8 @@ class RematModule:
 
     Raises:
       PolicySpecError: a malformed spec or a block type not in ``blocks=``.
-      JaxckptError: a policy that needs the planner first (``budget:…``, ``min_saved``: resolve it with
+      JaxckptError: layer ranges that do not cover the model's layers, when they are known (a target's model;
+        otherwise at the first ``init``/``apply``); a policy that needs the planner first (``budget:…``, ``min_saved``: resolve it with
         :func:`jaxckpt.planner.resolve_policy`), or a whole-loss ``mincut`` plan (it remats the train step's loss,
         not the module).
     """
@@ -330,6 +331,8 @@ class RematModule:
     if isinstance(parsed, LayeredPolicy):
       for _, spec in parsed.segments:
         _checked(spec, self.block_type_names)
+      if self.layers is not None:  # layers already known (a target's model): the ranges must cover them now
+        self._layers_for(parsed, lambda: None)
       return dataclasses.replace(self, spec=parsed)
     return dataclasses.replace(self, spec=_checked(parsed, self.block_type_names))
 

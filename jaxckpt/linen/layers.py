@@ -51,6 +51,7 @@ from flax import nnx
 
 from jaxckpt.core import blocks, names
 from jaxckpt.errors import JaxckptError
+from jaxckpt.linen import apply as _own
 from jaxckpt.linen.apply import apply_remat  # your own Linen model, unedited (re-exported)
 from jaxckpt.policies import PolicySpec, parse_policy
 from jaxckpt.core.structure import apply_layers, parse_structure
@@ -454,23 +455,36 @@ class Stack(nn.Module):
     return x
 
 
-def block_types(module: nn.Module) -> dict[str, frozenset[str]]:
-  """Returns the block types of a jaxckpt Linen module and the checkpoint names each emits.
+def block_types(module: Any, *args, **kwargs) -> dict[str, frozenset[str]]:
+  """Returns the block types of a Linen model and the checkpoint names each emits.
 
   Args:
-    module: a block, :class:`TransformerBlock` or :class:`Stack` from this module (bound or not).
+    module: a block, :class:`TransformerBlock` or :class:`Stack` from this module (bound or not); or your own model
+      from :func:`apply_remat` (a :class:`~jaxckpt.linen.apply.RematModule`), whose names are found by tracing
+      ``module.init(*args, **kwargs)`` (:func:`jaxckpt.linen.apply.block_types`).
+    *args: for a RematModule: what its ``init`` takes, an RNG key then the inputs (arrays or
+      ``jax.ShapeDtypeStruct``).
+    **kwargs: for a RematModule: keyword arguments of ``init`` (``deterministic=True``, ``train=False``).
 
   Returns:
     ``{block_type: frozenset(checkpoint names)}``, sorted by block type, for :meth:`jaxckpt.PolicySpec.validate`.
 
   Raises:
-    JaxckptError: ``module`` is not a jaxckpt Linen module.
+    JaxckptError: ``module`` is neither a jaxckpt Linen module nor a RematModule; a RematModule without the
+      arguments of its ``init``.
   """
+  if isinstance(module, _own.RematModule):
+    if not args:
+      raise JaxckptError(f"block_types({type(module.module).__name__} from apply_remat) traces its init: give an RNG "
+                         "key and example inputs, block_types(model, jax.random.key(0), x), or read "
+                         "target.block_types of jaxckpt.linen_model_target")
+    return dict(sorted(_own.block_types(module, *args, **kwargs).items()))
   types = getattr(module, "block_types", None)
   if not isinstance(types, Mapping):
     raise JaxckptError(
         f"{type(module).__name__} declares no block types; use a jaxckpt.linen block (AttentionBlock, MLPBlock, "
-        "ConvBlock, TransformerBlock or Stack)"
+        "ConvBlock, TransformerBlock or Stack), or your own model through jaxckpt.linen.apply_remat(module, policy, "
+        "blocks=...)"
     )
   return dict(sorted(types.items()))
 

@@ -471,6 +471,12 @@ def parse_policy(spec: "str | Policy | PolicySpec | None") -> PolicySpec:
         "arguments, jaxckpt-plan)", spec=spec, bad=text)
   if "=" not in text:
     if "," in text:
+      first = text.split(",", 1)[0]
+      if ":" in first:  # e.g. save_only_these_names:a,b — a list of arguments, not of policies
+        raise PolicySpecError(
+            f"policy spec {shorten(spec)!r}: the arguments of {first.split(':', 1)[0]} are joined by '+', not ',' "
+            f"(e.g. {text.replace(',', '+')}); ',' separates block=policy pairs (attn=dots_saveable,mlp=full)",
+            spec=spec, bad=",", valid=("+",))
       raise PolicySpecError(
           f"policy spec {shorten(spec)!r} lists several policies without block types; write block=policy pairs, "
           "e.g. attn=dots_saveable,mlp=full",
