@@ -10,6 +10,15 @@ from jaxckpt.policies import OFFLOAD_DST, OFFLOAD_SRC, REGISTRY, SAVE_TENSORS, P
 __all__ = ["policy_code", "export_code", "linen_export_code"]
 
 
+def _plan_table(ranges, block_types) -> list[str]:
+  """The exported ``PLAN = [(first, last, {block type: policy}), ...]`` lines (layers inclusive)."""
+  lines = ["# (first layer, last layer, {block type: policy, or None for no remat}), layers inclusive.", "PLAN = ["]
+  for first, last, spec in ranges:
+    policies = ", ".join(f'"{b}": {policy_code(spec.for_block(b))}' for b in block_types)
+    lines.append(f"    ({first}, {last}, {{{policies}}}),")
+  return [*lines, "]"]
+
+
 def policy_code(policy: Policy) -> str:
   """The Python expression of a policy's predicate, e.g. ``cp.save_only_these_names("qkv", "mlp_hidden")``
   (``cp`` = ``jax.checkpoint_policies``), ``None`` for ``none`` (no ``jax.checkpoint``), or
@@ -100,14 +109,7 @@ def export_code(plan: Plan, block_types: tuple[str, ...] | None = None) -> str:
       "from jax import checkpoint_policies as cp",
       *(TAGGING_CODE.split("\n") if per_tensor else []),
       "",
-      "# (first layer, last layer, {block type: policy, or None for no remat}), layers inclusive.",
-      "PLAN = [",
-  ]
-  for first, last, spec in ranges:
-    policies = ", ".join(f'"{b}": {policy_code(spec.for_block(b))}' for b in block_types)
-    lines.append(f"    ({first}, {last}, {{{policies}}}),")
-  lines += [
-      "]",
+      *_plan_table(ranges, block_types),
       "",
       "",
       "def remat_block(block_fn, layer, block_type):",
@@ -172,14 +174,7 @@ def linen_export_code(plan: Plan, model: object) -> str:
       "import flax.linen as nn",
       "from jax import checkpoint_policies as cp",
       "",
-      "# (first layer, last layer, {block type: policy, or None for no remat}), layers inclusive.",
-      "PLAN = [",
-  ]
-  for first, last, spec in ranges:
-    policies = ", ".join(f'"{b}": {policy_code(spec.for_block(b))}' for b in block_types)
-    lines.append(f"    ({first}, {last}, {{{policies}}}),")
-  lines += [
-      "]",
+      *_plan_table(ranges, block_types),
       "",
       "",
       "def remat_block_class(block_cls, layer, block_type, static_argnums=()):",
