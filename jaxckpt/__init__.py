@@ -28,11 +28,11 @@ import sys
 import types
 import warnings
 
+from jaxckpt.errors import EnvSettingError as _EnvSettingError
 from jaxckpt.remat_impl import check_env as _check_env
 
 if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on import (a ValueError traceback there)
-  sys.stderr.write(f"jaxckpt: {_problem}\n")
-  raise SystemExit(2)
+  raise _EnvSettingError(_problem)  # a library raises; the CLIs turn it into one line and exit 2 (jaxckpt.cli)
 
 from jaxckpt import linen
 from jaxckpt.core import names

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
-    "MeshSpecError", "StaticArgumentError", "closest", "shorten",
+    "MeshSpecError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
 ]
 
 
@@ -99,6 +99,15 @@ class MeshSpecError(JaxckptError):
   """A ``--mesh`` spec (``name=size[,name=size]``) or a multi-process setting is invalid: unknown axis name,
   malformed or non-positive size, repeated axis, a product of sizes that is not the device count, or a batch size
   the mesh cannot split."""
+
+
+class EnvSettingError(JaxckptError):
+  """An environment variable jaxckpt or JAX reads holds a value it cannot use (``JAX_REMAT3=maybe``).
+
+  Raised by ``import jaxckpt`` (:func:`jaxckpt.remat_impl.check_env`, before JAX is imported and would raise its own
+  ``ValueError`` traceback). The message names the variable, the bad value and the valid ones; the CLIs print it as
+  one line and exit 2 (:func:`jaxckpt.cli.run_main`).
+  """
 
 
 class StaticArgumentError(JaxckptError):
