@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -105,3 +106,56 @@ def test_cli_profile_bad_arguments_exit_2_before_compiling(tmp_path, capsys, arg
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and fill(expected) in err, err
   assert not (tmp_path / "p").exists()
+
+
+def _gpt_tiny_grad():
+  """GPT tiny (NNX, scanned stack, policy full): its jitted gradient, state and tokens ``[2, 64]`` int32."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from jaxckpt.models.gpt import GPT_PRESETS, build_gpt  # pylint: disable=g-import-not-at-top
+  graphdef, state = nnx.split(build_gpt(GPT_PRESETS["tiny"], policy="full"))
+  tokens = (jnp.arange(2 * 64, dtype=jnp.int32) % 256).reshape(2, 64)
+  grad = jax.jit(lambda s, t: jax.grad(lambda s: nnx.merge(graphdef, s)(t).astype(jnp.float32).mean())(s))
+  return grad, state, tokens
+
+
+def test_blocks_are_named_in_the_hlo_and_the_profile_of_gpt_tiny(tmp_path, monkeypatch):
+  """``jax.named_scope`` per layer and block: the compiled HLO's op names and the XProf trace file of GPT tiny hold
+  ``layer_0..1`` (the scanned stack) and the block types ``attn``/``mlp``; the names are metadata only (gradients
+  and temp bytes equal with the scopes switched off)."""
+  grad, state, tokens = _gpt_tiny_grad()
+  compiled = grad.lower(state, tokens).compile()
+  hlo = compiled.as_text()
+  for block_type in ("attn", "mlp"):  # e.g. op_name="jit(<lambda>)/jvp(layer_0..1)/while/body/closed_call/attn/exp"
+    assert re.search(rf'op_name="[^"]*layer_0\.\.1[^"]*/{block_type}/', hlo), block_type
+  g = grad(state, tokens)
+  with profile_trace(tmp_path, name="full") as run_dir:
+    jax.block_until_ready(grad(state, tokens))
+  trace = open(trace_files(run_dir)[0], "rb").read()  # the trace carries the HLO with its op metadata
+  assert b"layer_0..1" in trace and b"/attn/" in trace and b"/mlp/" in trace
+  import contextlib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, "named_scope", lambda name: contextlib.nullcontext())
+  jax.clear_caches()  # traced block jaxprs are cached with their names
+  plain_grad, _, _ = _gpt_tiny_grad()
+  lowered = plain_grad.lower(state, tokens)
+  assert "layer_0..1" not in lowered.as_text(debug_info=True) and "/attn/" not in lowered.as_text(debug_info=True)
+  plain = lowered.compile()
+  assert plain.memory_analysis().temp_size_in_bytes == compiled.memory_analysis().temp_size_in_bytes
+  jax.tree.map(lambda a, b: None if jnp.array_equal(a, b) else pytest.fail("gradient changed"), g,
+               plain_grad(state, tokens))
+
+
+def test_unrolled_stacks_name_each_layer_nnx_and_linen():
+  """Unrolled (``scan=False``): ``layer_{i}`` around layer i, the block type inside, on both front-ends."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from jaxckpt.linen import layers as linen_layers  # pylint: disable=g-import-not-at-top
+  from jaxckpt.nnx.layers import MLPBlock, Stack  # pylint: disable=g-import-not-at-top
+  x = jnp.ones((2, 4, 8))
+  nnx_stack = Stack(lambda rngs: MLPBlock(8, 16, rngs=rngs), num_layers=3, scan=False, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(nnx_stack)
+  nnx_hlo = jax.jit(jax.grad(lambda s: nnx.merge(graphdef, s)(x).sum())).lower(state).as_text(debug_info=True)
+  stack = linen_layers.Stack(block=linen_layers.MLPBlock(dim=8, hidden_dim=16), num_layers=3, scan=False)
+  params = stack.init(jax.random.key(0), x)
+  linen_hlo = jax.jit(jax.grad(lambda p: stack.apply(p, x).sum())).lower(params).as_text(debug_info=True)
+  for hlo in (nnx_hlo, linen_hlo):
+    assert all(re.search(rf"layer_{i}\b", hlo) for i in range(3)) and not re.search(r"layer_3\b", hlo)
+    assert re.search(r'"[^"]*layer_2\)?/[^"]*mlp/[^"]*"', hlo)

@@ -139,12 +139,17 @@ def loop(fn: LayerFn, carry: Any, layers: Any, n: int, *, scan: bool) -> tuple[A
 
   Returns:
     ``(carry, outs)``: the final carry and the ``out_i`` stacked on a new leading axis (``None`` if they are).
+
+  Each call sits under ``jax.named_scope`` (metadata only: XProf traces and HLO op names read by layer, as equinox
+  names its layers): ``layer_{i}`` unrolled, ``layer_0..{n-1}`` around the one scanned body.
   """
   if scan:
-    return jax.lax.scan(fn, carry, layers)
+    with jax.named_scope(f"layer_0..{n - 1}"):
+      return jax.lax.scan(fn, carry, layers)
   outs = []
   for i in range(n):
-    carry, out = fn(carry, jax.tree.map(lambda a: a[i], layers))
+    with jax.named_scope(f"layer_{i}"):
+      carry, out = fn(carry, jax.tree.map(lambda a: a[i], layers))
     outs.append(out)
   return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 

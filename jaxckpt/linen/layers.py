@@ -172,7 +172,8 @@ class RematBlock(blocks.BlockMath, _Validating):
     forward = type(self).forward
     if policy.remat:
       forward = nn.remat(forward, policy=policy.to_jax(), prevent_cse=True, static_argnums=_FORWARD_STATIC_ARGNUMS)
-    return forward(self, x, dropout_key, deterministic)
+    with jax.named_scope(self.block_type):  # traces and HLO op names read by block (metadata only), as in NNX
+      return forward(self, x, dropout_key, deterministic)
 
 
 class AttentionBlock(blocks.AttentionMath, RematBlock):

@@ -140,7 +140,8 @@ class RematBlock(blocks.BlockMath, nnx.Module):
       if call is None:
         call = shared[(policy, deterministic)] = module_call(
             lambda block, h, key: block.forward(h, key, deterministic=deterministic), policy, share_traces=True)
-    return call(self, x, dropout_key)
+    with jax.named_scope(self.block_type):  # traces and HLO op names read by block (metadata only)
+      return call(self, x, dropout_key)
 
 
 class AttentionBlock(blocks.AttentionMath, RematBlock):
