@@ -89,6 +89,8 @@ def test_state_specs_follow_the_rule_for_params_and_adam_moments():
   make = lambda: build_model("vit", MODELS["vit"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)  # noqa: E731
   _, state = jaxckpt.abstract_train_state(make, optax.adamw(1e-3))
   model = nnx.eval_shape(make)
+  # the Stack is found by what it declares (stacked_layers = "layers"), not by sharding importing its class
+  assert sharding.stacked_layer_paths(model) == frozenset({("layers", "layers")})
   specs = sharding.state_partition_specs(state, {"fsdp": 8}, stacked=sharding.stacked_layer_paths(model))
   qkv = specs.params["layers"]["layers"]["attn"]["qkv"]["kernel"]
   qkv = qkv.get_value() if hasattr(qkv, "get_value") else qkv

@@ -343,6 +343,10 @@ class Stack(nnx.Module):
     JaxckptError: ``num_layers`` < 1 or a malformed ``structure``.
   """
 
+  stacked_layers: ClassVar[str] = "layers"
+  """The attribute whose parameters are stacked on a leading layer axis (axis 0): what a module declares so that
+  :func:`jaxckpt.training.sharding.stacked_layer_paths` finds it (the FSDP rule never splits that axis)."""
+
   def __init__(
       self,
       make_block: Callable[[nnx.Rngs], nnx.Module],

@@ -48,7 +48,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.errors import MeshSpecError, closest, shorten
-from jaxckpt.nnx.layers import Stack
 
 __all__ = [
     "MESH_AXES",
@@ -212,14 +211,16 @@ def _names(path: tuple[Any, ...]) -> tuple[str, ...]:
 def stacked_layer_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
   """Path prefixes (in the model's ``nnx.State``) of parameters stacked on a leading layer axis.
 
-  Every :class:`jaxckpt.nnx.layers.Stack` (scanned or unrolled) keeps its N blocks' parameters stacked on axis 0 under
-  its ``layers`` attribute; that axis is the scanned layer axis the FSDP rule never splits.
+  A module declares such parameters by a class attribute ``stacked_layers`` naming the attribute that holds them:
+  every :class:`jaxckpt.nnx.layers.Stack` (scanned or unrolled) declares ``stacked_layers = "layers"``, its N blocks'
+  parameters stacked on axis 0; that axis is the scanned layer axis the FSDP rule never splits. Found by what the
+  module declares, not by its class, so sharding imports no layer (and your own stacks can declare it too).
 
   Args:
     model: an NNX model (abstract from ``nnx.eval_shape`` is fine).
   """
-  return frozenset(tuple(str(p) for p in path) + ("layers",)
-                   for path, module in nnx.iter_modules(model) if isinstance(module, Stack))
+  return frozenset(tuple(str(p) for p in path) + (attr,) for path, module in nnx.iter_modules(model)
+                   if isinstance(attr := getattr(type(module), "stacked_layers", None), str))
 
 
 def _param_specs(params: Any, fsdp_size: int, stacked: frozenset[tuple[str, ...]]) -> Any:
