@@ -571,6 +571,34 @@ def _dominance_guard(chosen, candidates, num_layers, predictor, temp_limit, none
   return best, best_assignment, best_predicted
 
 
+def _min_saved_guarded(target: Any, tolerance: float, tx: optax.GradientTransformation,
+                       compiler_options: Mapping[str, Any] | None, cache: PlanCache) -> ConcretePolicy:
+  """``min_saved``, unless a fixed dots policy is at least as good: its compiled step and those of
+  ``dots_saveable`` and ``dots_with_no_batch_dims_saveable`` (compiled once per ``cache``) are compared; a fixed one
+  with temp and FLOPs both ≤ the plan's is returned instead (issue 33: a per-type graph can name the wrong values in
+  blocks of the type that trace differently, docs/plans.md).
+
+  Returns:
+    The ``save_tensors`` spec of :func:`min_saved_policy` or the dominating fixed policy's spec.
+  """
+  spec = min_saved_policy(target, tolerance)[0]
+  builder = step_builder(target, tx=tx)
+
+  def point(policy) -> CompiledPoint:
+    text = str(policy)
+    if text not in cache.points:
+      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
+      cache.points[text] = CompiledPoint(policy, 0, compiled.memory, compiled.flops, compiled.seconds)
+    return cache.points[text]
+
+  plan = point(spec)
+  for name in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
+    fixed = point(PolicySpec(default=Policy(name)))
+    if fixed.temp_bytes <= plan.temp_bytes and fixed.flops <= plan.flops:
+      spec, plan = fixed.policy, fixed
+  return spec
+
+
 def _no_effect(point: CompiledPoint, none: CompiledPoint) -> bool:
   """Whether a compiled candidate shows the report's "no compiled effect" sign (:mod:`jaxckpt.report.effect`): its
   predicted saved bytes at most half of none's while its compiled temp stays at 90% of none's or more. Such a
@@ -617,7 +645,8 @@ def resolve_policy(
   if parsed.resolved:
     return parsed, None
   if isinstance(parsed, MinSaved):
-    return min_saved_policy(target, parsed.tolerance)[0], None
+    return _min_saved_guarded(target, parsed.tolerance, tx or default_optimizer(), compiler_options,
+                              PlanCache() if cache is None else cache), None
   if isinstance(parsed, MinCut):
     return mincut_policy(target, parsed, cache), None
   if not isinstance(parsed, Budget):
