@@ -528,9 +528,75 @@ def plan_policy(
     if fits(point) and point.flops < best.flops and not _no_effect(point, none):
       best, best_assignment, best_predicted = point, assignment, predicted
   predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
+  best, best_assignment, best_predicted = _dominance_guard(
+      (best, best_assignment, best_predicted), candidates, num_layers, predictor, temp_limit, none, tried, history,
+      compile_point, fits, uniform, set(cache.points))
   final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
   converged = final is None or str(final.policy()) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
+
+
+def _dominance_guard(chosen, candidates, num_layers, predictor, temp_limit, none, tried, history, compile_point,
+                     fits, uniform, compiled):
+  """The plan never loses to a uniform fixed policy of the candidate set (``dots_saveable`` … on every layer).
+
+  A fixed candidate whose measured layer recompute (× layers) is at most the chosen plan's compiled recompute
+  (+ 0.5% of ``none``'s step FLOPs) and that is already compiled (``cache.points``) or predicted to fit is compiled
+  (once, cached) and becomes the plan when it fits with fewer FLOPs, or as many FLOPs and no more temp. The layer
+  estimates of per-tensor options can miss what XLA does to the whole step (issue 33), so the guard compares
+  compiled steps, never estimates.
+
+  Returns:
+    ``(point, assignment, predicted_temp_bytes)`` of the plan kept.
+  """
+  best, best_assignment, best_predicted = chosen
+  slack = best.flops - none.flops + 0.005 * none.flops
+  for cand in candidates:
+    policies = [p for _, p in (cand.spec.blocks or (("*", cand.spec.default),))]
+    if any(p.name == SAVE_TENSORS for p in policies) or len({str(p) for p in policies}) != 1:
+      continue
+    if str(cand.spec) == str(best.policy) or cand.recompute_flops * num_layers > slack:
+      continue
+    predicted = int(predictor(cand.saved_bytes * num_layers, False))
+    if str(cand.spec) not in tried | compiled and predicted > temp_limit:
+      continue
+    tried.add(str(cand.spec))
+    point = compile_point(cand.spec, cand.saved_bytes * num_layers)
+    if all(str(h.policy) != str(point.policy) for h in history):
+      history.append(point)
+    if not fits(point) or _no_effect(point, none):
+      continue
+    if point.flops < best.flops or (point.flops == best.flops and point.temp_bytes <= best.temp_bytes):
+      best, best_assignment, best_predicted = point, uniform(cand), predicted
+  return best, best_assignment, best_predicted
+
+
+def _min_saved_guarded(target: Any, tolerance: float, tx: optax.GradientTransformation,
+                       compiler_options: Mapping[str, Any] | None, cache: PlanCache) -> ConcretePolicy:
+  """``min_saved``, unless a fixed dots policy is at least as good: its compiled step and those of
+  ``dots_saveable`` and ``dots_with_no_batch_dims_saveable`` (compiled once per ``cache``) are compared; a fixed one
+  with temp and FLOPs both ≤ the plan's is returned instead (issue 33: a per-type graph can name the wrong values in
+  blocks of the type that trace differently, docs/plans.md).
+
+  Returns:
+    The ``save_tensors`` spec of :func:`min_saved_policy` or the dominating fixed policy's spec.
+  """
+  spec = min_saved_policy(target, tolerance)[0]
+  builder = step_builder(target, tx=tx)
+
+  def point(policy) -> CompiledPoint:
+    text = str(policy)
+    if text not in cache.points:
+      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
+      cache.points[text] = CompiledPoint(policy, 0, compiled.memory, compiled.flops, compiled.seconds)
+    return cache.points[text]
+
+  plan = point(spec)
+  for name in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
+    fixed = point(PolicySpec(default=Policy(name)))
+    if fixed.temp_bytes <= plan.temp_bytes and fixed.flops <= plan.flops:
+      spec, plan = fixed.policy, fixed
+  return spec
 
 
 def _no_effect(point: CompiledPoint, none: CompiledPoint) -> bool:
@@ -579,7 +645,8 @@ def resolve_policy(
   if parsed.resolved:
     return parsed, None
   if isinstance(parsed, MinSaved):
-    return min_saved_policy(target, parsed.tolerance)[0], None
+    return _min_saved_guarded(target, parsed.tolerance, tx or default_optimizer(), compiler_options,
+                              PlanCache() if cache is None else cache), None
   if isinstance(parsed, MinCut):
     return mincut_policy(target, parsed, cache), None
   if not isinstance(parsed, Budget):
