@@ -1,4 +1,7 @@
-"""Session setup shared by every test file: one JAX persistent compilation cache for the whole run.
+"""Session setup shared by every test file: one JAX persistent compilation cache for the whole run, and the tiers.
+
+Tiers: ``python -m pytest -q -n 2`` runs the fast tier (pyproject's ``addopts`` has ``-m 'not slow'``);
+``-m slow`` runs the slow tier alone; ``--all`` runs both.
 
 Many tests compile the same train steps (the tiny presets under the same policies), in this process, in the other
 pytest-xdist worker and in the subprocesses of CLI and example tests. JAX's persistent compilation cache (JAX docs,
@@ -35,6 +38,20 @@ def _use_run_cache() -> None:
 
 
 _use_run_cache()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+  """``--all``: both tiers (the fast default of ``addopts`` and the ``slow`` end-to-end cases)."""
+  parser.addoption("--all", action="store_true", default=False,
+                   help="run the slow tier too (the default -m 'not slow' of pyproject's addopts is dropped)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  """``--all`` clears the marker expression, so every test is collected; an explicit ``-m`` with it is refused."""
+  if config.getoption("all"):
+    if config.option.markexpr not in ("", "not slow"):
+      raise pytest.UsageError(f"--all runs every test; it cannot be combined with -m {config.option.markexpr!r}")
+    config.option.markexpr = ""
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
