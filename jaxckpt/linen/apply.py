@@ -390,8 +390,8 @@ class RematModule:
     if unseen:  # a layered run where some layers' blocks did not run: a jit shared another layer's trace
       where = "; ".join(wrappers) or "a cache around the blocks"
       raise JaxckptError(
-          f"layered policy {str(run.spec)!r}: the blocks of layer(s) {', '.join(map(str, unseen))} of {name} were not "
-          f"traced: a trace cache reused another layer's trace under its spec ({where}: equal blocks share one "
+          f"layered policy {str(run.spec)!r}: the blocks of layer(s) {', '.join(map(str, unseen))} of {name} were "
+          f"not traced: a trace cache reused another layer's trace under its spec ({where}: equal blocks share one "
           "trace); fix: one spec for all layers, or drop that cache while remat'ing")
     if not missing:
       return
