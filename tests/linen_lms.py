@@ -1,4 +1,4 @@
-"""Two Linen LMs (and an NNX twin) written the way public Flax code writes them, NOT built from jaxckpt blocks (tests
+"""Three Linen LMs (and an NNX twin) written the way public Flax code writes them, NOT built from jaxckpt blocks (tests
 only).
 
 - :class:`FlaxGPT2LMHeadModel`: GPT-2 in the style of the Hugging Face Flax port: a ``Conv1D`` dense layer of its
@@ -7,11 +7,14 @@ only).
   tied input/output embeddings.
 - :class:`LlamaForCausalLM`: a Llama-style LM: RMSNorm, rotary position embeddings, a SwiGLU MLP of
   ``nn.Dense(use_bias=False)``, decoder layers created in an ``nn.compact`` loop named ``layers_{i}``, no dropout.
+- :class:`JittedDecoder`: a decoder LM whose ``__call__`` is under ``nn.jit`` (as some published Flax code compiles
+  its model), grouped-query attention of ``nn.DenseGeneral`` s, blocks in a ``setup`` list.
 - :class:`NNXGPT2`: the GPT-2 LM in NNX, its projections an NNX class of its own (:class:`NNXConv1D`), blocks in
   an ``nnx.List`` (``h[i]``), for "the same holds for NNX".
 
-All tiny (5 layers, d=64, seq 32, batch 32: activations dominate the temp bytes, as in training, and full remat
-keeps about 1/5 of them, so budget:30% is reachable), so compiles are quick on CPU.
+All tiny (GPT-2 and Llama: 5 layers, d=64, seq 32, batch 32: activations dominate the temp bytes, as in training, and
+full remat keeps about 1/5 of them, so budget:30% is reachable; the jitted decoder: 4 layers, d=32, seq 16, batch 8),
+so compiles are quick on CPU.
 :func:`gpt2_target` / :func:`llama_target` are ``--target`` functions (two lines each with
 :func:`jaxckpt.linen_model_target`).
 """
@@ -19,6 +22,7 @@ keeps about 1/5 of them, so budget:30% is reachable), so compiles are quick on C
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -213,6 +217,91 @@ class LlamaForCausalLM(nn.Module):
       x = LlamaDecoderLayer(cfg, name=f"layers_{i}")(x)
     x = RMSNorm(cfg.rms_norm_eps, name="norm")(x)
     return nn.Dense(cfg.vocab_size, use_bias=False, name="lm_head")(x)   # [B, T, V]
+
+
+# ------------------------------------------------------------------------------- a decoder whose __call__ is jitted
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  vocab_size: int = 64           # tokens
+  emb_dim: int = 32              # model width D
+  num_heads: int = 4             # query heads N
+  num_kv_heads: int = 2          # key/value heads K (grouped-query attention, N % K == 0)
+  mlp_dim: int = 96              # MLP width F
+  num_layers: int = 4            # decoder blocks
+  max_len: int = 16              # longest sequence
+  dropout_rate: float = 0.1      # after attention and MLP
+
+
+class GroupedQueryAttention(nn.Module):
+  config: DecoderConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    cfg = self.config
+    head_dim, group = cfg.emb_dim // cfg.num_heads, cfg.num_heads // cfg.num_kv_heads
+    q = nn.DenseGeneral((cfg.num_heads, head_dim), use_bias=False, name="query")(x)      # [B, T, N, H]
+    k = nn.DenseGeneral((cfg.num_kv_heads, head_dim), use_bias=False, name="key")(x)     # [B, T, K, H]
+    v = nn.DenseGeneral((cfg.num_kv_heads, head_dim), use_bias=False, name="value")(x)   # [B, T, K, H]
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)                    # [B, T, N, H]
+    t = x.shape[1]
+    logits = jnp.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(head_dim)
+    logits = jnp.where(nn.make_causal_mask(jnp.ones((1, t)))[0], logits, jnp.finfo(logits.dtype).min)
+    out = jnp.einsum("bnqk,bknh->bqnh", jax.nn.softmax(logits, axis=-1), v)
+    return nn.DenseGeneral(cfg.emb_dim, axis=(-2, -1), use_bias=False, name="out")(out)
+
+
+class MlpBlock(nn.Module):
+  config: DecoderConfig
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.gelu(nn.Dense(self.config.mlp_dim, name="wi")(x))
+    return nn.Dense(self.config.emb_dim, name="wo")(h)
+
+
+class DecoderBlock(nn.Module):
+  config: DecoderConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    drop = nn.Dropout(self.config.dropout_rate, deterministic=deterministic)
+    x = x + drop(GroupedQueryAttention(self.config, name="attention")(nn.LayerNorm(name="ln_1")(x)))
+    return x + drop(MlpBlock(self.config, name="mlp")(nn.LayerNorm(name="ln_2")(x)))
+
+
+class JittedDecoder(nn.Module):
+  """A decoder LM whose top-level ``__call__`` is compiled by ``nn.jit`` (``deterministic`` static), its blocks made
+  in ``setup`` as a list (scope names ``layers_0`` …)."""
+
+  config: DecoderConfig = DecoderConfig()
+
+  def setup(self):
+    cfg = self.config
+    self.embed = nn.Embed(cfg.vocab_size, cfg.emb_dim)
+    self.pos_embed = self.param("pos_embed", nn.initializers.normal(0.02), (cfg.max_len, cfg.emb_dim))
+    self.layers = [DecoderBlock(cfg) for _ in range(cfg.num_layers)]
+    self.ln_f = nn.LayerNorm()
+
+  @functools.partial(nn.jit, static_argnames=("deterministic",))
+  def __call__(self, tokens, deterministic: bool = True):
+    x = self.embed(tokens) + self.pos_embed[: tokens.shape[1]]                            # [B, T, D]
+    for layer in self.layers:
+      x = layer(x, deterministic=deterministic)
+    return self.embed.attend(self.ln_f(x))                                                # [B, T, V]
+
+
+DECODER_TOKENS = jax.ShapeDtypeStruct((8, DecoderConfig.max_len + 1), jnp.int32)
+"""The jitted decoder's example batch: token ids ``[B, T+1] int32``."""
+
+
+def jitted_decoder_target():
+  """``--target linen_lms:jitted_decoder_target``: the nn.jit decoder, unedited, its ``DecoderBlock`` s the blocks."""
+  import jaxckpt
+
+  return jaxckpt.linen_model_target(JittedDecoder(), DECODER_TOKENS, loss="next_token", blocks={"block": DecoderBlock},
+                                    call_kwargs={"deterministic": False})
 
 
 # ------------------------------------------------------------------------------------------------- report targets

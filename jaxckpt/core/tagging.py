@@ -30,7 +30,7 @@ from jax.extend import core as jex_core
 from jaxckpt.analysis.internals import source_info_util
 
 __all__ = ["tag_values", "walk_values", "walk_top_level", "value_name", "parse_value_name", "ValueInfo",
-           "record_tagged", "evaluate_tagged", "evaluate_equations", "TAG_PREFIX"]
+           "record_tagged", "recording", "evaluate_tagged", "evaluate_equations", "TAG_PREFIX"]
 
 TAG_PREFIX = "t"
 """Automatic names are ``t<index>_<primitive>``."""
@@ -234,6 +234,11 @@ def record_tagged() -> Iterator[list]:
     yield found
   finally:
     _RECORD.reset(token)
+
+
+def recording() -> bool:
+  """Whether a :func:`record_tagged` context is open (a trace made now has side effects the caller reads)."""
+  return _RECORD.get() is not None
 
 
 def tag_values(fn: Callable[..., Any], names: Sequence[str], *, owner: Any = None) -> Callable[..., Any]:

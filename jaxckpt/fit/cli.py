@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
                       help="time N (default 6) configurations on this device, spanning policies and micro-batches "
                            "(the fastest estimate first), and rank by measurement")
-  parser.add_argument("--json", default=None, metavar="FILE")
+  parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its fits and candidates (.json)")
   parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
   parser.add_argument("--html", default=None, metavar="FILE",
                       help="one HTML page: the tables and the footprint-vs-batch plot (.html)")

@@ -14,6 +14,12 @@ re-nested: the parameter tree is the module's own, so existing checkpoints load.
   the standard Linen layers :data:`~jaxckpt.core.autonames.LINEN_LAYERS` and modules of your own classes that hold
   a weight themselves, such as GPT-2's ``Conv1D``), decided at each call once the layer's parameters exist.
 - Only ``__call__`` of a matched module is remat'd (call a block through another method and it runs as written).
+- **Jits inside the model** (``@nn.jit`` on the model's or a block's ``__call__``, ``nn.jit(Block)``): while a
+  :class:`RematModule` runs, its module, policy, blocks, ``names=`` and layers are part of every ``jax.jit`` cache
+  key (``jax.make_user_context``), so such a jit traces once per policy and reuses a trace only for the same policy.
+  A cache that does not key on JAX's trace context (one of your own, a compiled function kept from before) reuses a
+  trace made under another policy: that is an error naming the wrapper (``Transformer.__call__ is wrapped in
+  nn.jit``), never a silent success.
 - **Layers** (per-layer policies, :class:`~jaxckpt.policies.LayeredPolicy`): the matched blocks are grouped by their
   scope path, as NNX groups ``layers[i]``: the layer axis is the shallowest path position where the blocks' names
   end in an integer that varies under one parent and prefix (``h_0``, ``h_1`` … from a list attribute
@@ -50,7 +56,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxckpt.core.matching import block_matcher, block_matchers
 from jaxckpt.core.arguments import split_arguments
 from jaxckpt.core.autonames import NameRule, names_rule, path_name, tag_output
-from jaxckpt.core.tagging import tag_values
+from jaxckpt.core.tagging import recording, tag_values
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis.jaxprs import checkpoint_name_of, sub_jaxprs
 from jaxckpt.policies import DEFAULT_BLOCK, SAVE_TENSORS, LayeredPolicy, Policy, PolicySpec, parse_model_policy
@@ -72,6 +78,8 @@ class _Run:
   record: dict[str, set[str]] | None = None  # block type -> names emitted (when listing names)
   names: NameRule = NameRule("auto")  # which layers inside a block get automatic names (apply_remat's names=)
   paths: list[tuple] = dataclasses.field(default_factory=list)  # scope path of every matched call, in call order
+  classes: set[type] = dataclasses.field(default_factory=set)  # classes of the matched modules
+  layers_seen: set[int] = dataclasses.field(default_factory=set)  # layers (of a LayeredPolicy) whose blocks ran
 
   def policy_for(self, block_type: str, path: tuple) -> Policy:
     """The policy of a matched block: its layer's spec (layered policies), then its block type's policy."""
@@ -98,6 +106,24 @@ _LISTING: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.Conte
                                                                                       default=None)
 _PATHS: contextvars.ContextVar[list[tuple] | None] = contextvars.ContextVar("jaxckpt_linen_paths", default=None)
 
+_TRACE_KEY = jax.make_user_context(None)
+"""Part of every ``jax.jit`` cache key while a :class:`RematModule` runs (``jax.make_user_context``; module
+docstring): ``RematModule._trace_key``, so a jit inside the model (``nn.jit``) traces once per policy."""
+
+_MATCHED: dict[Any, tuple[frozenset[str], frozenset[int]]] = {}
+"""Trace key -> (block types, layers) matched when a trace ran under that key. A jit inside the model that reuses
+its trace (same key: same module and policy) runs no interceptor; these are the blocks that trace holds."""
+
+_EVER: dict[Any, set[str]] = {}
+"""Module -> block types matched under any key: blocks that match nothing now but did under another policy mean a
+cache jaxckpt cannot key reused an old trace (:meth:`RematModule._cached_wrappers` names it)."""
+
+_CLASSES: dict[Any, set[type]] = {}
+"""Module -> classes of its matched blocks (a block class under ``nn.jit`` shares one trace among equal blocks)."""
+
+_CACHED_TRANSFORMS = {flax_lift.jit: "nn.jit"}
+"""Flax's lifted transforms that cache traces (``nn.jit``), by the ``flax.core.lift`` function behind them."""
+
 
 def _block_type(run: _Run, module: nn.Module) -> str | None:
   path = tuple(module.path)
@@ -119,6 +145,8 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
       return next_fun(*args, **kwargs)
     finally:
       run.active.pop()
+  if run.active and tuple(module.path) == run.active[-1][1]:  # the running block's own nested __call__ (super())
+    return next_fun(*args, **kwargs)
   block_type = _block_type(run, module)
   if run.active and block_type is None:  # a layer inside a block: names= decides (after the call: params exist)
     outer_type, block_path = run.active[-1]
@@ -134,6 +162,9 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
     return next_fun(*args, **kwargs)
   run.matched[block_type] = run.matched.get(block_type, 0) + 1
   run.paths.append(tuple(module.path))
+  run.classes.add(type(module))
+  if run.layers and (layer := _layer_index(run.layers, tuple(module.path))) is not None:
+    run.layers_seen.add(layer)
   policy: Policy = run.policy_for(block_type, tuple(module.path))
   split = split_arguments(args, kwargs)
   arrays = split.arrays
@@ -154,6 +185,50 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
     owner = _BlockOwner(block_type, tuple(module.path))
     return nn.transforms.lift_transform(_tagged_checkpoint, fn, policy=policy, owner=owner)(module, *arrays)
   return nn.checkpoint(fn, policy=policy.to_jax(), prevent_cse=True)(module, *arrays)
+
+
+def _hashable(value: Any) -> Any:
+  """``value`` if it can key a dict, else ``None``."""
+  try:
+    hash(value)
+  except TypeError:
+    return None
+  return value
+
+
+def _cached_transform(value: Any) -> str | None:
+  """``"nn.jit"`` when ``value`` (a method) is wrapped by one of Flax's caching lifted transforms
+  (:data:`_CACHED_TRANSFORMS`), found by the ``flax.core.lift`` function it closes over; else ``None``."""
+  free = getattr(getattr(value, "__code__", None), "co_freevars", ())
+  for var, cell in zip(free, getattr(value, "__closure__", None) or ()):
+    if var != "transform":
+      continue
+    try:
+      transform = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if _hashable(transform) is not None and transform in _CACHED_TRANSFORMS:
+      return _CACHED_TRANSFORMS[transform]
+  return None
+
+
+def _wrappers_of(cls: type) -> list[str]:
+  """``"Transformer.__call__ is wrapped in nn.jit"`` for each method of ``cls`` (and its bases) under a caching
+  Flax transform, and ``"Block is wrapped in nn.jit (class JitBlock)"`` for a class transform of ``cls`` (Flax runs
+  the block as ``cls`` inside it, so the subclass is what was called)."""
+  found = []
+  for owner in cls.__mro__:
+    if owner in (nn.Module, object):
+      continue
+    for attr, value in vars(owner).items():
+      if (transform := _cached_transform(value)) is not None:
+        found.append(f"{cls.__name__}.{attr} is wrapped in {transform}")
+  for sub in cls.__subclasses__():
+    if sub.__module__ == nn.transforms.__name__:  # nn.jit(cls) and the other class transforms
+      for attr, value in vars(sub).items():
+        if (transform := _cached_transform(value)) is not None:
+          found.append(f"{cls.__name__} is wrapped in {transform} (class {sub.__name__}, its {attr})")
+  return found
 
 
 def _tagged_checkpoint(fn: Callable, *, policy: Policy, owner: _BlockOwner) -> Callable:
@@ -238,6 +313,22 @@ class RematModule:
   def _matchers(self) -> tuple[tuple[str, Callable[[tuple, nn.Module], bool]], ...]:
     return tuple((b, block_matcher(b, v, front_end="linen")) for b, v in self.blocks)
 
+  def _trace_key(self, spec: PolicySpec | LayeredPolicy, layers: tuple, *, fresh: bool) -> Any:
+    """What a trace of this run depends on beyond its arguments (:data:`_TRACE_KEY`): the module, ``spec``, blocks,
+    names rule and ``layers``; a new object (never equal: every jit inside traces) when ``fresh`` (a run whose trace
+    has side effects jaxckpt reads) or when something in it is unhashable."""
+    key = ("jaxckpt.linen", self.module, spec, self.blocks, self.name_rule, layers)
+    try:
+      hash(key)
+    except TypeError:
+      return object()
+    return object() if fresh else key
+
+  def _cached_wrappers(self) -> list[str]:
+    """The model's and its matched blocks' methods under a caching Flax transform (:func:`_wrappers_of`)."""
+    classes = {type(self.module), *_CLASSES.get(_hashable(self.module), ())}
+    return [w for cls in sorted(classes, key=lambda c: c.__name__) for w in _wrappers_of(cls)]
+
   def _layers_for(self, spec: PolicySpec | LayeredPolicy, call: Callable[[], Any]) -> tuple[tuple[str, ...], ...]:
     """The layer keys a layered ``spec`` needs (traced from ``call`` when unknown), checked against its ranges."""
     if not isinstance(spec, LayeredPolicy):
@@ -248,9 +339,12 @@ class RematModule:
       object.__setattr__(self, "layers", layers)  # a cache of what the module's code determines
     name = type(self.module).__name__
     if not layers:
+      wrappers = "; ".join(self._cached_wrappers())
+      why = (f"; {wrappers}, whose trace equal blocks share, so only one is seen" if wrappers else
+             " (blocks in an nn.scan stack take one spec for all layers)")
       raise JaxckptError(f"layered policy {str(spec)!r} needs separate layers (blocks under scope names ending in an "
-                         f"index, such as h_0, layers_1 from a list or a loop); the blocks of {name} are not (blocks "
-                         "in an nn.scan stack take one spec for all layers): give one spec")
+                         f"index, such as h_0, layers_1 from a list or a loop); the blocks of {name} are not{why}: "
+                         "give one spec")
     if len(layers) != spec.num_layers:
       raise JaxckptError(f"layered policy {str(spec)!r} covers {spec.num_layers} layers but {name} has {len(layers)} "
                          f"({', '.join('/'.join(k) for k in layers[:4])}{', ...' if len(layers) > 4 else ''}): "
@@ -267,17 +361,51 @@ class RematModule:
     layers = self._layers_for(spec, call) if call is not None else ()
     run = _Run(spec, self._matchers(), layers=layers, record=record, paths=[] if paths is None else paths,
                names=self.name_rule)
+    key = self._trace_key(spec, layers, fresh=record is not None or paths is not None or recording())
     token = _RUN.set(run)
     try:
-      with nn.intercept_methods(_interceptor):
+      with _TRACE_KEY(key), nn.intercept_methods(_interceptor):
         yield run
     finally:
       _RUN.reset(token)
-    missing = [b for b in self.block_type_names if not run.matched.get(b)]
-    if missing:
+    self._check_matched(run, key)
+
+  def _check_matched(self, run: _Run, key: Any) -> None:
+    """Raises unless every block type matched in this run or in the trace a jit inside reused (same ``key``)."""
+    stable = type(key) is tuple  # a fresh key (an object) is never seen again
+    types, layers = frozenset(b for b, n in run.matched.items() if n), frozenset(run.layers_seen)
+    if stable:
+      old_types, old_layers = _MATCHED.get(key, (frozenset(), frozenset()))
+      types, layers = types | old_types, layers | old_layers
+      if types:
+        _MATCHED[key] = types, layers
+    missing = [b for b in self.block_type_names if b not in types]
+    module_key = _hashable(self.module)
+    if module_key is not None:
+      _EVER.setdefault(module_key, set()).update(b for b, n in run.matched.items() if n)
+      _CLASSES.setdefault(module_key, set()).update(run.classes)
+    name, blocks = type(self.module).__name__, ", ".join(repr(b) for b in missing)
+    wrappers = self._cached_wrappers()
+    unseen = sorted(set(range(len(run.layers))) - layers) if not missing else []
+    if unseen:  # a layered run where some layers' blocks did not run: a jit shared another layer's trace
+      where = "; ".join(wrappers) or "a cache around the blocks"
       raise JaxckptError(
-          f"blocks {', '.join(repr(b) for b in missing)} of apply_remat matched no module called in "
-          f"{type(self.module).__name__}: check the classes or predicates (only __call__ of a module is matched)")
+          f"layered policy {str(run.spec)!r}: the blocks of layer(s) {', '.join(map(str, unseen))} of {name} were "
+          f"not traced: a trace cache reused another layer's trace under its spec ({where}: equal blocks share one "
+          "trace); fix: one spec for all layers, or drop that cache while remat'ing")
+    if not missing:
+      return
+    earlier = module_key is not None and set(missing) <= _EVER.get(module_key, set())
+    if earlier:
+      where = "; ".join(wrappers) or f"a cache around the call of {name}"
+      raise JaxckptError(
+          f"blocks {blocks} of apply_remat matched in an earlier trace of {name} but not in this one: a trace "
+          f"cache that ignores JAX's trace context reused a trace made under another policy ({where}); fix: drop "
+          f"that cache while remat'ing, or call jax.clear_caches() before changing the policy")
+    hint = f" ({'; '.join(wrappers)}: jaxckpt sees through it)" if wrappers else ""
+    raise JaxckptError(
+        f"blocks {blocks} of apply_remat matched no module called in {name}: check the classes or predicates (only "
+        f"__call__ of a module is matched){hint}")
 
   def init(self, *args, **kwargs) -> Any:
     """``module.init(*args, **kwargs)`` with the blocks remat'd: the same variables."""

@@ -76,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="XProf traces of a few warm steps per policy into DIR/<policy>/ (xprof --logdir DIR)")
   parser.add_argument("--profile-steps", type=int, default=3, help="traced steps per policy with --profile (default 3)")
   parser.add_argument("--xla-dump", default=None, metavar="DIR", help="keep XLA's memory reports per policy in DIR")
-  parser.add_argument("--json", default=None, metavar="FILE")
-  parser.add_argument("--csv", default=None, metavar="FILE")
-  parser.add_argument("--markdown", default=None, metavar="FILE")
+  parser.add_argument("--json", default=None, metavar="FILE", help="write every row and the target (.json)")
+  parser.add_argument("--csv", default=None, metavar="FILE", help="write the rows as a table (.csv)")
+  parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table as Markdown (.md)")
   parser.add_argument("--html", default=None, metavar="FILE",
                       help="one self-contained page: interactive charts, sortable tables")
   parser.add_argument("--plotlyjs", choices=list(PLOTLYJS_MODES), default="inline",

@@ -22,7 +22,8 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
                       help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
   parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
-  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None)
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None,
+                      help="dtype of --model's activations and matmuls (parameters stay float32; default: preset's)")
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers or --no-scan to unroll them (default: the preset's)")
   parser.add_argument("--structure", default=None,

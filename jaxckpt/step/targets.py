@@ -264,7 +264,8 @@ def linen_model_target(
     blocks: block type -> block class (or predicate), as :func:`jaxckpt.linen.apply_remat` takes it, when ``model``
       is a plain module.
     inputs: ``batch -> tuple`` of the model's positional inputs; default: ``(tokens[:, :-1],)`` for next_token,
-      ``(batch["inputs"],)`` otherwise.
+      ``(batch["inputs"],)`` otherwise
+      (a batch without that key is then an error naming ``inputs=``).
     call_kwargs: static keyword arguments of the model's call in training, e.g. ``{"deterministic": False}`` or
       ``{"train": True}`` (default none: the model's own defaults).
     dropout_rng: the RNG stream name of the model's ``nn.Dropout``.
@@ -275,8 +276,9 @@ def linen_model_target(
 
   Raises:
     JaxckptError: ``model`` is not a Linen module (an NNX one: :class:`ModelTarget`), a plain module without
-      ``blocks=``, an unknown ``loss`` name, a batch without the keys the named loss reads, or model outputs of
-      the wrong shape for it (the message names your module and the shapes).
+      ``blocks=``, an unknown ``loss`` name, a batch without the keys the named loss reads, no ``inputs=`` with a
+      ``loss`` function and a batch that is not a dict with an ``"inputs"`` key, or model outputs of the wrong shape
+      for the named loss (the message names your module and the shapes).
 
   Example::
 
@@ -307,6 +309,14 @@ def linen_model_target(
       raise JaxckptError(f"linen_model_target(loss={loss!r}) needs batch={{'inputs': [B, ...], 'labels': [B] int32}}, "
                          f"got {jax.tree.map(lambda a: f'{a.dtype}{list(a.shape)}', batch)}")
   tokens_of = (lambda b: b["tokens"] if isinstance(b, Mapping) else b)  # noqa: E731
+  shapes = jax.tree.map(lambda a: f"{a.dtype}{list(a.shape)}", batch)
+  if loss == "next_token" and isinstance(batch, Mapping) and "tokens" not in batch:
+    raise JaxckptError(f"linen_model_target(loss='next_token') needs batch= token ids [B, T+1] int32 or "
+                       f"{{'tokens': [B, T+1] int32}}, got {shapes}")
+  if inputs is None and loss != "next_token" and not (isinstance(batch, Mapping) and "inputs" in batch):
+    raise JaxckptError(f"linen_model_target calls {module_name} on batch['inputs'] unless inputs= says what to call "
+                       f"it on, and the batch {shapes} has no 'inputs': pass inputs=lambda batch: (...,) (the "
+                       "model's positional inputs)")
   if inputs is None:
     inputs = ((lambda b: (tokens_of(b)[:, :-1],)) if loss == "next_token"  # noqa: E731
               else (lambda b: (b["inputs"],)))
