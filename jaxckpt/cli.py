@@ -12,6 +12,9 @@ from jaxckpt.errors import JaxckptError
 
 __all__ = ["CLIParser", "check_output_file", "check_output_dir"]
 
+_NEGATIVE = re.compile(r"-\d")
+"""A value that starts like a negative number (``-1GiB``, ``-5%``, ``-0.5``), not a flag."""
+
 _QUOTED = re.compile(r"((?<![\w'])'[^'\n]*'(?![\w']))")
 """A quoted value in a message (``'data=4,fsdp=2'``), not an apostrophe (``none's``): kept as it is."""
 
@@ -22,6 +25,22 @@ class CLIParser(argparse.ArgumentParser):
   The library's errors name Python arguments (``seq_len=0 must be ≥ 1``); :meth:`fail` prints them with this
   parser's flags instead (``--seq-len 0 must be ≥ 1``): the one place where the CLIs translate them.
   """
+
+  def parse_known_args(self, args=None, namespace=None):
+    """As argparse's, but a negative value after a flag that takes one (``--memory -1GiB``, ``--budget -5%``) is
+    that flag's value, so it reaches the flag's own check instead of argparse's "expected one argument"."""
+    args = list(sys.argv[1:] if args is None else args)
+    takes_value = {o for a in self._actions if a.option_strings and a.nargs is None for o in a.option_strings}
+    joined: list[str] = []
+    i = 0
+    while i < len(args):
+      if args[i] in takes_value and i + 1 < len(args) and _NEGATIVE.match(args[i + 1]):
+        joined.append(f"{args[i]}={args[i + 1]}")
+        i += 2
+      else:
+        joined.append(args[i])
+        i += 1
+    return super().parse_known_args(joined, namespace)
 
   def error(self, message: str):
     self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

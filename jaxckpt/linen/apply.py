@@ -382,7 +382,7 @@ class RematModule:
     missing = [b for b in self.block_type_names if b not in types]
     module_key = _hashable(self.module)
     if module_key is not None:
-      _EVER.setdefault(module_key, set()).update(b for b, n in run.matched.items() if n)
+      _EVER.setdefault((module_key, repr(self.blocks)), set()).update(b for b, n in run.matched.items() if n)
       _CLASSES.setdefault(module_key, set()).update(run.classes)
     name, blocks = type(self.module).__name__, ", ".join(repr(b) for b in missing)
     wrappers = self._cached_wrappers()
@@ -395,7 +395,7 @@ class RematModule:
           "trace); fix: one spec for all layers, or drop that cache while remat'ing")
     if not missing:
       return
-    earlier = module_key is not None and set(missing) <= _EVER.get(module_key, set())
+    earlier = module_key is not None and set(missing) <= _EVER.get((module_key, repr(self.blocks)), set())
     if earlier:
       where = "; ".join(wrappers) or f"a cache around the call of {name}"
       raise JaxckptError(

@@ -16,7 +16,9 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
   """Adds the flags that choose what to compile: ``--model``/``--target``, ``--preset`` and the shape overrides."""
   what = parser.add_mutually_exclusive_group()
   what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
-  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss (see below)")
+  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss: MODULE:FUNCTION names a function that takes no arguments and returns a "
+                    "jaxckpt ModelTarget (e.g. jaxckpt.linen_model_target(...)) or LossTarget; the module is imported "
+                    "from the current directory or PYTHONPATH (docs/own-model.md)")
   parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
   parser.add_argument("--batch-size", type=int, default=None,
                       help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")

@@ -38,6 +38,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -428,8 +429,12 @@ def load_target(spec: str) -> Target:
     sys.path.append(os.getcwd())  # after installed packages: a local module never shadows one
   try:
     module = importlib.import_module(module_name)
-  except ImportError as err:
-    raise JaxckptError(f"bad target={spec!r}: cannot import module {module_name!r} ({err})") from err
+  except ModuleNotFoundError as err:
+    if err.name is not None and module_name.startswith(err.name):  # the target's own module (or package) is missing
+      raise JaxckptError(f"bad target={spec!r}: cannot import module {module_name!r} ({err})") from None
+    raise JaxckptError(f"target={spec!r}: importing {module_name} failed: {_raised_at(err)}") from err
+  except Exception as err:  # the user's module raised while it was imported: one line, where and what
+    raise JaxckptError(f"target={spec!r}: importing {module_name} failed: {_raised_at(err)}") from err
   function = getattr(module, function_name, None)
   if not callable(function):
     found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -447,6 +452,14 @@ def load_target(spec: str) -> Target:
     raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
                        "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
   return dataclasses.replace(target, ref={"target": spec})
+
+
+def _raised_at(err: BaseException) -> str:
+  """``"RuntimeError: no GPU (mymodel.py:12)"``: the exception's type and message and the innermost file:line."""
+  frames = traceback.extract_tb(err.__traceback__)
+  where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+  message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+  return f"{type(err).__name__}{': ' + message if message else ''}{where}"
 
 
 def rebuild_target(ref: Mapping[str, Any]) -> Target:
