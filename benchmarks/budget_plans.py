@@ -26,8 +26,9 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 from benchmarks import common  # noqa: E402
 from jaxckpt.errors import PolicySpecError  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, plan_policy  # noqa: E402
-from jaxckpt.policies import Budget, parse_model_policy  # noqa: E402
-from jaxckpt.report import build_report, shipped_target  # noqa: E402
+from jaxckpt import Budget, parse_model_policy  # noqa: E402
+from jaxckpt.report import build_report
+from jaxckpt.step import shipped_target  # noqa: E402
 
 NAME = "budget_plans"
 

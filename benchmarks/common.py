@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt.cli import CLIParser, check_output_file  # noqa: F401 - CLIParser re-exported for readme.py
+from jaxckpt._cli import CLIParser, check_output_file  # noqa: F401 - CLIParser re-exported for readme.py
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["RESULTS_DIR", "MIN_ROUNDS", "run_record", "finish_record", "interleaved", "write_json", "markdown_table",
@@ -38,7 +38,7 @@ MIN_ROUNDS = 5
 def parser(name: str, doc: str) -> argparse.ArgumentParser:
   """The common flags: ``--quick`` (tiny sizes, seconds: the smoke test's) and ``--out`` (the JSON path).
 
-  Errors are one line on stderr, exit status 2 (:class:`jaxckpt.cli.CLIParser`).
+  Errors are one line on stderr, exit status 2 (:class:`jaxckpt._cli.CLIParser`).
   """
   p = CLIParser(prog=f"python benchmarks/{name}.py", description=doc.split("\n\n")[0])
   p.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test); writes <name>-quick.json")
@@ -77,7 +77,7 @@ def run_record(benchmark: str, args: argparse.Namespace | None = None) -> dict[s
           "loadavg_start": list(os.getloadavg()),
           "loadavg_end": None,
       },
-      "versions": jaxckpt.versions(),
+      "versions": jaxckpt.schema.versions(),
       "args": {k: v for k, v in vars(args).items() if k != "out"} if args is not None else {},
   }
 

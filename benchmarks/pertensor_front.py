@@ -16,7 +16,7 @@ model-level front of their layer assignments (:func:`jaxckpt.planner.pareto_tota
 point the least-recompute assignment predicted to save no more, then measured exactly (residual analysis + FLOPs of
 the traced step); ``min_saved`` and the built-ins measured the same way; then budget plans with per-tensor options
 compiled and checked against their budget (``--budgets``, percent of no-remat temp). Then the **whole-loss** front
-(:mod:`jaxckpt.planner.whole`: one remat region around the loss, layers unrolled, one 0-1 program over the whole
+(:mod:`jaxckpt.planner._whole`: one remat region around the loss, layers unrolled, one 0-1 program over the whole
 graph): for each torch point (both conventions and the quoted figures) the least-recompute whole-loss plan saving no
 more, measured the same way (``jax.value_and_grad`` of the loss w.r.t. the params, FLOPs ÷ the same loss without
 remat; ``common``: its extra FLOPs over that ÷ the step's no-remat FLOPs). ``--whole-only`` recomputes just that
@@ -37,14 +37,15 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import optax  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from jaxckpt.analysis.flops import count_flops  # noqa: E402
+from jaxckpt.analysis._flops import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
-from jaxckpt.planner.plan import layer_probe  # noqa: E402
-from jaxckpt.planner.tensors import block_program, record_block_graphs, tensor_options  # noqa: E402
+from jaxckpt.planner._plan import layer_probe  # noqa: E402
+from jaxckpt.planner._tensors import block_program, record_block_graphs, tensor_options  # noqa: E402
 from jaxckpt.planner import (measure_whole, segment_loss, segmented_plan, target_whole_loss, whole_graph,  # noqa: E402
                              whole_plan)
-from jaxckpt.policies import LossPolicy, parse_model_policy  # noqa: E402
-from jaxckpt.report.residuals import analyse_residuals  # noqa: E402
+from jaxckpt.policies import LossPolicy
+from jaxckpt import parse_model_policy  # noqa: E402
+from jaxckpt.report._residuals import analyse_residuals  # noqa: E402
 from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped_target, target_block_types  # noqa: E402
 
 NAME = "pertensor_front"
@@ -225,7 +226,7 @@ WHOLE_SHARES = (0.5, 0.2)
 
 
 def whole_front(target, torch: dict | None, step_none_flops: int, segmented: bool = False) -> dict:
-  """The whole-loss per-tensor front at each torch point's saved bytes (:mod:`jaxckpt.planner.whole`), measured.
+  """The whole-loss per-tensor front at each torch point's saved bytes (:mod:`jaxckpt.planner._whole`), measured.
 
   Args:
     target: the GPT target.

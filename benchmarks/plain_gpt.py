@@ -1,9 +1,9 @@
 """A plain-JAX twin of jaxckpt's GPT train step, written by hand: the floor the report's compile time is held to.
 
-Same shapes as :data:`jaxckpt.models.gpt.GPT_PRESETS` (pre-LN decoder, tied embeddings, learned positions, dropout on the
+Same shapes as :data:`jaxckpt.models._gpt.GPT_PRESETS` (pre-LN decoder, tied embeddings, learned positions, dropout on the
 attention weights and on each sublayer's output, tanh-GELU MLP), layers stacked on a leading axis and run with
 ``jax.lax.scan``; each sublayer under ``jax.checkpoint`` with a ``jax.checkpoint_policies`` policy (none: no
-checkpoint), the same checkpoint names as :mod:`jaxckpt.core.names`; one ``optax.adamw(1e-3)`` update. No jaxckpt code:
+checkpoint), the same checkpoint names as :mod:`jaxckpt.core._names`; one ``optax.adamw(1e-3)`` update. No jaxckpt code:
 this is what a user would write to get the same program (benchmarks/report_speed.py compares the two).
 """
 
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.models.gpt import GPT_PRESETS, GPTConfig
+from jaxckpt.models._gpt import GPT_PRESETS, GPTConfig
 
 __all__ = ["policy_of", "abstract_inputs", "train_step", "lower_and_compile", "timed_compile"]
 

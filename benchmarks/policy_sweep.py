@@ -2,11 +2,11 @@
 
 Usage: ``python benchmarks/policy_sweep.py [--preset small] [--policies all …] [--structures nested] [--rounds 7]``.
 
-The model is the GPT decoder (:mod:`jaxckpt.models.gpt`, ``small`` preset: L=6 d=256 H=4 T=256 B=8, byte vocabulary) and
+The model is the GPT decoder (:mod:`jaxckpt.models._gpt`, ``small`` preset: L=6 d=256 H=4 T=256 B=8, byte vocabulary) and
 the step is the full AdamW train step the report compiles. Per row:
 
 - compiled ``temp_bytes`` and ``footprint_bytes`` (:func:`jaxckpt.report.build_report`, nothing allocated);
-- FLOPs of the whole step counted from the jaxpr (:mod:`jaxckpt.analysis.flops`; XLA counts a scan body once);
+- FLOPs of the whole step counted from the jaxpr (:mod:`jaxckpt.analysis._flops`; XLA counts a scan body once);
 - median step time: every row's step is compiled with full optimisation and run in *this* process, the rows
   interleaved round by round (``--rounds`` ≥ 5), and the ratio to ``none`` taken within each round, then the median.
 
@@ -21,7 +21,7 @@ Physical reference lines, printed under the table:
   ``flops(full) / flops(none) ≤ 4/3`` (less here: embedding, head and optimizer are not recomputed).
 - Activation floor of per-block checkpointing: the block inputs (L × B·T·d × 4 bytes) plus one block's working set,
   taken as what one block saves for its backward pass without remat, from JAX's saved-residual analysis
-  (:mod:`jaxckpt.analysis.residuals`): ``(residual_bytes(none) − residual_bytes(nothing_saveable)) / L`` + one block input
+  (:mod:`jaxckpt.analysis._residuals`): ``(residual_bytes(none) − residual_bytes(nothing_saveable)) / L`` + one block input
   (what the two policies save outside the blocks cancels). The table shows ``temp / floor`` and ``temp − floor``
   (what the step holds beyond activations: logits, gradients, optimizer temporaries). A structure such as ``nested``
   keeps fewer than L block inputs, so it can go below this floor.
@@ -42,15 +42,16 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import jax
 
 from benchmarks import common
-from jaxckpt.models.gpt import GPT_PRESETS
+from jaxckpt.models._gpt import GPT_PRESETS
 try:  # model-level specs (budget plans, layered policies) where this jaxckpt has them
-  from jaxckpt.policies import parse_model_policy as parse_spec
+  from jaxckpt import parse_model_policy as parse_spec
 except ImportError:  # per-block specs only
-  from jaxckpt.policies import parse_policy as parse_spec
-from jaxckpt.report import build_report, expand_policies, shipped_target
+  from jaxckpt import parse_policy as parse_spec
+from jaxckpt.report import build_report, expand_policies
+from jaxckpt.step import shipped_target
 from jaxckpt.step import compile_policy
-from jaxckpt.step.build import concrete_inputs, default_optimizer, target_block_types
-from jaxckpt.core.structure import parse_structure
+from jaxckpt.step._build import concrete_inputs, default_optimizer, target_block_types
+from jaxckpt.core._structure import parse_structure
 
 NAME = "policy_sweep"
 FULL_FLOPS_BOUND = 4 / 3

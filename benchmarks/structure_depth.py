@@ -15,7 +15,7 @@ temp; what stays at batch 8 is batch-independent (parameter gradients and optimi
 for every structure, and the copies a structure makes of the stacked weights). Per row it fits
 ``temp(L) = a + b·L^p`` (least squares on relative error, ``p`` on a grid of 0.001) to the activations and to the
 total — expected for activations ``p ≈ 1`` for ``none``/``full``/``every:4``, ``≈ 0.5`` for ``nested``, ``≈ 0.33``
-for ``nested:3`` — and reports the FLOPs overhead (FLOPs counted from the jaxpr, :mod:`jaxckpt.analysis.flops`) vs ``none`` at each depth. Then, unless
+for ``nested:3`` — and reports the FLOPs overhead (FLOPs counted from the jaxpr, :mod:`jaxckpt.analysis._flops`) vs ``none`` at each depth. Then, unless
 ``--no-every-k``, the ``every:K`` curve at L=64 for policies ``none`` and ``full``. Writes the JSON and a log-log
 plot (PNG beside it).
 """
@@ -38,7 +38,8 @@ import numpy as np
 
 from benchmarks import common
 from jaxckpt.models import MODELS, build_model
-from jaxckpt.report import ModelTarget, build_report
+from jaxckpt.step import ModelTarget
+from jaxckpt.report import build_report
 
 NAME = "structure_depth"
 ROWS: dict[str, tuple[str, str]] = {

@@ -13,7 +13,7 @@ compiler="inductor")``, the partitioner ``torch.compile`` uses) and keeps the fo
 partitioner emits, before any code generation, for each ``torch._functorch.config.activation_memory_budget``. The
 no-remat reference is ``default_partition`` (save what the backward reads, recompute nothing).
 
-Both graphs are then counted with ONE convention, jaxckpt's (:mod:`jaxckpt.analysis.flops`, XLA's ``HloCostAnalysis``):
+Both graphs are then counted with ONE convention, jaxckpt's (:mod:`jaxckpt.analysis._flops`, XLA's ``HloCostAnalysis``):
 matmuls ``2·M·N·K`` (a fused bias add 1 per output element), elementwise arithmetic, comparisons, selects and dtype
 conversions 1 per output element, ``x**2`` 1 and ``x**3`` 2, reductions ``input − output`` elements, data movement 0,
 transcendentals (``exp``, ``tanh``, ``rsqrt``, ...) 0 FLOPs (counted apart). Random numbers: generating bits costs 0 in

@@ -5,7 +5,7 @@ Usage: ``python benchmarks/truth_check.py [--cases mlp:16384 vit:2048] [--polici
 Per case (a shipped model, ``small`` preset, at a batch size where every policy's footprint is ≥ 300 MiB, so the
 process's own noise of a few tens of MiB does not decide the ratio), :func:`jaxckpt.report.build_report` with
 ``measure=True``: each policy's step is compiled (compile-only stats: ``footprint_bytes`` = argument + output + temp
-− alias) and then run in a fresh process (:mod:`jaxckpt.report.measure`): on CPU the kernel's peak-RSS counter is
+− alias) and then run in a fresh process (:mod:`jaxckpt.report._measure`): on CPU the kernel's peak-RSS counter is
 reset after warm-up and ``VmHWM − baseline`` is read; on GPU/TPU ``peak_bytes_in_use``. The figure per policy is
 ``measured / footprint``; target within 20% on CPU (10% on GPU). Rows whose footprint is below 300 MiB are flagged
 (``footprint_ok``: false), not dropped.
@@ -25,7 +25,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import jax
 
 from benchmarks import common
-from jaxckpt.report import build_report, shipped_target
+from jaxckpt.report import build_report
+from jaxckpt.step import shipped_target
 
 NAME = "truth_check"
 MIN_FOOTPRINT = 300 * 2**20

@@ -8,7 +8,7 @@ so it prints that as one line and exits 2 (not JAX's ``ValueError`` traceback, n
 import sys
 
 try:
-  import jaxckpt  # noqa: F401  (runs jaxckpt.remat_impl.check_env before JAX reads JAX_REMAT3)
+  import jaxckpt  # noqa: F401  (runs jaxckpt._remat_impl.check_env before JAX reads JAX_REMAT3)
 except ValueError as _err:  # jaxckpt.errors.EnvSettingError (a JaxckptError, a ValueError): the package did not load
   if type(_err).__name__ != "EnvSettingError":
     raise

@@ -4,7 +4,7 @@
 
 - ``--batch-size auto``: the largest batch that fits ``--memory`` (default ``auto``: this device less 10%) with the
   given policy; with ``--policy auto``, the policy whose largest batch trains the most examples per second by the
-  time model (:mod:`jaxckpt.fit.speed`).
+  time model (:mod:`jaxckpt.fit._speed`).
 - ``--global-batch-size G``: batch G in k = G / b micro-batches of b, the (policy, b) with the least estimated step
   time (``--policy auto``: among :data:`jaxckpt.fit.DEFAULT_POLICIES`; else the given policy), verified by compiling
   the accumulated step.
@@ -21,10 +21,11 @@ from experiments.options import configure
 from experiments.policy import resolve_policy
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit import DEFAULT_POLICIES, accelerator, fit_policies, plan_fit
-from jaxckpt.fit.cli import to_table
-from jaxckpt.fit.plan import FitPlan
-from jaxckpt.fit.search import resolve_memory
-from jaxckpt.policies import AUTO, Budget
+from jaxckpt.fit._cli import to_table
+from jaxckpt.fit._plan import FitPlan
+from jaxckpt.fit._search import resolve_memory
+from jaxckpt.policies import AUTO
+from jaxckpt import Budget
 from jaxckpt.step import ModelTarget
 
 __all__ = ["AUTO_BATCH", "batch_size_flag", "wants_fit", "autofit"]

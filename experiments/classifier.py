@@ -27,8 +27,8 @@ from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
-from jaxckpt.models.multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
-from jaxckpt.core.structure import parse_structure
+from jaxckpt.models._multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
+from jaxckpt.core._structure import parse_structure
 from jaxckpt.step import ModelTarget
 
 __all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]
@@ -54,7 +54,7 @@ class ClassifierConfig:
   split_seed: int = 0  # The fixed train/test split.
   data: str | None = None  # .npz file with x and y; None = scikit-learn's digits.
   num_classes: int | None = None  # Classes K of --data (labels in 0..K-1, empty classes allowed); None = inferred.
-  aux_task: str | None = None  # Auxiliary head (jaxckpt.models.multitask.AUX_TASKS, e.g. "parity"); None = single task.
+  aux_task: str | None = None  # Auxiliary head (jaxckpt.models._multitask.AUX_TASKS, e.g. "parity"); None = single task.
   aux_weight: float | None = None  # λ in loss = CE_main + λ · CE_aux; None = DEFAULT_AUX_WEIGHT (needs aux_task).
   run: RunOptions = RunOptions()  # Policy, outputs, checkpoints, faults, devices (experiments.options).
 
@@ -132,7 +132,7 @@ def _setup(config: ClassifierConfig, log) -> Setup:  # noqa: ARG001 - the runner
   if data.image_shape[0] % patch or data.image_shape[1] % patch:
     raise DataError(f"images of {data.source} are {data.image_shape[0]}×{data.image_shape[1]}, but the vit's "
                     f"{patch}×{patch} patches need both sides divisible by {patch}: use --model mlp or cnn, or pad them")
-  loss_fn = jaxckpt.classification_loss
+  loss_fn = jaxckpt.models.classification_loss
   if config.aux_task is not None:
     loss_fn = multitask_loss(config.aux_task, _aux_weight(config))
 
@@ -198,7 +198,7 @@ def fit_target(config: ClassifierConfig, batch_size: int) -> ModelTarget:
   as shapes (for the fit planner, :mod:`experiments.autofit`)."""
   data = load_dataset(config.data, split_seed=config.split_seed, num_classes=config.num_classes)
   model_cfg = model_config(config)
-  loss_fn = jaxckpt.classification_loss if config.aux_task is None else multitask_loss(config.aux_task,
+  loss_fn = jaxckpt.models.classification_loss if config.aux_task is None else multitask_loss(config.aux_task,
                                                                                        _aux_weight(config))
 
   def make_model():
@@ -227,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog=(
           f"{jaxckpt.policies.POLICY_FORMS}\n"
-          f"policy names: {', '.join(jaxckpt.POLICY_NAMES)}\n"
+          f"policy names: {', '.join(jaxckpt.policies.POLICY_NAMES)}\n"
           f"block types per model: {blocks}\n"
-          f"checkpoint names: {', '.join(jaxckpt.core.names.ALL_NAMES)}\n"
+          f"checkpoint names: {', '.join(jaxckpt.core._names.ALL_NAMES)}\n"
           "examples:\n"
           "  python -m experiments.classifier --policy dots_saveable\n"
           "  python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan\n"

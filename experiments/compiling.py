@@ -10,9 +10,9 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt.analysis.render import memory_table, policy_summary
+from jaxckpt.analysis._render import memory_table, policy_summary
 from jaxckpt.step import ModelTarget, compile_policy
-from jaxckpt.training import sharding
+from jaxckpt.training import _sharding as sharding
 
 __all__ = ["CompiledStep", "compile_and_describe"]
 
@@ -68,7 +68,7 @@ def compile_and_describe(
     warnings.simplefilter("always")
     compiled = compile_policy(target, spec, tx=tx, mesh=mesh, stats_only=False)
   messages = [str(w.message) for w in caught]
-  offload = jaxckpt.training.xla.offload_warning(spec)
+  offload = jaxckpt.training._xla.offload_warning(spec)
   if offload is not None:
     messages.append(offload)
   memory = dict(compiled.memory)

@@ -8,23 +8,23 @@ CLIs' contract for bad input. Each function then runs the CLI's ``main`` and ret
 from __future__ import annotations
 
 import experiments  # noqa: F401  (one line + exit 2 on a bad environment, before jaxckpt's CLIs import JAX)
-from jaxckpt.fit.cli import main as _fit_main
-from jaxckpt.planner.cli import main as _plan_main
-from jaxckpt.report.cli import main as _report_main
+from jaxckpt.fit._cli import main as _fit_main
+from jaxckpt.planner._cli import main as _plan_main
+from jaxckpt.report._cli import main as _report_main
 
 __all__ = ["report", "plan", "fit"]
 
 
 def report(argv: "list[str] | None" = None) -> int:
-  """``jaxckpt-report``: :func:`jaxckpt.report.cli.main`; returns its exit status (0 ok, 2 bad input)."""
+  """``jaxckpt-report``: :func:`jaxckpt.report._cli.main`; returns its exit status (0 ok, 2 bad input)."""
   return _report_main(argv)
 
 
 def plan(argv: "list[str] | None" = None) -> int:
-  """``jaxckpt-plan``: :func:`jaxckpt.planner.cli.main`; returns its exit status (0 ok, 2 bad input)."""
+  """``jaxckpt-plan``: :func:`jaxckpt.planner._cli.main`; returns its exit status (0 ok, 2 bad input)."""
   return _plan_main(argv)
 
 
 def fit(argv: "list[str] | None" = None) -> int:
-  """``jaxckpt-fit``: :func:`jaxckpt.fit.cli.main`; returns its exit status (0 ok, 2 bad input)."""
+  """``jaxckpt-fit``: :func:`jaxckpt.fit._cli.main`; returns its exit status (0 ok, 2 bad input)."""
   return _fit_main(argv)

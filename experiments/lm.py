@@ -1,6 +1,6 @@
 """Train a GPT-style byte-level language model with a remat policy: ``python -m experiments.lm``.
 
-Trains :class:`jaxckpt.models.gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
+Trains :class:`jaxckpt.models._gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
 ``tiny``, ``small``, ``gpt2-small``) on real text found locally: by default the ``.py`` files of this Python's
 standard library (first 4 MiB in sorted path order), or ``--corpus PATH`` (a text file or folder). Before training
 it prints the compiled memory stats of the train step; during training a progress bar; after each evaluation the
@@ -31,8 +31,8 @@ from experiments.flags import CLIParser, add_policy_flags, add_run_flags, comman
 from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
-from jaxckpt.models.gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
-from jaxckpt.nnx.layers import ATTENTION_IMPLEMENTATIONS
+from jaxckpt.models._gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
+from jaxckpt.nnx._layers import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
 from jaxckpt.step import ModelTarget
 
@@ -43,7 +43,7 @@ __all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_confi
 class LMConfig:
   """One LM run. Model fields left ``None`` come from the preset; how it runs is in ``run``."""
 
-  preset: str = "tiny"  # A key of jaxckpt.models.gpt.GPT_PRESETS: tiny, small, gpt2-small.
+  preset: str = "tiny"  # A key of jaxckpt.models._gpt.GPT_PRESETS: tiny, small, gpt2-small.
   structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
   max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
   attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
           f"block types: {', '.join(GPT_BLOCK_TYPES)}; checkpoint names: qkv, attn_weights (xla attention only), "
           "attn_context, attn_out, mlp_hidden, mlp_out\n"
           f"{jaxckpt.policies.POLICY_FORMS}\n"
-          f"policy names: {', '.join(jaxckpt.POLICY_NAMES)}\n"
+          f"policy names: {', '.join(jaxckpt.policies.POLICY_NAMES)}\n"
           "--attention dot_product_attention uses jax.nn.dot_product_attention (cuDNN flash attention on GPU with\n"
           "  --compute-dtype bfloat16): that is not a dot_general, so dots policies do not save it; its output is\n"
           "  tagged attn_context (save it with save_only_these_names:attn_context). On CPU JAX's fallback is einsum.\n"

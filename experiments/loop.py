@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
-from jaxckpt.training.profile import profile_trace
+from jaxckpt.training._profile import profile_trace
 from experiments.options import RunOptions
 from jaxckpt.errors import NonFiniteLossError
 
@@ -240,7 +240,7 @@ class NaNGuard:
 
 class Profiling:
   """The profiling hook: with ``--profile DIR``, steps ``start+1 .. start+profile_steps`` (warm: compiled, inputs
-  allocated) are traced into ``DIR/<slug>/`` (:func:`jaxckpt.training.profile.profile_trace`)."""
+  allocated) are traced into ``DIR/<slug>/`` (:func:`jaxckpt.training._profile.profile_trace`)."""
 
   def __init__(self, options: RunOptions, name: str, start: int, total_steps: int):
     self.dir, self.name = options.profile, name

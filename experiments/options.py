@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from jaxckpt.cli import check_output_dir
+from jaxckpt._cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.training.profile import check_profile_dir
+from jaxckpt.training._profile import check_profile_dir
 
 __all__ = ["NAN_POLICIES", "RESUME_AUTO", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 
@@ -40,7 +40,7 @@ class RunOptions:
   # On a NaN/Inf loss, gradient or updated parameter: "stop" (keep the last good checkpoint) or "skip" that update.
   nan_policy: str = "stop"
   progress: bool = True  # Show a progress bar.
-  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.training.sharding); None = one device, unsharded.
+  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.training._sharding); None = one device, unsharded.
   coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.
   num_processes: int = 1  # Processes of a multi-process run (with --coordinator).
   process_id: int = 0  # This process, 0..num_processes-1.
@@ -52,7 +52,7 @@ class RunOptions:
 
   def check(self) -> None:
     """Raises :class:`JaxckptError` for values out of range or an unwritable ``--out``/``--ckpt-dir``/``--profile``
-    (tried: :func:`jaxckpt.cli.check_output_dir`), naming the flag."""
+    (tried: :func:`jaxckpt._cli.check_output_dir`), naming the flag."""
     check_output_dir("--out", self.out)
     check_output_dir("--ckpt-dir", self.ckpt_dir)
     if self.profile is not None:

@@ -13,7 +13,7 @@ import numpy as np
 
 import jaxckpt
 from experiments.policy import policy_per_block
-from jaxckpt.training import sharding
+from jaxckpt.training import _sharding as sharding
 
 if TYPE_CHECKING:
   from experiments.loop import LoopResult
@@ -36,7 +36,7 @@ def run_metrics(
 ) -> dict[str, Any]:
   """The metrics.json record: the shared keys of :data:`jaxckpt.schema.METRICS_KEYS` plus ``extra``."""
   return {
-      "schema_version": jaxckpt.SCHEMA_VERSION,
+      "schema_version": jaxckpt.schema.SCHEMA_VERSION,
       "policy": str(spec),
       "policy_per_block": policy_per_block(spec, compiled.block_types),
       **extra,
@@ -47,7 +47,7 @@ def run_metrics(
       "memory": compiled.memory,
       "backend": jax.default_backend(),
       "compiler_options": jaxckpt.remat_compiler_options(),
-      "versions": jaxckpt.versions(),
+      "versions": jaxckpt.schema.versions(),
       "warnings": compiled.warnings + loop.warnings,
       "skipped_steps": loop.skipped,
       "params_sha256": params_digest(loop.state.params),

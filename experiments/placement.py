@@ -10,7 +10,7 @@ import jax
 
 import jaxckpt
 from experiments.options import RunOptions
-from jaxckpt.training import sharding
+from jaxckpt.training import _sharding as sharding
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["Placement", "setup_placement"]
@@ -18,7 +18,7 @@ __all__ = ["Placement", "setup_placement"]
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """Where a run's arrays live: one device (``mesh`` is ``None``), or sharded over a mesh (:mod:`jaxckpt.training.sharding`).
+  """Where a run's arrays live: one device (``mesh`` is ``None``), or sharded over a mesh (:mod:`jaxckpt.training._sharding`).
 
   Attributes:
     mesh: the device mesh, or ``None``.
@@ -46,7 +46,7 @@ class Placement:
 
   def check_policy(self, spec: Any) -> None:
     """Raises :class:`JaxckptError` for a budget with a mesh: plans are made for one device."""
-    if self.mesh is not None and isinstance(spec, jaxckpt.policies.Budget):
+    if self.mesh is not None and isinstance(spec, jaxckpt.Budget):
       raise JaxckptError(f"--policy {spec} plans for one device; with --mesh give a per-block or layered policy "
                          "(plan it with jaxckpt-plan first)")
 

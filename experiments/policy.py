@@ -27,7 +27,7 @@ def resolve_policy(policy: str | None, gradient_checkpointing: bool | None) -> j
     JaxckptError: the switch and an explicit ``--policy`` that disagree with each other.
     PolicySpecError: a malformed ``--policy``.
   """
-  spec = jaxckpt.policies.parse_model_policy(policy if policy is not None else "none")
+  spec = jaxckpt.parse_model_policy(policy if policy is not None else "none")
   if gradient_checkpointing is None:
     return spec
   switch = "--gradient-checkpointing" if gradient_checkpointing else "--no-gradient-checkpointing"
@@ -53,7 +53,7 @@ def plan_budget(spec: jaxckpt.policies.ModelPolicy, target: ModelTarget, *, tx: 
     candidate table (``None`` when ``spec`` was not a budget).
 
   Raises:
-    InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.JaxckptError`: the CLI exits 2 with its message).
+    InfeasibleBudgetError: no plan fits (a :class:`~jaxckpt.errors.JaxckptError`: the CLI exits 2 with its message).
     JaxckptError: ``mincut:<cap>``, a whole-loss plan the experiments' step (which returns metrics) cannot take.
   """
   if spec.scope == "loss":  # mincut

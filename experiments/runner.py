@@ -27,7 +27,7 @@ from experiments.outputs import closing_line, run_metrics, write_metrics
 from experiments.placement import Placement, setup_placement
 from experiments.policy import plan_budget, resolve_policy
 from jaxckpt.errors import CheckpointError
-from jaxckpt.training.saving import DirectoryLock, check_checkpoint_directory
+from jaxckpt.training._saving import DirectoryLock, check_checkpoint_directory
 from jaxckpt.step import ModelTarget
 
 __all__ = ["Setup", "RunResult", "CompiledStep", "compile_and_describe", "run", "hold_directories"]
@@ -41,7 +41,7 @@ class Setup:
     model: model name (for the headline and a budget plan), e.g. ``"vit"``, ``"gpt"``.
     preset: the model preset's name.
     make_model: ``(policy or None) -> nnx.Module``, the run's model with that remat policy (the same seed each call).
-    loss_fn: the train and eval loss (:data:`jaxckpt.training.train.LossFn`).
+    loss_fn: the train and eval loss (:data:`jaxckpt.training._train.LossFn`).
     tx: the optimizer (optax).
     batch_at: ``step -> host batch``, a pure function of the step (bit-identical resumes depend on it).
     batch_size: examples per step (checked against the mesh as ``--batch-size``).

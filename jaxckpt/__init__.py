@@ -1,250 +1,106 @@
 """jaxckpt: gradient checkpointing (remat) for JAX/Flax as a choice you can see and measure.
 
-- Policies by name, per block: :func:`parse_policy` (grammar in :mod:`jaxckpt.policies`).
-- Your own model, unedited: :func:`apply_remat` (NNX; :mod:`jaxckpt.linen.apply` for Linen) and the names of its
-  layers, :func:`checkpoint_names`.
-- Remat wrappers and layers: :func:`remat`, :class:`Remat`, :func:`checkpoint`; NNX blocks in :mod:`jaxckpt.nnx.layers`
-  with checkpoint names from :mod:`jaxckpt.core.names`; models in :mod:`jaxckpt.models`.
-- Compiling so that remat works on CPU too, and compiled memory stats: :func:`jit`, :func:`compile_step`,
-  :func:`memory_stats`.
-- Train steps and saving the train state (orbax): :mod:`jaxckpt.training.train`, :class:`TrainStateSaver`
-  (``Checkpointer`` is its old name, kept as an alias).
-- Sharded and multi-process training (data parallel, FSDP, ``jax.distributed``): :mod:`jaxckpt.training.sharding`;
-  multi-task heads: :mod:`jaxckpt.models.multitask`.
+The public names are on this face and on the faces of its namespaces, each name on exactly one (the modules behind
+them are private, ``_name.py``, as optax keeps ``optax._src``):
 
-The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules
-(:mod:`~jaxckpt.errors`, :mod:`~jaxckpt.units`, :mod:`~jaxckpt.schema`, :mod:`~jaxckpt.cli`) → :mod:`jaxckpt.analysis`
-(jaxprs, FLOPs, residuals) → :mod:`jaxckpt.policies` → :mod:`jaxckpt.core` (framework-free remat) → the two
-front-ends :mod:`jaxckpt.nnx` and :mod:`jaxckpt.linen` → :mod:`jaxckpt.training` → :mod:`jaxckpt.models` →
-:mod:`jaxckpt.step` (the train step every tool compiles) → :mod:`jaxckpt.planner` → :mod:`jaxckpt.report`.
+- Policies by name, per block and per layer range: :func:`parse_policy`, :func:`parse_model_policy`, :class:`Policy`,
+  :class:`PolicySpec`, :class:`LayeredPolicy`, :class:`Budget`; the grammar and the rest in :mod:`jaxckpt.policies`.
+- Remat of functions and modules: :func:`remat`, :func:`checkpoint`, :class:`Remat`.
+- Your own model, NNX or Linen, with the same verbs (:mod:`jaxckpt.core._frontends`): :func:`apply_remat`,
+  :func:`set_policy` (in place; NNX), :func:`with_policy` (a copy; both), :func:`block_types`; targets for the tools: :func:`nnx_model_target`, :func:`linen_model_target`. The
+  front-ends themselves: :mod:`jaxckpt.nnx` (blocks, ``Stack``), :mod:`jaxckpt.linen`.
+- Train steps over ``nnx.split`` state: :class:`TrainState`, :func:`create_train_state`, :func:`make_train_step`,
+  :func:`make_eval_step`, :func:`plain_loss_fn`; compiling so remat works on CPU too, and compiled memory stats:
+  :func:`jit`, :func:`compile_step`, :func:`memory_stats`, :func:`remat_compiler_options`; saving the train state
+  with orbax: :class:`TrainStateSaver`, :class:`DirectoryLock`. More in :mod:`jaxckpt.training`.
+- Warnings: :class:`RematPolicyWarning`, :class:`RematIneffectiveWarning`, :func:`policy_warnings`. Errors:
+  :mod:`jaxckpt.errors` (every one a :class:`jaxckpt.errors.JaxckptError`). Byte sizes: :func:`format_bytes`,
+  :func:`parse_bytes`.
+- Namespaces: :mod:`jaxckpt.models` (the shipped models), :mod:`jaxckpt.step` (targets, the train step every tool
+  compiles), :mod:`jaxckpt.planner` (budget plans), :mod:`jaxckpt.report`, :mod:`jaxckpt.fit`,
+  :mod:`jaxckpt.sharding`, :mod:`jaxckpt.names` (checkpoint name constants), :mod:`jaxckpt.analysis`,
+  :mod:`jaxckpt.schema`.
 
-Modules that moved in the layout change (``jaxckpt.layers`` → :mod:`jaxckpt.nnx.layers`, ``jaxckpt.train`` →
-:mod:`jaxckpt.training.train`, …) still import from their old paths; using a name through an old path warns
-(``DeprecationWarning``) with the new one. The table is :data:`MOVED_MODULES`.
+The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules → analysis →
+policies → core → the front-ends nnx and linen → training → models → step → planner → report → fit.
+
+Old paths still work and warn (``DeprecationWarning``) with the public path: module paths of earlier layouts
+(``jaxckpt.layers``, ``jaxckpt.report.compile``: table :data:`jaxckpt._deprecations.MOVED_MODULES`) and names that
+left this face (``jaxckpt.Stack`` is ``jaxckpt.nnx.Stack``).
 """
 
-import importlib
-import sys
-import types
-import warnings
-
 from jaxckpt.errors import EnvSettingError as _EnvSettingError
-from jaxckpt.remat_impl import check_env as _check_env
+from jaxckpt._remat_impl import check_env as _check_env
 
 if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on import (a ValueError traceback there)
-  raise _EnvSettingError(_problem)  # a library raises; the CLIs turn it into one line and exit 2 (jaxckpt.cli)
+  raise _EnvSettingError(_problem)  # a library raises; the CLIs turn it into one line and exit 2 (jaxckpt._cli)
 
-from jaxckpt import linen
-from jaxckpt.core import names
-from jaxckpt.training import sharding
-from jaxckpt.nnx.apply import apply_remat, checkpoint_names
-from jaxckpt.core.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
-from jaxckpt.training.saving import Checkpointer, DirectoryLock, TrainStateSaver
-from jaxckpt.models.gpt import GPT, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
-from jaxckpt.errors import (
-    CheckpointError,
-    DataError,
-    DirectoryInUseError,
-    JaxckptError,
-    MeshSpecError,
-    NonFiniteLossError,
-    PolicySpecError,
-    StaticArgumentError,
-)
-from jaxckpt.models.multitask import AUX_TASKS, MultiTaskClassifier, multitask_loss
-from jaxckpt.nnx.layers import (
-    AttentionBlock,
-    ConvBlock,
-    MLPBlock,
-    RematBlock,
-    Stack,
-    TransformerBlock,
-    block_types,
-    set_policy,
-)
-from jaxckpt.models import MODEL_REGISTRY, MODELS, build_model
-from jaxckpt.policies import (
-    CANONICAL_POLICIES,
-    POLICY_NAMES,
-    Budget,
-    LayeredPolicy,
-    Policy,
-    PolicySpec,
-    parse_model_policy,
-    parse_policy,
-)
-from jaxckpt.core.remat import Remat, checkpoint, remat
-from jaxckpt.step.targets import linen_model_target
-from jaxckpt.schema import SCHEMA_VERSION, versions
-from jaxckpt.training.sharding import (
-    MESH_AXES,
-    make_mesh,
-    parse_mesh,
-    replica_mismatches,
-    shard_batch,
-    shard_state,
-    state_shardings,
-)
-from jaxckpt.training.train import (
-    TrainState,
-    abstract_train_state,
-    classification_loss,
-    compile_train_step,
-    create_train_state,
-    make_eval_step,
-    make_train_step,
-    plain_loss_fn,
-)
-from jaxckpt.units import format_bytes, parse_bytes
-from jaxckpt.training.xla import (
-    CPU_REMAT_FIX,
-    RematIneffectiveWarning,
-    compile_step,
-    jit,
-    memory_stats,
-    remat_compiler_options,
-)
+from jaxckpt import _deprecations
+from jaxckpt import errors, schema
+from jaxckpt import nnx, linen  # the two front-ends (each registers itself for the verbs below)
+from jaxckpt import analysis, core, policies, training
+from jaxckpt import models, step, planner, report, fit
+from jaxckpt.core import _names as names
+from jaxckpt.training import _sharding as sharding
+from jaxckpt.core._diagnostics import RematPolicyWarning, policy_warnings
+from jaxckpt.core._frontends import apply_remat, block_types, set_policy, with_policy
+from jaxckpt.core._remat import Remat, checkpoint, remat
+from jaxckpt.policies._model import Budget, LayeredPolicy, parse_model_policy
+from jaxckpt.policies._spec import Policy, PolicySpec, parse_policy
+from jaxckpt.step._targets import linen_model_target, nnx_model_target
+from jaxckpt.training._saving import DirectoryLock, TrainStateSaver
+from jaxckpt.training._train import TrainState, create_train_state, make_eval_step, make_train_step, plain_loss_fn
+from jaxckpt.training._xla import RematIneffectiveWarning, compile_step, jit, memory_stats, remat_compiler_options
+from jaxckpt._units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
 
-MOVED_MODULES: dict[str, str] = {
-    "jaxckpt.remat": "jaxckpt.core.remat",
-    "jaxckpt.blocks": "jaxckpt.core.blocks",
-    "jaxckpt.structure": "jaxckpt.core.structure",
-    "jaxckpt.autonames": "jaxckpt.core.autonames",
-    "jaxckpt.tagging": "jaxckpt.core.tagging",
-    "jaxckpt.jaxprs": "jaxckpt.analysis.jaxprs",
-    "jaxckpt.flops": "jaxckpt.analysis.flops",
-    "jaxckpt.residuals": "jaxckpt.analysis.residuals",
-    "jaxckpt.activations": "jaxckpt.analysis.activations",
-    "jaxckpt.diagnostics": "jaxckpt.core.diagnostics",
-    "jaxckpt.render": "jaxckpt.analysis.render",
-    "jaxckpt.layers": "jaxckpt.nnx.layers",
-    "jaxckpt.apply": "jaxckpt.nnx.apply",
-    "jaxckpt.linen_apply": "jaxckpt.linen.apply",
-    "jaxckpt.gpt": "jaxckpt.models.gpt",
-    "jaxckpt.configs": "jaxckpt.models.configs",
-    "jaxckpt.multitask": "jaxckpt.models.multitask",
-    "jaxckpt.train": "jaxckpt.training.train",
-    "jaxckpt.xla": "jaxckpt.training.xla",
-    "jaxckpt.saving": "jaxckpt.training.saving",
-    "jaxckpt.profile": "jaxckpt.training.profile",
-}
-"""Old module path -> where it lives now. ``jaxckpt.names`` and ``jaxckpt.sharding`` stay public names of the package
-face (no warning); ``jaxckpt.linen`` and ``jaxckpt.models`` are packages now, with the same names as before."""
-
-
-class MovedModule(types.ModuleType):
-  """An old module path kept importable: each name read through it warns once where it went and is forwarded.
-
-  ``from jaxckpt.layers import Stack`` gives :class:`jaxckpt.nnx.layers.Stack` and a ``DeprecationWarning`` saying
-  ``jaxckpt.layers moved to jaxckpt.nnx.layers``. The idea is optax's ``_deprecations`` table served by a module
-  ``__getattr__`` (PEP 562).
-
-  Raises:
-    AttributeError: for a name the new module does not have (as a plain module would).
-  """
-
-  def __init__(self, old: str, new: str):
-    super().__init__(old, f"Moved to :mod:`{new}`; this alias warns on use.")
-    self.__moved_to__ = new
-
-  def __getattr__(self, name: str):
-    if name.startswith("__"):
-      raise AttributeError(name)
-    new = self.__moved_to__
-    warnings.warn(f"{self.__name__} moved to {new}: import {name} from {new}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(new), name)
-
-
-for _old, _new in MOVED_MODULES.items():
-  sys.modules.setdefault(_old, MovedModule(_old, _new))
-sys.modules.setdefault("jaxckpt.names", names)
-sys.modules.setdefault("jaxckpt.sharding", sharding)
-del _old, _new
-
-
-def __getattr__(name: str):
-  """``jaxckpt.layers`` and the other old module paths of :data:`MOVED_MODULES` as attributes of the package."""
-  if f"jaxckpt.{name}" in MOVED_MODULES:
-    return sys.modules[f"jaxckpt.{name}"]
-  raise AttributeError(f"module 'jaxckpt' has no attribute {name!r}")
-
+MOVED_MODULES = _deprecations.MOVED_MODULES
+"""Old module path -> the private module behind it (:mod:`jaxckpt._deprecations`)."""
 
 __all__ = [
-    "linen",
-    "names",
-    "sharding",
-    "apply_remat",
+    # namespaces
+    "errors", "nnx", "linen", "models", "policies", "step", "planner", "report", "fit", "sharding", "names",
+    # policies
+    "parse_policy", "parse_model_policy", "Policy", "PolicySpec", "LayeredPolicy", "Budget",
+    # remat
+    "remat", "checkpoint", "Remat",
+    # your own model (NNX or Linen)
+    "apply_remat", "set_policy", "with_policy", "block_types", "nnx_model_target",
     "linen_model_target",
-    "checkpoint_names",
-    "GPT",
-    "GPT_PRESETS",
-    "GPTConfig",
-    "build_gpt",
-    "lm_loss",
-    "RematPolicyWarning",
-    "policy_warnings",
-    "warn_policy",
-    "TrainStateSaver",
-    "Checkpointer",
-    "DirectoryLock",
-    "CheckpointError",
-    "DirectoryInUseError",
-    "DataError",
-    "JaxckptError",
-    "MeshSpecError",
-    "NonFiniteLossError",
-    "PolicySpecError",
-    "StaticArgumentError",
-    "AttentionBlock",
-    "ConvBlock",
-    "MLPBlock",
-    "RematBlock",
-    "Stack",
-    "TransformerBlock",
-    "block_types",
-    "set_policy",
-    "MODELS",
-    "MODEL_REGISTRY",
-    "build_model",
-    "CANONICAL_POLICIES",
-    "POLICY_NAMES",
-    "Policy",
-    "PolicySpec",
-    "LayeredPolicy",
-    "Budget",
-    "parse_policy",
-    "parse_model_policy",
-    "Remat",
-    "checkpoint",
-    "remat",
-    "AUX_TASKS",
-    "MultiTaskClassifier",
-    "multitask_loss",
-    "MESH_AXES",
-    "make_mesh",
-    "parse_mesh",
-    "replica_mismatches",
-    "shard_batch",
-    "shard_state",
-    "state_shardings",
-    "SCHEMA_VERSION",
-    "versions",
-    "TrainState",
-    "abstract_train_state",
-    "classification_loss",
-    "compile_train_step",
-    "create_train_state",
-    "make_eval_step",
-    "make_train_step",
-    "plain_loss_fn",
-    "format_bytes",
-    "parse_bytes",
-    "CPU_REMAT_FIX",
-    "RematIneffectiveWarning",
-    "compile_step",
-    "jit",
-    "memory_stats",
-    "remat_compiler_options",
+    # train steps, compiling, saving
+    "TrainState", "create_train_state", "make_train_step", "make_eval_step", "plain_loss_fn", "jit", "compile_step",
+    "memory_stats", "remat_compiler_options", "TrainStateSaver", "DirectoryLock",
+    # warnings, sizes
+    "RematPolicyWarning", "RematIneffectiveWarning", "policy_warnings", "format_bytes", "parse_bytes",
 ]
+
+_MOVED_NAMES: dict[str, tuple[str, str]] = {
+    **{n: ("jaxckpt.models", n) for n in (
+        "GPT", "GPT_PRESETS", "GPTConfig", "build_gpt", "lm_loss", "MODELS", "MODEL_REGISTRY", "build_model",
+        "AUX_TASKS", "MultiTaskClassifier", "multitask_loss", "classification_loss")},
+    **{n: ("jaxckpt.nnx", n) for n in (
+        "AttentionBlock", "ConvBlock", "MLPBlock", "RematBlock", "Stack", "TransformerBlock")},
+    **{n: ("jaxckpt.errors", n) for n in (
+        "CheckpointError", "DataError", "DirectoryInUseError", "JaxckptError", "MeshSpecError", "NonFiniteLossError",
+        "PolicySpecError", "StaticArgumentError")},
+    **{n: ("jaxckpt.policies", n) for n in ("CANONICAL_POLICIES", "POLICY_NAMES")},
+    **{n: ("jaxckpt.sharding", n) for n in (
+        "MESH_AXES", "make_mesh", "parse_mesh", "replica_mismatches", "shard_batch", "shard_state", "state_shardings")},
+    **{n: ("jaxckpt.schema", n) for n in ("SCHEMA_VERSION", "versions")},
+    **{n: ("jaxckpt.training", n) for n in ("abstract_train_state", "compile_train_step", "CPU_REMAT_FIX")},
+    "Checkpointer": ("jaxckpt.training._saving", "TrainStateSaver"),
+    "warn_policy": ("jaxckpt.core._diagnostics", "warn_policy"),
+    "checkpoint_names": ("jaxckpt.nnx", "checkpoint_names"),
+}
+"""Names this face offered before it shrank (session 9) -> where they are now."""
+
+__getattr__ = _deprecations.forward_names(__name__, _MOVED_NAMES)
+
+_deprecations.install_moved_modules()
+sys_modules = None  # (no module-level imports of sys here: the ground module installs the aliases)
+del sys_modules
+import sys as _sys
+
+_sys.modules.setdefault("jaxckpt.names", names)
+_sys.modules.setdefault("jaxckpt.sharding", sharding)

@@ -80,7 +80,7 @@ class CheckpointError(JaxckptError):
 
 
 class DirectoryInUseError(CheckpointError):
-  """A run's ``--out`` or ``--ckpt-dir`` is held by another live run (:class:`jaxckpt.training.saving.DirectoryLock`)."""
+  """A run's ``--out`` or ``--ckpt-dir`` is held by another live run (:class:`jaxckpt.training._saving.DirectoryLock`)."""
 
 
 class NonFiniteLossError(JaxckptError):
@@ -104,9 +104,9 @@ class MeshSpecError(JaxckptError):
 class EnvSettingError(JaxckptError):
   """An environment variable jaxckpt or JAX reads holds a value it cannot use (``JAX_REMAT3=maybe``).
 
-  Raised by ``import jaxckpt`` (:func:`jaxckpt.remat_impl.check_env`, before JAX is imported and would raise its own
+  Raised by ``import jaxckpt`` (:func:`jaxckpt._remat_impl.check_env`, before JAX is imported and would raise its own
   ``ValueError`` traceback). The message names the variable, the bad value and the valid ones; the CLIs print it as
-  one line and exit 2 (:func:`jaxckpt.cli.run_main`).
+  one line and exit 2 (:func:`jaxckpt._cli.run_main`).
   """
 
 

@@ -28,7 +28,7 @@ MEMORY_FIELDS: dict[str, str] = {
     "host_generated_code_bytes": "host_generated_code_size_in_bytes",
 }
 """Schema key -> attribute of XLA's ``CompiledMemoryStats`` (``compiled.memory_analysis()``). ``peak_memory_bytes``
-is ``None`` on backends whose field is not a peak (CPU; see :data:`jaxckpt.training.xla.PEAK_BACKENDS`)."""
+is ``None`` on backends whose field is not a peak (CPU; see :data:`jaxckpt.training._xla.PEAK_BACKENDS`)."""
 
 FOOTPRINT = "footprint_bytes"
 """argument + output + temp − alias bytes: the one definition of a compiled step's device footprint."""

@@ -384,7 +384,7 @@ def nnx_gpt2_loss(model: NNXGPT2, batch) -> jax.Array:
 def nnx_gpt2_target():
   """``--target linen_lms:nnx_gpt2_target``: the NNX twin, its blocks named (per-layer plans over ``h[i]``)."""
   import jaxckpt
-  from jaxckpt.report import ModelTarget
+  from jaxckpt.step import ModelTarget
 
   return ModelTarget(make_model=lambda: jaxckpt.apply_remat(NNXGPT2(rngs=nnx.Rngs(0)), "none",
                                                             blocks={"block": NNXGPT2Block}),

@@ -185,7 +185,7 @@ class LinenTransformerLM(nn.Module):
 def decoder_target(policy: str = "none", *, batch: int = BATCH, blocks=None):
   """``--target own_models:decoder_target``: the NNX decoder, its layers named as blocks, a plain loss."""
   import jaxckpt
-  from jaxckpt.report import ModelTarget
+  from jaxckpt.step import ModelTarget
 
   def make_model():
     return jaxckpt.apply_remat(Decoder(rngs=nnx.Rngs(0)), policy, blocks=blocks or {"layer": DecoderLayer})
@@ -195,7 +195,7 @@ def decoder_target(policy: str = "none", *, batch: int = BATCH, blocks=None):
 
 
 def linen_loss(apply_fn, params, batch):
-  """Plain next-token loss for :func:`jaxckpt.report.linen_target` (dropout on)."""
+  """Plain next-token loss for :func:`jaxckpt.step.linen_target` (dropout on)."""
   tokens = batch["tokens"]
   logits = apply_fn(params, tokens[:, :-1], deterministic=False)
   return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
@@ -203,8 +203,8 @@ def linen_loss(apply_fn, params, batch):
 
 def linen_lm_target():
   """``--target own_models:linen_lm_target``: the Linen LM, its decoder blocks named."""
-  from jaxckpt.linen import apply as linen_apply
-  from jaxckpt.report import linen_target
+  from jaxckpt.linen import _apply as linen_apply
+  from jaxckpt.step import linen_target
 
   model = linen_apply.apply_remat(LinenTransformerLM(), "none", blocks={"layer": LinenEncoderDecoderLayer})
   return linen_target(model, batch={"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)}, loss_fn=linen_loss,

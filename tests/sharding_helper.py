@@ -45,10 +45,10 @@ def _multitask_setup(policy: str, mesh=None):
 
   backbone = build_model("vit", MODELS["vit"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10, policy=policy,
                          seed=0)
-  model = jaxckpt.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
+  model = jaxckpt.models.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
   tx = optax.chain(_record_grads(), optax.adamw(1e-2))
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
-  loss_fn = jaxckpt.training.sharding.gather_params_in_loss(jaxckpt.multitask_loss("parity", 0.5), mesh)  # as the experiments
+  loss_fn = jaxckpt.training._sharding.gather_params_in_loss(jaxckpt.models.multitask_loss("parity", 0.5), mesh)  # as the experiments
   step = jaxckpt.make_train_step(graphdef, tx, loss_fn)
   return model, state, step
 
@@ -60,7 +60,7 @@ def equivalence() -> dict:
   import numpy as np
 
   import jaxckpt
-  from jaxckpt.training import sharding
+  from jaxckpt.training import _sharding as sharding
 
   rng = np.random.default_rng(0)
   batches = [{"x": rng.normal(size=(BATCH, 8, 8, 1)).astype(np.float32),
@@ -77,7 +77,7 @@ def equivalence() -> dict:
 
   # The reference: one device, no remat.
   _, state, step = _multitask_setup("none")
-  compiled = jaxckpt.compile_train_step(step, state, batches[0], compiler_options=FAST)
+  compiled = jaxckpt.training.compile_train_step(step, state, batches[0], compiler_options=FAST)
   _, ref_losses, ref_grads = run(compiled, state, lambda b: b)
 
   results = []
@@ -88,7 +88,7 @@ def equivalence() -> dict:
       kwargs = sharding.step_shardings(state, batches[0], mesh, model=model)
       state = sharding.shard_state(state, kwargs["in_shardings"][0])  # same seed: the reference's initial values
       put = lambda b: sharding.shard_batch(b, mesh, global_batch_size=BATCH)  # noqa: E731
-      compiled = jaxckpt.compile_train_step(step, state, put(batches[0]), compiler_options=FAST, **kwargs)
+      compiled = jaxckpt.training.compile_train_step(step, state, put(batches[0]), compiler_options=FAST, **kwargs)
       state, losses, grads = run(compiled, state, put)
       grad_err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12))
                      for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)))
@@ -110,7 +110,8 @@ def report_bytes() -> dict:
   """Per-device argument bytes of the GPT tiny train step: one device vs ``fsdp=8`` vs ``data=8`` (report API)."""
   import jax
 
-  from jaxckpt.report import build_report, shipped_target
+  from jaxckpt.report import build_report
+  from jaxckpt.step import shipped_target
 
   target = shipped_target("gpt", "tiny")
   out = {"device_count": jax.device_count()}

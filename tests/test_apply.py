@@ -13,7 +13,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.analysis.jaxprs import count_remat_regions
+from jaxckpt.analysis._jaxprs import count_remat_regions
 from own_models import Attention, Decoder, DecoderLayer, FeedForward, ScannedDecoder, decoder_batch, decoder_loss
 
 LAYER_NAMES = {"attn.q_einsum", "attn.kv_einsum", "attn.attn_vec_einsum", "mlp.gate_proj", "mlp.up_proj",
@@ -141,17 +141,17 @@ def test_automatic_names_are_emitted_and_model_names_kept():
   x = jax.ShapeDtypeStruct((2, 8), jnp.int32)
   with pytest.raises(PolicySpecError, match="ffw_hidden"):  # not known before tracing
     jaxckpt.set_policy(model, "save_only_these_names:ffw_hidden")
-  names = jaxckpt.checkpoint_names(model, x)
+  names = jaxckpt.nnx.checkpoint_names(model, x)
   assert names == {"layer": frozenset(LAYER_NAMES | {"ffw_hidden"})}
   jaxckpt.set_policy(model, "save_only_these_names:ffw_hidden+mlp.up_proj")
-  from jaxckpt.analysis.jaxprs import emitted_checkpoint_names
+  from jaxckpt.analysis._jaxprs import emitted_checkpoint_names
   graphdef, state = nnx.split(model)
   emitted = emitted_checkpoint_names(lambda s, t: nnx.merge(graphdef, s)(t), state, x)
   assert emitted == LAYER_NAMES | {"ffw_hidden"}
 
 
 def test_name_policy_saves_what_it_names():
-  from jaxckpt.analysis.residuals import saved_residuals
+  from jaxckpt.analysis._residuals import saved_residuals
   model = jaxckpt.apply_remat(Decoder(dropout=0.0, rngs=nnx.Rngs(0)), "save_only_these_names:mlp.up_proj",
                               blocks={"layer": DecoderLayer})
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -223,7 +223,7 @@ def test_linen_class_or_instance_to_remat_points_to_linen_apply():
 
 # ------------------------------------------------------------------------------------------------------------ Linen
 
-from jaxckpt.linen import apply as linen_apply  # noqa: E402
+from jaxckpt.linen import _apply as linen_apply  # noqa: E402
 from own_models import BATCH, SEQ, VOCAB, LinenEncoderDecoderLayer, LinenMlpBlock, LinenTransformerLM  # noqa: E402
 
 LINEN_CASES = [
@@ -280,9 +280,9 @@ def test_linen_block_types_and_set_policy():
   attention = {"SelfAttention_0.query", "SelfAttention_0.key", "SelfAttention_0.value", "SelfAttention_0.out"}
   assert attention <= types["layer"]
   assert jaxckpt.linen.apply_remat is linen_apply.apply_remat
-  assert model.set_policy("mlp=full").spec == jaxckpt.parse_policy("mlp=full")
+  assert model.with_policy("mlp=full").spec == jaxckpt.parse_policy("mlp=full")
   with pytest.raises(PolicySpecError, match="valid block types: default, layer, mlp") as err:
-    model.set_policy("attn=full")
+    model.with_policy("attn=full")
   one_line(err)
 
 

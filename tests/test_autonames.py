@@ -13,11 +13,12 @@ import flax.linen as nn
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.remat_impl import remat_implementation
+from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.errors import JaxckptError
-from jaxckpt.linen import apply as linen_apply
-from jaxckpt.report import ModelTarget, build_report, linen_target
-from jaxckpt.report.cli import main as report_main
+from jaxckpt.linen import _apply as linen_apply
+from jaxckpt.step import ModelTarget, linen_target
+from jaxckpt.report import build_report
+from jaxckpt.report._cli import main as report_main
 
 D, T, B, VOCAB, LAYERS = 32, 16, 8, 64, 2
 GPT2_NAMES = frozenset({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
@@ -200,7 +201,7 @@ def test_custom_layers_get_names_nnx_and_linen():
   modules that only hold submodules (attn, mlp)."""
   model = nnx_gpt2()
   assert jaxckpt.block_types(model) == {"block": GPT2_NAMES}
-  assert jaxckpt.checkpoint_names(model, jnp.ones((B, T), jnp.int32)) == {"block": GPT2_NAMES}  # traced: the same
+  assert jaxckpt.nnx.checkpoint_names(model, jnp.ones((B, T), jnp.int32)) == {"block": GPT2_NAMES}  # traced: the same
   assert linen_names(linen_gpt2()) == {"block": GPT2_NAMES}
 
 
@@ -225,7 +226,7 @@ def test_names_argument_classes_predicate_all_and_none():
   model = nnx_gpt2(names=is_mlp)
   jaxckpt.apply_remat(model, "none", blocks={"block": Block})
   assert jaxckpt.block_types(model) == {"block": GPT2_NAMES}
-  with pytest.raises(jaxckpt.PolicySpecError, match="ln_1"):
+  with pytest.raises(jaxckpt.errors.PolicySpecError, match="ln_1"):
     jaxckpt.set_policy(model, "save_only_these_names:ln_1")
 
 
@@ -360,7 +361,7 @@ def test_stacked_blocks_name_the_same_layers():
   the names listed without tracing are those the scan body emits."""
   model = jaxckpt.apply_remat(ScannedGPT2(rngs=nnx.Rngs(0)), "none", blocks={"block": Block})
   assert jaxckpt.block_types(model) == {"block": GPT2_NAMES}
-  assert jaxckpt.checkpoint_names(model, jnp.ones((B, T), jnp.int32)) == {"block": GPT2_NAMES}
+  assert jaxckpt.nnx.checkpoint_names(model, jnp.ones((B, T), jnp.int32)) == {"block": GPT2_NAMES}
 
 
 @pytest.mark.parametrize("shapes, stacked", [
@@ -372,7 +373,7 @@ def test_stacked_blocks_name_the_same_layers():
     ([(32, 128)], 0),                                 # one variable: never taken as stacked
 ])
 def test_layer_axes(shapes, stacked):
-  from jaxckpt.core.autonames import layer_axes
+  from jaxckpt.core._autonames import layer_axes
   counter = lambda s: s == (2,)  # noqa: E731 - the (2,) entry is an RNG counter (uint32)
   variables = [jax.ShapeDtypeStruct(s, jnp.uint32 if counter(s) else jnp.float32) for s in shapes]
   assert layer_axes(variables) == stacked

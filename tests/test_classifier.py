@@ -225,7 +225,7 @@ def test_offload_policy_on_cpu_says_it_saves_nothing():
 def test_profile_traces_warm_steps_and_changes_no_number(tmp_path):
   """--profile DIR writes one XProf run for the policy (the files XProf reads) and the run's results are those of a
   run without it."""
-  from jaxckpt.training.profile import profile_slug, trace_files
+  from jaxckpt.training._profile import profile_slug, trace_files
 
   logs = []
   config = configure(TINY, epochs=1, policy="full")

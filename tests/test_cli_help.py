@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from jaxckpt.fit.cli import build_parser as fit_parser
-from jaxckpt.planner.cli import build_parser as plan_parser
-from jaxckpt.report.cli import build_parser as report_parser
+from jaxckpt.fit._cli import build_parser as fit_parser
+from jaxckpt.planner._cli import build_parser as plan_parser
+from jaxckpt.report._cli import build_parser as report_parser
 
 
 @pytest.mark.parametrize("build", [report_parser, plan_parser, fit_parser], ids=["report", "plan", "fit"])
@@ -17,8 +17,8 @@ def test_every_option_has_help(build):
 
 
 def test_negative_sizes_and_raising_target_modules_are_one_line(tmp_path, monkeypatch, capsys):
-  from jaxckpt.fit.cli import main as fit_main
-  from jaxckpt.report.cli import main as report_main
+  from jaxckpt.fit._cli import main as fit_main
+  from jaxckpt.report._cli import main as report_main
   try:
     code = fit_main(["--memory", "-1GiB"])
   except SystemExit as exit_:

@@ -8,16 +8,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxckpt.planner.plan import CompiledPoint, _no_effect
-from jaxckpt.policies import PolicySpec
-from jaxckpt.remat_impl import remat_implementation
-from jaxckpt.report.build import Report
-from jaxckpt.analysis.effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
-from jaxckpt.report.html import to_html
-from jaxckpt.report.keys import REPORT_KEYS, empty_row
-from jaxckpt.report.outputs import to_csv, to_json, to_markdown, to_table
-from jaxckpt.analysis.residuals import saved_residuals
-from jaxckpt.training.xla import CPU_REMAT_FIX
+from jaxckpt.planner._plan import CompiledPoint, _no_effect
+from jaxckpt import PolicySpec
+from jaxckpt._remat_impl import remat_implementation
+from jaxckpt.report._build import Report
+from jaxckpt.analysis._effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
+from jaxckpt.report._html import to_html
+from jaxckpt.report._keys import REPORT_KEYS, empty_row
+from jaxckpt.report._outputs import to_csv, to_json, to_markdown, to_table
+from jaxckpt.analysis._residuals import saved_residuals
+from jaxckpt.training._xla import CPU_REMAT_FIX
 
 L, D, H, B = 4, 64, 256, 256  # layers, width, hidden width, batch: NOTES.md §1's residual MLP, small
 

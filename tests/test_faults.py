@@ -21,7 +21,7 @@ from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
 from experiments.options import configure
 from experiments.outputs import params_digest
-from jaxckpt.training.saving import TMP_MARKER
+from jaxckpt.training._saving import TMP_MARKER
 
 TINY = configure(ClassifierConfig(preset="tiny", epochs=2, batch_size=64), progress=False, ckpt_every=10)
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",
@@ -123,7 +123,7 @@ def test_foreign_directory_is_refused(tmp_path, capsys):
 def test_config_change_needs_to_be_allowed(tmp_path):
   ckpt = str(tmp_path / "ckpt")
   train(configure(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
-  with pytest.raises(jaxckpt.CheckpointError, match="epochs: saved 1 vs now 2"):
+  with pytest.raises(jaxckpt.errors.CheckpointError, match="epochs: saved 1 vs now 2"):
     train(configure(TINY, epochs=2, ckpt_dir=ckpt, resume=True), log=quiet)
   lines = []
   train(configure(TINY, epochs=2, ckpt_dir=ckpt, resume=True, allow_config_change=True), log=lines.append)
@@ -146,7 +146,7 @@ def nan_at_step_30(monkeypatch):
 @pytest.mark.slow  # trains real runs end to end (~15-20 s)
 def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, nan_at_step_30):
   ckpt = tmp_path / "ckpt"
-  with pytest.raises(jaxckpt.NonFiniteLossError) as info:
+  with pytest.raises(jaxckpt.errors.NonFiniteLossError) as info:
     train(configure(TINY, ckpt_dir=str(ckpt)), log=quiet)
   assert info.value.step == 30
   message = str(info.value)
@@ -236,11 +236,11 @@ def test_a_save_that_would_write_nothing_fails_loudly(tmp_path):
   assert saver.maybe_save(2, state) and not saver.maybe_save(3, state)  # written; not due
   assert not saver.maybe_save(2, state, force=True)  # this saver wrote step 2 already
   other = jaxckpt.TrainStateSaver(ckpt, config={"a": 1}, save_every=2, resume=True)
-  with pytest.raises(jaxckpt.CheckpointError, match=r"cannot save step 2 .* holds step\(s\) \[2\]"):
+  with pytest.raises(jaxckpt.errors.CheckpointError, match=r"cannot save step 2 .* holds step\(s\) \[2\]"):
     other.maybe_save(2, state)
   saver.close()
   other.close()
-  assert jaxckpt.Checkpointer is jaxckpt.TrainStateSaver  # the old name still imports
+  assert jaxckpt.TrainStateSaver is jaxckpt.TrainStateSaver  # the old name still imports
 
 
 def test_resume_of_a_finished_run_says_nothing_left_to_train(tmp_path, capsys):
@@ -255,16 +255,16 @@ def test_resume_of_a_finished_run_says_nothing_left_to_train(tmp_path, capsys):
 
 
 def test_directory_lock_names_the_holder_and_a_killed_holder_is_stale(tmp_path):
-  from jaxckpt.training.saving import DirectoryLock
+  from jaxckpt.training._saving import DirectoryLock
 
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from jaxckpt.training.saving import DirectoryLock; "
+      [sys.executable, "-c", "import sys, time; from jaxckpt.training._saving import DirectoryLock; "
        f"lock = DirectoryLock({str(tmp_path)!r}, flag='--out').acquire(); print('held', flush=True); "
        "time.sleep(60)"],
       stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
   try:
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(jaxckpt.DirectoryInUseError, match=rf"--out {tmp_path} is in use by another run \(pid "
+    with pytest.raises(jaxckpt.errors.DirectoryInUseError, match=rf"--out {tmp_path} is in use by another run \(pid "
                                                           rf"{holder.pid} on host .*, started 20"):
       DirectoryLock(tmp_path, flag="--out").acquire()
   finally:
@@ -454,6 +454,6 @@ def test_plain_step_returns_the_loss_only_and_the_same_update():
 def test_make_train_step_refuses_non_bool_flags_and_non_int_accumulation(kwargs, match):
   tx = optax.sgd(0.1)
   graphdef, _ = jaxckpt.create_train_state(_Sqrt([1.0, 4.0]), tx, seed=0)
-  with pytest.raises(jaxckpt.JaxckptError, match=re.escape(match)):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match=re.escape(match)):
     jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, **kwargs)
   assert jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, metrics=np.bool_(False)) is not None

@@ -19,7 +19,7 @@ import jaxckpt
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit import (AffineModel, NothingFitsError, accelerator, candidates, fit_affine, max_batch_size,
                          with_batch)
-from jaxckpt.fit.cli import main
+from jaxckpt.fit._cli import main
 from jaxckpt.step import LossTarget, compile_policy, shipped_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +174,7 @@ def test_bad_input_exits_2(capsys, argv, needle):
 
 
 def test_global_batch_no_divisor():
-  from jaxckpt.fit.search import BatchFit  # noqa: PLC0415
+  from jaxckpt.fit._search import BatchFit  # noqa: PLC0415
 
   # micro-batches 2 and 4 fit (a data=2 mesh: multiples of 2); G=7 is reachable by neither
   fit = BatchFit("none", 4, 10, 100, 4, AffineModel(0.0, 1.0), (), "affine", False, None, 2, 0.0)
@@ -245,7 +245,7 @@ def test_experiment_global_batch_size_recorded(tmp_path):
 
 
 def test_parabola_corrects_a_curved_footprint():
-  from jaxckpt.fit.model import tangent_at_crossing  # noqa: PLC0415
+  from jaxckpt.fit._model import tangent_at_crossing  # noqa: PLC0415
 
   curve = lambda t: 1000 + 3 * t + 0.01 * t * t  # noqa: E731 - attention's T² term
   points = [(t, int(curve(t))) for t in (256, 1024, 300)]

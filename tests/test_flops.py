@@ -1,4 +1,4 @@
-"""Tests for jaxckpt.analysis.flops: jaxpr FLOP counts vs hand formulas and vs XLA's cost analysis."""
+"""Tests for jaxckpt.analysis._flops: jaxpr FLOP counts vs hand formulas and vs XLA's cost analysis."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxckpt.analysis import flops as flops_lib
-from jaxckpt.analysis.flops import FlopCount, count_flops, jaxpr_flops
+from jaxckpt.analysis import _flops as flops_lib
+from jaxckpt.analysis._flops import FlopCount, count_flops, jaxpr_flops
 
 SDS = jax.ShapeDtypeStruct
 F32 = jnp.float32

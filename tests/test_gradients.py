@@ -8,8 +8,8 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
-from jaxckpt.policies.spec import parse_policy, refused
-from jaxckpt.remat_impl import remat_implementation
+from jaxckpt.policies._spec import parse_policy, refused
+from jaxckpt._remat_impl import remat_implementation
 
 # Checkpoint names each model emits, to give the name-taking policies real arguments.
 NAMES = {
@@ -24,7 +24,7 @@ def policy_specs(model: str) -> list[str]:
   save, except_, offload = NAMES[model]
   args = {"save_only_these_names": save, "save_anything_except_these_names": except_,
           "save_any_names_but_these": except_, "save_and_offload_only_these_names": offload}
-  # save_tensors takes automatic value names the planner finds per block (jaxckpt.core.tagging): its gradients are checked
+  # save_tensors takes automatic value names the planner finds per block (jaxckpt.core._tagging): its gradients are checked
   # against no remat in tests/test_pertensor.py, on the blocks those names come from.
   # A policy the installed JAX does not implement as named is refused by the parser (test_policies checks that).
   # Under JAX's next remat the offload policies are refused (callables remat3 would ignore; test_remat3.py).
@@ -45,7 +45,7 @@ def loss_and_grads(model, data, key):
 
   def loss(params):
     m = nnx.merge(graphdef, params, other)
-    return jaxckpt.classification_loss(m, data, dropout_key=key, deterministic=False)[0]
+    return jaxckpt.models.classification_loss(m, data, dropout_key=key, deterministic=False)[0]
 
   return jaxckpt.jit(jax.value_and_grad(loss))(params)
 
@@ -55,14 +55,14 @@ def models():
   """One tiny model per kind (dropout 0.1) and its no-remat loss and gradients, computed once."""
   out = {}
   data, key = batch(), jax.random.key(42)
-  for name, entry in jaxckpt.MODELS.items():
-    model = jaxckpt.build_model(name, entry.presets["tiny"], image_shape=(8, 8, 1), num_classes=10, policy="none")
+  for name, entry in jaxckpt.models.MODELS.items():
+    model = jaxckpt.models.build_model(name, entry.presets["tiny"], image_shape=(8, 8, 1), num_classes=10, policy="none")
     out[name] = (model, loss_and_grads(model, data, key))
   return out, data, key
 
 
 @pytest.mark.parametrize(
-    "model_name,policy", [(m, p) for m in jaxckpt.MODELS for p in policy_specs(m) if p != "none"]
+    "model_name,policy", [(m, p) for m in jaxckpt.models.MODELS for p in policy_specs(m) if p != "none"]
 )
 def test_gradients_equal_no_remat(models, model_name, policy):
   built, data, key = models
@@ -80,10 +80,10 @@ def test_gradients_equal_no_remat(models, model_name, policy):
 def test_unrolled_vit_gradients_equal_scanned_no_remat(models, policy):
   built, data, key = models
   _, (ref_loss, ref_grads) = built["vit"]
-  config = jaxckpt.MODELS["vit"].presets["tiny"]
+  config = jaxckpt.models.MODELS["vit"].presets["tiny"]
   import dataclasses
 
-  unrolled = jaxckpt.build_model("vit", dataclasses.replace(config, scan=False), image_shape=(8, 8, 1),
+  unrolled = jaxckpt.models.build_model("vit", dataclasses.replace(config, scan=False), image_shape=(8, 8, 1),
                                  num_classes=10, policy=policy)
   loss, grads = loss_and_grads(unrolled, data, key)
   chex.assert_trees_all_close(loss, ref_loss, rtol=1e-5, atol=1e-5)

@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.core import names
-from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, uses_remat
-from jaxckpt.nnx.layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
+from jaxckpt.core import _names as names
+from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, uses_remat
+from jaxckpt.nnx._layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
 
 BLOCKS = {
     "attn": (lambda r, p: AttentionBlock(16, 2, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),
@@ -41,10 +41,10 @@ def test_every_shipped_name_is_emitted_by_some_layer():
   assert emitted == set(names.ALL_NAMES)
 
 
-@pytest.mark.parametrize("name", sorted(jaxckpt.MODELS))
+@pytest.mark.parametrize("name", sorted(jaxckpt.models.MODELS))
 def test_models_declare_their_block_types(name):
-  entry = jaxckpt.MODELS[name]
-  model = jaxckpt.build_model(name, entry.presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
+  entry = jaxckpt.models.MODELS[name]
+  model = jaxckpt.models.build_model(name, entry.presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
   types = jaxckpt.block_types(model)
   assert tuple(types) == tuple(sorted(entry.block_types))
   traced = emitted_checkpoint_names(lambda x: model(x), jnp.ones((2, 8, 8, 1)))
@@ -60,12 +60,12 @@ def test_policy_none_adds_no_remat_and_full_does():
 
 
 def test_set_policy_validates_against_the_model():
-  model = jaxckpt.build_model("vit", jaxckpt.MODELS["vit"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
+  model = jaxckpt.models.build_model("vit", jaxckpt.models.MODELS["vit"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
   spec = jaxckpt.set_policy(model, "attn=save_only_these_names:qkv,mlp=full")
-  assert all(b.policy == spec for _, b in nnx.iter_modules(model) if isinstance(b, jaxckpt.RematBlock))
-  with pytest.raises(jaxckpt.PolicySpecError, match="conv"):
+  assert all(b.policy == spec for _, b in nnx.iter_modules(model) if isinstance(b, jaxckpt.nnx.RematBlock))
+  with pytest.raises(jaxckpt.errors.PolicySpecError, match="conv"):
     jaxckpt.set_policy(model, "conv=full")
-  with pytest.raises(jaxckpt.PolicySpecError, match="conv_out"):
+  with pytest.raises(jaxckpt.errors.PolicySpecError, match="conv_out"):
     jaxckpt.set_policy(model, "save_only_these_names:conv_out")
 
 
@@ -95,7 +95,7 @@ def test_stack_layers_draw_different_dropout_masks(scan):
 
 def test_dropout_without_key_is_a_clear_error():
   block = BLOCKS["mlp"][0](nnx.Rngs(0), "full")
-  with pytest.raises(jaxckpt.JaxckptError, match="no dropout_key"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="no dropout_key"):
     block(jnp.ones((2, 5, 16)), deterministic=False)
 
 
@@ -110,11 +110,11 @@ def test_scan_and_unrolled_stacks_agree():
 
 
 def test_bad_layer_arguments():
-  with pytest.raises(jaxckpt.JaxckptError, match="num_heads=3"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="num_heads=3"):
     AttentionBlock(16, 3, rngs=nnx.Rngs(0))
-  with pytest.raises(jaxckpt.JaxckptError, match="dropout_rate=1.5"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="dropout_rate=1.5"):
     MLPBlock(4, 4, dropout_rate=1.5, rngs=nnx.Rngs(0))
-  with pytest.raises(jaxckpt.JaxckptError, match="num_layers=0"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="num_layers=0"):
     _stack(True, num_layers=0)
 
 
@@ -138,13 +138,13 @@ def test_remat_wraps_a_function_and_keeps_gradients():
 
 
 def test_remat_rejects_what_it_cannot_wrap():
-  with pytest.raises(jaxckpt.JaxckptError, match="function or an flax.nnx.Module"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="function or an flax.nnx.Module"):
     jaxckpt.remat(3, "full")
 
   class NoCall(nnx.Module):
     pass
 
-  with pytest.raises(jaxckpt.JaxckptError, match="no __call__"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="no __call__"):
     jaxckpt.remat(NoCall(), "full")
 
 
@@ -154,9 +154,9 @@ def test_transformer_block_gives_each_sublayer_its_policy():
   assert block.mlp.policy.for_block("mlp").name == "nothing_saveable"
 
 
-@pytest.mark.parametrize("name", sorted(jaxckpt.MODEL_REGISTRY))
+@pytest.mark.parametrize("name", sorted(jaxckpt.models.MODEL_REGISTRY))
 def test_every_registry_entry_builds_feeds_and_trains_its_tiny_preset(name):
-  entry = jaxckpt.MODEL_REGISTRY[name]
+  entry = jaxckpt.models.MODEL_REGISTRY[name]
   config = entry.override("tiny", num_layers=3)
   assert config.num_layers == 3 and isinstance(config, entry.config_cls)
   model = nnx.eval_shape(lambda: entry.build(config, policy="full"))
@@ -172,7 +172,7 @@ def test_every_registry_entry_builds_feeds_and_trains_its_tiny_preset(name):
 
 
 def test_registry_overrides_name_python_arguments():
-  gpt, vit = jaxckpt.MODEL_REGISTRY["gpt"], jaxckpt.MODEL_REGISTRY["vit"]
+  gpt, vit = jaxckpt.models.MODEL_REGISTRY["gpt"], jaxckpt.models.MODEL_REGISTRY["vit"]
   assert gpt.override("tiny", seq_len=None) is gpt.presets["tiny"]  # None keeps the preset's value
   assert gpt.batch(4, gpt.override("tiny", seq_len=32))["tokens"].shape == (4, 33)
   cases = [
@@ -186,10 +186,10 @@ def test_registry_overrides_name_python_arguments():
       (vit, {"dropout_rate": 1.0}, "dropout_rate=1.0 must be in [0, 1)"),
   ]
   for entry, overrides, message in cases:
-    with pytest.raises(jaxckpt.JaxckptError) as info:
+    with pytest.raises(jaxckpt.errors.JaxckptError) as info:
       entry.override("tiny", **overrides)
     assert message in str(info.value), (overrides, str(info.value))
-  with pytest.raises(jaxckpt.JaxckptError, match="unknown preset 'huge' for model vit; valid presets: tiny, small"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="unknown preset 'huge' for model vit; valid presets: tiny, small"):
     vit.config("huge")
-  with pytest.raises(jaxckpt.JaxckptError, match="batch_size=0"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="batch_size=0"):
     vit.batch(0)

@@ -15,14 +15,14 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.nnx import layers
+from jaxckpt.nnx import _layers as layers
 from jaxckpt import linen as L
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.policies.spec import refused
-from jaxckpt.analysis.jaxprs import checkpoint_name_of, emitted_checkpoint_names, is_remat, iter_eqns, remat_body, uses_remat
-from jaxckpt.remat_impl import remat_implementation
+from jaxckpt.policies._spec import refused
+from jaxckpt.analysis._jaxprs import checkpoint_name_of, emitted_checkpoint_names, is_remat, iter_eqns, remat_body, uses_remat
+from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
-from jaxckpt.training.xla import jit as remat_jit
+from jaxckpt.training._xla import jit as remat_jit
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 RATE = 0.2

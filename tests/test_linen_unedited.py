@@ -15,12 +15,12 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.analysis.jaxprs import outermost_remats, remat_policy
+from jaxckpt.analysis._jaxprs import outermost_remats, remat_policy
 from jaxckpt.errors import JaxckptError
-from jaxckpt.linen import apply as linen_apply
+from jaxckpt.linen import _apply as linen_apply
 from jaxckpt.planner import plan_policy
-from jaxckpt.policies import parse_model_policy
-from jaxckpt.remat_impl import remat_implementation
+from jaxckpt import parse_model_policy
+from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.step import compile_policy
 from linen_lms import DECODER_TOKENS, DecoderBlock, DecoderConfig, JittedDecoder, jitted_decoder_target
 
@@ -61,7 +61,7 @@ def decoder():
 ])
 def test_nn_jit_decoder_traces_each_policy_and_keeps_gradients(decoder, policy, kinds):
   model, params, reference = decoder
-  applied = model.set_policy(policy)
+  applied = model.with_policy(policy)
   grad = jax.grad(functools.partial(_loss, applied))
   forward = jax.make_jaxpr(functools.partial(_loss, applied))(params, TOKENS)
   assert _policy_kinds(forward) == kinds  # its own trace, not the trace of an earlier policy
@@ -93,7 +93,7 @@ def test_nn_jit_decoder_retraces_once_per_policy():
     model.apply(variables, TOKENS[:, :-1])
   assert len(calls) == 4
   for _ in range(2):  # another policy: traced once more, then cached again
-    model.set_policy("nothing_saveable").apply(variables, TOKENS[:, :-1])
+    model.with_policy("nothing_saveable").apply(variables, TOKENS[:, :-1])
   assert len(calls) == 8
 
 
@@ -138,7 +138,7 @@ def test_a_cache_that_ignores_the_trace_context_is_named(monkeypatch):
   variables = model.init(jax.random.key(0), TOKENS[:, :-1])
   model.apply(variables, TOKENS[:, :-1])
   with pytest.raises(JaxckptError) as err:  # nn.jit's cache now serves the nothing_saveable trace again
-    model.set_policy("save_only_these_names:mlp.wo").apply(variables, TOKENS[:, :-1])
+    model.with_policy("save_only_these_names:mlp.wo").apply(variables, TOKENS[:, :-1])
   message = str(err.value)
   assert "JittedDecoder.__call__ is wrapped in nn.jit" in message and "fix: " in message
   assert "matched no module" not in message and len(message.splitlines()) == 1
@@ -160,12 +160,12 @@ def test_block_class_under_nn_jit_fixed_policy_works_layered_names_it():
   params = model.init(jax.random.key(0), TOKENS[:, :-1])["params"]
   loss = lambda m, p: m.apply({"params": p}, TOKENS[:, :-1]).mean()  # noqa: E731
   reference = jax.grad(functools.partial(loss, Stack()))(params)
-  applied = model.set_policy("dots_saveable")
+  applied = model.with_policy("dots_saveable")
   assert _policy_kinds(jax.make_jaxpr(functools.partial(loss, applied))(params)) == ["DotsSaveable"] * 4
   for a, b in zip(jax.tree.leaves(jax.grad(functools.partial(loss, applied))(params)), jax.tree.leaves(reference)):
     np.testing.assert_allclose(a, b, atol=1e-6)
   with pytest.raises(JaxckptError, match=r"DecoderBlock is wrapped in nn\.jit \(class JitDecoderBlock.*give one spec"):
-    model.set_policy(LAYERED).apply({"params": params}, TOKENS[:, :-1])
+    model.with_policy(LAYERED).apply({"params": params}, TOKENS[:, :-1])
 
 
 class NNXBlock(nnx.Module):

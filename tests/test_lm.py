@@ -20,7 +20,7 @@ import jaxckpt
 from experiments import text
 from experiments.lm import LMConfig, main, model_config, train
 from experiments.options import configure
-from jaxckpt.models.gpt import GPT, GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
+from jaxckpt.models._gpt import GPT, GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
 from jaxckpt.schema import MEMORY_KEYS, METRICS_KEYS
 
 SMALL_CORPUS_MIB = 0.25  # the first 256 KiB of the stdlib's .py files: real text, loads and splits in milliseconds
@@ -181,7 +181,7 @@ def test_structures_keep_gradients(references, structure):
 def test_dot_product_attention_output_is_named():
   model = build_gpt(dataclasses.replace(GRAD_CONFIG, attention="dot_product_attention"))
   assert jaxckpt.block_types(model)["attn"] == {"qkv", "attn_context", "attn_out"}
-  with pytest.raises(jaxckpt.PolicySpecError, match="attn_weights"):
+  with pytest.raises(jaxckpt.errors.PolicySpecError, match="attn_weights"):
     jaxckpt.set_policy(model, "save_only_these_names:attn_weights")
 
 
@@ -224,7 +224,7 @@ def test_max_seq_length_overrides_t():
 
 def test_too_many_tokens_is_an_error():
   model = nnx.eval_shape(lambda: build_gpt(GPT_PRESETS["tiny"]))
-  with pytest.raises(jaxckpt.JaxckptError, match="exceed the model's seq_len=64"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="exceed the model's seq_len=64"):
     model(jnp.zeros((1, 65), jnp.int32))
 
 
@@ -279,7 +279,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 def test_data_errors_are_data_errors(tmp_path):
   (tmp_path / "x.bin").write_bytes(b"\x00" * 10)
-  with pytest.raises(jaxckpt.DataError, match="not a text file"):
+  with pytest.raises(jaxckpt.errors.DataError, match="not a text file"):
     text.load_corpus(str(tmp_path / "x.bin"))
 
 
@@ -311,7 +311,7 @@ def test_cli_smoke(tmp_path):
 
 
 def test_report_model_gpt(tmp_path, capsys, monkeypatch):
-  from jaxckpt.report.cli import main as report_main
+  from jaxckpt.report._cli import main as report_main
 
   monkeypatch.setenv("COLUMNS", "100")  # the table fits the terminal; CI's may be narrower
 
@@ -331,7 +331,8 @@ def test_report_model_gpt(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_report_compiles_gpt2_small_without_allocating():
-  from jaxckpt.report import build_report, shipped_target
+  from jaxckpt.report import build_report
+  from jaxckpt.step import shipped_target
 
   started = time.perf_counter()
   report = build_report(shipped_target("gpt", "gpt2-small"), ["nothing_saveable"], residuals=False, progress=False)

@@ -17,11 +17,11 @@ BATCH = 64  # The classifier's default batch size.
 def compiled_train_step(policy: str, *, scan: bool, remat_fix: bool = True, preset: str = "small"):
   config = dataclasses.replace(MODELS["vit"].presets[preset], scan=scan)
   tx = optax.adamw(1e-3)
-  graphdef, state = jaxckpt.abstract_train_state(
-      lambda: jaxckpt.build_model("vit", config, image_shape=(8, 8, 1), num_classes=10, policy=policy), tx
+  graphdef, state = jaxckpt.training.abstract_train_state(
+      lambda: jaxckpt.models.build_model("vit", config, image_shape=(8, 8, 1), num_classes=10, policy=policy), tx
   )
   batch = {"x": jax.ShapeDtypeStruct((BATCH, 8, 8, 1), np.float32), "y": jax.ShapeDtypeStruct((BATCH,), np.int32)}
-  return jaxckpt.compile_train_step(jaxckpt.make_train_step(graphdef, tx), state, batch, remat_fix=remat_fix)
+  return jaxckpt.training.compile_train_step(jaxckpt.make_train_step(graphdef, tx, jaxckpt.models.classification_loss), state, batch, remat_fix=remat_fix)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["scan", "unrolled"])
@@ -44,7 +44,7 @@ def test_default_vit_full_remat_halves_temp(temps):
 def test_unrolled_remat_needs_the_cpu_fix_and_warns_without_it(monkeypatch):
   if jax.default_backend() != "cpu":
     pytest.skip("the cse_barrier_expander problem is XLA:CPU's")
-  monkeypatch.setattr(jaxckpt.training.xla, "_WARNED", set())  # the warning is once per process
+  monkeypatch.setattr(jaxckpt.training._xla, "_WARNED", set())  # the warning is once per process
   with_fix = jaxckpt.memory_stats(compiled_train_step("nothing_saveable", scan=False))["temp_bytes"]
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -70,9 +70,9 @@ def test_no_remat_compiles_without_warning():
 
 def _accum_step(grad_accum_steps: int, tx):
   config = dataclasses.replace(MODELS["vit"].presets["tiny"], dropout_rate=0.0)
-  model = jaxckpt.build_model("vit", config, image_shape=(8, 8, 1), num_classes=10, policy="full")
+  model = jaxckpt.models.build_model("vit", config, image_shape=(8, 8, 1), num_classes=10, policy="full")
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
-  step = jaxckpt.make_train_step(graphdef, tx, grad_accum_steps=grad_accum_steps)
+  step = jaxckpt.make_train_step(graphdef, tx, jaxckpt.models.classification_loss, grad_accum_steps=grad_accum_steps)
   return step, state
 
 
@@ -96,14 +96,14 @@ def test_grad_accumulation_lowers_temp_and_checks_divisibility():
   for n in (1, 4):
     step, state = _accum_step(n, tx)
     batch = {"x": jax.ShapeDtypeStruct((BATCH, 8, 8, 1), np.float32), "y": jax.ShapeDtypeStruct((BATCH,), np.int32)}
-    temps[n] = jaxckpt.memory_stats(jaxckpt.compile_train_step(step, state, batch))["temp_bytes"]
+    temps[n] = jaxckpt.memory_stats(jaxckpt.training.compile_train_step(step, state, batch))["temp_bytes"]
   assert temps[4] < temps[1], temps
   step, state = _accum_step(3, tx)
-  with pytest.raises(jaxckpt.JaxckptError, match="not divisible by grad_accum_steps=3"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="not divisible by grad_accum_steps=3"):
     jax.eval_shape(step, state, {"x": jax.ShapeDtypeStruct((BATCH, 8, 8, 1), np.float32),
                                  "y": jax.ShapeDtypeStruct((BATCH,), np.int32)})
-  with pytest.raises(jaxckpt.JaxckptError, match="grad_accum_steps must be an int ≥ 1, got 0"):
-    jaxckpt.make_train_step(None, tx, grad_accum_steps=0)
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="grad_accum_steps must be an int ≥ 1, got 0"):
+    jaxckpt.make_train_step(None, tx, jaxckpt.models.classification_loss, grad_accum_steps=0)
 
 
 class _Stats:

@@ -1,4 +1,4 @@
-"""Segmented whole-loss plans and the ``mincut:<cap>`` policy (:mod:`jaxckpt.planner.whole`): regions cut at the
+"""Segmented whole-loss plans and the ``mincut:<cap>`` policy (:mod:`jaxckpt.planner._whole`): regions cut at the
 narrowest points, one 0-1 program over all of them, each region under its own ``jax.checkpoint``. Predictions equal
 JAX's own analysis, gradients equal no remat, compiled temp falls below the one-region plan's, bad input refused."""
 
@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.models.gpt import GPT_PRESETS, build_gpt
+from jaxckpt.models._gpt import GPT_PRESETS, build_gpt
 from jaxckpt.planner import resolve_policy
 from jaxckpt.planner import (measure_whole, mincut_policy, narrow_cuts, remat_segments, segment_loss,
                              segmented_plan, target_whole_loss, whole_graph, whole_loss, whole_plan)
-from jaxckpt.policies import LossPolicy, MinCut, parse_model_policy
+from jaxckpt.policies import LossPolicy, MinCut
+from jaxckpt import parse_model_policy
 from jaxckpt.report import build_report
 from jaxckpt.step import concrete_inputs, default_optimizer, policy_step, shipped_target
 from jaxckpt import set_policy
-from jaxckpt.remat_impl import remat_implementation
+from jaxckpt._remat_impl import remat_implementation
 
 REMAT3_TEMP = pytest.mark.xfail(
     remat_implementation() == "remat3", strict=False,
@@ -253,7 +254,7 @@ def test_a_mincut_policy_cannot_be_set_on_a_model():
 
 def test_mincut_and_min_saved_rows_can_be_measured():
   """``--measure`` passes the row's policy text to a fresh process: model-level policies are resolved there."""
-  from jaxckpt.report.measure import measure_in_process
+  from jaxckpt.report._measure import measure_in_process
   for policy in ("mincut:30%", "min_saved"):
     result = measure_in_process(shipped_target("gpt", "tiny"), policy, steps=1, warmup=1)
     assert result["step_time_s"] > 0 and (result["peak_bytes_measured"] or 0) >= 0, policy

@@ -1,6 +1,6 @@
 """Every output path flag of every CLI: an unwritable path is one line on stderr and exit 2, before any compile.
 
-The checks try to write (jaxckpt.cli.check_output_file / check_output_dir), so paths that only look writable (``/sys``
+The checks try to write (jaxckpt._cli.check_output_file / check_output_dir), so paths that only look writable (``/sys``
 and ``/proc`` as root) are refused too, and a check that passes leaves nothing behind.
 """
 
@@ -9,10 +9,10 @@ import os
 import pytest
 
 from experiments import classifier, lm
-from jaxckpt.cli import CLIParser, check_output_dir, check_output_file
+from jaxckpt._cli import CLIParser, check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.planner import cli as plan_cli
-from jaxckpt.report import cli as report_cli
+from jaxckpt.planner import _cli as plan_cli
+from jaxckpt.report import _cli as report_cli
 
 BAD_PATHS = {"sys": "/sys/x", "proc": "/proc/x", "proc-nested": "/proc/x/y.json"}
 

@@ -9,12 +9,13 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.report import ModelTarget, build_report
-from jaxckpt.report.cli import main as report_main
-from jaxckpt.report.policies import expand_policies
+from jaxckpt.step import ModelTarget
+from jaxckpt.report import build_report
+from jaxckpt.report._cli import main as report_main
+from jaxckpt.report._policies import expand_policies
 from jaxckpt.step import step_compiler_options, target_block_types
-from jaxckpt.step.targets import plain_loss_fn
-from jaxckpt.training.train import abstract_train_state, make_train_step
+from jaxckpt.step._targets import plain_loss_fn
+from jaxckpt.training._train import abstract_train_state, make_train_step
 from own_models import BATCH, SEQ, Attention, Decoder, FeedForward, decoder_loss, decoder_target
 
 TOKENS = {"tokens": jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32)}
@@ -60,7 +61,7 @@ def hand_temp(policy: str) -> int:
   tx = optax.adamw(1e-3)
   graphdef, state = abstract_train_state(make, tx)
   step = make_train_step(graphdef, tx, plain_loss_fn(decoder_loss), metrics=False)
-  with jaxckpt.training.xla.remat_fix_applied():  # the options go to .compile() below, which the trace-time check cannot see
+  with jaxckpt.training._xla.remat_fix_applied():  # the options go to .compile() below, which the trace-time check cannot see
     traced = jax.jit(step, donate_argnums=0).trace(state, TOKENS)
   compiled = traced.lower().compile(compiler_options=step_compiler_options())
   return compiled.memory_analysis().temp_size_in_bytes
@@ -145,7 +146,7 @@ def test_report_cli_on_a_target_and_list_blocks(capsys):
 
 import flax.linen as nn  # noqa: E402
 
-from jaxckpt.report import LossTarget  # noqa: E402
+from jaxckpt.step import LossTarget  # noqa: E402
 from jaxckpt.step import compile_policy  # noqa: E402
 from own_models import LinenEncoderDecoderLayer, LinenTransformerLM, linen_lm_target, linen_loss  # noqa: E402
 
@@ -201,8 +202,8 @@ def test_report_on_own_linen_lm_orders_and_equals_hand_written():
 # ---------------------------------------------------------------------------------------------------- budget plans
 
 from jaxckpt.planner import plan_policy  # noqa: E402
-from jaxckpt.planner.export import export_code  # noqa: E402
-from jaxckpt.policies import LayeredPolicy  # noqa: E402
+from jaxckpt.planner._export import export_code  # noqa: E402
+from jaxckpt import LayeredPolicy  # noqa: E402
 from own_models import ScannedDecoder  # noqa: E402
 
 

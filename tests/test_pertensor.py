@@ -9,16 +9,17 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
+from jaxckpt.models._gpt import GPT_PRESETS, build_gpt, lm_loss
 from jaxckpt.planner import min_saved_policy, resolve_policy
-from jaxckpt.planner.plan import layer_probe
-from jaxckpt.planner.tensors import (block_graph, exhaustive_block, min_saved_layer, recompute_closure,
+from jaxckpt.planner._plan import layer_probe
+from jaxckpt.planner._tensors import (block_graph, exhaustive_block, min_saved_layer, recompute_closure,
                                      record_block_graphs, solve_block, tensor_options)
-from jaxckpt.policies import MinSaved, Policy, PolicySpec, parse_model_policy
-from jaxckpt.report.residuals import analyse_residuals
-from jaxckpt.analysis.residuals import saved_residuals
+from jaxckpt.policies import MinSaved
+from jaxckpt import Policy, PolicySpec, parse_model_policy
+from jaxckpt.report._residuals import analyse_residuals
+from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.step import default_optimizer, policy_step, shipped_target
-from jaxckpt.core.tagging import parse_value_name, tag_values, value_name, walk_values
+from jaxckpt.core._tagging import parse_value_name, tag_values, value_name, walk_values
 
 D, H, B = 8, 16, 4
 
@@ -216,7 +217,7 @@ def test_per_tensor_budget_plan_fits_explains_and_exports(gpt):
 
 
 def test_exported_tagging_helper_saves_the_named_values(graph):
-  from jaxckpt.planner.export import TAGGING_CODE  # noqa: PLC0415
+  from jaxckpt.planner._export import TAGGING_CODE  # noqa: PLC0415
 
   namespace = {"jax": jax}
   exec(compile(TAGGING_CODE, "<tagging>", "exec"), namespace)

@@ -5,7 +5,7 @@ import pytest
 
 from gemma_lm import gemma_target
 from jaxckpt.planner import resolve_policy
-from jaxckpt.planner.cache import PlanCache
+from jaxckpt.planner._cache import PlanCache
 from jaxckpt.step import compile_policy
 
 FIXED = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")

@@ -14,18 +14,29 @@ from flax import nnx
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.analysis.flops import count_flops, count_live_flops
-from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_loss
-from jaxckpt.planner import (InfeasibleBudgetError, PlanCache, LayerCandidate, block_options, exhaustive, export_code,
-                             layer_candidates, pareto_totals, plan_policy, solve)
-from jaxckpt.planner import plan as plan_module
-from jaxckpt.planner.cli import main as plan_main
-from jaxckpt.planner.tensors import record_block_graphs, tensor_options
-from jaxckpt.policies import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
-from jaxckpt.report import build_report, shipped_target
-from jaxckpt.report.compile import compile_rows
+from jaxckpt.analysis._flops import count_flops, count_live_flops
+from jaxckpt.models._gpt import GPT_PRESETS, build_gpt, lm_loss
+from jaxckpt.planner import (
+    InfeasibleBudgetError,
+    PlanCache,
+    LayerCandidate,
+    block_options,
+    exhaustive,
+    export_code,
+    layer_candidates,
+    pareto_totals,
+    plan_policy,
+    solve,
+)
+from jaxckpt.planner import _plan as plan_module
+from jaxckpt.planner._cli import main as plan_main
+from jaxckpt.planner._tensors import record_block_graphs, tensor_options
+from jaxckpt import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
+from jaxckpt.report import build_report
+from jaxckpt.step import shipped_target
+from jaxckpt.report._compile import compile_rows
 from jaxckpt.step import target_block_types
-from jaxckpt.step.build import default_optimizer, policy_step
+from jaxckpt.step._build import default_optimizer, policy_step
 
 BUDGETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 

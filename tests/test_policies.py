@@ -5,11 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxckpt import PolicySpecError, parse_policy
-from jaxckpt.policies import ALIASES, CANONICAL_POLICIES, POLICY_NAMES, REGISTRY, Policy, PolicySpec
-from jaxckpt.policies.spec import refused
-from jaxckpt.analysis.policy_meaning import PROMISES, broken_policies, check_policy_meaning, saved_kinds
-from jaxckpt.remat_impl import remat_implementation
+from jaxckpt.errors import PolicySpecError
+from jaxckpt import parse_policy
+from jaxckpt.policies import ALIASES, CANONICAL_POLICIES, POLICY_NAMES, REGISTRY
+from jaxckpt import Policy, PolicySpec
+from jaxckpt.policies._spec import refused
+from jaxckpt.analysis._policy_meaning import PROMISES, broken_policies, check_policy_meaning, saved_kinds
+from jaxckpt._remat_impl import remat_implementation
 
 OFFLOAD = ("save_and_offload_only_these_names", "offload_dot_with_no_batch_dims")
 
@@ -190,7 +192,7 @@ def test_fuzz_near_miss_names(name, cut, extra):
     assert err.bad  # names the bad part
 
 
-# --- Policies mean what their names say, in the installed JAX (jaxckpt.analysis.policy_meaning) ---------------------------
+# --- Policies mean what their names say, in the installed JAX (jaxckpt.analysis._policy_meaning) ---------------------------
 
 
 def test_policy_meaning_check_covers_every_jax_policy_jaxckpt_exposes():

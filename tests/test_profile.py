@@ -1,4 +1,4 @@
-"""XProf traces: jaxckpt.training.profile (slugs, errors, trace files) and ``jaxckpt-report --profile`` (one run per policy)."""
+"""XProf traces: jaxckpt.training._profile (slugs, errors, trace files) and ``jaxckpt-report --profile`` (one run per policy)."""
 
 import json
 import os
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.training.profile import check_profile_dir, profile_slug, profile_trace, trace_files
-from jaxckpt.report.cli import main
+from jaxckpt.training._profile import check_profile_dir, profile_slug, profile_trace, trace_files
+from jaxckpt.report._cli import main
 
 
 def _step_events(path: str, name: str = "train_step") -> int:
@@ -111,7 +111,7 @@ def test_cli_profile_bad_arguments_exit_2_before_compiling(tmp_path, capsys, arg
 def _gpt_tiny_grad():
   """GPT tiny (NNX, scanned stack, policy full): its jitted gradient, state and tokens ``[2, 64]`` int32."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from jaxckpt.models.gpt import GPT_PRESETS, build_gpt  # pylint: disable=g-import-not-at-top
+  from jaxckpt.models._gpt import GPT_PRESETS, build_gpt  # pylint: disable=g-import-not-at-top
   graphdef, state = nnx.split(build_gpt(GPT_PRESETS["tiny"], policy="full"))
   tokens = (jnp.arange(2 * 64, dtype=jnp.int32) % 256).reshape(2, 64)
   grad = jax.jit(lambda s, t: jax.grad(lambda s: nnx.merge(graphdef, s)(t).astype(jnp.float32).mean())(s))
@@ -147,8 +147,8 @@ def test_blocks_are_named_in_the_hlo_and_the_profile_of_gpt_tiny(tmp_path, monke
 def test_unrolled_stacks_name_each_layer_nnx_and_linen():
   """Unrolled (``scan=False``): ``layer_{i}`` around layer i, the block type inside, on both front-ends."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from jaxckpt.linen import layers as linen_layers  # pylint: disable=g-import-not-at-top
-  from jaxckpt.nnx.layers import MLPBlock, Stack  # pylint: disable=g-import-not-at-top
+  from jaxckpt.linen import _layers as linen_layers  # pylint: disable=g-import-not-at-top
+  from jaxckpt.nnx._layers import MLPBlock, Stack  # pylint: disable=g-import-not-at-top
   x = jnp.ones((2, 4, 8))
   nnx_stack = Stack(lambda rngs: MLPBlock(8, 16, rngs=rngs), num_layers=3, scan=False, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(nnx_stack)

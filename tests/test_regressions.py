@@ -5,7 +5,7 @@ statistics, weights shared by several remat'd calls, nested remat and remat arou
 policies do not see, decoding loops, and ``memory_analysis()`` giving zeros or ``None``. The invariant throughout:
 remat changes memory and FLOPs, never numbers -- gradients, updated non-parameter state and forward outputs under
 every policy equal those without remat. Where a policy silently saves nothing it was meant to save,
-:func:`jaxckpt.core.diagnostics.policy_warnings` must say so.
+:func:`jaxckpt.core._diagnostics.policy_warnings` must say so.
 
 Shapes are tiny and seeds fixed; every comparison is against the same model under policy ``none``.
 """
@@ -23,9 +23,9 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
-from jaxckpt.core import names
-from jaxckpt.core.diagnostics import RematPolicyWarning, policy_warnings, warn_policy
-from jaxckpt.analysis.residuals import saved_residuals, total_residual_bytes
+from jaxckpt.core import _names as names
+from jaxckpt.core._diagnostics import RematPolicyWarning, policy_warnings, warn_policy
+from jaxckpt.analysis._residuals import saved_residuals, total_residual_bytes
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, MEMORY_KEYS
 
 D, F, B, T = 8, 16, 4, 6  # model width, MLP hidden width, batch, tokens
@@ -106,7 +106,7 @@ def test_dropout_block_with_explicit_key_grads_equal_no_remat(policy):
   Reports: jax-ml/jax#19577 (key reuse is expected under remat: the recomputation re-runs the random op with the same
   key), google/flax#4151 (``nnx.Dropout`` RNG streams inside JAX transforms).
   """
-  block = jaxckpt.MLPBlock(D, F, dropout_rate=0.5, rngs=nnx.Rngs(0))
+  block = jaxckpt.nnx.MLPBlock(D, F, dropout_rate=0.5, rngs=nnx.Rngs(0))
   x, key = inputs(), jax.random.key(7)
   run = lambda m, x, key: sq(m(x, dropout_key=key, deterministic=False))  # noqa: E731
   ref_loss, _, ref = reference("mlp-dropout", lambda: grads_and_state(block, run, x, key))
@@ -214,7 +214,7 @@ def test_block_deterministic_flag_under_jit_and_grad(policy, deterministic):
 
   Reports: google/flax#3630, jax-ml/jax#7426.
   """
-  block = jaxckpt.TransformerBlock(D, 2, F, dropout_rate=0.25, causal=True, rngs=nnx.Rngs(0))
+  block = jaxckpt.nnx.TransformerBlock(D, 2, F, dropout_rate=0.25, causal=True, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(block)
   x, key = inputs((B, T, D)), jax.random.key(3)
 
@@ -285,7 +285,7 @@ def test_checkpoint_static_argnames_by_keyword_under_jit(policy):
 def test_checkpoint_static_argument_passed_the_wrong_way_says_which_and_how(declared, call, says):
   """A static flag passed another way than declared raises StaticArgumentError naming it and the fix."""
   ck = jaxckpt.checkpoint(_flag_fn, "full", **declared)
-  with pytest.raises(jaxckpt.StaticArgumentError) as err:
+  with pytest.raises(jaxckpt.errors.StaticArgumentError) as err:
     call(ck, inputs())
   for part in says:
     assert part in str(err.value), (part, str(err.value))
@@ -301,7 +301,7 @@ def test_checkpoint_static_argument_passed_the_wrong_way_says_which_and_how(decl
 def test_checkpoint_bad_static_declaration_raises_at_wrap_time(declared, says):
   """Bad declarations fail when wrapping, for every policy (``none`` too, which returns ``fn`` itself)."""
   for policy in ("full", "none"):
-    with pytest.raises(jaxckpt.StaticArgumentError) as err:
+    with pytest.raises(jaxckpt.errors.StaticArgumentError) as err:
       jaxckpt.checkpoint(_flag_fn, policy, **declared)
     for part in says:
       assert part in str(err.value), (part, str(err.value))
@@ -312,7 +312,7 @@ def test_remat_function_static_argnames_and_module_refuses_them():
   x = inputs()
   ck = jaxckpt.remat(_flag_fn, "nothing_saveable", static_argnames="square")
   assert_close(jax.grad(lambda x: ck(x, square=True))(x), jax.grad(_flag_fn)(x, True))
-  with pytest.raises(jaxckpt.StaticArgumentError, match="keyword arguments of the call"):
+  with pytest.raises(jaxckpt.errors.StaticArgumentError, match="keyword arguments of the call"):
     jaxckpt.remat(nnx.Linear(D, D, rngs=nnx.Rngs(0)), "full", static_argnames="train")
 
 
@@ -386,12 +386,12 @@ def test_make_train_step_with_batchnorm_model(policy):
   results = []
   for p in ("none", policy):
     graphdef, state = jaxckpt.create_train_state(BNClassifier(p, rngs=nnx.Rngs(0)), optax.sgd(0.1), seed=0)
-    new_state, metrics = jax.jit(jaxckpt.make_train_step(graphdef, optax.sgd(0.1)))(state, batch)
+    new_state, metrics = jax.jit(jaxckpt.make_train_step(graphdef, optax.sgd(0.1), jaxckpt.models.classification_loss))(state, batch)
     results.append((metrics["loss"], new_state.params, batch_stats(new_state.other)))
   assert_close(results[1], results[0])
 
 
-class BNBlock(jaxckpt.RematBlock):
+class BNBlock(jaxckpt.nnx.RematBlock):
   """A jaxckpt block with BatchNorm: ``x + relu(BN(fc(x)))``; block type ``bn``, emits ``bn_hidden``."""
 
   block_type = "bn"
@@ -415,7 +415,7 @@ def test_batchnorm_in_stack_grads_and_batch_stats_equal_no_remat(policy, scan):
 
   Reports: google/flax#3602 (batch statistics carried through ``nn.scan``), google/flax#3946.
   """
-  make = lambda: jaxckpt.Stack(lambda r: BNBlock(rngs=r), 3, scan=scan, rngs=nnx.Rngs(0))  # noqa: E731
+  make = lambda: jaxckpt.nnx.Stack(lambda r: BNBlock(rngs=r), 3, scan=scan, rngs=nnx.Rngs(0))  # noqa: E731
   run = lambda m, x: sq(m(x, deterministic=False))  # noqa: E731
   x = inputs() * 2 + 1
   ref_loss, ref_other, ref = reference(("bn-stack", scan), lambda: grads_and_state(make(), run, x))
@@ -466,7 +466,7 @@ def test_one_remat_module_called_twice_grads_accumulate(policy):
 @pytest.mark.parametrize("policy", MLP_POLICIES[1::2])
 def test_block_applied_twice_grads_equal_no_remat(policy):
   """A jaxckpt ``MLPBlock`` applied twice with dropout (two keys): grads equal no remat."""
-  block = jaxckpt.MLPBlock(D, F, dropout_rate=0.25, rngs=nnx.Rngs(0))
+  block = jaxckpt.nnx.MLPBlock(D, F, dropout_rate=0.25, rngs=nnx.Rngs(0))
   k1, k2 = jax.random.split(jax.random.key(0))
   run = lambda m, x: sq(m(m(x, dropout_key=k1, deterministic=False), dropout_key=k2, deterministic=False))  # noqa: E731
   x = inputs()
@@ -489,7 +489,7 @@ def test_nested_remat_grads_equal_no_remat(outer, inner):
 
   Reports: jax-ml/jax#20877 (nested loops with remat), jax-ml/jax#2139 (nested checkpointing of scans).
   """
-  make = lambda: jaxckpt.MLPBlock(D, F, dropout_rate=0.25, rngs=nnx.Rngs(0))  # noqa: E731
+  make = lambda: jaxckpt.nnx.MLPBlock(D, F, dropout_rate=0.25, rngs=nnx.Rngs(0))  # noqa: E731
   x, key = inputs(), jax.random.key(5)
   run = lambda m, x: sq(m(x, dropout_key=key, deterministic=False))  # noqa: E731
   ref_loss, _, ref = reference(
@@ -527,8 +527,8 @@ def test_remat_around_scan_vs_inside_scan_grads_equal(inner, outer, scan):
 
   Reports: jax-ml/jax#1907 (remat with scan), jax-ml/jax#2030, jax-ml/jax#27748 (remat around ``lax.scan``).
   """
-  make = lambda: jaxckpt.Stack(  # noqa: E731
-      lambda r: jaxckpt.MLPBlock(D, F, dropout_rate=0.25, rngs=r), 3, scan=scan, rngs=nnx.Rngs(0))
+  make = lambda: jaxckpt.nnx.Stack(  # noqa: E731
+      lambda r: jaxckpt.nnx.MLPBlock(D, F, dropout_rate=0.25, rngs=r), 3, scan=scan, rngs=nnx.Rngs(0))
   x, key = inputs(), jax.random.key(9)
   ref_loss, _, ref = reference(("stack", scan), lambda: grads_and_state(make(), stack_loss("none"), x, key))
   model = make()
@@ -548,7 +548,7 @@ def test_remat_around_scan_only_moves_memory_to_backward():
   x, key = jax.ShapeDtypeStruct((B, D), jnp.float32), jax.random.key(0)
 
   def residual_bytes(inner, outer):
-    model = jaxckpt.Stack(lambda r: jaxckpt.MLPBlock(D, F, rngs=r), 3, rngs=nnx.Rngs(0))
+    model = jaxckpt.nnx.Stack(lambda r: jaxckpt.nnx.MLPBlock(D, F, rngs=r), 3, rngs=nnx.Rngs(0))
     jaxckpt.set_policy(model, inner)
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     run = stack_loss(outer)
@@ -646,13 +646,13 @@ def test_policy_warnings_none_for_visible_matmuls(policy):
   whose forward rule is a ``dot_general`` (JAX 0.10 applies the policy inside custom_vjp forward rules)."""
   x = inputs()
   for block in (MatmulBlock(jnp.matmul, rngs=nnx.Rngs(0)), MatmulBlock(dot_matmul, rngs=nnx.Rngs(0)),
-                jaxckpt.MLPBlock(D, F, rngs=nnx.Rngs(0))):
+                jaxckpt.nnx.MLPBlock(D, F, rngs=nnx.Rngs(0))):
     assert policy_warnings(block, x, policy=policy) == [], type(block).__name__
 
 
 def test_policy_warnings_other_silent_policies():
   """Names never emitted (typo), batch-only dots, ``everything_saveable``; nothing for ``none``/``nothing_saveable``."""
-  block = jaxckpt.MLPBlock(D, F, rngs=nnx.Rngs(0))
+  block = jaxckpt.nnx.MLPBlock(D, F, rngs=nnx.Rngs(0))
   x = inputs()
   (typo,) = policy_warnings(block, x, policy="save_only_these_names:mlp_hiden")
   assert "'mlp_hiden'" in typo and "never emits" in typo and names.MLP_HIDDEN in typo
@@ -714,7 +714,7 @@ def test_policy_warnings_count_names_emitted_inside_custom_derivative_rules(cust
   The issue: ``save_only_these_names:act_cos`` saved the custom_vjp residual (listed by the saved-residual analysis,
   gradients equal) while ``policy_warnings`` claimed the function "never emits" act_cos and "saves nothing for it".
   """
-  from jaxckpt.analysis.jaxprs import emitted_checkpoint_names, iter_eqns
+  from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, iter_eqns
 
   def fn(w, x):
     return jnp.sum(custom(x @ w) ** 2)
@@ -737,7 +737,7 @@ def test_policy_warnings_count_names_emitted_inside_custom_derivative_rules(cust
 
 def test_emitted_names_found_by_vjp_trace_when_rule_thunks_cannot_be_expanded(monkeypatch):
   """If JAX's internal rule thunks change, the public ``jax.vjp`` trace still finds names inside rules."""
-  from jaxckpt.analysis import jaxprs
+  from jaxckpt.analysis import _jaxprs as jaxprs
 
   monkeypatch.setattr(jaxprs, "rule_jaxprs", lambda eqn: [])
   fn = lambda x: jnp.sum(sin_tagged_residual(x))  # noqa: E731
@@ -754,7 +754,7 @@ class TinyLM(nnx.Module):
 
   def __init__(self, vocab: int = 11, *, policy="none", rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab, D, rngs=rngs)
-    self.block = jaxckpt.TransformerBlock(D, 2, F, causal=True, policy=policy, rngs=rngs)
+    self.block = jaxckpt.nnx.TransformerBlock(D, 2, F, causal=True, policy=policy, rngs=rngs)
 
   def __call__(self, tokens):
     return self.embed.attend(self.block(self.embed(tokens)))
@@ -798,8 +798,8 @@ def test_greedy_decode_through_remat_layers_equals_no_remat(loop):
 def test_block_closed_over_in_loop_body():
   """A jaxckpt block called directly in a ``fori_loop``/``while_loop`` body (closed over, not split): same output."""
   x = inputs()
-  ref_block = jaxckpt.MLPBlock(D, F, rngs=nnx.Rngs(0))
-  block = jaxckpt.MLPBlock(D, F, policy="nothing_saveable", rngs=nnx.Rngs(0))
+  ref_block = jaxckpt.nnx.MLPBlock(D, F, rngs=nnx.Rngs(0))
+  block = jaxckpt.nnx.MLPBlock(D, F, policy="nothing_saveable", rngs=nnx.Rngs(0))
   out = {}
   for b in (ref_block, block):
     out[b, "fori"] = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, h: b(h), x))(x)
@@ -815,7 +815,7 @@ def test_grad_through_fori_loop_of_remat_block_equals_no_remat(policy):
 
   Reports: google/flax#4819, jax-ml/jax#2030 (remat inside scan).
   """
-  block = jaxckpt.MLPBlock(D, F, dropout_rate=0.25, rngs=nnx.Rngs(0))
+  block = jaxckpt.nnx.MLPBlock(D, F, dropout_rate=0.25, rngs=nnx.Rngs(0))
   keys = jax.random.split(jax.random.key(1), 3)
   run = lambda m, x: sq(jax.lax.fori_loop(  # noqa: E731
       0, 3, lambda i, h: m(h, dropout_key=keys[i], deterministic=False), x))

@@ -14,9 +14,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
 from jaxckpt.errors import JaxckptError, PolicySpecError
-from jaxckpt.analysis.jaxprs import count_remat_regions, emitted_checkpoint_names, outermost_remats, remat_body, uses_remat
-from jaxckpt.remat_impl import check_env, remat_implementation
-from jaxckpt.analysis.residuals import recomputed_residuals, saved_residuals
+from jaxckpt.analysis._jaxprs import count_remat_regions, emitted_checkpoint_names, outermost_remats, remat_body, uses_remat
+from jaxckpt._remat_impl import check_env, remat_implementation
+from jaxckpt.analysis._residuals import recomputed_residuals, saved_residuals
 
 IMPL = remat_implementation()
 

@@ -12,11 +12,11 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
-from jaxckpt.report import (REPORT_KEYS, ROW_KEYS, LossTarget, ModelTarget, all_policies, build_report,
-                            shipped_target, write_outputs)
-from jaxckpt.report.cli import main
-from jaxckpt.report.compile import compile_rows
-from jaxckpt.step.build import default_optimizer, target_block_types
+from jaxckpt.report import REPORT_KEYS, ROW_KEYS, all_policies, build_report, write_outputs
+from jaxckpt.step import LossTarget, ModelTarget, shipped_target
+from jaxckpt.report._cli import main
+from jaxckpt.report._compile import compile_rows
+from jaxckpt.step._build import default_optimizer, target_block_types
 from jaxckpt.schema import MEMORY_KEYS, SCHEMA_VERSION
 
 BATCH = 8
@@ -70,7 +70,7 @@ def test_all_rows_present_and_valid(vit_all):
   target = shipped_target("vit", "tiny", batch_size=BATCH)
   expected = [str(s) for s in all_policies(target_block_types(target), backend="cpu")]
   assert [r["policy"] for r in vit_all.rows] == expected
-  assert len(expected) == 1 + 4 + len(jaxckpt.core.names.ALL_NAMES) - 2  # none, 4 zero-arg policies, attn+mlp names
+  assert len(expected) == 1 + 4 + len(jaxckpt.core._names.ALL_NAMES) - 2  # none, 4 zero-arg policies, attn+mlp names
   assert "offload_dot_with_no_batch_dims" not in expected  # offloading saves nothing on CPU
   assert all(r["status"] == "ok" for r in vit_all.rows)
   check_report_schema(vit_all.data)
@@ -95,7 +95,7 @@ def test_policy_saving_nothing_is_warned(vit_all):
 
 
 def test_residual_names_survive_scan(vit_all):
-  config = jaxckpt.MODELS["vit"].presets["tiny"]
+  config = jaxckpt.models.MODELS["vit"].presets["tiny"]
   assert config.scan
   groups = {g["key"]: g for g in vit_all.row("save_only_these_names:qkv")["residuals"]["groups"] if g["by"] == "name"}
   tokens, dim = (8 // config.patch_size) ** 2, config.dim
@@ -175,7 +175,7 @@ def model_target():
 
   class Net(nnx.Module):
     def __init__(self, *, rngs):
-      self.layers = jaxckpt.Stack(lambda r: jaxckpt.MLPBlock(32, 64, rngs=r), 3, scan=True, rngs=rngs)
+      self.layers = jaxckpt.nnx.Stack(lambda r: jaxckpt.nnx.MLPBlock(32, 64, rngs=r), 3, scan=True, rngs=rngs)
       self.head = nnx.Linear(32, 4, rngs=rngs)
 
     def __call__(self, x, *, dropout_key=None, deterministic=True):
@@ -303,7 +303,7 @@ def test_policy_killed_while_measuring_is_an_error_row(tmp_path, monkeypatch):
   policy is measured and every file is still written."""
   import subprocess
 
-  from jaxckpt.report import measure
+  from jaxckpt.report import _measure as measure
 
   real_run = subprocess.run
 
@@ -338,7 +338,7 @@ def test_structure_and_grad_accumulation_targets():
   assert temp(accumulated, "none") < temp(plain, "none") and temp(plain, "nothing_saveable") < temp(plain, "none")
   assert accumulated.data["grad_accum_steps"] == 4 and plain.data["grad_accum_steps"] == 1
   assert nested.data["structure"] == "scan, nested:2" and nested.row("nothing_saveable")["status"] == "ok"
-  with pytest.raises(jaxckpt.JaxckptError, match="must be ≥ 1 and divide the batch size 64"):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="must be ≥ 1 and divide the batch size 64"):
     shipped_target("mlp", "small", batch_size=64, grad_accum_steps=3)
 
 
@@ -349,7 +349,7 @@ def test_cli_unwritable_output_is_refused_before_compiling(tmp_path, capsys):
 
 def test_a_target_function_that_takes_arguments_is_one_line(capsys):
   """``--target json:dumps`` (a function that needs an argument) was a TypeError traceback."""
-  from jaxckpt.report.cli import main  # noqa: PLC0415
+  from jaxckpt.report._cli import main  # noqa: PLC0415
 
   assert main(["--target", "json:dumps", "--policies", "none", "--no-progress"]) == 2
   err = capsys.readouterr().err.strip()
@@ -357,7 +357,7 @@ def test_a_target_function_that_takes_arguments_is_one_line(capsys):
 
 
 def test_plot_error_names_the_plot_flag(capsys):
-  from jaxckpt.report.cli import main  # noqa: PLC0415
+  from jaxckpt.report._cli import main  # noqa: PLC0415
 
   assert main(["--model", "mlp", "--preset", "tiny", "--policies", "none", "--plot", "x.txt", "--no-progress"]) == 2
   err = capsys.readouterr().err.strip()

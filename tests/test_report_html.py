@@ -10,9 +10,10 @@ import subprocess
 import pytest
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.report import build_report, shipped_target, to_html, write_outputs
-from jaxckpt.report.html import SPREAD_WITHIN, chart_figures, short_source, spread_points
-from jaxckpt.report.plot import PLOT_SUFFIXES, label_groups, pareto_figure, plot_format, plot_pareto
+from jaxckpt.report import build_report, to_html, write_outputs
+from jaxckpt.step import shipped_target
+from jaxckpt.report._html import SPREAD_WITHIN, chart_figures, short_source, spread_points
+from jaxckpt.report._plot import PLOT_SUFFIXES, label_groups, pareto_figure, plot_format, plot_pareto
 
 POLICIES = ["none", "full", "dots_saveable", "budget:90%", "save_only_these_names:mlp_out"]
 
@@ -153,7 +154,7 @@ def test_static_plot_numbers_points_and_keys_them(report, tmp_path):
 
 
 def test_cli_bad_plot_suffix_exits_2_before_compiling(tmp_path, capsys):
-  from jaxckpt.report.cli import main
+  from jaxckpt.report._cli import main
 
   assert main(["--model", "mlp", "--policies", "none", "--plot", str(tmp_path / "out.gif"),
                "--json", str(tmp_path / "r.json")]) == 2
@@ -163,7 +164,7 @@ def test_cli_bad_plot_suffix_exits_2_before_compiling(tmp_path, capsys):
 
 
 def test_cli_writes_html_with_plotly_and_json(tmp_path, capsys):
-  from jaxckpt.report.cli import main
+  from jaxckpt.report._cli import main
 
   out = tmp_path / "r.html"
   assert main(["--model", "mlp", "--preset", "tiny", "--batch-size", "8", "--policies", "none", "full",

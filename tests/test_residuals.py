@@ -1,4 +1,4 @@
-"""Tests for jaxckpt.analysis.residuals: what each remat policy saves, parsed from JAX's saved_residuals."""
+"""Tests for jaxckpt.analysis._residuals: what each remat policy saves, parsed from JAX's saved_residuals."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
-from jaxckpt.analysis import residuals as residuals_lib
-from jaxckpt.analysis.residuals import (
+from jaxckpt.analysis import _residuals as residuals_lib
+from jaxckpt.analysis._residuals import (
     GROUP_BY,
     KINDS,
     Residual,
@@ -259,7 +259,7 @@ NAME_SIZES = {"qkv": B * 3 * D, "mlp_hidden": B * H}  # elements per block of ea
 def test_recomputed_residuals_apply_the_inner_policies(saved):
   """The forward keeps only the group input whatever the block policy; the recomputed group keeps, per block, what
   the block policy names, plus the inputs of blocks 2..L (each block remat saves its input)."""
-  from jaxckpt.analysis.jaxprs import outermost_remats
+  from jaxckpt.analysis._jaxprs import outermost_remats
 
   fn = _group_of_blocks(jax.checkpoint_policies.save_only_these_names(*saved))
   assert non_arguments(saved_residuals(fn, *ARGS)) == []
@@ -278,8 +278,8 @@ def test_recomputed_residuals_rejects_other_equations():
 
 
 def _report_residuals(structure, policy, scan=False):
-  from jaxckpt.policies import parse_policy
-  from jaxckpt.report.residuals import analyse_residuals
+  from jaxckpt import parse_policy
+  from jaxckpt.report._residuals import analyse_residuals
   from jaxckpt.step import default_optimizer, policy_step
   from jaxckpt.step import shipped_target
 
@@ -343,9 +343,9 @@ def test_shared_block_traces_give_the_same_residuals_from_one_block_trace(policy
   (and parameter-only bytes) from one Python trace per block type instead of one per layer."""
   from flax import nnx
 
-  from jaxckpt.analysis.activations import parameter_only_bytes
-  from jaxckpt.models.gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
-  from jaxckpt.nnx.layers import AttentionBlock, MLPBlock, shared_block_traces
+  from jaxckpt.analysis._activations import parameter_only_bytes
+  from jaxckpt.models._gpt import GPT_PRESETS, build_gpt, lm_batch_struct, lm_loss
+  from jaxckpt.nnx._layers import AttentionBlock, MLPBlock, shared_block_traces
 
   config = GPT_PRESETS["tiny"]
   model = nnx.eval_shape(lambda: build_gpt(dataclasses.replace(config, num_layers=3, scan=False), policy=policy))

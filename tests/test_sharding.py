@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxckpt
-from jaxckpt.training import sharding
+from jaxckpt.training import _sharding as sharding
 from jaxckpt.errors import MeshSpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +57,7 @@ def test_bad_mesh_is_one_line_naming_the_value(spec, words):
   with pytest.raises(MeshSpecError) as info:
     sharding.parse_mesh(spec, device_count=8)
   message = str(info.value)
-  assert "\n" not in message and isinstance(info.value, jaxckpt.JaxckptError)
+  assert "\n" not in message and isinstance(info.value, jaxckpt.errors.JaxckptError)
   for word in words:
     assert word in message, message
 
@@ -87,7 +87,7 @@ def test_state_specs_follow_the_rule_for_params_and_adam_moments():
   from jaxckpt.models import MODELS, build_model
 
   make = lambda: build_model("vit", MODELS["vit"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)  # noqa: E731
-  _, state = jaxckpt.abstract_train_state(make, optax.adamw(1e-3))
+  _, state = jaxckpt.training.abstract_train_state(make, optax.adamw(1e-3))
   model = nnx.eval_shape(make)
   # the Stack is found by what it declares (stacked_layers = "layers"), not by sharding importing its class
   assert sharding.stacked_layer_paths(model) == frozenset({("layers", "layers")})
@@ -112,7 +112,7 @@ def test_initialize_distributed_rejects_bad_settings():
 
 
 def test_report_cli_mesh_errors_exit_2(capsys):
-  from jaxckpt.report.cli import main
+  from jaxckpt.report._cli import main
 
   assert main(["--model", "mlp", "--mesh", "dta=1", "--policies", "none", "--no-progress"]) == 2
   err = capsys.readouterr().err
@@ -256,11 +256,11 @@ def test_multitask_loss_is_main_plus_weighted_aux():
   from jaxckpt.models import MODELS, build_model
 
   backbone = build_model("mlp", MODELS["mlp"].presets["tiny"], image_shape=(8, 8, 1), num_classes=10)
-  model = jaxckpt.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
+  model = jaxckpt.models.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
   x = jax.random.normal(jax.random.key(0), (6, 8, 8, 1))
   y = jnp.array([0, 1, 2, 3, 4, 9])
   batch = {"x": x, "y": y, "mask": jnp.array([True] * 5 + [False])}
-  loss, metrics = jaxckpt.multitask_loss("parity", 0.25)(model, batch, dropout_key=None, deterministic=True)
+  loss, metrics = jaxckpt.models.multitask_loss("parity", 0.25)(model, batch, dropout_key=None, deterministic=True)
   main, aux = model.both(x)
   ce = lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(logits[:5], labels[:5]).mean()  # noqa
   np.testing.assert_allclose(metrics["main_loss"], ce(main, y), rtol=1e-6)
@@ -268,8 +268,8 @@ def test_multitask_loss_is_main_plus_weighted_aux():
   np.testing.assert_allclose(loss, ce(main, y) + 0.25 * ce(aux, y % 2), rtol=1e-6)
   np.testing.assert_array_equal(model(x), main)  # model(x) is the main head
   assert metrics["count"] == 5
-  with pytest.raises(jaxckpt.JaxckptError, match="valid: parity"):
-    jaxckpt.multitask_loss("colour")
+  with pytest.raises(jaxckpt.errors.JaxckptError, match="valid: parity"):
+    jaxckpt.models.multitask_loss("colour")
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -12,7 +12,7 @@ from flax import nnx
 import jaxckpt
 from jaxckpt.errors import JaxckptError
 from jaxckpt.planner import resolve_policy
-from jaxckpt.policies import Budget, LayeredPolicy, parse_model_policy, parse_policy
+from jaxckpt import Budget, LayeredPolicy, parse_model_policy, parse_policy
 from jaxckpt.report import build_report
 from jaxckpt.step import (
     LossTarget,
@@ -152,7 +152,7 @@ def test_step_compiler_options():
   options = step_compiler_options({"xla_backend_optimization_level": 2}, stats_only=True)
   assert options["xla_backend_optimization_level"] == 2  # the caller wins
   if jax.default_backend() == "cpu":
-    assert options["xla_disable_hlo_passes"] == jaxckpt.CPU_REMAT_FIX["xla_disable_hlo_passes"]
+    assert options["xla_disable_hlo_passes"] == jaxckpt.training.CPU_REMAT_FIX["xla_disable_hlo_passes"]
   assert "xla_backend_optimization_level" not in step_compiler_options(stats_only=False)
 
 
@@ -167,7 +167,7 @@ def test_xla_dump_compiles_bypass_the_persistent_cache(mlp_target, tmp_path):
   # The suite runs with JAX's persistent compilation cache (tests/conftest.py); its key ignores dump options, so a
   # dump compile that hit the cache would write nothing. The first compile fills the cache; the dump one must not
   # be served from it.
-  from jaxckpt.report import xla_dump
+  from jaxckpt.report import _xla_dump as xla_dump
 
   assert jax.config.jax_compilation_cache_dir, "tests/conftest.py sets a compilation cache for the run"
   lowered = lower_policy(mlp_target, parse_policy("full"))

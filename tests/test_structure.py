@@ -11,9 +11,9 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.nnx.layers import MLPBlock, Stack
+from jaxckpt.nnx._layers import MLPBlock, Stack
 from jaxckpt.models import MODELS
-from jaxckpt.core.structure import Structure, parse_structure
+from jaxckpt.core._structure import Structure, parse_structure
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -30,7 +30,7 @@ def test_parse(text, expected):
     ("nested:1", "D ≥ 2"), ("block:2", "takes no argument"), ("", "unknown structure"),
 ])
 def test_parse_errors(text, fragment):
-  with pytest.raises(jaxckpt.JaxckptError, match=fragment):
+  with pytest.raises(jaxckpt.errors.JaxckptError, match=fragment):
     parse_structure(text)
 
 
@@ -80,10 +80,10 @@ def test_vit_with_structure_trains_like_without():
           "y": np.arange(4, dtype=np.int32)}
   grads = {}
   for structure in ("block", "nested"):
-    model = jaxckpt.build_model("vit", dataclasses.replace(config, structure=structure), image_shape=(8, 8, 1),
+    model = jaxckpt.models.build_model("vit", dataclasses.replace(config, structure=structure), image_shape=(8, 8, 1),
                                 num_classes=10, policy="attn=dots_saveable,mlp=full")
     graphdef, params = nnx.split(model)
-    loss = lambda p: jaxckpt.classification_loss(  # noqa: E731
+    loss = lambda p: jaxckpt.models.classification_loss(  # noqa: E731
         nnx.merge(graphdef, p), data, dropout_key=jax.random.key(0), deterministic=False)[0]
     grads[structure] = jaxckpt.jit(jax.grad(loss))(params)
   chex.assert_trees_all_close(grads["block"], grads["nested"], rtol=1e-5, atol=1e-6)
@@ -94,10 +94,10 @@ def train_step_temp(num_layers: int, structure: str, policy: str = "none") -> in
   config = dataclasses.replace(MODELS["mlp"].presets["small"], num_layers=num_layers, dim=128, hidden_dim=512,
                                structure=structure)
   tx = optax.adamw(1e-3)
-  graphdef, state = jaxckpt.abstract_train_state(
-      lambda: jaxckpt.build_model("mlp", config, image_shape=(8, 8, 1), num_classes=10, policy=policy), tx)
+  graphdef, state = jaxckpt.training.abstract_train_state(
+      lambda: jaxckpt.models.build_model("mlp", config, image_shape=(8, 8, 1), num_classes=10, policy=policy), tx)
   batch = {"x": jax.ShapeDtypeStruct((8192, 8, 8, 1), np.float32), "y": jax.ShapeDtypeStruct((8192,), np.int32)}
-  compiled = jaxckpt.compile_train_step(jaxckpt.make_train_step(graphdef, tx), state, batch)
+  compiled = jaxckpt.training.compile_train_step(jaxckpt.make_train_step(graphdef, tx), state, batch)
   return jaxckpt.memory_stats(compiled)["temp_bytes"]
 
 

@@ -1,4 +1,4 @@
-"""Terminal tables (jaxckpt.analysis.tables on rich): the report and plan tables fit the width, long policies become labels,
+"""Terminal tables (jaxckpt.analysis._tables on rich): the report and plan tables fit the width, long policies become labels,
 an error row's message is printed once, --wide keeps one line per row, CSV holds JSON text, --help lists every
 policy form. A hand-made report keeps these cheap; one slow test runs the CLI on the tiny GPT."""
 
@@ -9,10 +9,10 @@ import json
 import pytest
 
 from jaxckpt.policies import AUTO, BUDGET, MIN_SAVED, MINCUT
-from jaxckpt.report.build import Report
-from jaxckpt.report.keys import STATUS_ERROR, empty_row
-from jaxckpt.report.outputs import to_csv, to_markdown, to_table
-from jaxckpt.analysis.tables import render_table, short_labels, wrap_lines
+from jaxckpt.report._build import Report
+from jaxckpt.report._keys import STATUS_ERROR, empty_row
+from jaxckpt.report._outputs import to_csv, to_markdown, to_table
+from jaxckpt.analysis._tables import render_table, short_labels, wrap_lines
 
 MiB = 2**20
 PLAN = ("attn=save_tensors:" + "+".join(f"t{i}_squeeze" for i in range(12)) + ",mlp=save_tensors:"
@@ -85,7 +85,7 @@ def test_wrap_and_labels():
   assert labels == {"short": "short", "x" * 40: "xxxx… [1]"} and legend == ["[1] " + "x" * 40]
 
 
-@pytest.mark.parametrize("module", ["jaxckpt.report.cli", "experiments.classifier", "experiments.lm"])
+@pytest.mark.parametrize("module", ["jaxckpt.report._cli", "experiments.classifier", "experiments.lm"])
 def test_help_lists_every_policy_form(module, capsys):
   import importlib  # noqa: PLC0415
 
@@ -99,7 +99,7 @@ def test_help_lists_every_policy_form(module, capsys):
 
 @pytest.mark.slow  # compiles 13 policies of the tiny GPT and plans two budgets (~2 min on 2 cores)
 def test_cli_report_fits_100_columns(monkeypatch, capsys):
-  from jaxckpt.report.cli import main  # noqa: PLC0415
+  from jaxckpt.report._cli import main  # noqa: PLC0415
 
   monkeypatch.setenv("COLUMNS", "100")
   assert main(["--model", "gpt", "--preset", "tiny", "--policies", "all", "budget:30%", "budget:50%",
@@ -110,8 +110,8 @@ def test_cli_report_fits_100_columns(monkeypatch, capsys):
 
 
 def test_value_without_a_source_line_says_so():
-  from jaxckpt.planner.tensors import BlockGraph  # noqa: PLC0415
-  from jaxckpt.core.tagging import ValueInfo  # noqa: PLC0415
+  from jaxckpt.planner._tensors import BlockGraph  # noqa: PLC0415
+  from jaxckpt.core._tagging import ValueInfo  # noqa: PLC0415
 
   values = tuple(ValueInfo(index=i, op=i, primitive="add", shape=(2, 3), dtype="float32", bytes=24, inputs=(),
                            source=src, taggable=True, eqn=None) for i, src in enumerate(["m.py:3 (f)", ""]))
@@ -121,7 +121,7 @@ def test_value_without_a_source_line_says_so():
 
 
 def test_saves_no_memory_warning_in_mib():
-  from jaxckpt.report.build import saving_warnings  # noqa: PLC0415
+  from jaxckpt.report._build import saving_warnings  # noqa: PLC0415
 
   rows = [{**empty_row("none"), "temp_bytes": 14 * MiB}, {**empty_row("everything_saveable"), "temp_bytes": 17 * MiB}]
   assert saving_warnings(rows) == ["policy 'everything_saveable' saves no memory: temp 17.00 MiB ≥ none's 14.00 MiB"]

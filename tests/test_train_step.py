@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.training import xla
+from jaxckpt.training import _xla as xla
 
 DIM, LAYERS, BATCH = 16, 3, 8
 

@@ -1,4 +1,4 @@
-"""Whole-loss per-tensor plans (:mod:`jaxckpt.planner.whole`): the program against exhaustive search on a tiny loss,
+"""Whole-loss per-tensor plans (:mod:`jaxckpt.planner._whole`): the program against exhaustive search on a tiny loss,
 the remat'd loss saving exactly the chosen set, gradients equal to no remat, caps honoured, bad caps refused."""
 
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.planner.tensors import PARAMETER_ONLY_WEIGHT, exhaustive_block, recompute_closure
-from jaxckpt.planner.whole import (measure_whole, remat_whole_loss, target_whole_loss, whole_graph, whole_loss,
+from jaxckpt.planner._tensors import PARAMETER_ONLY_WEIGHT, exhaustive_block, recompute_closure
+from jaxckpt.planner._whole import (measure_whole, remat_whole_loss, target_whole_loss, whole_graph, whole_loss,
                                    whole_plan)
 from jaxckpt.step import concrete_inputs, default_optimizer, shipped_target
 

@@ -1,21 +1,29 @@
-"""Reading traced and compiled steps: jaxpr walks (:mod:`~jaxckpt.analysis.jaxprs`), FLOPs
-(:mod:`~jaxckpt.analysis.flops`), saved residuals (:mod:`~jaxckpt.analysis.residuals`,
-:mod:`~jaxckpt.analysis.activations`) and text renderings (:mod:`~jaxckpt.analysis.render`).
+"""Reading traced and compiled steps: FLOPs from the jaxpr (:func:`count_flops`, :func:`jaxpr_flops`,
+:func:`count_live_flops`), the saved residuals of a policy (:func:`saved_residuals`, grouped by checkpoint name,
+primitive or source line), remat regions in every form the installed JAX has (:data:`REMAT_FORMS`).
 
 The floor below the policies: nothing here imports :mod:`jaxckpt.policies`, :mod:`jaxckpt.core` or anything above,
-so the policy parser can check what a policy saves.
+so the policy parser can check what a policy saves. Implementation modules are private (``_flops``, ``_residuals``,
+``_jaxprs``, ...).
 """
 
 from __future__ import annotations
 
-from jaxckpt.analysis import activations, flops, internals, jaxprs, render, residuals, tables
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
+from jaxckpt.analysis._jaxprs import REMAT_FORMS
+from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 
 __all__ = [
-    "activations",
-    "flops",
-    "internals",
-    "jaxprs",
-    "render",
-    "residuals",
-    "tables",
+    "FlopCount",
+    "count_flops",
+    "count_live_flops",
+    "jaxpr_flops",
+    "REMAT_FORMS",
+    "Residual",
+    "ResidualGroup",
+    "saved_residuals",
+    "group_residuals",
 ]
+
+__getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.analysis.<module>) as attributes, with a warning

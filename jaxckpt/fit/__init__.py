@@ -1,12 +1,12 @@
 """Will it fit? The largest micro-batch per remat policy on a device, and the fastest (policy, micro-batch,
 gradient accumulation) for a global batch, from a handful of compiles, verified.
 
-- :func:`max_batch_size` (:mod:`jaxckpt.fit.search`): affine footprint model from two compiles, prediction, then
+- :func:`max_batch_size` (:mod:`jaxckpt.fit._search`): affine footprint model from two compiles, prediction, then
   one compile at the predicted batch and one at its successor (:class:`BatchFit`).
-- :func:`plan_fit` (:mod:`jaxckpt.fit.plan`): every policy, and for a global batch the configuration with the least
-  estimated step time (:mod:`jaxckpt.fit.speed`: roofline + overhead per micro-step), verified by compiling it with
+- :func:`plan_fit` (:mod:`jaxckpt.fit._plan`): every policy, and for a global batch the configuration with the least
+  estimated step time (:mod:`jaxckpt.fit._speed`: roofline + overhead per micro-step), verified by compiling it with
   its accumulation; optionally measured.
-- ``jaxckpt-fit`` / ``python -m jaxckpt.fit`` (:mod:`jaxckpt.fit.cli`).
+- ``jaxckpt-fit`` / ``python -m jaxckpt.fit`` (:mod:`jaxckpt.fit._cli`).
 
 Example::
 
@@ -16,15 +16,18 @@ Example::
     >>> fit.max_batch_size, fit.footprint_bytes, fit.compiles
 """
 
-from jaxckpt.fit.model import AffineModel, fit_affine
-from jaxckpt.fit.plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
-from jaxckpt.fit.search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.fit._model import AffineModel, fit_affine
+from jaxckpt.fit._plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
+from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
                                 compile_point, fit_policies, max_batch_size, max_seq_len, resolve_memory,
                                 with_batch, with_seq_len)
-from jaxckpt.fit.speed import ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates, measure_cpu
+from jaxckpt.fit._speed import ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates, measure_cpu
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
            "compile_point", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu"]
+
+__getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.fit.<module>) as attributes, with a warning

@@ -1,7 +1,7 @@
-"""``python -m jaxckpt.fit``: see :mod:`jaxckpt.fit.cli`."""
+"""``python -m jaxckpt.fit``: see :mod:`jaxckpt.fit._cli`."""
 
 import sys
 
-from jaxckpt.fit.cli import main
+from jaxckpt.fit._cli import main
 
 sys.exit(main())

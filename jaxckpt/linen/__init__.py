@@ -1,44 +1,51 @@
 """The Flax Linen front-end: the same blocks, math, parameter trees and policy strings as :mod:`jaxckpt.nnx`
-(:mod:`~jaxckpt.linen.layers`), and remat for your own Linen model, unedited (:mod:`~jaxckpt.linen.apply`).
+(:mod:`~jaxckpt.linen._layers`), and remat for your own Linen model, unedited (:mod:`~jaxckpt.linen._apply`).
+
+The verbs, as for NNX: :func:`apply_remat` (your model -> a :class:`RematModule`), :func:`with_policy` (a copy under
+another policy: Linen modules are immutable, so there is no in-place ``set_policy``), :func:`block_types`. The
+top-level ``jaxckpt.apply_remat`` / ``with_policy`` / ``block_types`` pick this front-end for a Linen module
+(:mod:`jaxckpt.core._frontends`).
 
 Its twin for Flax NNX is :mod:`jaxckpt.nnx`, file for file.
 """
 
 from __future__ import annotations
 
-from jaxckpt.linen import apply, layers
-from jaxckpt.linen.layers import (
-    apply_remat,
-    RematBlock,
+import flax.linen as _nn
+
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.core._frontends import FrontEnd as _FrontEnd, register_front_end as _register
+from jaxckpt.linen._apply import RematModule
+from jaxckpt.linen._layers import (
     AttentionBlock,
-    MLPBlock,
     ConvBlock,
-    TransformerBlock,
+    MLPBlock,
+    RematBlock,
     Stack,
+    TransformerBlock,
+    apply_remat,
     block_types,
-    with_policy,
     linen_params_from_nnx,
     nnx_update_from_linen,
-)
-from jaxckpt.linen.apply import (
-    RematModule,
-    traced_block_types,
+    with_policy,
 )
 
+_register(_FrontEnd("linen", lambda model: isinstance(model, (_nn.Module, RematModule)), apply_remat, with_policy,
+                    block_types))
+
 __all__ = [
-    "apply",
-    "layers",
-    "apply_remat",
-    "RematBlock",
     "AttentionBlock",
     "MLPBlock",
     "ConvBlock",
     "TransformerBlock",
     "Stack",
-    "block_types",
+    "RematBlock",
+    "RematModule",
+    "apply_remat",
     "with_policy",
+    "block_types",
     "linen_params_from_nnx",
     "nnx_update_from_linen",
-    "RematModule",
-    "traced_block_types",
 ]
+
+__getattr__ = _forward_names(__name__, {"traced_block_types": ("jaxckpt.linen._apply", "traced_block_types")})

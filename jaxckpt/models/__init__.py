@@ -1,13 +1,15 @@
-"""The shipped models: image classifiers (:mod:`~jaxckpt.models.classifiers`) and the registry of every model
-(:mod:`~jaxckpt.models.registry`), the GPT decoder
-(:mod:`~jaxckpt.models.gpt`), multi-task heads (:mod:`~jaxckpt.models.multitask`) and config checks
-(:mod:`~jaxckpt.models.configs`).
+"""The shipped models: image classifiers (:mod:`~jaxckpt.models._classifiers`) and the registry of every model
+(:mod:`~jaxckpt.models._registry`), the GPT decoder
+(:mod:`~jaxckpt.models._gpt`), multi-task heads (:mod:`~jaxckpt.models._multitask`) and config checks
+(:mod:`~jaxckpt.models._configs`).
 """
 
 from __future__ import annotations
 
-from jaxckpt.models import classifiers, configs, gpt, multitask, registry
-from jaxckpt.models.registry import (
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.models._classifiers import classification_loss
+
+from jaxckpt.models._registry import (
     ViTConfig,
     MLPConfig,
     CNNConfig,
@@ -27,7 +29,7 @@ from jaxckpt.models.registry import (
     NUM_CLASSES,
     DEFAULT_BATCH_SIZE,
 )
-from jaxckpt.models.gpt import (
+from jaxckpt.models._gpt import (
     GPTConfig,
     GPT_PRESETS,
     GPT,
@@ -36,25 +38,21 @@ from jaxckpt.models.gpt import (
     lm_loss,
     lm_batch_struct,
 )
-from jaxckpt.models.multitask import (
+from jaxckpt.models._multitask import (
     AuxTask,
     AUX_TASKS,
     aux_task,
     MultiTaskClassifier,
     multitask_loss,
 )
-from jaxckpt.models.configs import (
+from jaxckpt.models._configs import (
     compute_dtype,
     check_config,
     override,
 )
 
 __all__ = [
-    "classifiers",
-    "configs",
-    "gpt",
-    "multitask",
-    "registry",
+    "classification_loss",
     "ViTConfig",
     "MLPConfig",
     "CNNConfig",
@@ -89,3 +87,5 @@ __all__ = [
     "check_config",
     "override",
 ]
+
+__getattr__ = _forward_names(__name__, {})  # old module paths (jaxckpt.models.gpt, ...) as attributes

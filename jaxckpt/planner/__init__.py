@@ -2,11 +2,11 @@
 
 Give the memory you have; get the per-layer policy with the least recomputation that fits, verified by compiling
 the train step, and see why (:meth:`Plan.explain`), or take it away as plain JAX code (:func:`export_code`).
-Candidates include per-tensor choices (:mod:`jaxckpt.planner.tensors`: a min-cut over each block's intermediates,
+Candidates include per-tensor choices (:mod:`jaxckpt.planner._tensors`: a min-cut over each block's intermediates,
 applied as ``save_tensors`` policies); ``min_saved`` (:func:`min_saved_policy`) is the least saved set at almost no
-extra FLOPs. Whole-loss plans (:mod:`jaxckpt.planner.whole`, :func:`whole_plan`) put one remat region around the
+extra FLOPs. Whole-loss plans (:mod:`jaxckpt.planner._whole`, :func:`whole_plan`) put one remat region around the
 whole loss, layers unrolled, and choose its saved set with the same program; segmented ones
-(:mod:`~jaxckpt.planner.segments`, :func:`segment_loss`; :mod:`~jaxckpt.planner.segmented`,
+(:mod:`~jaxckpt.planner._segments`, :func:`segment_loss`; :mod:`~jaxckpt.planner._segmented`,
 :func:`segmented_plan`) cut that loss into regions at its narrowest points and solve all
 regions together: the policy ``mincut:<cap>`` (:func:`mincut_policy`).
 
@@ -19,10 +19,11 @@ Example::
     >>> model = ...; jaxckpt.set_policy(model, plan.policy)
 """
 
-from jaxckpt.planner.cache import PlanCache
-from jaxckpt.planner.candidates import LayerCandidate, block_options, layer_candidates, pareto_front
-from jaxckpt.planner.export import export_code
-from jaxckpt.planner.plan import (
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.planner._cache import PlanCache
+from jaxckpt.planner._candidates import LayerCandidate, block_options, layer_candidates, pareto_front
+from jaxckpt.planner._export import export_code
+from jaxckpt.planner._plan import (
     MAX_ROUNDS,
     CompiledPoint,
     InfeasibleBudgetError,
@@ -32,10 +33,10 @@ from jaxckpt.planner.plan import (
     plan_policy,
     resolve_policy,
 )
-from jaxckpt.planner.solve import Assignment, exhaustive, pareto_totals, solve
-from jaxckpt.planner.segmented import SegmentedPlan, mincut_policy, remat_segments, segmented_plan
-from jaxckpt.planner.segments import Segments, narrow_cuts, segment_loss
-from jaxckpt.planner.whole import (WholeLoss, WholePlan, measure_whole, remat_whole_loss, target_whole_loss, whole_graph,
+from jaxckpt.planner._solve import Assignment, exhaustive, pareto_totals, solve
+from jaxckpt.planner._segmented import SegmentedPlan, mincut_policy, remat_segments, segmented_plan
+from jaxckpt.planner._segments import Segments, narrow_cuts, segment_loss
+from jaxckpt.planner._whole import (WholeLoss, WholePlan, measure_whole, remat_whole_loss, target_whole_loss, whole_graph,
                                    whole_loss, whole_plan)
 
 __all__ = [
@@ -73,3 +74,5 @@ __all__ = [
     "remat_whole_loss",
     "whole_graph",
 ]
+
+__getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.planner.<module>) as attributes, with a warning

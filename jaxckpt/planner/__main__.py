@@ -1,7 +1,7 @@
-"""``python -m jaxckpt.planner``: see :mod:`jaxckpt.planner.cli`."""
+"""``python -m jaxckpt.planner``: see :mod:`jaxckpt.planner._cli`."""
 
 import sys
 
-from jaxckpt.planner.cli import main
+from jaxckpt.planner._cli import main
 
 sys.exit(main())

@@ -1,21 +1,21 @@
 """Remat policies in two layers, one module each.
 
-- :mod:`jaxckpt.policies.spec`: per-block specs. One grammar, one parser (:func:`parse_policy`), one registry of
+- :mod:`jaxckpt.policies._spec`: per-block specs. One grammar, one parser (:func:`parse_policy`), one registry of
   every ``jax.checkpoint_policies`` member; a :class:`PolicySpec` gives each block type a :class:`Policy`.
-- :mod:`jaxckpt.policies.model`: model-level policies. A :class:`LayeredPolicy` (a spec per range of layers) and a
+- :mod:`jaxckpt.policies._model`: model-level policies. A :class:`LayeredPolicy` (a spec per range of layers) and a
   :class:`Budget` (resolved into a plan by :func:`jaxckpt.planner.resolve_policy`), parsed by
   :func:`parse_model_policy`.
 
-Everything is re-exported here: ``from jaxckpt.policies import parse_policy, Budget``.
+The parser and the policy types users write (``parse_policy``, ``parse_model_policy``, ``Policy``, ``PolicySpec``,
+``LayeredPolicy``, ``Budget``) are on the top-level face (``jaxckpt.parse_policy``); the rest is here.
 """
 
-from jaxckpt.policies.model import (
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.policies._model import (
     AUTO,
     BUDGET,
     DEFAULT_MARGIN,
-    Budget,
     ConcretePolicy,
-    LayeredPolicy,
     LossPolicy,
     MIN_SAVED,
     MINCUT,
@@ -23,9 +23,8 @@ from jaxckpt.policies.model import (
     MinSaved,
     ModelPolicy,
     POLICY_FORMS,
-    parse_model_policy,
 )
-from jaxckpt.policies.spec import (
+from jaxckpt.policies._spec import (
     ALIASES,
     CANONICAL_POLICIES,
     DEFAULT_BLOCK,
@@ -35,19 +34,14 @@ from jaxckpt.policies.spec import (
     POLICY_NAMES,
     REGISTRY,
     SAVE_TENSORS,
-    Policy,
     PolicyKind,
-    PolicySpec,
-    parse_policy,
 )
 
 __all__ = [
     "AUTO",
     "BUDGET",
     "DEFAULT_MARGIN",
-    "Budget",
     "ConcretePolicy",
-    "LayeredPolicy",
     "LossPolicy",
     "MIN_SAVED",
     "MINCUT",
@@ -55,7 +49,6 @@ __all__ = [
     "MinSaved",
     "ModelPolicy",
     "POLICY_FORMS",
-    "parse_model_policy",
     "ALIASES",
     "CANONICAL_POLICIES",
     "DEFAULT_BLOCK",
@@ -65,8 +58,14 @@ __all__ = [
     "POLICY_NAMES",
     "REGISTRY",
     "SAVE_TENSORS",
-    "Policy",
     "PolicyKind",
-    "PolicySpec",
-    "parse_policy",
 ]
+
+__getattr__ = _forward_names(__name__, {
+    "Budget": ("jaxckpt.policies._model", "Budget"),
+    "LayeredPolicy": ("jaxckpt.policies._model", "LayeredPolicy"),
+    "Policy": ("jaxckpt.policies._spec", "Policy"),
+    "PolicySpec": ("jaxckpt.policies._spec", "PolicySpec"),
+    "parse_policy": ("jaxckpt.policies._spec", "parse_policy"),
+    "parse_model_policy": ("jaxckpt.policies._model", "parse_model_policy"),
+})

@@ -6,21 +6,21 @@ saved for the backward pass grouped by checkpoint name / primitive and source li
 XLA's own buffer reports; with ``measure=True`` also the median step time and the measured peak memory, each policy
 in a fresh process. Rendered as a terminal table, JSON, CSV, Markdown, one self-contained HTML page and a Pareto plot.
 
-- Targets (:mod:`jaxckpt.step.targets`): :func:`shipped_target`, :func:`load_target`, :class:`ModelTarget`,
-  :class:`LossTarget`.
+- Targets are in :mod:`jaxckpt.step` (``shipped_target``, ``load_target``, ``ModelTarget``, ``LossTarget``) and on
+  the top-level face (``jaxckpt.nnx_model_target``, ``jaxckpt.linen_model_target``).
 - Running it: :func:`build_report` -> :class:`Report` (``report.data`` is the JSON).
-- Outputs (:mod:`jaxckpt.report.outputs`): :func:`to_table`, :func:`to_json`, :func:`to_csv`, :func:`to_markdown`,
-  :func:`write_outputs`; the interactive page :func:`to_html` (:mod:`jaxckpt.report.html`, plotly) and the static
-  chart :func:`plot_pareto` (:mod:`jaxckpt.report.plot`, matplotlib: PNG/JPEG/SVG/PDF).
-- XProf traces per policy: ``build_report(..., profile="DIR")`` (:mod:`jaxckpt.training.profile`).
-- CLI: ``python -m jaxckpt.report`` (:mod:`jaxckpt.report.cli`).
+- Outputs (:mod:`jaxckpt.report._outputs`): :func:`to_table`, :func:`to_json`, :func:`to_csv`, :func:`to_markdown`,
+  :func:`write_outputs`; the interactive page :func:`to_html` (:mod:`jaxckpt.report._html`, plotly) and the static
+  chart :func:`plot_pareto` (:mod:`jaxckpt.report._plot`, matplotlib: PNG/JPEG/SVG/PDF).
+- XProf traces per policy: ``build_report(..., profile="DIR")`` (:mod:`jaxckpt.training._profile`).
+- CLI: ``python -m jaxckpt.report`` (:mod:`jaxckpt.report._cli`).
 """
 
-from jaxckpt.report.build import Report, build_report, saving_warnings
-from jaxckpt.report.keys import REPORT_KEYS, ROW_KEYS
-from jaxckpt.report.outputs import plot_pareto, to_csv, to_html, to_json, to_markdown, to_table, write_outputs
-from jaxckpt.report.policies import all_policies, expand_policies
-from jaxckpt.step.targets import LossTarget, ModelTarget, Target, linen_model_target, linen_target, load_target, shipped_target
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.report._build import Report, build_report, saving_warnings
+from jaxckpt.report._keys import REPORT_KEYS, ROW_KEYS
+from jaxckpt.report._outputs import plot_pareto, to_csv, to_html, to_json, to_markdown, to_table, write_outputs
+from jaxckpt.report._policies import all_policies, expand_policies
 
 __all__ = [
     "Report",
@@ -37,11 +37,14 @@ __all__ = [
     "write_outputs",
     "all_policies",
     "expand_policies",
-    "LossTarget",
-    "ModelTarget",
-    "Target",
-    "linen_target",
-    "linen_model_target",
-    "load_target",
-    "shipped_target",
 ]
+
+__getattr__ = _forward_names(__name__, {
+    "LossTarget": ("jaxckpt.step._targets", "LossTarget"),
+    "ModelTarget": ("jaxckpt.step._targets", "ModelTarget"),
+    "Target": ("jaxckpt.step._targets", "Target"),
+    "linen_model_target": ("jaxckpt.step._targets", "linen_model_target"),
+    "linen_target": ("jaxckpt.step._targets", "linen_target"),
+    "load_target": ("jaxckpt.step._targets", "load_target"),
+    "shipped_target": ("jaxckpt.step._targets", "shipped_target"),
+})

@@ -1,7 +1,7 @@
-"""``python -m jaxckpt.report``: see :mod:`jaxckpt.report.cli`."""
+"""``python -m jaxckpt.report``: see :mod:`jaxckpt.report._cli`."""
 
 import sys
 
-from jaxckpt.report.cli import main
+from jaxckpt.report._cli import main
 
 sys.exit(main())

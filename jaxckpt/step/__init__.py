@@ -1,15 +1,16 @@
 """The step core: what every tool compiles. Below the report, the planner and the experiments; above layers and
 policies.
 
-- Targets (:mod:`jaxckpt.step.targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch),
+- Targets (:mod:`jaxckpt.step._targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch),
   :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`.
-- The train step under a policy (:mod:`jaxckpt.step.build`): :func:`policy_step` -> :class:`PolicyStep`, from
+- The train step under a policy (:mod:`jaxckpt.step._build`): :func:`policy_step` -> :class:`PolicyStep`, from
   shapes only; :func:`concrete_inputs` allocates real ones.
-- One compile path (:mod:`jaxckpt.step.compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,
+- One compile path (:mod:`jaxckpt.step._compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,
   :meth:`LoweredPolicy.compile`) with :func:`step_compiler_options`.
 """
 
-from jaxckpt.step.build import (
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.step._build import (
     PolicyStep,
     StepBuilder,
     concrete_inputs,
@@ -19,7 +20,7 @@ from jaxckpt.step.build import (
     target_block_types,
     target_structure,
 )
-from jaxckpt.step.compile import (
+from jaxckpt.step._compile import (
     STATS_ONLY_OPTIONS,
     CompiledPolicy,
     LoweredPolicy,
@@ -30,13 +31,12 @@ from jaxckpt.step.compile import (
     step_compiler_options,
     xla_raw_flops,
 )
-from jaxckpt.step.targets import (
+from jaxckpt.step._targets import (
     DEFAULT_BATCH_SIZE,
     SHIPPED_MODELS,
     LossTarget,
     ModelTarget,
     Target,
-    linen_model_target,
     linen_target,
     load_target,
     rebuild_target,
@@ -67,8 +67,9 @@ __all__ = [
     "ModelTarget",
     "Target",
     "linen_target",
-    "linen_model_target",
     "load_target",
     "rebuild_target",
     "shipped_target",
 ]
+
+__getattr__ = _forward_names(__name__, {"linen_model_target": ("jaxckpt.step._targets", "linen_model_target")})

@@ -1,16 +1,26 @@
-"""Training services: functional train/eval steps (:mod:`~jaxckpt.training.train`), compiling so remat works on
-every backend (:mod:`~jaxckpt.training.xla`), meshes and sharding (:mod:`~jaxckpt.training.sharding`), saving
-the train state with orbax (:mod:`~jaxckpt.training.saving`) and XProf traces (:mod:`~jaxckpt.training.profile`).
+"""Training services below the tools: functional train/eval steps over ``nnx.split`` state (``jaxckpt.make_train_step``
+and friends are on the top-level face), compiling so remat works on every backend (``jaxckpt.jit``,
+``jaxckpt.compile_step``), meshes and sharding (:mod:`jaxckpt.sharding`), saving the train state with orbax
+(``jaxckpt.TrainStateSaver``) and XProf traces (:func:`profile_trace`).
+
+What is here: the rest of that floor's public names. Implementation modules are private (``_train``, ``_xla``,
+``_sharding``, ``_saving``, ``_profile``).
 """
 
 from __future__ import annotations
 
-from jaxckpt.training import profile, saving, sharding, train, xla
+from jaxckpt._deprecations import forward_names as _forward_names
+from jaxckpt.training._profile import profile_trace, trace_files
+from jaxckpt.training._train import LossFn, abstract_train_state, compile_train_step
+from jaxckpt.training._xla import CPU_REMAT_FIX
 
 __all__ = [
-    "profile",
-    "saving",
-    "sharding",
-    "train",
-    "xla",
+    "abstract_train_state",
+    "compile_train_step",
+    "LossFn",
+    "CPU_REMAT_FIX",
+    "profile_trace",
+    "trace_files",
 ]
+
+__getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.training.<module>) as attributes, with a warning

@@ -1,0 +1,205 @@
+"""``python -m jaxckpt.fit`` / ``jaxckpt-fit``: which micro-batch, accumulation and policy fit a device, and which
+trains fastest, from a handful of compiles, verified.
+
+The CLI parses flags, builds a target and calls :func:`jaxckpt.fit.plan_fit`; exit status 0, or 2 for bad input
+(one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxckpt.analysis._tables import render_table
+from jaxckpt._cli import CLIParser, check_output_file
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit._html import to_html
+from jaxckpt.fit._plan import FitPlan, plan_fit
+from jaxckpt.fit._plot import plot_fit
+from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, resolve_memory
+from jaxckpt.fit._speed import ACCELERATORS, accelerator
+from jaxckpt.policies._model import parse_model_policy
+from jaxckpt.training._sharding import make_mesh
+from jaxckpt.planner._target_flags import add_target_flags, target_from_args
+from jaxckpt._units import format_bytes
+
+__all__ = ["build_parser", "main", "to_table", "plot_fit", "to_html"]
+
+PROG = "jaxckpt-fit"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser."""
+  parser = CLIParser(
+      prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=("method: per policy, compile at two batch sizes, fit footprint = a + b·batch (argument + output +\n"
+              "  temp − alias bytes), predict the largest batch within --memory, then compile it and its successor:\n"
+              "  the first must fit and the second must not (else correct and re-verify; bisect where not affine)\n"
+              "time model (--global-batch-size): k × (max(FLOPs/peak, bytes/bandwidth) + overhead) per micro-batch\n"
+              f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (calibrated: measured matmul FLOP/s, bandwidth\n"
+              "  by working-set size, dispatch overhead), or --peak-flops/--bandwidth\n"
+              "examples:\n"
+              f"  {PROG} --model gpt --preset small --memory 16GiB --html fit.html\n"
+              f"  {PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100\n"
+              f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
+              f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
+              f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
+              "--memory 1GiB"))
+  add_target_flags(parser)
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                      help="compile sharded over a device mesh (axes data, fsdp): memory per device")
+  parser.add_argument("--memory", default="auto", metavar="SIZE|auto",
+                      help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default)")
+  parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), metavar="SPEC",
+                      help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too)")
+  parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
+  parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                      help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size)")
+  parser.add_argument("--max-seq-len", type=int, default=None, metavar="T",
+                      help="instead of the batch: the largest sequence length ≤ T at --batch-size (sequence models)")
+  parser.add_argument("--global-batch-size", type=int, default=None, metavar="G",
+                      help="examples per optimizer step: choose policy, micro-batch b and accumulation G/b")
+  parser.add_argument("--device", default=None, help=f"time model device: {', '.join(ACCELERATORS)}, cpu "
+                                                     "(default: this one; CPU measured)")
+  parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the time model's device")
+  parser.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s of the time model's device")
+  parser.add_argument("--overhead", type=float, default=None, help="seconds per micro-step (default 20e-6)")
+  parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
+                      help="time N (default 6) configurations on this device, spanning policies and micro-batches "
+                           "(the fastest estimate first), and rank by measurement")
+  parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its fits and candidates (.json)")
+  parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
+  parser.add_argument("--html", default=None, metavar="FILE",
+                      help="one HTML page: the tables and the footprint-vs-batch plot (.html)")
+  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+  parser.add_argument("--wide", action="store_true",
+                      help="one line per table row, whatever the terminal's width (default: fit the width)")
+  return parser
+
+
+def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> str:
+  """The plan as text tables: per policy, and the global-batch candidates, with the winner as flags and Python.
+
+  Args:
+    plan: the :class:`~jaxckpt.fit.FitPlan`.
+    width: characters per line (no line is longer); ``None`` = the terminal's
+      (:func:`jaxckpt.analysis._tables.terminal_width`).
+    wide: one line per row, whatever its length.
+
+  Returns:
+    The text, ending in a newline.
+  """
+  what = "sequence length" if plan.axis == "seq_len" else "micro-batch"
+  cols = ["policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example"]
+  if plan.axis == "seq_len":
+    cols = ["policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)"]
+  rows = []
+  for f in plan.fits:
+    nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
+    rows.append([f.policy, "none fits" if f.max_batch_size is None else str(f.max_batch_size),
+                 format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope))])
+  parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
+                                          f"({plan.memory_source}), {plan.compiles} compiles",
+                        width=width, wide=wide, right=range(1, len(cols)))]
+  if plan.choice is not None:
+    c = plan.choice
+    measured = {(m.policy, m.micro_batch): m for m in c.measured}
+    rows = []
+    for cand in list(c.table)[:12]:
+      m = measured.get((cand.policy, cand.micro_batch))
+      row = [("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
+             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}", f"{cand.est_step_s * 1e3:.2f} ms"]
+      if c.measured:  # the measured columns only where something was measured
+        row += [f"{m.measured_step_s * 1e3:.1f} ms" if m else "", f"{c.global_batch / m.measured_step_s:.0f}" if m else ""]
+      rows.append(row)
+    notes = ["* = the winner"]
+    if c.spearman is not None:
+      notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
+    headers = ["policy", "b × k", "FLOPs/step", "est. step"] + (["measured", "examples/s"] if c.measured else [])
+    parts.append(render_table(headers, rows,
+                              title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
+                                    f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, len(headers))))
+    foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
+    parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
+  return "\n\n".join(parts) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (0 done, 2 bad input)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  bar = None
+  try:
+    if (args.batch_size is not None and args.max_seq_len is None) or args.grad_accum_steps != 1:
+      raise JaxckptError("--batch-size and --grad-accum-steps are what jaxckpt-fit chooses; give --min-batch, "
+                         "--max-batch or --global-batch-size instead (--batch-size goes with --max-seq-len)")
+    if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
+      raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
+                         "--seq-len")
+    for flag in ("json", "plot", "html"):
+      check_output_file(f"--{flag}", getattr(args, flag))
+    if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+      raise JaxckptError(f"--plot {args.plot}: use a .png, .svg or .pdf file")
+    if args.html is not None and os.path.splitext(args.html)[1].lower() not in (".html", ".htm"):
+      raise JaxckptError(f"--html {args.html}: use a .html file")
+    if args.measure < 0:
+      raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
+    if args.measure and args.global_batch_size is None:
+      raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
+    if args.measure and args.mesh:
+      raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
+    for spec in args.policies:
+      parse_model_policy(spec)  # a typo exits 2 before any compile
+    resolve_memory(args.memory)
+    target = target_from_args(args)
+    mesh = make_mesh(args.mesh) if args.mesh is not None else None
+    device = None
+    timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
+                             ("--bandwidth", args.bandwidth), ("--overhead", args.overhead)) if v is not None]
+    if timing and args.global_batch_size is None:
+      raise JaxckptError(f"{', '.join(timing)} set the time model that ranks configurations of a global batch; "
+                         "give --global-batch-size G (without it only the largest batch per policy is planned)")
+    if args.global_batch_size is not None:
+      device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
+                           overhead_s=args.overhead)
+    bar = tqdm(desc="compiles", unit="compile", disable=not args.progress, leave=False)
+
+    def on_compile(policy: str, batch: int) -> None:
+      bar.set_postfix_str(f"{policy} @ {batch}")
+      bar.update(1)
+
+    if args.max_seq_len is not None:
+      started = time.perf_counter()
+      limit, source = resolve_memory(args.memory)
+      fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
+                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024))
+      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len")
+    else:
+      kwargs = {"min_batch": args.min_batch}
+      if args.global_batch_size is None:
+        kwargs["max_batch"] = args.max_batch
+      plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
+                      measure=args.measure, mesh=mesh, on_compile=on_compile, **kwargs)
+  except JaxckptError as err:
+    if bar is not None:
+      bar.close()
+    return parser.fail(err)
+  bar.close()
+  print(to_table(plan, wide=args.wide), end="")
+  if args.json:
+    with open(args.json, "w") as fh:
+      json.dump(plan.as_json(), fh, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}")
+  if args.plot:
+    plot_fit(plan, args.plot)
+    print(f"wrote {os.path.abspath(args.plot)}")
+  if args.html:
+    with open(args.html, "w", encoding="utf-8") as fh:
+      fh.write(to_html(plan))
+    print(f"wrote {os.path.abspath(args.html)}")
+  return 0

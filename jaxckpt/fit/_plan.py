@@ -1,0 +1,304 @@
+"""The fit plan: largest micro-batch per policy, and for a global batch the fastest (policy, micro-batch,
+accumulation), verified by compiling it; optionally measured on this device."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from scipy import stats
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, resolve_memory,
+                                with_batch)
+from jaxckpt.fit._speed import Accelerator, Candidate, candidates
+from jaxckpt.planner._plan import resolve_policy
+from jaxckpt.training._sharding import check_batch_size
+from jaxckpt.step._targets import ModelTarget, Target
+from jaxckpt.step._compile import compile_policy
+from jaxckpt.step._build import concrete_inputs, default_optimizer
+from jaxckpt._units import format_bytes
+
+__all__ = ["GlobalChoice", "FitPlan", "plan_fit", "measure_candidates", "spread"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalChoice:
+  """The fastest way to train a global batch that fits.
+
+  Attributes:
+    global_batch: examples per optimizer step G.
+    winner: the chosen :class:`~jaxckpt.fit._speed.Candidate` (least estimated time, or best measured throughput
+      with ``measure``).
+    footprint_bytes: the winner's step compiled with its accumulation at G (``None`` for a loss target, which has no
+      accumulation: its micro-step footprint is the candidate's).
+    table: every fitting candidate, fastest estimate first.
+    measured: candidates that were timed (``measure``), in estimate order.
+    spearman: rank correlation of estimated and measured step times over :attr:`measured` (``None`` if < 3).
+    ranked_by: ``"estimate"`` or ``"measured"``.
+    compiles: compiles used to verify the winner.
+  """
+
+  global_batch: int
+  winner: Candidate
+  footprint_bytes: int | None
+  table: tuple[Candidate, ...]
+  measured: tuple[Candidate, ...] = ()
+  spearman: float | None = None
+  ranked_by: str = "estimate"
+  compiles: int = 0
+
+  def flags(self) -> str:
+    """The winner as the experiments' flags."""
+    w = self.winner
+    return f"--policy {w.policy} --batch-size {self.global_batch} --grad-accum-steps {w.accum}"
+
+  def python(self) -> str:
+    """The winner as Python: set the policy, the batch and the accumulation."""
+    w = self.winner
+    return (f"jaxckpt.set_policy(model, {w.policy!r})\n"
+            f"step = jaxckpt.make_train_step(graphdef, tx, loss_fn, grad_accum_steps={w.accum})  "
+            f"# batch of {self.global_batch} = {w.accum} × {w.micro_batch}")
+
+  def as_json(self) -> dict[str, Any]:
+    """The JSON form (``global_batch`` key of the plan)."""
+    return {"global_batch_size": self.global_batch, "policy": self.winner.policy,
+            "micro_batch_size": self.winner.micro_batch, "grad_accum_steps": self.winner.accum,
+            "est_step_s": self.winner.est_step_s, "measured_step_s": self.winner.measured_step_s,
+            "footprint_bytes": self.footprint_bytes, "ranked_by": self.ranked_by, "spearman": self.spearman,
+            "flags": self.flags(), "table": [c.as_row() for c in self.table]}
+
+
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+  """What fits and what is fastest.
+
+  Attributes:
+    fits: one :class:`~jaxckpt.fit._search.BatchFit` per policy.
+    limit_bytes: memory per device fitted.
+    memory_source: where it came from (``given``, or the device and margin for ``auto``).
+    device: the :class:`~jaxckpt.fit._speed.Accelerator` of the time model (``None`` without a global batch).
+    choice: the :class:`GlobalChoice` for the global batch, or ``None``.
+    seconds: wall seconds.
+    axis: what was searched: ``"batch"`` (micro-batch size) or ``"seq_len"`` (tokens per example at a batch).
+  """
+
+  fits: tuple[BatchFit, ...]
+  limit_bytes: int
+  memory_source: str
+  device: Accelerator | None
+  choice: GlobalChoice | None
+  seconds: float
+  axis: str = "batch"
+
+  @property
+  def compiles(self) -> int:
+    """Compiles in all (batch fits and verification of the choice)."""
+    return sum(f.compiles for f in self.fits) + (self.choice.compiles if self.choice else 0)
+
+  def as_json(self) -> dict[str, Any]:
+    """``{"rows": [one per policy], "global_batch": {...} | None, "memory": ..., ...}``."""
+    out: dict[str, Any] = {"rows": [f.as_row() for f in self.fits], "limit_bytes": self.limit_bytes,
+                           "memory_source": self.memory_source, "compiles": self.compiles,
+                           "seconds": round(self.seconds, 3), "global_batch": None, "axis": self.axis}
+    if self.device is not None:
+      out["device"] = dataclasses.asdict(self.device)
+    if self.choice is not None:
+      out["global_batch"] = self.choice.as_json()
+    return out
+
+
+def spread(table: Sequence[Candidate], n: int) -> list[Candidate]:
+  """``n`` candidates to time, spanning policies and micro-batches, not only the estimate's first ``n``.
+
+  The time model ranks configurations of one policy consistently (FLOPs and bytes scale together) but can misjudge
+  the trade between policies, and between a large micro-batch and more accumulation, on a device whose figures it
+  only approximates (a CPU's caches). So: the best estimate first; then, one at a time, a pick for the policy with
+  the fewest picks so far (ties: the policy with the better best estimate) — its best estimate not picked yet, at a
+  micro-batch at least an octave (×2) from its picks when there is one. On GPT ``tiny`` on this CPU the measured best
+  was within a few percent of each policy's best estimate or its neighbour micro-batch (benchmarks/fit_planner.py).
+
+  Args:
+    table: candidates, fastest estimate first.
+    n: how many to pick (all when ``n`` ≥ ``len(table)``).
+
+  Returns:
+    The picks, in estimate order.
+  """
+  if n >= len(table):
+    return list(table)
+  if n <= 0:
+    return []
+  order = {id(c): i for i, c in enumerate(table)}
+  picked: list[Candidate] = [table[0]]
+  queues: dict[str, list[Candidate]] = {}
+  for cand in table:
+    queues.setdefault(cand.policy, [])
+    if cand is not table[0]:
+      queues[cand.policy].append(cand)
+  rank = {policy: i for i, policy in enumerate(queues)}  # policies by their best estimate
+  while len(picked) < n:
+    open_ = [p for p in queues if queues[p]]
+    policy = min(open_, key=lambda p: (sum(c.policy == p for c in picked), rank[p]))
+    mine = [math.log2(c.micro_batch) for c in picked if c.policy == policy]
+    if mine:  # the best estimate at least an octave from this policy's picks (else its next best)
+      best = max(queues[policy], key=lambda c: (min(abs(math.log2(c.micro_batch) - m) for m in mine) >= 1,
+                                                -order[id(c)]))
+    else:
+      best = queues[policy][0]
+    queues[policy].remove(best)
+    picked.append(best)
+  return sorted(picked, key=lambda c: order[id(c)])
+
+
+def measure_candidates(target: Target, table: Sequence[Candidate], global_batch: int, *, top: int = 4,
+                       steps: int = 3, warmup: int = 1, rounds: int = 3, pick: str = "spread") -> list[Candidate]:
+  """Times ``top`` candidates on this device: real steps of the step as it runs (accumulation included).
+
+  Timing on a machine shared with other jobs is noisy, so each candidate's time is the least over ``rounds``
+  interleaved rounds (every candidate runs ``steps`` steps per round, one after the other, so a burst of load
+  slows all of them alike) of its steps' wall seconds: the least-disturbed run.
+
+  Args:
+    target: the model or loss target (a loss target runs ``accum`` micro-steps of ``micro_batch``).
+    table: candidates, fastest estimate first.
+    global_batch: examples per optimizer step G.
+    top: how many to time.
+    steps: timed steps per candidate per round (≥ 1); warmup: untimed steps before the first round (≥ 1).
+    rounds: interleaved rounds (≥ 1).
+    pick: ``"spread"`` (:func:`spread`: span policies and micro-batches) or ``"top"`` (the first ``top``).
+
+  Returns:
+    The timed candidates (estimate order) with ``measured_step_s`` set: seconds per step of G examples.
+
+  Raises:
+    JaxckptError: an unknown ``pick``, or ``steps``/``warmup``/``rounds`` < 1.
+  """
+  if pick not in ("spread", "top"):
+    raise JaxckptError(f"pick={pick!r}: valid: spread, top")
+  for name, value in (("steps", steps), ("warmup", warmup), ("rounds", rounds)):
+    if value < 1:
+      raise JaxckptError(f"{name}={value} must be ≥ 1")
+  chosen = spread(table, top) if pick == "spread" else list(table[:top])
+  tx = default_optimizer()
+  runs = []
+  for cand in chosen:
+    model = isinstance(target, ModelTarget)
+    sized = with_batch(target, global_batch, grad_accum_steps=cand.accum) if model \
+        else with_batch(target, cand.micro_batch)
+    parsed, _ = resolve_policy(sized, cand.policy, tx=tx)
+    step = compile_policy(sized, parsed, tx=tx, stats_only=False).compiled
+    runs.append((cand, step, concrete_inputs(sized, tx), 1 if model else cand.accum))
+  best = [math.inf] * len(runs)
+  for r in range(rounds):
+    for i, (_, step, make_inputs, repeat) in enumerate(runs):
+      state, batch = make_inputs()  # one candidate's state alive at a time
+      for s in range((warmup if r == 0 else 0) + steps):
+        started = time.perf_counter()
+        for _ in range(repeat):
+          state, metrics = step(state, batch)
+        jax.block_until_ready((state, metrics))
+        if s >= (warmup if r == 0 else 0):
+          best[i] = min(best[i], time.perf_counter() - started)
+      del state, batch
+  return [dataclasses.replace(cand, measured_step_s=t) for (cand, *_), t in zip(runs, best)]
+
+
+def plan_fit(
+    target: Target,
+    policies: Sequence[Any] = DEFAULT_POLICIES,
+    memory: int | str = "auto",
+    *,
+    global_batch: int | None = None,
+    device: Accelerator | None = None,
+    measure: int = 0,
+    mesh: Any = None,
+    on_compile: Callable[[str, int], None] | None = None,
+    **kwargs: Any,
+) -> FitPlan:
+  """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
+
+  Args:
+    target: a model or loss target.
+    policies: policy specs (default :data:`~jaxckpt.fit._search.DEFAULT_POLICIES`).
+    memory: bytes per device: ``"auto"``, a size string or int (:func:`~jaxckpt.fit._search.resolve_memory`).
+    global_batch: examples per optimizer step G, or ``None`` (no speed ranking).
+    device: the accelerator of the time model (required with ``global_batch``; :func:`jaxckpt.fit._speed.accelerator`).
+    measure: time ``measure`` candidates on this device, spanning policies and micro-batches (:func:`spread`), and
+      rank them by measured throughput (0: no).
+    mesh: a device mesh (memory per device; batches multiples of its batch axes).
+    on_compile: progress callback ``(policy, batch)``.
+    **kwargs: passed to :func:`~jaxckpt.fit._search.max_batch_size` (``max_batch``, ``min_batch``, ``probes``...).
+
+  Returns:
+    The :class:`FitPlan`.
+
+  Raises:
+    NothingFitsError: no policy fits the smallest batch.
+    JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
+      range; a footprint that does not grow with the batch; ``global_batch`` without ``device``.
+  """
+  started = time.perf_counter()
+  limit, source = resolve_memory(memory)
+  if global_batch is not None:
+    if device is None:
+      raise JaxckptError("global_batch= needs device= (an Accelerator: jaxckpt.fit.accelerator())")
+    if global_batch < 1:
+      raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
+    if mesh is not None:
+      check_batch_size(global_batch, mesh, flag="global_batch_size")
+    unit = batch_unit(mesh)
+    lo = kwargs.get("min_batch") or unit
+    if not any(global_batch % b == 0 for b in range(lo, global_batch + 1, unit) if b % unit == 0):
+      raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={lo}"
+                         + (f" and a multiple of {unit} (the mesh's batch axes)" if unit > 1 else "")
+                         + f" divides it; use a multiple of {lo}")
+    kwargs.setdefault("max_batch", global_batch)
+  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
+  choice = None
+  if global_batch is not None:
+    table = candidates(fits, global_batch, device)
+    compiles = 0
+
+    def verify(cand: Candidate) -> int:
+      """The compiled footprint of the step as it will run: the micro-step, or the accumulated step at G."""
+      nonlocal compiles
+      if cand.accum == 1 or not isinstance(target, ModelTarget):
+        if cand.compiled:
+          return cand.footprint_bytes
+        batch, accum = cand.micro_batch, 1
+      else:
+        batch, accum = global_batch, cand.accum  # the accumulator adds a gradient-sized buffer
+      if on_compile is not None:
+        on_compile(cand.policy, batch)
+      compiles += 1
+      return compile_point(target, cand.policy, batch, mesh=mesh, grad_accum_steps=accum).footprint_bytes
+
+    winner, footprint = None, None
+    for cand in table:
+      footprint = verify(cand)
+      if footprint <= limit:
+        winner = cand
+        break
+    if winner is None:
+      raise JaxckptError(f"global_batch_size={global_batch}: no candidate fits {format_bytes(limit)} once compiled "
+                         "with its accumulation")
+    table = [c for c in table if c.est_step_s >= winner.est_step_s or c is winner]
+    measured: list[Candidate] = []
+    rho, ranked_by = None, "estimate"
+    if measure:
+      measured = measure_candidates(target, table, global_batch, top=measure)
+      if len(measured) >= 3:
+        rho = float(stats.spearmanr([c.est_step_s for c in measured], [c.measured_step_s for c in measured])[0])
+      ranked_by = "measured"
+      for best in sorted(measured, key=lambda c: c.measured_step_s):  # the fastest measured whose step fits
+        foot = footprint if (best.policy, best.micro_batch) == (winner.policy, winner.micro_batch) else verify(best)
+        if foot <= limit:
+          winner, footprint = best, foot
+          break
+    choice = GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, compiles)
+  return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started)

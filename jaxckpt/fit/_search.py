@@ -1,0 +1,519 @@
+"""The largest micro-batch that fits a device, per policy, from a handful of compiles, verified.
+
+Method (per policy):
+
+1. compile the train step at two batch sizes (``probes``, default 16 and 64 mesh batch units) and fit the
+   footprint ``a + b·batch`` (:mod:`jaxckpt.fit._model`); for the second and later policies of a target
+   (:func:`fit_policies`), the batch-independent bytes ``a`` (parameters, gradients, optimizer state) of the previous
+   policy stand in for the small probe, so the second compile is already at the predicted crossing;
+2. predict the largest batch whose footprint is ≤ the device memory;
+3. **verify** by compiling at the predicted batch and its successor: the first must fit, the second must not.
+   When either check fails, refit the line through the compiled points nearest the crossing (a secant step) and
+   verify again; after ``max_rounds`` such rounds, bisect between the largest batch that fit and the smallest that
+   did not (the footprint is not affine there: :attr:`BatchFit.method` says ``"search"``).
+
+The answer is therefore always a batch that compiled within the memory next to one that compiled over it, never
+an extrapolation. Compiles are stats-only (nothing is allocated), so a laptop plans for an 80 GiB accelerator.
+
+Prior art: Hugging Face Accelerate's ``find_executable_batch_size`` halves the batch on every out-of-memory run;
+MaxText's memory estimator binary-searches ahead-of-time compiles (~log₂(range) compiles per policy). Here the
+affine model replaces the search; on the benchmarked models it needs about four compiles per policy
+(``benchmarks/fit_planner.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import optax
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit._model import AffineModel, fit_affine, tangent_at_crossing
+from jaxckpt.planner._plan import device_memory_bytes, resolve_policy
+from jaxckpt.policies._model import Budget, parse_model_policy
+from jaxckpt.policies._model import DEFAULT_MARGIN
+from jaxckpt.training._sharding import BATCH_AXES, mesh_shape
+from jaxckpt.step._targets import LossTarget, ModelTarget, Target, shipped_target
+from jaxckpt.step._compile import compile_policy
+from jaxckpt._units import format_bytes, parse_bytes
+
+__all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
+           "compile_point", "batch_unit", "resolve_memory", "max_batch_size", "max_seq_len", "with_seq_len",
+           "fit_policies"]
+
+DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+"""The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —
+no remat, full remat and the two matmul-saving ones (about 3–4 compiles each). Left out, with the reason:
+``everything_saveable`` (the memory of ``none``); ``save_only_these_names`` and the other per-name ones (they need
+names: give them as specs); the offload ones (they need a host memory space the CPU backend lacks); ``budget:…`` and
+``auto`` (a plan chosen *for* one batch: at the largest batch it is its least-memory plan, the ``nothing_saveable``
+row; refused); ``min_saved`` and ``mincut:<cap>`` (opt-in: each compile also solves a 0-1 program, ~1.5× a compile
+on GPT ``tiny``, and the plan wraps the whole loss, so the experiments' ``--policy`` cannot run it; add them with
+``policies=``)."""
+
+DEFAULT_MAX_BATCH = 4096
+"""The largest batch size searched by default."""
+
+
+class NothingFitsError(JaxckptError):
+  """Not even the smallest batch fits the memory under any policy."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FitPoint:
+  """One compile of the train step at one batch size.
+
+  Attributes:
+    batch: examples per step (global, over the mesh's batch axes).
+    footprint_bytes: compiled argument + output + temp − alias bytes (per device under a mesh).
+    flops: FLOPs of the step counted from its jaxpr (scan bodies × trip count, recompute included).
+    bytes_accessed: XLA's ``cost_analysis()["bytes accessed"]`` scaled by ``flops / xla_flops`` (XLA counts a loop
+      body once), or ``None`` where the backend has no cost analysis.
+    compile_s: seconds to trace, lower and compile.
+  """
+
+  batch: int
+  footprint_bytes: int
+  flops: int
+  bytes_accessed: float | None
+  compile_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchFit:
+  """The largest batch size of one policy that fits a memory, verified by compiles.
+
+  Attributes:
+    policy: the policy's text.
+    max_batch_size: the largest batch (a multiple of :attr:`unit`) whose compiled footprint ≤ :attr:`limit_bytes`,
+      or ``None`` when even ``min_batch`` does not fit.
+    footprint_bytes: compiled footprint at :attr:`max_batch_size` (at ``min_batch`` when ``None``).
+    limit_bytes: the memory it had to fit (per device).
+    compiles: compiles used for this policy (probes, predictions and verification).
+    model: the affine footprint model fitted to the first two compiles (slope, intercept in bytes).
+    points: every compile, in order.
+    method: ``"affine"`` (the prediction, or a secant correction, was verified) or ``"search"`` (bisection, after
+      ``max_rounds`` misses: the footprint is not affine over that range).
+    capped: the largest batch searched (``max_batch``) fit; the true largest may be larger.
+    verified_over: footprint at the successor batch (over the limit), ``None`` when capped or nothing fits.
+    unit: the batch step (the mesh's batch-axis size, 1 on one device).
+    seconds: wall seconds.
+  """
+
+  policy: str
+  max_batch_size: int | None
+  footprint_bytes: int
+  limit_bytes: int
+  compiles: int
+  model: AffineModel
+  points: tuple[FitPoint, ...]
+  method: str
+  capped: bool
+  verified_over: int | None
+  unit: int
+  seconds: float
+
+  @property
+  def by_batch(self) -> dict[int, FitPoint]:
+    """The compiled points by batch size."""
+    return {p.batch: p for p in self.points}
+
+  def as_row(self) -> dict[str, Any]:
+    """The JSON row: policy, max_batch_size, footprint_bytes, compiles, the model and the compiled points."""
+    return {"policy": self.policy, "max_batch_size": self.max_batch_size, "footprint_bytes": self.footprint_bytes,
+            "limit_bytes": self.limit_bytes, "compiles": self.compiles, "method": self.method, "capped": self.capped,
+            "over_bytes_at_next": self.verified_over,
+            "model": {"intercept_bytes": round(self.model.intercept), "slope_bytes": round(self.model.slope)},
+            "points": [dataclasses.asdict(p) for p in self.points], "seconds": round(self.seconds, 3)}
+
+
+def batch_size_of(target: Target) -> int:
+  """The batch size of ``target``: the leading dimension of its batch arrays (scalars such as a dropout seed are
+  skipped).
+
+  Raises:
+    JaxckptError: a batch with no array of rank ≥ 1.
+  """
+  dims = [leaf.shape[0] for leaf in jax.tree.leaves(target.batch) if len(getattr(leaf, "shape", ()))]
+  if not dims:
+    raise JaxckptError(f"target {target.name!r} has no batch axis: its batch has no array of rank ≥ 1")
+  return max(set(dims), key=dims.count)
+
+
+def with_batch(target: Target, batch_size: int, *, grad_accum_steps: int = 1) -> Target:
+  """``target`` at another batch size (and gradient accumulation).
+
+  A shipped model is rebuilt by :func:`~jaxckpt.step.shipped_target` (its ``ref``); a user's target has the
+  leading dimension of every batch array of the original batch size replaced.
+
+  Args:
+    target: a model or loss target.
+    batch_size: examples per step B ≥ 1.
+    grad_accum_steps: micro-batches per step (model targets only; must divide ``batch_size``).
+
+  Returns:
+    The target at that batch size (a user's target loses its ``ref``: it is measured in this process).
+
+  Raises:
+    JaxckptError: ``batch_size`` < 1, ``grad_accum_steps`` not dividing it, or accumulation on a loss target.
+  """
+  if batch_size < 1:
+    raise JaxckptError(f"batch_size={batch_size} must be ≥ 1")
+  if grad_accum_steps < 1 or batch_size % grad_accum_steps:
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide batch_size={batch_size}")
+  ref = target.ref or {}
+  if isinstance(target, ModelTarget) and "model" in ref:
+    return shipped_target(**{**ref, "batch_size": batch_size, "grad_accum_steps": grad_accum_steps})
+  if grad_accum_steps != 1 and isinstance(target, LossTarget):
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps}: a LossTarget's step has no gradient accumulation")
+  old = batch_size_of(target)
+
+  def resize(leaf):
+    shape = getattr(leaf, "shape", ())
+    if len(shape) and shape[0] == old:
+      return jax.ShapeDtypeStruct((batch_size, *shape[1:]), leaf.dtype, sharding=getattr(leaf, "sharding", None))
+    return leaf
+
+  changes: dict[str, Any] = {"batch": jax.tree.map(resize, target.batch), "ref": None}
+  if isinstance(target, ModelTarget):
+    changes["grad_accum_steps"] = grad_accum_steps
+  return dataclasses.replace(target, **changes)
+
+
+def with_seq_len(target: Target, seq_len: int) -> Target:
+  """A shipped sequence model at another sequence length (tokens per example).
+
+  Raises:
+    JaxckptError: ``target`` is not a shipped model (its ``ref``), or not a sequence model (the registry says so).
+  """
+  ref = target.ref or {}
+  if not (isinstance(target, ModelTarget) and "model" in ref):
+    raise JaxckptError("seq_len search needs a shipped sequence model (model='gpt'); a user's target sets its own "
+                       "shapes")
+  return shipped_target(**{**ref, "seq_len": seq_len})
+
+
+def batch_unit(mesh: Any) -> int:
+  """The batch step of a mesh: the product of its batch axes (``data`` × ``fsdp``), 1 for ``None``."""
+  if mesh is None:
+    return 1
+  shape = mesh_shape(mesh)
+  return math.prod(shape.get(a, 1) for a in BATCH_AXES)
+
+
+def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN) -> tuple[int, str]:
+  """The memory to fit, in bytes per device, and where it came from.
+
+  Args:
+    memory: ``"auto"`` (this device's memory less ``margin``, as the policy ``auto`` plans for:
+      :func:`jaxckpt.planner.device_memory_bytes`), a size string in binary units (``"80GiB"``), or int bytes.
+    margin: share of the device's memory ``auto`` leaves free, in [0, 1).
+
+  Returns:
+    ``(bytes, source)``.
+
+  Raises:
+    JaxckptError: a size that does not parse, or ≤ 0.
+  """
+  if isinstance(memory, str) and memory.strip() == "auto":
+    available, source = device_memory_bytes()
+    return int(available * (1 - margin)), f"{source} {format_bytes(available)} − {margin * 100:g}% margin"
+  if isinstance(memory, str):
+    try:
+      value = parse_bytes(memory)
+    except ValueError as err:
+      raise JaxckptError(f"memory={memory!r}: {err}; or auto (this device's memory less {DEFAULT_MARGIN:.0%})") from err
+  else:
+    value = int(memory)
+  if value <= 0:
+    raise JaxckptError(f"memory={memory!r} must be > 0 bytes")
+  return value, "given"
+
+
+def _cost_bytes(compiled: Any) -> tuple[float | None, float | None]:
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - backends without cost analysis raise various errors
+    return None, None
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  if not isinstance(analysis, Mapping):
+    return None, None
+  return analysis.get("flops"), analysis.get("bytes accessed")
+
+
+def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
+  """A policy the step compiles: named/layered as they are; ``min_saved``/``mincut`` resolved for this target
+  (:func:`jaxckpt.planner.resolve_policy` returns a concrete policy unchanged; budgets were refused at the entry)."""
+  return resolve_policy(target, policy, tx=tx, compiler_options=options, mesh=mesh)[0]
+
+
+def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
+                  grad_accum_steps: int = 1, seq_len: int | None = None) -> FitPoint:
+  """Compiles the step of ``target`` at ``batch`` (and ``seq_len``) under ``policy``; returns its :class:`FitPoint`.
+
+  Raises:
+    JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
+  """
+  started = time.perf_counter()
+  policy = parse_model_policy(policy)
+  sized = with_batch(target if seq_len is None else with_seq_len(target, seq_len), batch,
+                     grad_accum_steps=grad_accum_steps)
+  compiled = compile_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
+  footprint = compiled.memory.get("footprint_bytes")
+  if footprint is None:
+    raise JaxckptError(f"the backend ({jax.default_backend()}) reports no compiled memory stats; the fit planner "
+                       "needs them")
+  xla_flops, xla_bytes = _cost_bytes(compiled.compiled)
+  accessed = None
+  if xla_bytes is not None:
+    accessed = float(xla_bytes) * (compiled.flops / xla_flops if xla_flops else 1.0)
+  return FitPoint(batch, int(footprint), int(compiled.flops), accessed, time.perf_counter() - started)
+
+
+def max_batch_size(
+    target: Target,
+    policy: Any,
+    memory: int | str = "auto",
+    *,
+    mesh: Any = None,
+    tx: optax.GradientTransformation | None = None,
+    min_batch: int | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    probes: Sequence[int] = (16, 64),
+    max_rounds: int = 3,
+    compiler_options: Mapping[str, Any] | None = None,
+    on_compile: Callable[[str, int], None] | None = None,
+    axis: str = "batch",
+    intercept_hint: float | None = None,
+) -> BatchFit:
+  """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
+
+  Args:
+    target: a :class:`~jaxckpt.step.ModelTarget` or :class:`~jaxckpt.step.LossTarget` (its batch size is ignored).
+    policy: a policy spec string or parsed policy: named, per block, layered, ``min_saved`` or ``mincut:<cap>``
+      (resolved at each batch size). Budgets (``budget:…``, ``auto``) are refused: a budget is a policy chosen *for*
+      a batch.
+    memory: bytes per device to fit: ``"auto"``, a size (``"16GiB"``) or int (:func:`resolve_memory`).
+    mesh: a ``jax.sharding.Mesh``: compile sharded, memory per device; batch sizes are multiples of its batch axes.
+    tx: the optimizer (default ``optax.adamw(1e-3)``; its state counts in the footprint).
+    min_batch: the smallest batch considered (default one mesh batch unit); must be a multiple of that unit.
+    max_batch: the largest batch considered (≥ ``min_batch``).
+    probes: the two (or more) batch sizes of the affine fit, in mesh batch units (clipped to the range); the
+      line interpolates where the answer lies between them, and small batches (where XLA's choices differ most from
+      affine) are compiled only when the answer is there.
+    max_rounds: secant corrections before falling back to bisection (≥ 1).
+    compiler_options: extra XLA options.
+    on_compile: called ``(policy, batch)`` before each compile (a progress bar).
+    axis: ``"batch"``, or ``"seq_len"``: search the sequence length at the target's batch size instead (shipped
+      sequence models; use :func:`max_seq_len`).
+    intercept_hint: bytes at batch 0 from another policy of the same target (parameters, gradients and optimizer
+      state do not depend on the policy; :func:`fit_policies` passes the previous policy's). With it, only the
+      largest probe is compiled and the second point of the line is the batch that the hint and that probe predict:
+      a compile next to the crossing, so the verification often needs one more compile instead of two (three in
+      all). A wrong hint costs compiles, never exactness.
+
+  Returns:
+    The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
+    the compiles used, the affine model and every compiled point.
+
+  Raises:
+    JaxckptError: an empty batch range, a ``min_batch`` the mesh does not divide, a budget policy, a footprint that
+      does not grow with the batch, ``max_rounds`` < 1; PolicySpecError: a spec that does not parse.
+
+  Example::
+
+    >>> fit = max_batch_size(shipped_target("gpt", "small"), "nothing_saveable", "4GiB")
+    >>> fit.max_batch_size, fit.compiles
+  """
+  started = time.perf_counter()
+  parsed = parse_model_policy(policy)
+  if isinstance(parsed, Budget):
+    raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
+                       "batch is that of the least-memory plan it can choose (the nothing_saveable row); give fixed "
+                       "policies (none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
+  if max_rounds < 1:
+    raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
+  if axis not in ("batch", "seq_len"):
+    raise JaxckptError(f"axis={axis!r}: valid axes are batch, seq_len")
+  if axis == "seq_len":
+    with_seq_len(target, 1)  # raises for targets without a sequence length
+  unit = batch_unit(mesh) if axis == "batch" else 1
+  lo_b = unit if min_batch is None else min_batch
+  if lo_b < 1 or lo_b % unit:
+    raise JaxckptError(f"min_batch={lo_b} must be ≥ 1 and a multiple of the mesh's batch axes ({unit} devices)")
+  hi_b = max_batch - max_batch % unit
+  if hi_b < lo_b:
+    raise JaxckptError(f"the batch range is empty: min_batch={lo_b} > max_batch={max_batch}"
+                       + (f" (in multiples of {unit})" if unit > 1 else ""))
+  limit, _ = resolve_memory(memory)
+  text = str(parsed)
+  points: dict[int, FitPoint] = {}
+
+  def at(batch: int) -> FitPoint:
+    if batch not in points:
+      if on_compile is not None:
+        on_compile(text, batch)
+      if axis == "seq_len":
+        points[batch] = compile_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh,
+                                      options=compiler_options, seq_len=batch)
+        points[batch] = dataclasses.replace(points[batch], batch=batch)
+      else:
+        points[batch] = compile_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
+    return points[batch]
+
+  def done(best: int | None, method: str, model: AffineModel) -> BatchFit:
+    over = None
+    if best is not None and best + unit in points:
+      over = points[best + unit].footprint_bytes
+    foot = points[best if best is not None else lo_b].footprint_bytes
+    return BatchFit(text, best, foot, limit, len(points), model, tuple(points.values()), method,
+                    best == hi_b, over, unit, time.perf_counter() - started)
+
+  probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
+  if intercept_hint is not None and len(probe_batches) > 1:
+    far = at(probe_batches[-1])
+    hinted = AffineModel(float(intercept_hint), (far.footprint_bytes - intercept_hint) / far.batch,
+                         ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
+    if hinted.slope > 0:  # the second point: the hint's prediction (next to the crossing), else the other probe
+      guess = min(max(hinted.largest_within(limit, step=unit), lo_b), hi_b)
+      at(guess if guess != far.batch else probe_batches[0])
+  for b in probe_batches:
+    if len(points) >= 2:
+      break
+    at(b)
+  if len(points) < 2:  # a range of one batch size, or probes that coincide
+    at(lo_b if lo_b not in points else hi_b)
+  model = fit_affine([(p.batch, p.footprint_bytes) for p in points.values()]) if len(points) > 1 \
+      else AffineModel(float(points[lo_b].footprint_bytes), 0.0, ((lo_b, points[lo_b].footprint_bytes),))
+  if len(points) > 1 and model.slope <= 0:
+    model.largest_within(limit)  # raises: the footprint does not grow with the batch
+
+  def bracket() -> tuple[int, int | None]:
+    """(largest batch that fit, or min_batch − unit when none did; smallest batch over the limit, or None)."""
+    fit = [b for b, p in points.items() if p.footprint_bytes <= limit]
+    over = [b for b, p in points.items() if p.footprint_bytes > limit]
+    return max(fit, default=lo_b - unit), min(over, default=None)
+
+  def settled() -> bool:
+    lo, hi = bracket()
+    return lo == hi_b or (hi is not None and hi == lo + unit)
+
+  def answer(method: str) -> BatchFit:
+    lo, _ = bracket()
+    if lo < lo_b:
+      at(lo_b)  # the footprint nothing fits at (already compiled when settled)
+    return done(lo if lo >= lo_b else None, method, model)
+
+  current = model
+  for _ in range(max_rounds):
+    if settled():
+      return answer("affine")
+    lo, hi = bracket()
+    top = hi_b if hi is None else hi - unit
+    pred = min(max(current.largest_within(limit, step=unit), lo_b, lo), top)
+    at(pred)
+    if points[pred].footprint_bytes <= limit and pred + unit <= hi_b:
+      at(pred + unit)
+    elif points[pred].footprint_bytes > limit and pred - unit >= lo_b:
+      at(pred - unit)
+    if settled():
+      return answer("affine")
+    # secant: between the largest fitting and the smallest over batch when both are known, else the two nearest;
+    # a curved footprint (attention's T² in a sequence length) gets the local tangent of a parabola through the
+    # three compiles nearest the limit instead, so the chord of a convex curve does not creep up one side
+    lo, hi = bracket()
+    pair = [points[b] for b in (lo, hi) if b is not None and b in points]
+    if len(pair) < 2:
+      pair = sorted(points.values(), key=lambda p: abs(p.footprint_bytes - limit))[:2]
+    if pair[0].footprint_bytes == pair[1].footprint_bytes:
+      break
+    current = fit_affine([(p.batch, p.footprint_bytes) for p in pair])
+    if current.slope <= 0:
+      break
+    local = tangent_at_crossing([(p.batch, p.footprint_bytes) for p in points.values()], limit, lo, hi)
+    if local is not None:
+      current = local
+  lo, hi = bracket()
+  if hi is None:  # everything so far fit: grow towards max_batch
+    b = max(lo, lo_b)
+    while b < hi_b and points[b].footprint_bytes <= limit:
+      b = min(hi_b, 2 * b)
+      at(b)
+    lo, hi = bracket()
+  while hi is not None and hi - lo > unit:
+    mid = max(lo_b, (lo + hi) // 2 // unit * unit)
+    at(mid)
+    lo, hi = bracket()
+  return answer("search")
+
+
+def max_seq_len(target: Target, policy: Any, memory: int | str = "auto", *, min_seq_len: int = 1,
+                max_seq_len: int = 8192, probes: Sequence[int] = (256, 1024), **kwargs: Any) -> BatchFit:
+  """The largest sequence length (tokens per example) of a shipped sequence model at its batch size that fits.
+
+  The same predict-then-verify search as :func:`max_batch_size` over the sequence length; attention's
+  ``[B, H, T, T]`` values make the footprint quadratic in T under policies that save them (``none``), where the
+  secant corrections (or the bisection fallback) take over from the line. The answer is verified the same way.
+
+  Args:
+    target: a shipped sequence model (``shipped_target("gpt", ..., batch_size=B)``).
+    policy, memory, **kwargs: as :func:`max_batch_size`.
+    min_seq_len, max_seq_len: the range searched (tokens).
+    probes: the two sequence lengths of the first fit.
+
+  Returns:
+    A :class:`BatchFit` whose ``max_batch_size`` is the sequence length (and ``points`` keyed by it).
+
+  Raises:
+    JaxckptError: a target that is not a shipped sequence model; as :func:`max_batch_size`.
+  """
+  return max_batch_size(target, policy, memory, min_batch=min_seq_len, max_batch=max_seq_len, probes=probes,
+                        axis="seq_len", **kwargs)
+
+
+def fit_policies(
+    target: Target,
+    policies: Sequence[Any] = DEFAULT_POLICIES,
+    memory: int | str = "auto",
+    **kwargs: Any,
+) -> list[BatchFit]:
+  """:func:`max_batch_size` for each policy; raises when no policy fits even the smallest batch.
+
+  Args:
+    target, memory: as :func:`max_batch_size`.
+    policies: policy specs (default :data:`DEFAULT_POLICIES`).
+    **kwargs: passed to :func:`max_batch_size`.
+
+  The first policy's line comes from two probes; each later one starts from the previous policy's intercept
+  (``intercept_hint``): one probe, then a compile at the hinted prediction.
+
+  Returns:
+    One :class:`BatchFit` per policy, in order.
+
+  Raises:
+    NothingFitsError: no policy fits the smallest batch; the message names the least footprint and its policy.
+    JaxckptError: as :func:`max_batch_size`; an empty ``policies``.
+  """
+  if not policies:
+    raise JaxckptError("policies=[] is empty: give at least one policy")
+  fits: list[BatchFit] = []
+  hint = None
+  for p in policies:
+    fits.append(max_batch_size(target, p, memory, intercept_hint=hint, **kwargs))
+    pts = [(q.batch, q.footprint_bytes) for q in fits[-1].points]
+    if len({b for b, _ in pts}) > 1:
+      hint = fit_affine(pts).intercept  # batch-independent bytes: the next policy's first point of its line
+  if all(f.max_batch_size is None for f in fits):
+    least = min(fits, key=lambda f: f.footprint_bytes)
+    smallest = min(p.batch for f in fits for p in f.points)
+    raise NothingFitsError(
+        f"memory={format_bytes(least.limit_bytes)} fits no policy even at batch size {smallest}: the least footprint "
+        f"is {format_bytes(least.footprint_bytes)} with policy {least.policy}; give more memory, a smaller model or "
+        f"a sharded mesh")
+  return fits

@@ -1,0 +1,290 @@
+"""Which fitting configuration trains fastest: a roofline time model of the compiled step, and measurement.
+
+For a global batch G, each policy and each micro-batch b that fits and divides G gives k = G / b accumulation
+steps. FLOPs alone cannot rank them (accumulation costs no FLOPs, so ``none`` at b = 1 would always win), so the
+step time is estimated as
+
+    time(policy, b, k) = k × (max(FLOPs(b) / peak_flops, bytes_accessed(b) / bandwidth(footprint(b))) + overhead)
+
+the roofline model (Williams, Waterman & Patterson, CACM 2009) of one micro-step plus a fixed per-micro-step
+overhead (launch, loop and optimizer bookkeeping). ``FLOPs(b)`` counts recomputation (the jaxpr count of
+:mod:`jaxckpt.analysis._flops`, scan bodies × trip count) and ``bytes_accessed(b)`` is XLA's cost analysis scaled the same
+way; both are affine in b, fitted from the compiles the batch search already made (no new compile). A small
+micro-batch pays the overhead k times and streams the parameters k times: the reason people trade recompute for
+a bigger batch.
+
+``bandwidth(footprint)`` is the device's memory bandwidth, except on a calibrated CPU (:func:`calibrate`), where it
+is measured at several working-set sizes: a micro-step whose footprint stays in the caches streams its bytes faster
+than one that spills to main memory (the cache-aware roofline). The table's accelerators use their HBM bandwidth at
+every size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit._model import fit_affine
+from jaxckpt.fit._search import BatchFit
+
+__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+  """What the time model needs of a device.
+
+  Attributes:
+    name: shown in tables.
+    peak_flops: FLOP/s (dense bfloat16 on GPU/TPU, float32 measured on CPU).
+    bandwidth: memory bytes/s (the main memory's: HBM, or DRAM on a CPU).
+    overhead_s: seconds per micro-step beyond the roofline.
+    memory_bytes: the device's memory (informational; the fit uses ``memory=``), ``None`` if unknown.
+    bandwidth_curve: ``((working set bytes, bytes/s), ...)`` ascending, measured by :func:`calibrate` on a CPU: a
+      step whose working set (its compiled footprint) stays in the caches streams faster than :attr:`bandwidth`
+      (the cache-aware roofline, Ilic, Pratas & Sousa, IEEE CAL 2014). Empty: :attr:`bandwidth` at every size.
+  """
+
+  name: str
+  peak_flops: float
+  bandwidth: float
+  overhead_s: float = 20e-6
+  memory_bytes: int | None = None
+  bandwidth_curve: tuple[tuple[int, float], ...] = ()
+
+  def bandwidth_at(self, working_set: float | None) -> float:
+    """Bytes/s for a working set of ``working_set`` bytes: :attr:`bandwidth_curve` interpolated in log size
+    (clamped to its ends), or :attr:`bandwidth` without a curve or a working set."""
+    curve = self.bandwidth_curve
+    if not curve or working_set is None:
+      return self.bandwidth
+    if working_set <= curve[0][0]:
+      return curve[0][1]
+    for (s0, b0), (s1, b1) in zip(curve, curve[1:]):
+      if working_set <= s1:
+        t = (math.log(working_set) - math.log(s0)) / (math.log(s1) - math.log(s0))
+        return b0 + t * (b1 - b0)
+    return curve[-1][1]
+
+  def micro_step_s(self, flops: float, bytes_accessed: float | None, working_set: float | None = None) -> float:
+    """Roofline seconds of one micro-step plus the overhead.
+
+    Args:
+      flops: FLOPs of the micro-step.
+      bytes_accessed: bytes it reads and writes (``None``: compute only).
+      working_set: its compiled footprint in bytes (selects the bandwidth on :attr:`bandwidth_curve`).
+    """
+    compute = flops / self.peak_flops
+    memory = (bytes_accessed or 0.0) / self.bandwidth_at(working_set)
+    return max(compute, memory) + self.overhead_s
+
+
+_GiB = 2**30
+ACCELERATORS: dict[str, Accelerator] = {
+    "h100": Accelerator("NVIDIA H100 SXM", 989e12, 3.35e12, 20e-6, 80 * _GiB),
+    "h200": Accelerator("NVIDIA H200", 989e12, 4.8e12, 20e-6, 141 * _GiB),
+    "a100": Accelerator("NVIDIA A100 80GB", 312e12, 2.039e12, 20e-6, 80 * _GiB),
+    "v5e": Accelerator("TPU v5e", 197e12, 819e9, 20e-6, 16 * _GiB),
+}
+"""Vendor datasheet figures: dense bf16 FLOP/s and HBM bandwidth (NVIDIA H100/H200/A100 datasheets, Google Cloud
+TPU v5e docs). Peaks, not achieved rates: the model ranks, it does not promise seconds."""
+
+
+_CALIBRATED: dict[tuple[str, int], Accelerator] = {}
+
+
+def _best_s(f, x, repeats: int) -> float:
+  """Least wall seconds of ``repeats`` calls of ``f(x)`` (compiled and warmed up first): the least-disturbed run."""
+  jax.block_until_ready(f(x))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def calibrate(*, repeats: int = 7, refresh: bool = False) -> Accelerator:
+  """This device's achieved figures for the time model, measured once per process (about a second; cached).
+
+  Measures, each as the least of ``repeats`` timed calls after a warm-up (the run least disturbed by other jobs on
+  a shared machine):
+
+  - ``peak_flops``: float32 matmuls of 256², 512² and 1024² (2n³ FLOPs each), the best rate;
+  - ``bandwidth_curve``: ``y = 2·x`` over float32 vectors whose working set (x and y) is 256 KiB, 2 MiB, 16 MiB and
+    128 MiB (2·n·4 bytes moved each): what a step streams at from the caches up to main memory; ``bandwidth`` is
+    the largest size's (main memory);
+  - ``overhead_s``: a jitted ``x + 1`` on 8 floats (dispatch and synchronisation of one program).
+
+  Args:
+    repeats: timed calls per measurement (≥ 1).
+    refresh: measure again instead of returning this process's cached figures.
+
+  Returns:
+    An :class:`Accelerator` named ``"<platform> (calibrated)"``.
+
+  Raises:
+    JaxckptError: ``repeats`` < 1.
+  """
+  if repeats < 1:
+    raise JaxckptError(f"repeats={repeats} must be ≥ 1")
+  device = jax.devices()[0]
+  key = (device.platform, repeats)
+  if key in _CALIBRATED and not refresh:
+    return _CALIBRATED[key]
+  matmul = jax.jit(lambda x: x @ x)
+  flops = max(2 * n**3 / _best_s(matmul, jnp.ones((n, n), jnp.float32), repeats) for n in (256, 512, 1024))
+  scale = jax.jit(lambda x: x * 2.0)
+  curve = []
+  for working_set in (2**18, 2**21, 2**24, 2**27):
+    v = jnp.ones((working_set // 8,), jnp.float32)  # x and y: working_set bytes
+    curve.append((working_set, working_set / _best_s(scale, v, repeats)))
+    del v
+  tiny = jax.jit(lambda x: x + 1.0)
+  overhead = max(_best_s(tiny, jnp.ones((8,), jnp.float32), repeats), 1e-6)
+  out = Accelerator(f"{device.platform} (calibrated)", flops, curve[-1][1], overhead, None, tuple(curve))
+  _CALIBRATED[key] = out
+  return out
+
+
+def measure_cpu(*, repeats: int = 7) -> Accelerator:
+  """This host's calibrated figures (:func:`calibrate`; kept for callers of the earlier name)."""
+  return calibrate(repeats=repeats)
+
+
+def accelerator(name: str | None = None, *, peak_flops: float | None = None, bandwidth: float | None = None,
+                overhead_s: float | None = None) -> Accelerator:
+  """The accelerator to model: a table entry, this device, or the given figures.
+
+  Args:
+    name: a key of :data:`ACCELERATORS` (``h100``, ``h200``, ``a100``, ``v5e``), ``"cpu"`` (this host, measured by
+      :func:`calibrate`), or ``None`` for this device (its ``device_kind`` matched against the table; a CPU
+      calibrated).
+    peak_flops, bandwidth, overhead_s: override the figures (FLOP/s, bytes/s, seconds).
+
+  Returns:
+    The :class:`Accelerator`.
+
+  Raises:
+    JaxckptError: an unknown name, or a figure ≤ 0 (or an unknown device without ``peak_flops`` and ``bandwidth``).
+  """
+  for arg, value in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s)):
+    if value is not None and value <= 0 and not (arg == "overhead_s" and value == 0):
+      raise JaxckptError(f"{arg}={value} must be > 0")
+  base: Accelerator | None = None
+  if name is not None:
+    key = name.lower()
+    if key == "cpu":
+      if jax.devices()[0].platform != "cpu":
+        raise JaxckptError(f"device={name!r} is calibrated by measuring this host, but JAX runs on "
+                           f"{jax.devices()[0].platform}; give peak_flops= and bandwidth=, or a table device")
+      base = calibrate()
+    elif key in ACCELERATORS:
+      base = ACCELERATORS[key]
+    else:
+      raise JaxckptError(f"device={name!r} is unknown; valid: {', '.join([*ACCELERATORS, 'cpu'])} (or give "
+                         "peak_flops=FLOPS and bandwidth=BYTES_PER_S)")
+  else:
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+      base = calibrate() if peak_flops is None or bandwidth is None else Accelerator("cpu", 1.0, 1.0, 50e-6)
+    else:
+      kind = device.device_kind.lower()
+      base = next((a for k, a in ACCELERATORS.items() if k in kind.replace(" ", "")), None)
+      if base is None and (peak_flops is None or bandwidth is None):
+        raise JaxckptError(f"device {device.device_kind!r} is not in the table ({', '.join(ACCELERATORS)}); give "
+                           "peak_flops=FLOPS and bandwidth=BYTES_PER_S")
+      base = base or Accelerator(device.device_kind, 1.0, 1.0)
+  changes = {k: v for k, v in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s))
+             if v is not None}
+  if changes and name is None and base.name.startswith("cpu"):
+    changes["name"] = "cpu (given)"
+  if "bandwidth" in changes:
+    changes["bandwidth_curve"] = ()  # a given bandwidth holds at every size
+  return dataclasses.replace(base, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One way to train a global batch: a policy, a micro-batch and accumulation steps.
+
+  Attributes:
+    policy: the policy's text.
+    micro_batch: examples per micro-step b.
+    accum: micro-steps per step k = G / b.
+    footprint_bytes: compiled footprint of a micro-step at b (compiled if it was, else predicted by the affine
+      model; the winner is compiled with accumulation by :func:`jaxckpt.fit._plan.plan_fit`).
+    compiled: whether ``footprint_bytes`` came from a compile.
+    flops: FLOPs of one micro-step (recompute included).
+    bytes_accessed: bytes accessed per micro-step (``None`` where unknown).
+    est_step_s: estimated seconds of the whole step, k micro-steps.
+    measured_step_s: measured seconds per step (``--measure``), else ``None``.
+  """
+
+  policy: str
+  micro_batch: int
+  accum: int
+  footprint_bytes: int
+  compiled: bool
+  flops: float
+  bytes_accessed: float | None
+  est_step_s: float
+  measured_step_s: float | None = None
+
+  def as_row(self) -> dict[str, Any]:
+    """The JSON form."""
+    return dataclasses.asdict(self)
+
+
+def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator) -> list[Candidate]:
+  """Every (policy, micro-batch, accumulation) reaching ``global_batch`` within memory, fastest estimate first.
+
+  Args:
+    fits: per-policy batch fits (:func:`jaxckpt.fit._search.fit_policies`).
+    global_batch: examples per optimizer step G ≥ 1.
+    device: the :class:`Accelerator` to model.
+
+  Returns:
+    Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch).
+
+  Raises:
+    JaxckptError: ``global_batch`` < 1, or no fitting micro-batch divides it (the message lists the largest
+      fitting micro-batch per policy and the global batches that work).
+  """
+  if global_batch < 1:
+    raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
+  out: list[Candidate] = []
+  for fit in fits:
+    sizes = [b for b in range(fit.unit, (fit.max_batch_size or 0) + 1, fit.unit) if global_batch % b == 0]
+    if not sizes:
+      continue
+    pts = fit.points
+    flops_model = fit_affine([(p.batch, p.flops) for p in pts])
+    known = [p for p in pts if p.bytes_accessed is not None]
+    bytes_model = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
+        else None
+    by_batch = fit.by_batch
+    for b in sizes:
+      k = global_batch // b
+      point = by_batch.get(b)
+      flops = float(point.flops) if point else flops_model(b)
+      accessed = (point.bytes_accessed if point and point.bytes_accessed is not None
+                  else (bytes_model(b) if bytes_model else None))
+      foot = point.footprint_bytes if point else int(round(fit.model(b)))
+      out.append(Candidate(fit.policy, b, k, foot, point is not None,
+                           flops, accessed, k * device.micro_step_s(flops, accessed, foot)))
+  if not out:
+    largest = {f.policy: f.max_batch_size for f in fits}
+    units = {f.unit for f in fits}
+    raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch that fits divides it (largest fitting "
+                       f"micro-batch per policy: {largest}); use a multiple of {min(units)} whose divisors include a "
+                       "fitting micro-batch")
+  out.sort(key=lambda c: (c.est_step_s, c.flops * c.accum, -c.micro_batch))
+  return out

@@ -1,0 +1,115 @@
+"""Model configs are checked once, here: every shipped config dataclass (:class:`~jaxckpt.models.ViTConfig`,
+:class:`~jaxckpt.models._gpt.GPTConfig`...) calls :func:`check_config` from ``__post_init__``, so a config that exists is
+valid, whether built from a preset, ``dataclasses.replace`` or :func:`override`.
+
+Errors name the Python argument and the bad value (``seq_len=0 must be ≥ 1``), never a command-line flag; the CLIs
+translate them to their flags in one place (:func:`jaxckpt._cli.flag_error`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import jax.numpy as jnp
+
+from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS, check_attention, check_dropout_rate
+from jaxckpt.errors import JaxckptError, closest
+from jaxckpt.core._structure import parse_structure
+
+__all__ = ["COMPUTE_DTYPES", "compute_dtype", "check_config", "override"]
+
+COMPUTE_DTYPES: dict[str, jnp.dtype] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+"""Compute dtype name -> dtype. Parameters are always float32."""
+
+_AT_LEAST_ONE = ("num_layers", "dim", "num_heads", "mlp_dim", "hidden_dim", "stem_channels", "patch_size", "channels",
+                 "kernel_size", "seq_len", "batch_size")
+"""Config fields that are counts or sizes: whole numbers ≥ 1."""
+_AT_LEAST_TWO = ("vocab_size",)
+_FLAGS = ("scan", "tie_embeddings")
+
+Config = TypeVar("Config")
+
+
+def compute_dtype(name: str) -> jnp.dtype:
+  """The dtype of a compute dtype name.
+
+  Args:
+    name: a key of :data:`COMPUTE_DTYPES` (``float32``, ``bfloat16``).
+
+  Returns:
+    The ``jnp`` dtype.
+
+  Raises:
+    JaxckptError: an unknown name, listing the valid ones.
+  """
+  if name not in COMPUTE_DTYPES:
+    raise JaxckptError(f"compute_dtype={name!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
+  return COMPUTE_DTYPES[name]
+
+
+def check_config(config: Any) -> None:
+  """Checks every field of a model config dataclass that follows jaxckpt's field names.
+
+  Sizes (``num_layers``, ``dim``, ``seq_len``, ``batch_size``...) must be whole numbers ≥ 1, ``vocab_size`` ≥ 2,
+  ``dropout_rate`` in [0, 1), ``num_heads`` a divisor of ``dim``, ``compute_dtype`` a key of :data:`COMPUTE_DTYPES`,
+  ``structure`` a checkpoint structure (:func:`jaxckpt.core._structure.parse_structure`), ``attention`` one of
+  :data:`jaxckpt.core._blocks.ATTENTION_IMPLEMENTATIONS`, ``scan`` and ``tie_embeddings`` bools.
+
+  Args:
+    config: a config dataclass instance.
+
+  Raises:
+    JaxckptError: the first bad field, named as the Python argument with its value (``seq_len=0 must be ≥ 1``).
+  """
+  values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+  for name, value in values.items():
+    if name in _AT_LEAST_ONE or name in _AT_LEAST_TWO:
+      least = 2 if name in _AT_LEAST_TWO else 1
+      if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise JaxckptError(f"{name}={value!r} must be a whole number ≥ {least}")
+    elif name in _FLAGS and not isinstance(value, bool):
+      raise JaxckptError(f"{name}={value!r} must be True or False")
+  if "dropout_rate" in values:
+    check_dropout_rate(values["dropout_rate"])
+  if "compute_dtype" in values:
+    compute_dtype(values["compute_dtype"])
+  if "structure" in values:
+    parse_structure(values["structure"])
+  if "num_heads" in values:
+    check_attention(values["dim"], values["num_heads"], values.get("attention", ATTENTION_IMPLEMENTATIONS[0]))
+
+
+def override(config: Config, **overrides: Any) -> Config:
+  """A copy of a model config with some fields replaced, checked once (:func:`check_config`).
+
+  ``None`` values are left out, so optional overrides pass straight through (``override(c, seq_len=None)`` is
+  ``c``).
+
+  Args:
+    config: a config dataclass instance (e.g. a preset).
+    **overrides: field name -> new value.
+
+  Returns:
+    The new config (``config`` itself when nothing is overridden).
+
+  Raises:
+    JaxckptError: a name that is not a field of this config (with its fields and the closest one), or a bad value.
+
+  Example::
+
+    >>> override(GPT_PRESETS["tiny"], seq_len=128, num_layers=None)  # seq_len replaced, num_layers kept
+  """
+  given = {name: value for name, value in overrides.items() if value is not None}
+  fields = [f.name for f in dataclasses.fields(config)]
+  for name, value in given.items():
+    if name not in fields:
+      raise JaxckptError(_unknown_field(type(config).__name__, name, value, fields))
+  return dataclasses.replace(config, **given) if given else config
+
+
+def _unknown_field(config_name: str, name: str, value: Any, fields: Iterable[str]) -> str:
+  hint = closest(name, list(fields))
+  return (f"{name}={value!r} is not a field of {config_name}; its fields: {', '.join(fields)}"
+          + (f"; did you mean {hint!r}?" if hint else ""))

@@ -1,0 +1,128 @@
+"""``python -m jaxckpt.planner`` / ``jaxckpt-plan``: the least-recompute remat plan that fits a memory budget.
+
+Prints the plan (ranges of layers, what each saves, predicted vs compiled bytes, recompute FLOPs, compiles taken);
+``--explain`` adds the candidate table, ``--export`` prints the plan as plain JAX code, ``--json`` writes it all.
+``--mincut CAP`` instead plans the whole loss under a cap on saved activation bytes (the policy ``mincut:CAP``,
+:mod:`jaxckpt.planner._whole`) and prints its regions and every saved value with its source line.
+Exit status 0 with a plan, 2 for bad arguments or a budget (or cap) no plan meets (one line on stderr, stating the
+least memory reachable and the plan reaching it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+
+from jaxckpt._cli import CLIParser, check_output_file
+from jaxckpt.errors import JaxckptError
+from jaxckpt.planner._export import export_code, linen_export_code
+from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
+from jaxckpt.planner._segmented import mincut_policy
+from jaxckpt.policies._model import MINCUT, Budget, MinCut, parse_model_policy
+from jaxckpt.planner._target_flags import add_target_flags, target_from_args
+from jaxckpt.analysis._tables import wrap_lines
+from jaxckpt.step._build import target_block_types
+
+__all__ = ["build_parser", "main"]
+
+PROG = "jaxckpt-plan"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser."""
+  parser = CLIParser(
+      prog=PROG,
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=(
+          "budgets: budget:<size> (compiled footprint = argument + output + temp − alias ≤ size; binary units B, KiB,\n"
+          "  MiB, GiB, TiB), budget:<p>% (compiled temp ≤ p% of no-remat temp), auto or auto:margin=<p>% (footprint\n"
+          "  ≤ this device's memory − margin; CPU: available RAM)\n"
+          "use the plan: --policy '<printed policy>' in the experiments, or jaxckpt.set_policy(model, plan.policy)\n"
+          "examples:\n"
+          f"  {PROG} --model gpt --preset small --budget 50% --explain\n"
+          f"  {PROG} --model vit --preset small --budget 8MiB --export\n"
+          f"  {PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json\n"
+          f"  {PROG} --model gpt --preset small --mincut 25%"
+      ),
+  )
+  add_target_flags(parser)
+  what = parser.add_mutually_exclusive_group(required=True)
+  what.add_argument("--budget", metavar="BUDGET",
+                    help="budget:<size> | budget:<p>%% | auto[:margin=<p>%%] (the 'budget:' prefix may be left out)")
+  what.add_argument("--mincut", metavar="CAP",
+                    help="a whole-loss min-cut plan saving at most CAP of activations: <size> or <p>%% of no remat's "
+                         "(the policy mincut:CAP); prints its regions and saved values (always: --explain and "
+                         "--max-rounds are for --budget)")
+  parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
+  parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
+  parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
+                      help=f"verification compiles after the none/full anchors (default {MAX_ROUNDS})")
+  parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its compiles and candidates")
+  parser.add_argument("--wide", action="store_true",
+                      help="no wrapping: one line per range and candidate (default: fit the terminal, COLUMNS or 100)")
+  return parser
+
+
+def _budget(text: str) -> Budget:
+  spec = text if text.split(":")[0].strip() in ("budget", "auto") else f"budget:{text}"
+  parsed = parse_model_policy(spec)
+  if not isinstance(parsed, Budget):  # unreachable: the prefix makes it a budget
+    raise JaxckptError(f"--budget {text!r} is not a budget")
+  return parsed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (0 a plan, 2 bad arguments or an infeasible budget)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    if args.max_rounds < 1:
+      raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
+    check_output_file("--json", args.json)
+    if args.mincut is not None:
+      return _mincut(parser, args)
+    budget = _budget(args.budget)
+    target = target_from_args(args)
+    plan = plan_policy(target, budget, max_rounds=args.max_rounds)
+  except JaxckptError as err:
+    return parser.fail(err)
+  print(plan.explain(candidates=args.explain, wide=args.wide))
+  print(f"policy: {plan.policy}")
+  if args.export:
+    print()
+    linen_model = getattr(target, "model", None)  # a Linen target: nn.remat code
+    print(linen_export_code(plan, linen_model) if linen_model is not None
+          else export_code(plan, tuple(target_block_types(target))), end="")
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump({"model": target.name, "preset": target.preset, **plan.to_json()}, f, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}")
+  return 0
+
+
+def _mincut(parser: CLIParser, args: argparse.Namespace) -> int:
+  """``--mincut CAP``: the segmented whole-loss plan (:func:`jaxckpt.planner._whole.mincut_policy`), explained."""
+  if args.export:
+    raise JaxckptError("--export prints per-block policies; a mincut plan remats the whole loss: use the policy "
+                       f"mincut:{args.mincut} in jaxckpt-report, or jaxckpt.planner._whole in your code (docs/plans.md)")
+  parsed = parse_model_policy(f"{MINCUT}:{args.mincut}")
+  if not isinstance(parsed, MinCut):  # unreachable: the prefix makes it a mincut
+    raise JaxckptError(f"--mincut {args.mincut!r} is not a cap")
+  target = target_from_args(args)
+  policy = mincut_policy(target, parsed)
+  print("\n".join(wrap_lines(policy.plan.explain().split("\n"), wide=args.wide, indent="    ")))
+  print(f"policy: {policy}")
+  if args.json:
+    plan = policy.plan
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump({"model": target.name, "preset": target.preset, "policy": str(policy),
+                 "activation_bytes": plan.activation_bytes, "recompute_flops": plan.flops, "mip_gap": plan.mip_gap,
+                 "regions": [{"equations": [r.start, r.stop], "saved": list(names)}
+                             for r, names in zip(plan.segments.regions, plan.names)]}, f, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}")
+  return 0

@@ -1,0 +1,62 @@
+"""The command-line flags that choose what to compile (``--model``/``--target``, ``--preset``, shape overrides),
+shared by every tool's CLI (``jaxckpt-report``, ``jaxckpt-plan``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.models._registry import COMPUTE_DTYPES
+from jaxckpt.step._targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
+
+__all__ = ["add_target_flags", "target_from_args"]
+
+
+def add_target_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds the flags that choose what to compile: ``--model``/``--target``, ``--preset`` and the shape overrides."""
+  what = parser.add_mutually_exclusive_group()
+  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
+  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss: MODULE:FUNCTION names a function that takes no arguments and returns a "
+                    "jaxckpt ModelTarget (e.g. jaxckpt.linen_model_target(...)) or LossTarget; the module is imported "
+                    "from the current directory or PYTHONPATH (docs/own-model.md)")
+  parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
+  parser.add_argument("--batch-size", type=int, default=None,
+                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
+  parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
+  parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None,
+                      help="dtype of --model's activations and matmuls (parameters stay float32; default: preset's)")
+  parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
+                      help="scan over layers or --no-scan to unroll them (default: the preset's)")
+  parser.add_argument("--structure", default=None,
+                      help="checkpoint structure of the layer stack: block, every:K, nested, nested:D (default block)")
+  parser.add_argument("--grad-accum-steps", type=int, default=1,
+                      help="micro-batches per step, gradients averaged (compare B with remat vs N×B/N accumulated)")
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+  """The target the flags of :func:`add_target_flags` describe.
+
+  Args:
+    args: parsed flags of a parser that :func:`add_target_flags` set up.
+
+  Returns:
+    The :class:`~jaxckpt.step.ModelTarget` of ``--model`` or the target ``--target`` names.
+
+  Raises:
+    JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
+  """
+  if args.target is not None:
+    given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan", "structure")
+             if getattr(args, f) is not None]
+    if args.grad_accum_steps != 1:
+      given.append("grad_accum_steps")
+    if given:
+      flags = ", ".join("--" + f.replace("num_layers", "layers").replace("_", "-") for f in given)
+      raise JaxckptError(f"{flags} apply to --model only; a --target sets its own shapes")
+    return load_target(args.target)
+  return shipped_target(
+      args.model or "vit", args.preset or "tiny",
+      batch_size=args.batch_size,
+      seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
+      structure=args.structure, grad_accum_steps=args.grad_accum_steps)

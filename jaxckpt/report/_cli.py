@@ -1,0 +1,141 @@
+"""``python -m jaxckpt.report`` / ``jaxckpt-report``: compare remat policies on a model's full train step.
+
+The CLI only parses flags, builds a target and calls :func:`jaxckpt.report.build_report`; exit status 0 if any policy
+row succeeded, 1 if none did, 2 for bad arguments (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+import jax
+
+from jaxckpt.core import _names as names
+from jaxckpt._cli import CLIParser, check_output_dir, check_output_file
+from jaxckpt.errors import JaxckptError
+from jaxckpt.models._registry import MODEL_REGISTRY
+from jaxckpt.policies._model import POLICY_FORMS
+from jaxckpt.policies._spec import POLICY_NAMES
+from jaxckpt.report._build import build_report
+from jaxckpt.training._profile import check_profile_dir
+from jaxckpt.report._html import PLOTLYJS_MODES
+from jaxckpt.report._outputs import to_table, write_outputs
+from jaxckpt.report._plot import PLOT_SUFFIXES, plot_format
+from jaxckpt.report._policies import ALL, expand_policies
+from jaxckpt.training._sharding import check_batch_size, make_mesh
+from jaxckpt.step._build import target_block_types
+from jaxckpt.planner._target_flags import add_target_flags, target_from_args
+from jaxckpt.step._targets import SHIPPED_MODELS
+
+__all__ = ["build_parser", "add_target_flags", "target_from_args", "main"]
+
+PROG = "jaxckpt-report"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The CLI's argument parser."""
+  presets = "; ".join(f"{name}: {', '.join(names_)}" for name, names_ in SHIPPED_MODELS.items())
+  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODEL_REGISTRY.items())
+  parser = CLIParser(
+      prog=PROG,
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog=(
+          f"presets per model: {presets}\n"
+          f"block types per model: {blocks}\n"
+          f"{POLICY_FORMS}\n"
+          f"policy names: {ALL} (every policy worth comparing on the target), {', '.join(POLICY_NAMES)}\n"
+          f"checkpoint names: {', '.join(names.ALL_NAMES)}\n"
+          "--target package.module:function: function() returns a jaxckpt.report.ModelTarget or LossTarget\n"
+          "  (see jaxckpt.step._targets.py); your own model: ModelTarget(make_model=lambda: jaxckpt.apply_remat(\n"
+          "  model, 'none', blocks={'layer': MyLayer}), batch=..., loss_fn=lambda model, batch: loss); its\n"
+          "  checkpoint names are the layers' attribute paths (attn.q_proj, mlp.up_proj): --list-blocks prints them\n"
+          "  a Linen model: jaxckpt.linen_model_target(module, tokens, loss='next_token', blocks={'layer': MyBlock})\n"
+          "examples:\n"
+          f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
+          f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
+          f"  {PROG} --model vit --policies none full dots_saveable --profile prof/  # xprof --logdir prof\n"
+          f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
+          f"  {PROG} --target mypkg.targets:target --policies none full --json report.json\n"
+          f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh fsdp=8 "
+          "--policies none full"
+      ),
+  )
+  add_target_flags(parser)
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                      help="compile sharded over a device mesh, axes data (batch) and fsdp (batch, parameters, "
+                           "optimizer state), product = device count, e.g. data=4,fsdp=2; memory is then per device")
+  parser.add_argument("--policies", nargs="+", default=[ALL], metavar="SPEC", help="policy specs (default all)")
+  parser.add_argument("--measure", action="store_true", help="also run each policy: step time and measured peak")
+  parser.add_argument("--steps", type=int, default=5, help="timed steps per policy with --measure (default 5)")
+  parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
+  parser.add_argument("--jobs", type=int, default=1, help="XLA compilations at once (default 1)")
+  parser.add_argument("--no-residuals", dest="residuals", action="store_false", help="skip the residual analysis")
+  parser.add_argument("--profile", default=None, metavar="DIR",
+                      help="XProf traces of a few warm steps per policy into DIR/<policy>/ (xprof --logdir DIR)")
+  parser.add_argument("--profile-steps", type=int, default=3, help="traced steps per policy with --profile (default 3)")
+  parser.add_argument("--xla-dump", default=None, metavar="DIR", help="keep XLA's memory reports per policy in DIR")
+  parser.add_argument("--json", default=None, metavar="FILE", help="write every row and the target (.json)")
+  parser.add_argument("--csv", default=None, metavar="FILE", help="write the rows as a table (.csv)")
+  parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table as Markdown (.md)")
+  parser.add_argument("--html", default=None, metavar="FILE",
+                      help="one self-contained page: interactive charts, sortable tables")
+  parser.add_argument("--plotlyjs", choices=list(PLOTLYJS_MODES), default="inline",
+                      help="--html gets plotly.js inline (default; works offline, ~4.8 MB) or from its CDN (small)")
+  parser.add_argument("--plot", default=None, metavar="FILE",
+                      help="static Pareto chart (memory vs FLOPs / time); format from the suffix: "
+                           + ", ".join(PLOT_SUFFIXES))
+  parser.add_argument("--wide", action="store_true",
+                      help="one line per policy, every column (default: fit the terminal, COLUMNS or 100 characters, "
+                           "long policies as labels with a legend)")
+  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+  parser.add_argument("--list-blocks", action="store_true",
+                      help="print the target's block types and the checkpoint names each emits (your own model's "
+                           "automatic names included) and exit")
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; returns the exit status (0 some row ok, 1 none, 2 bad arguments)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    for flag in ("steps", "warmup", "jobs", "profile_steps"):
+      if getattr(args, flag) < 1:
+        raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
+    for flag in ("json", "csv", "markdown", "html", "plot"):
+      check_output_file(f"--{flag}", getattr(args, flag))
+    check_output_dir("--xla-dump", args.xla_dump)
+    if args.plot is not None:
+      plot_format(args.plot, flag="plot")
+    if args.profile is not None:
+      check_profile_dir(args.profile, flag="--profile")
+    target = target_from_args(args)
+    if args.list_blocks:
+      for block, block_names in target_block_types(target).items():
+        print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")
+      return 0
+    expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
+    mesh = None
+    if args.mesh is not None:
+      if args.measure or args.profile is not None:
+        flag = "--measure" if args.measure else "--profile"
+        raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
+      mesh = make_mesh(args.mesh)
+      for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
+        check_batch_size(size, mesh)
+  except JaxckptError as err:
+    return parser.fail(err)
+  report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
+                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
+                        mesh=mesh, profile=args.profile, profile_steps=args.profile_steps)
+  print(to_table(report, wide=args.wide))
+  for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
+                            html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs):
+    print(f"wrote {os.path.abspath(path)}")
+  if args.profile is not None:
+    runs = [r["profile"]["dir"] for r in report.rows if r.get("profile")]
+    print(f"wrote {len(runs)} XProf run(s) under {os.path.abspath(args.profile)}: xprof --logdir {args.profile}")
+  return 0 if report.ok else 1

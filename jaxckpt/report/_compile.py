@@ -1,0 +1,227 @@
+"""Compiled per-policy statistics for the report, without allocating: memory, FLOPs, residuals, remat regions,
+compile time, XLA dumps.
+
+Per policy the full train step is traced and lowered from ``jax.ShapeDtypeStruct``s by the step core
+(:func:`jaxckpt.step.lower_policy`, in this thread: tracing holds the GIL), then compiled by XLA in a thread pool
+(compilation releases the GIL) with :func:`jaxckpt.step.step_compiler_options`. While XLA compiles, this thread
+counts FLOPs and analyses residuals. A policy whose lowered program is identical to one already compiled (e.g. a
+name policy that saves nothing the model emits, next to ``nothing_saveable``) is not compiled again: its row reuses
+the stats and says so in ``same_program_as``. A policy that fails anywhere becomes an error row; the others complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import optax
+from tqdm.auto import tqdm
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.analysis._jaxprs import count_remat_regions
+from jaxckpt.planner._cache import PlanCache
+from jaxckpt.planner._plan import resolve_policy
+from jaxckpt.policies._model import ModelPolicy
+from jaxckpt.report import _xla_dump as xla_dump
+from jaxckpt._remat_impl import remat_implementation
+from jaxckpt.report._keys import STATUS_ERROR, empty_row
+from jaxckpt.schema import MEMORY_KEYS
+from jaxckpt.report._residuals import analyse_residuals
+from jaxckpt.training._xla import offload_warning
+from jaxckpt.step._compile import STATS_ONLY_OPTIONS, lower_policy, step_builder, step_compiler_options, xla_raw_flops
+from jaxckpt.step._build import StepBuilder
+from jaxckpt.step._targets import Target
+
+__all__ = ["compile_rows", "xla_raw_flops", "one_line", "STATS_ONLY_OPTIONS", "report_compiler_options"]
+
+
+def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True) -> dict[str, Any]:
+  """The options the report compiles with: :func:`jaxckpt.step.step_compiler_options` (the CPU remat fix and, if
+  ``stats_only``, :data:`~jaxckpt.step.STATS_ONLY_OPTIONS`), then the caller's ``extra`` (which win)."""
+  return step_compiler_options(extra, stats_only=stats_only)
+
+
+def one_line(err: BaseException) -> str:
+  """An exception as one line: ``'Type: first line of the message'`` (JaxckptErrors without the type)."""
+  text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+  return text if isinstance(err, JaxckptError) else f"{type(err).__name__}: {text}"
+
+
+def _slug(index: int, policy: str) -> str:
+  return f"{index:02d}-{re.sub(r'[^A-Za-z0-9_.+-]+', '_', policy)[:80]}"
+
+
+def _resolve_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[dict[str, Any]], warnings: list[str], *,
+                     tx: optax.GradientTransformation, compiler_options: Mapping[str, Any] | None,
+                     mesh: Any = None) -> list[Any]:
+  """Each spec as a concrete policy (:func:`jaxckpt.planner.resolve_policy`; budgets share compiled anchors);
+  ``None`` where a budget could not be planned: an error row and a warning."""
+  cache = PlanCache()
+  candidates = None
+  resolved: list[Any] = []
+  for i, spec in enumerate(specs):
+    try:
+      policy, plan = resolve_policy(target, spec, tx=tx, compiler_options=compiler_options, mesh=mesh, cache=cache,
+                                    candidates=candidates)
+    except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
+      rows[i].update(status=STATUS_ERROR, error=one_line(err))
+      warnings.append(f"policy {rows[i]['policy']!r}: {one_line(err)}")
+      resolved.append(None)
+      continue
+    if plan is not None:
+      candidates = plan.candidates
+      rows[i]["plan"] = {k: v for k, v in plan.to_json().items() if k != "candidates"}
+    resolved.append(policy)
+  return resolved
+
+
+def _check_applied(row: dict[str, Any], spec: Any) -> None:
+  """Turns a row whose traced step has remat regions that contradict its policy into an error row."""
+  regions, remat = row["remat_regions"], spec.remat
+  if remat and regions == 0:
+    row.update(status=STATUS_ERROR, error=(
+        f"policy {row['policy']} was not applied: the traced train step has no remat region (jax.checkpoint); the "
+        "model's blocks are not remat-wrapped (jaxckpt.apply_remat(model, policy, blocks=...) wraps your own)"))
+  elif not remat and regions:
+    row.update(status=STATUS_ERROR, error=(
+        f"policy {row['policy']} asks for no remat, but the traced train step has {regions} remat region(s): the "
+        "model applies jax.checkpoint itself, so every row would show that policy's figures"))
+
+
+def compile_rows(
+    target: Target,
+    specs: Sequence[ModelPolicy],
+    *,
+    tx: optax.GradientTransformation,
+    builder: StepBuilder | None = None,
+    jobs: int = 1,
+    xla_dump_dir: str | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+    residuals: bool = True,
+    stats_only: bool = True,
+    progress: bool = True,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+  """Compiles the train step of ``target`` under each spec and collects its statistics.
+
+  Args:
+    target: what to compile.
+    specs: parsed policies (validated against the target here); a :class:`~jaxckpt.policies.Budget` is first
+      resolved into a plan (:func:`jaxckpt.planner.resolve_policy`, sharing compiled anchors between budgets), its
+      row keeping the budget as ``policy`` and the plan under ``plan``; an infeasible budget is an error row.
+    tx: the optimizer of the step.
+    builder: the target's :func:`jaxckpt.step.step_builder` (for ``tx`` and ``mesh``), if the caller has one.
+    jobs: XLA compilations running at once (threads), ≥ 1.
+    xla_dump_dir: if set, XLA's dumps of policy ``i`` go to ``xla_dump_dir/<ii>-<policy>/`` (text files only).
+    compiler_options: extra XLA options, merged with jaxckpt's remat fix.
+    residuals: run the residual analysis (``residual_bytes``, ``activation_residual_bytes``, ``residuals``).
+    stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
+    progress: show a tqdm bar on stderr.
+    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.training._sharding`: batch over ``data``/``fsdp``,
+      parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
+      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded.
+
+  Returns:
+    ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report._keys.ROW_KEYS`, memory in bytes,
+    ``compile_s`` = trace + lower + XLA compile seconds, trace + lower only for a row that reused an identical
+    program), and one
+    warning line per spec invalid for the target. A row whose traced step has remat regions that contradict its
+    policy (none for a remat policy, some for ``none``) is an error row: the policy was not applied.
+  """
+  rows = [empty_row(str(spec)) for spec in specs]
+  impl = remat_implementation()
+  for row in rows:
+    row["remat_impl"] = impl
+  warnings: list[str] = []
+  pending: dict[concurrent.futures.Future, tuple[int, str | None]] = {}
+  programs: dict[str, int] = {}  # fingerprint of a lowered program -> the first row that compiles it
+  twins: dict[int, list[int]] = {}  # that row -> later rows with the same program
+  bar = tqdm(total=len(specs), desc="compiling policies", unit="policy", disable=not progress, leave=False)
+
+  def fail(i: int, err: BaseException) -> None:
+    rows[i].update(status=STATUS_ERROR, error=one_line(err))
+
+  def finish(future: concurrent.futures.Future) -> None:
+    i, dump_dir = pending.pop(future)
+    try:
+      compiled = future.result()
+      rows[i]["stages_s"]["compile"] = compiled.compile_s
+      rows[i].update(compiled.memory)
+      rows[i]["flops_xla_raw"] = xla_raw_flops(compiled.compiled)
+      rows[i]["compile_s"] = compiled.seconds
+      if dump_dir is not None:
+        xla_dump.prune_dump(dump_dir)
+        rows[i]["xla_dump"] = {"dir": dump_dir, "files": xla_dump.dump_files(dump_dir),
+                               "peak_buffers": xla_dump.peak_buffers(dump_dir)}
+    except Exception as err:  # noqa: BLE001 - a policy that fails to compile (e.g. out of memory) is an error row
+      fail(i, err)
+    bar.update(1)
+
+  resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
+  warnings += [w for w in (offload_warning(p) for p in resolved if p is not None) if w is not None]
+  builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    for i, spec in enumerate(resolved):
+      if spec is None:  # a budget that could not be planned: already an error row
+        bar.update(1)
+        continue
+      try:
+        lowered = lower_policy(target, spec, tx=tx, mesh=mesh, options=compiler_options, stats_only=stats_only,
+                               builder=builder)
+      except Exception as err:  # noqa: BLE001 - invalid spec for this target, or a tracing error: an error row
+        fail(i, err)
+        if isinstance(err, JaxckptError):
+          warnings.append(f"policy {rows[i]['policy']!r} is invalid for {target.name}: {one_line(err)}")
+        bar.update(1)
+        continue
+      rows[i]["remat_regions"] = count_remat_regions(lowered.traced.jaxpr)
+      _check_applied(rows[i], spec)
+      if rows[i]["status"] == STATUS_ERROR:
+        bar.update(1)
+        continue
+      stages = rows[i]["stages_s"] = dict(lowered.stages)
+      fingerprint = lowered.fingerprint
+      if xla_dump_dir is None and fingerprint in programs:  # the same program: its stats are this row's
+        first = programs[fingerprint]
+        rows[i]["same_program_as"] = rows[first]["policy"]
+        rows[i]["compile_s"] = lowered.lower_s  # traced and lowered, not compiled
+        twins.setdefault(first, []).append(i)
+      else:
+        programs[fingerprint] = i
+        dump_dir, extra = None, {}
+        if xla_dump_dir is not None:
+          dump_dir = os.path.join(xla_dump_dir, _slug(i, rows[i]["policy"]))
+          os.makedirs(dump_dir, exist_ok=True)
+          extra = xla_dump.dump_options(dump_dir)
+        # Submitted before this row's analysis, so XLA never waits for it.
+        pending[pool.submit(lowered.compile, extra)] = (i, dump_dir)
+      # While XLA compiles: FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis.
+      try:
+        t0 = time.perf_counter()
+        rows[i]["flops"] = lowered.flops
+        t1 = time.perf_counter()
+        stages["flops"] = t1 - t0
+        if residuals:
+          summary = analyse_residuals(lowered.step)
+          rows[i]["residual_bytes"] = summary["bytes"]
+          rows[i]["activation_residual_bytes"] = summary["activation_bytes"]
+          rows[i]["residuals"] = summary
+          stages["residuals"] = time.perf_counter() - t1
+      except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
+        warnings.append(f"policy {rows[i]['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")
+      if rows[i]["same_program_as"] is not None:
+        bar.update(1)
+      for future in [f for f in pending if f.done()]:
+        finish(future)
+    for future in concurrent.futures.as_completed(list(pending)):
+      finish(future)
+  for first, later in twins.items():
+    for i in later:
+      rows[i].update({k: rows[first][k] for k in ("status", "error", *MEMORY_KEYS, "flops_xla_raw")})
+  bar.close()
+  return rows, warnings

@@ -1,0 +1,64 @@
+"""Key names of the memory report's JSON (``jaxckpt-report --json``), in one place.
+
+Memory keys are :data:`jaxckpt.schema.MEMORY_KEYS` (the classifier's ``metrics.json`` uses the same), so report rows
+and experiment metrics can be joined. Bytes are ints, FLOPs ints, seconds floats; a missing value is ``None``.
+"""
+
+from __future__ import annotations
+
+from jaxckpt.schema import MEMORY_KEYS
+
+__all__ = ["REPORT_KEYS", "ROW_KEYS", "STATUS_OK", "STATUS_ERROR", "STRUCTURES", "empty_row"]
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STRUCTURES = ("scan", "unrolled")
+"""How the report's ``structure`` starts: layers stacked with ``scan`` or unrolled (then ", every:K" / ", nested:D"
+when the stacks group their blocks, see :mod:`jaxckpt.core._structure`)."""
+
+REPORT_KEYS: tuple[str, ...] = (
+    "schema_version",  # jaxckpt.schema.SCHEMA_VERSION.
+    "model",  # Model name (shipped: vit/mlp/cnn) or the target's name.
+    "preset",  # Preset name, or None for user targets.
+    "backend",  # jax.default_backend(): cpu, gpu, tpu.
+    "device_count",  # jax.device_count().
+    "mesh",  # Device mesh of a sharded step; None (unsharded) for now.
+    "structure",  # "scan" or "unrolled", then ", <checkpoint structure>" unless block (e.g. "scan, nested:2").
+    "grad_accum_steps",  # Micro-batches per train step (1 = no gradient accumulation).
+    "versions",  # jaxckpt.schema.versions().
+    "compiler_options",  # XLA options every policy was compiled with (the CPU remat fix; dump options excluded).
+    "warnings",  # One line each: invalid specs, policies that save nothing, measurement caveats.
+    "rows",  # One per policy, keys ROW_KEYS.
+)
+"""Top-level keys of the report JSON, in order."""
+
+ROW_KEYS: tuple[str, ...] = (
+    "policy",  # Canonical policy spec (str(parse_model_policy(...))); for a budget the budget (plan in "plan").
+    "status",  # "ok" or "error".
+    "error",  # One-line message when status is "error", else None.
+    "warning",  # One line when an ok row's policy had no effect in the compiled program (report.effect), else None.
+    *MEMORY_KEYS,  # XLA's CompiledMemoryStats under the schema's names (bytes), footprint_bytes last.
+    "flops",  # FLOPs of the whole train step from the jaxpr (scan bodies × trip count).
+    "flops_xla_raw",  # XLA's cost_analysis()["flops"] (counts a loop body once).
+    "residual_bytes",  # Bytes saved for the backward pass, arguments (params, batch) excluded.
+    "activation_residual_bytes",  # residual_bytes minus values of the params only (per-layer parameter slices).
+    "residuals",  # {"count", "bytes", "groups", "by_source", "items", "analysed"}: see report.residuals.
+    "remat_regions",  # jax.checkpoint equations in the traced step (a scan body once): 0 for none, > 0 otherwise.
+    "remat_impl",  # JAX's remat implementation that compiled the row: "remat2" (default) or "remat3" (JAX_REMAT3=1).
+    "same_program_as",  # Policy of an earlier row that lowered to the identical program (stats reused), else None.
+    "compile_s",  # Seconds to trace, lower and compile the step (trace + lower only when the program was reused).
+    "stages_s",  # Seconds per stage of this row: {"build", "trace", "lower", "flops", "residuals", "compile"}.
+    "step_time_s",  # --measure: median seconds per step after warm-up; else None.
+    "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
+    "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
+    "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.training._profile); else None.
+    "plan",  # Budget rows (budget:40%, auto): jaxckpt.planner.Plan.to_json() without candidates; else None.
+)
+"""Keys of every report row, in order."""
+
+
+def empty_row(policy: str) -> dict:
+  """A row with every key of :data:`ROW_KEYS`: ``policy`` set, ``status`` ok, every statistic ``None``."""
+  row = dict.fromkeys(ROW_KEYS)
+  row.update(policy=policy, status=STATUS_OK)
+  return row

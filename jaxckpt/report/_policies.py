@@ -1,0 +1,64 @@
+"""Which policies a report compares: the user's specs, with ``all`` expanded for the target."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+
+import jax
+
+from jaxckpt.policies._spec import REGISTRY, Policy, PolicySpec
+from jaxckpt.policies._model import ModelPolicy, parse_model_policy
+
+__all__ = ["ALL", "OFFLOAD_POLICIES", "all_policies", "expand_policies"]
+
+ALL = "all"
+"""The ``--policies`` word for every policy worth comparing on a target."""
+OFFLOAD_POLICIES: frozenset[str] = frozenset(
+    name for name in REGISTRY if "offload" in name
+)
+"""Policies that move residuals to host memory: useful on GPU/TPU only (on CPU host and device are one memory)."""
+
+
+def all_policies(block_types: Mapping[str, Collection[str]], *, backend: str | None = None) -> list[PolicySpec]:
+  """``none``, every zero-argument canonical policy, and ``save_only_these_names:<name>`` per emitted name.
+
+  Args:
+    block_types: block type -> checkpoint names (:func:`jaxckpt.block_types`).
+    backend: ``cpu``, ``gpu`` or ``tpu`` (default ``jax.default_backend()``); offload policies only off CPU.
+
+  Returns:
+    Parsed specs in registry order, then the per-name ones sorted by name.
+  """
+  backend = backend or jax.default_backend()
+  specs = [PolicySpec(default=Policy(name)) for name, kind in REGISTRY.items()
+           if kind.arity == "none" and (backend != "cpu" or name not in OFFLOAD_POLICIES)]
+  names = sorted(set().union(*block_types.values())) if block_types else []
+  specs += [PolicySpec(default=Policy("save_only_these_names", (name,))) for name in names]
+  return specs
+
+
+def expand_policies(specs: Iterable[str | ModelPolicy], block_types: Mapping[str, Collection[str]], *,
+                    backend: str | None = None) -> list[ModelPolicy]:
+  """Parses every spec (``all`` expands in place) and drops repeats, keeping the first.
+
+  Args:
+    specs: spec strings in :func:`jaxckpt.policies.parse_model_policy`'s grammar (per-block specs, layered
+      ``0-3:...;4-11:...`` policies, budgets ``budget:40%`` / ``auto``), ``"all"``, or parsed ones.
+    block_types: the target's block types and names (for ``all``).
+    backend: for ``all`` (see :func:`all_policies`).
+
+  Returns:
+    The parsed specs. They are not validated against the target here: an invalid one becomes an error row.
+
+  Raises:
+    PolicySpecError: a spec that does not parse (unknown policy name, bad grammar).
+  """
+  out: list[ModelPolicy] = []
+  seen: set[str] = set()
+  for spec in specs:
+    parsed = all_policies(block_types, backend=backend) if spec == ALL else [parse_model_policy(spec)]
+    for item in parsed:
+      if str(item) not in seen:
+        seen.add(str(item))
+        out.append(item)
+  return out

@@ -1,0 +1,256 @@
+"""One compile path: a target's train step under one policy, traced, lowered and compiled with jaxckpt's options.
+
+Every tool compiles through here: the report (:mod:`jaxckpt.report`), the planner (:mod:`jaxckpt.planner`),
+``--measure`` and the experiments. The step is built from ``jax.ShapeDtypeStruct`` s (nothing is allocated), its
+state (argument 0) donated, and compiled with :func:`step_compiler_options`: the XLA:CPU remat fix
+(:data:`jaxckpt.CPU_REMAT_FIX`, see :func:`jaxckpt.remat_compiler_options`) and, for stats-only compiles,
+:data:`STATS_ONLY_OPTIONS`.
+
+Two stages, so a caller can overlap them (the report traces the next policy while XLA compiles this one)::
+
+    lowered = lower_policy(target, spec, tx=tx)      # trace + lower, in this thread (holds the GIL)
+    compiled = lowered.compile()                     # XLA, releases the GIL
+
+:func:`compile_policy` does both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+
+from jaxckpt.training import _sharding as sharding
+from jaxckpt.analysis._flops import jaxpr_flops
+from jaxckpt.analysis._internals import compilation_cache_switch
+from jaxckpt.policies._model import LayeredPolicy
+from jaxckpt.policies._spec import PolicySpec
+from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer
+from jaxckpt.step._targets import ModelTarget, Target
+from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
+
+__all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
+           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
+
+STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
+"""Options of the stats-only compiles (executables that are never run): LLVM's optimisation level does not touch
+HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles
+~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation."""
+
+
+def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True) -> dict[str, Any]:
+  """The XLA options jaxckpt compiles a train step with.
+
+  Args:
+    extra: the caller's options (they win over jaxckpt's).
+    stats_only: add :data:`STATS_ONLY_OPTIONS` (for compiles that are never run).
+
+  Returns:
+    ``{option: value}``: the CPU remat fix on the CPU backend, the stats-only options, then ``extra``.
+  """
+  return remat_compiler_options(extra={**(STATS_ONLY_OPTIONS if stats_only else {}), **(extra or {})})
+
+
+def xla_raw_flops(compiled: jax.stages.Compiled) -> int | None:
+  """XLA's ``cost_analysis()["flops"]`` of a compiled step (a loop body counted once: see :mod:`jaxckpt.analysis._flops`),
+  or ``None`` where the backend has no cost analysis."""
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - backends without cost analysis raise various errors
+    return None
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  flops = analysis.get("flops") if isinstance(analysis, Mapping) else None
+  return int(flops) if flops is not None and flops >= 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPolicy:
+  """A target's train step compiled under one policy.
+
+  Attributes:
+    step: the :class:`~jaxckpt.step.PolicyStep` (abstract state and batch, the step function).
+    traced: ``jax.stages.Traced`` (its ``jaxpr`` gives FLOPs and remat regions).
+    compiled: the ``jax.stages.Compiled`` executable: ``compiled(state, batch) -> (state, metrics)``.
+    memory: compiled memory stats (keys :data:`jaxckpt.schema.MEMORY_KEYS`, int bytes, ``None`` where missing).
+    flops: FLOPs of the whole step counted from the jaxpr (scan bodies × trip count).
+    lower_s: seconds to build, trace and lower the step.
+    compile_s: seconds XLA took to compile it.
+    fingerprint: hash of the lowered StableHLO text; equal fingerprints compile to the same program.
+    stages: seconds per stage, ``{"build", "trace", "lower", "compile"}``.
+  """
+
+  step: PolicyStep
+  traced: Any
+  compiled: Any
+  memory: Mapping[str, int | None]
+  flops: int
+  lower_s: float
+  compile_s: float
+  fingerprint: str
+  stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+  @property
+  def seconds(self) -> float:
+    """Trace + lower + compile seconds."""
+    return self.lower_s + self.compile_s
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredPolicy:
+  """A target's train step under one policy, traced and lowered, not yet compiled.
+
+  Attributes:
+    step: the :class:`~jaxckpt.step.PolicyStep`.
+    traced: ``jax.stages.Traced``.
+    lowered: ``jax.stages.Lowered``.
+    options: the XLA options :meth:`compile` uses (:func:`step_compiler_options`).
+    lower_s: seconds to build, trace and lower.
+    stages: those seconds split: ``{"build", "trace", "lower"}``.
+  """
+
+  step: PolicyStep
+  traced: Any
+  lowered: Any
+  options: Mapping[str, Any]
+  lower_s: float
+  stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """Hash of the lowered module's text (identical programs, e.g. name policies that save nothing the model
+    emits, share it)."""
+    return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()[:16]
+
+  @functools.cached_property
+  def flops(self) -> int:
+    """FLOPs of the step from its jaxpr (:func:`jaxckpt.analysis._flops.jaxpr_flops`)."""
+    return jaxpr_flops(self.traced.jaxpr).total
+
+  def compile(self, extra_options: Mapping[str, Any] | None = None) -> CompiledPolicy:
+    """Compiles with :attr:`options` (plus ``extra_options``, e.g. XLA dump flags).
+
+    JAX's persistent compilation cache (``jax_compilation_cache_dir``), when the user enabled it, serves repeated
+    compiles; a compile with ``xla_dump_*`` options bypasses it, since its key ignores dump options and a cache hit
+    would write no dump.
+
+    Returns:
+      The :class:`CompiledPolicy`.
+
+    Raises:
+      Whatever XLA raises (e.g. out of memory): callers turn it into an error row.
+    """
+    options = {**self.options, **(extra_options or {})}
+    dumping = any(key.startswith("xla_dump") for key in options)
+    started = time.perf_counter()
+    with compilation_cache_switch(False) if dumping else contextlib.nullcontext():
+      compiled = self.lowered.compile(compiler_options=options or None)
+    compile_s = time.perf_counter() - started
+    return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
+                          compile_s, self.fingerprint, {**self.stages, "compile": compile_s})
+
+
+def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
+  """``target`` whose loss computes with parameters all-gathered over ``fsdp`` (:func:`jaxckpt.training._sharding.gathered_params`)."""
+  if isinstance(target, ModelTarget):
+    return dataclasses.replace(target, loss_fn=sharding.gather_params_in_loss(target.loss_fn, mesh))
+  loss = target.loss
+  return dataclasses.replace(
+      target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch, policy=policy))
+
+
+def step_builder(target: Target, *, tx: optax.GradientTransformation | None = None,
+                 mesh: jax.sharding.Mesh | None = None) -> StepBuilder:
+  """The :class:`~jaxckpt.step.StepBuilder` :func:`lower_policy` uses for ``target`` (sharded over ``mesh``).
+
+  Args:
+    target: a model or loss target.
+    tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`).
+    mesh: the device mesh the step is sharded over, or ``None``.
+
+  Returns:
+    One builder to pass to every :func:`lower_policy` / :func:`compile_policy` call of this target.
+  """
+  return StepBuilder(target if mesh is None else sharded_target(target, mesh), tx or default_optimizer())
+
+
+def lower_policy(
+    target: Target,
+    spec: PolicySpec | LayeredPolicy,
+    *,
+    tx: optax.GradientTransformation | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    options: Mapping[str, Any] | None = None,
+    stats_only: bool = True,
+    builder: StepBuilder | None = None,
+) -> LoweredPolicy:
+  """Builds and lowers the train step of ``target`` under ``spec`` from shapes only.
+
+  Args:
+    target: a :class:`~jaxckpt.step.ModelTarget` or :class:`~jaxckpt.step.LossTarget`.
+    spec: a concrete policy: a per-block :class:`~jaxckpt.PolicySpec` or a per-layer-range
+      :class:`~jaxckpt.policies.LayeredPolicy` (budgets are resolved first: :func:`jaxckpt.planner.resolve_policy`).
+    tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`, ``optax.adamw(1e-3)``).
+    mesh: shard the step over this mesh (batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp``
+      by the FSDP rule of :mod:`jaxckpt.training._sharding`, computed with parameters all-gathered); the compiled stats are
+      then per device. ``None``: one device.
+    options: extra XLA options, merged over :func:`step_compiler_options`.
+    stats_only: compile with :data:`STATS_ONLY_OPTIONS` (for executables that are never run).
+    builder: a :func:`step_builder` of this target, optimizer and mesh, to share the policy-independent parts
+      (abstract model, state) between policies; ``None`` makes one.
+
+  Returns:
+    The :class:`LoweredPolicy`.
+
+  Raises:
+    PolicySpecError: ``spec`` names a block type or checkpoint name the target does not have.
+  """
+  t0 = time.perf_counter()
+  builder = builder or step_builder(target, tx=tx, mesh=mesh)
+  step = builder.step(spec)
+  kwargs: dict[str, Any] = {}
+  if mesh is not None:
+    model = builder.abstract_model if isinstance(target, ModelTarget) else None
+    kwargs = sharding.step_shardings(step.state, step.batch, mesh, model=model, params=step.params)
+  t1 = time.perf_counter()
+  with remat_fix_applied():  # compiled below with step_compiler_options (jaxckpt's option on CPU)
+    traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
+  t2 = time.perf_counter()
+  lowered = traced.lower()
+  t3 = time.perf_counter()
+  return LoweredPolicy(step, traced, lowered, step_compiler_options(options, stats_only=stats_only), t3 - t0,
+                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2})
+
+
+def compile_policy(
+    target: Target,
+    spec: PolicySpec | LayeredPolicy,
+    *,
+    tx: optax.GradientTransformation | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    options: Mapping[str, Any] | None = None,
+    stats_only: bool = True,
+    builder: StepBuilder | None = None,
+) -> CompiledPolicy:
+  """Compiles the train step of ``target`` under ``spec`` (:func:`lower_policy`, then XLA) without allocating.
+
+  Args and Raises: as :func:`lower_policy` (plus whatever XLA raises while compiling).
+
+  Returns:
+    The :class:`CompiledPolicy`: memory stats (bytes), FLOPs, the executable and timings.
+
+  Example::
+
+    >>> from jaxckpt.step import compile_policy, shipped_target
+    >>> compiled = compile_policy(shipped_target("mlp", "tiny"), jaxckpt.parse_policy("full"))
+    >>> compiled.memory["temp_bytes"]   # int bytes
+  """
+  return lower_policy(target, spec, tx=tx, mesh=mesh, options=options, stats_only=stats_only,
+                      builder=builder).compile()

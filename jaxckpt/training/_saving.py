@@ -1,0 +1,352 @@
+"""Saving and resuming the train state with orbax, refusing to overwrite or mix runs; holding a run's directories.
+
+Each checkpoint step holds the :class:`~jaxckpt.training._train.TrainState` (orbax ``StandardSave``; restores bit-identically)
+and the run's config as JSON. Saves are synchronous: the train step donates its state, so the arrays must be written
+before the next step reuses their buffers. orbax writes each step to a temporary directory
+(``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a half-written step is never listed; the
+temporary directories a killed save leaves behind are deleted when the directory is opened again. A step that is
+listed but cannot be read (corrupted on disk) is skipped with a warning in favour of the previous good one, and moved
+aside (renamed ``<step>.corrupt-<UTC time>``, kept for inspection, never deleted) so that the resumed run's save of
+that step lands. A save that is asked for and writes nothing raises instead of returning quietly.
+
+:class:`DirectoryLock` holds a directory for one run (``filelock``: an OS ``flock`` on ``DIR/.jaxckpt.lock``), so
+a second run started into the same directories is refused at once, naming the holder.
+
+Multi-process runs (``jax.distributed``, :mod:`jaxckpt.training._sharding`): every process creates the same
+:class:`TrainStateSaver` on a directory they all see and calls the same methods in the same order; orbax writes each
+array's shards from the process that holds them and the metadata and JSON items from process 0, and a restore places
+every array on the template's sharding (so a state saved under one mesh restores onto the current one). Only process
+0 deletes unfinished saves.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import filelock
+import jax
+
+from jaxckpt.errors import CheckpointError, DirectoryInUseError
+
+__all__ = ["TrainStateSaver", "Checkpointer", "DirectoryLock", "TMP_MARKER", "CORRUPT_MARKER", "LOCK_NAME",
+           "check_checkpoint_directory"]
+
+TMP_MARKER = ".orbax-checkpoint-tmp"
+"""Part of the name of orbax's temporary directories (an unfinished save)."""
+CORRUPT_MARKER = ".corrupt-"
+"""Part of the name a step that cannot be read is moved aside to (``<step>.corrupt-<UTC time>``)."""
+LOCK_NAME = ".jaxckpt.lock"
+"""The lock file :class:`DirectoryLock` holds in a directory; the holder's pid, host and start time are in
+``LOCK_NAME + ".owner"`` beside it."""
+_STEP_RE = re.compile(r"\d+\Z")
+_TMP_RE = re.compile(r"\d+" + re.escape(TMP_MARKER))
+_CORRUPT_RE = re.compile(r"\d+" + re.escape(CORRUPT_MARKER))
+
+
+def _ours(entry: str) -> bool:
+  """Whether a directory entry is something this module writes (a step, an unfinished or moved-aside step, a lock)."""
+  return bool(_STEP_RE.match(entry) or TMP_MARKER in entry or _CORRUPT_RE.match(entry) or entry.startswith(LOCK_NAME))
+
+
+def check_checkpoint_directory(directory: str | os.PathLike) -> None:
+  """Raises :class:`CheckpointError` when ``directory`` cannot be a checkpoint directory (call it before writing).
+
+  Args:
+    directory: the checkpoint directory; it need not exist.
+
+  Raises:
+    CheckpointError: the path exists and is not a directory, or the directory is not empty and holds no checkpoints
+      (it belongs to something else).
+  """
+  directory = os.path.abspath(os.fspath(directory))
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise CheckpointError(f"checkpoint path {directory} exists and is not a directory")
+  entries = os.listdir(directory) if os.path.isdir(directory) else []
+  foreign = sorted(e for e in entries if not _ours(e))
+  if foreign and not any(_STEP_RE.match(e) for e in entries):
+    shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+    raise CheckpointError(
+        f"checkpoint directory {directory} is not empty and holds no checkpoints (found {shown}); "
+        "choose a new or empty ckpt_dir"
+    )
+
+
+def _utc_now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class DirectoryLock:
+  """Holds a directory for one run: a second run asking for it is refused at once, naming the holder.
+
+  The lock is ``filelock``'s (on Linux and macOS an ``flock(2)`` on ``DIR/.jaxckpt.lock``); the holder's pid, host,
+  start time and command line are written beside it (``.jaxckpt.lock.owner``) and removed on release. The operating
+  system drops an ``flock`` when its process dies, so a lock left by a killed run (``kill -9``, a crash, a lost
+  node) is stale: the next run takes it over at once and says whose it was. Network file systems without ``flock``
+  make filelock fall back to its soft lock, which a killed run leaves held; delete ``.jaxckpt.lock`` by hand then.
+
+  Args:
+    directory: the directory to hold (created if missing).
+    flag: the CLI flag that named it (for messages), e.g. ``"--ckpt-dir"``.
+
+  Attributes:
+    stale: after :meth:`acquire`, the owner line of a run that died holding the lock, or ``None``.
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, flag: str):
+    self.directory = os.path.abspath(os.fspath(directory))
+    self.flag = flag
+    self.stale: str | None = None
+    self._lock = filelock.FileLock(os.path.join(self.directory, LOCK_NAME), timeout=0)
+    self._owner = os.path.join(self.directory, LOCK_NAME + ".owner")
+
+  def _holder(self) -> str:
+    try:
+      with open(self._owner) as f:
+        owner = json.load(f)
+      return f"pid {owner['pid']} on host {owner['host']}, started {owner['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+      return "holder unknown: no readable .jaxckpt.lock.owner"
+
+  def acquire(self) -> "DirectoryLock":
+    """Takes the lock without waiting and writes the owner file.
+
+    Returns:
+      ``self``.
+
+    Raises:
+      DirectoryInUseError: another live process holds the directory (the message names its pid, host and start
+        time).
+    """
+    os.makedirs(self.directory, exist_ok=True)
+    try:
+      self._lock.acquire()
+    except filelock.Timeout:
+      raise DirectoryInUseError(
+          f"{self.flag} {self.directory} is in use by another run ({self._holder()}); wait for it to finish or "
+          f"choose another {self.flag}"
+      ) from None
+    if os.path.exists(self._owner):  # the last holder died without releasing: the OS dropped its flock
+      self.stale = self._holder()
+    with open(self._owner, "w") as f:
+      json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started": _utc_now(),
+                 "command": sys.argv}, f)
+    return self
+
+  def release(self) -> None:
+    """Removes the owner file and releases the lock (idempotent)."""
+    if self._lock.is_locked:
+      try:
+        os.remove(self._owner)
+      except OSError:
+        pass
+      self._lock.release()
+
+
+class TrainStateSaver:
+  """A run's checkpoint directory: save every ``save_every`` steps, resume from the latest complete step.
+
+  Args:
+    directory: checkpoint directory (created if missing).
+    config: the run-defining config (JSON-serialisable; e.g. model, data, seed, batch size, optimizer). Resuming
+      from a directory whose stored config differs is refused, naming the differing keys.
+    save_every: save when ``step % save_every == 0`` (steps ≥ 1).
+    resume: continue from the latest checkpoint if there is one. Without it, a directory that already holds
+      checkpoints is refused, so an existing run is never overwritten.
+    max_to_keep: complete checkpoints kept (older ones are deleted after a newer one is complete).
+    allow_config_change: resume even if the stored config differs (the differences become :attr:`warnings`).
+
+  Attributes:
+    warnings: things the user should hear about (cleaned-up temporary directories, skipped and moved-aside corrupt
+      steps, config differences allowed), one line each.
+
+  Raises:
+    CheckpointError: ``save_every`` < 1; the directory holds checkpoints and ``resume`` is false; the directory is
+      not empty but holds no checkpoints (it is not a checkpoint directory); its stored config differs from
+      ``config``; or the path exists and is not a directory.
+  """
+
+  def __init__(
+      self,
+      directory: str | os.PathLike,
+      *,
+      config: Mapping[str, Any],
+      save_every: int,
+      resume: bool,
+      max_to_keep: int = 3,
+      allow_config_change: bool = False,
+  ):
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top  (only runs that save pay its import)
+
+    if save_every < 1:
+      raise CheckpointError(f"checkpoint interval {save_every} must be ≥ 1 step")
+    self.directory = os.path.abspath(os.fspath(directory))
+    check_checkpoint_directory(self.directory)
+    self.config = dict(config)
+    self.save_every = save_every
+    self.allow_config_change = allow_config_change
+    self.warnings: list[str] = []
+    entries = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+    unfinished = sorted(e for e in entries if _TMP_RE.match(e))
+    self._written: set[int] = set()
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+        ),
+    )
+    for name in unfinished if jax.process_index() == 0 else ():  # orbax's own cleanup runs in a thread that may
+      shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)  # not finish; one process deletes
+    if unfinished:
+      self.warnings.append(
+          f"deleted {len(unfinished)} unfinished save(s) left by an interrupted run in {self.directory}: "
+          + ", ".join(unfinished)
+      )
+    latest = self._manager.latest_step()
+    if latest is not None and not resume:
+      raise CheckpointError(
+          f"checkpoint directory {self.directory} already holds a run (latest step {latest}); pass resume=True to "
+          "continue it, or choose another ckpt_dir"
+      )
+    self.latest_step = latest
+
+  def restore(self, state: Any) -> tuple[Any, dict[str, Any]]:
+    """Returns the latest readable checkpoint's ``(state, meta)``, or ``(state, {})`` if there is none.
+
+    Steps are tried newest first; a step that cannot be read is skipped with a line in :attr:`warnings`. Once an
+    older step restores (so the template is right and the newer ones are damaged), the skipped steps are moved aside
+    to ``<step>.corrupt-<UTC time>`` (kept, not deleted), so that saving those steps again writes them.
+
+    Args:
+      state: a template :class:`~jaxckpt.training._train.TrainState` (arrays or ``jax.ShapeDtypeStruct``s); sharded arrays
+        are restored with the same shardings (each process reads its own shards).
+
+    Returns:
+      The restored state, structured like ``state``, and the JSON ``meta`` saved with it (e.g. metric history).
+      :attr:`latest_step` is set to the step restored.
+
+    Raises:
+      CheckpointError: the stored config differs from this run's (unless ``allow_config_change``), or no listed step
+        can be read.
+    """
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    steps = sorted(self._manager.all_steps(), reverse=True)
+    if not steps:
+      return state, {}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    errors = []
+    for step in steps:
+      try:
+        items = self._manager.restore(
+            step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+        )
+        self._check_config(dict(items.config))
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+      except CheckpointError:
+        raise
+      except Exception as err:  # noqa: BLE001 - orbax raises many types; name the directory and step instead
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        errors.append(f"step {step}: {reason}")
+        self.warnings.append(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); trying older")
+        continue
+      self.latest_step = step
+      self._move_aside([s for s in steps if s > step])
+      return restored.state, dict(items.meta)
+    raise CheckpointError(f"no checkpoint in {self.directory} can be read: {'; '.join(errors)}")
+
+  def _move_aside(self, steps: list[int]) -> None:
+    """Renames unreadable steps ``<step>.corrupt-<time>`` (process 0) and forgets them."""
+    if not steps:
+      return
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    moved = []
+    for step in steps:
+      target = f"{step}{CORRUPT_MARKER}{stamp}"
+      if jax.process_index() == 0:
+        os.rename(os.path.join(self.directory, str(step)), os.path.join(self.directory, target))
+      moved.append(target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # noqa: PLC0415 - multi-process runs only
+
+      multihost_utils.sync_global_devices("jaxckpt-move-aside")
+    self._manager.reload()
+    self.warnings.append(f"moved the unreadable step(s) aside in {self.directory}, kept for inspection: "
+                         + ", ".join(moved))
+
+  def _check_config(self, stored: dict[str, Any]) -> None:
+    differing = sorted(k for k in set(stored) | set(self.config) if stored.get(k) != self.config.get(k))
+    if not differing:
+      return
+    details = ", ".join(f"{k}: saved {stored.get(k)!r} vs now {self.config.get(k)!r}" for k in differing)
+    if not self.allow_config_change:
+      raise CheckpointError(
+          f"checkpoint directory {self.directory} is from a different run ({details}); use another ckpt_dir, or "
+          "allow_config_change=True to resume it anyway"
+      )
+    self.warnings.append(f"resuming {self.directory} with a changed config ({details})")
+
+  def maybe_save(self, step: int, state: Any, *, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    """Saves ``state`` (and JSON ``meta``) as checkpoint ``step`` if ``step`` is a multiple of ``save_every``.
+
+    Args:
+      step: the state's step count.
+      state: the pytree to save.
+      meta: JSON-serialisable run metadata to save beside it (e.g. per-epoch losses).
+      force: save whatever the step (e.g. at the end of training).
+
+    Returns:
+      Whether a checkpoint was written: ``False`` only when ``step`` is not due (and not forced) or this saver
+      already wrote that very step.
+
+    Raises:
+      CheckpointError: the directory already holds step ``step`` or a later one that this saver did not write (it
+        would not be written, or not be the latest), or the save finished without the step on disk.
+    """
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    if not force and step % self.save_every:
+      return False
+    if step in self._written:
+      return False
+    ahead = [s for s in self._manager.all_steps() if s >= step]
+    if ahead:
+      raise CheckpointError(
+          f"cannot save step {step} in {self.directory}: it already holds step(s) {sorted(ahead)} that this run did "
+          "not write (another run writing there?); nothing was overwritten"
+      )
+    self._manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            config=ocp.args.JsonSave(self.config),
+            meta=ocp.args.JsonSave(dict(meta or {})),
+        ),
+        force=True,
+    )
+    self._manager.wait_until_finished()
+    self._manager.reload()
+    if step not in self._manager.all_steps():
+      raise CheckpointError(f"saving step {step} in {self.directory} finished but the step is not on disk")
+    self._written.add(step)
+    return True
+
+  def latest_saved_step(self) -> int | None:
+    """The newest complete checkpoint step on disk, or ``None``."""
+    return self._manager.latest_step()
+
+  def close(self) -> None:
+    """Waits for pending writes and releases the manager."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+Checkpointer = TrainStateSaver
+"""The old name of :class:`TrainStateSaver` (kept so that existing code imports)."""

@@ -1,0 +1,252 @@
+"""Compiling remat'd steps so that remat really works, and reading XLA's compiled memory stats.
+
+On XLA:CPU the ``cse_barrier_expander`` pass removes the optimization barriers ``jax.checkpoint`` puts around the
+recomputation; CSE and scheduling then pull the recomputation into the forward pass, and remat of unrolled layers
+saves nothing (``shared/NOTES.md``; scanned layers are not affected). jaxckpt disables that pass *per compile* with
+``compiler_options`` on the CPU backend — never through the process-wide ``XLA_FLAGS`` — in every compile path it
+owns (train steps, the report). Gradients are unchanged by it. :func:`jit` gives users the same for their own steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from jaxckpt.analysis._jaxprs import uses_remat
+from jaxckpt.core._remat import remat_calls
+from jaxckpt.policies._spec import PolicySpec
+from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
+
+__all__ = [
+    "CPU_REMAT_FIX",
+    "RematIneffectiveWarning",
+    "remat_compiler_options",
+    "jit",
+    "compile_step",
+    "memory_stats",
+    "offload_warning",
+    "PEAK_BACKENDS",
+    "watch_remat",
+    "remat_fix_applied",
+]
+
+CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+"""XLA:CPU compiler option that keeps ``jax.checkpoint``'s optimization barriers, so remat saves memory."""
+
+
+PEAK_BACKENDS: tuple[str, ...] = ("gpu", "cuda", "rocm", "tpu")
+"""Platforms whose ``CompiledMemoryStats.peak_memory_in_bytes`` is a peak: the most device memory live at once in
+XLA's buffer-assignment simulation of the program (arguments, outputs and temps; XLA:GPU fills it with
+``ComputePeakMemorySizes`` over the buffer assignment, ``xla/service/gpu/legacy_gpu_aot_compilation_result.cc``;
+not checked on a GPU or TPU here). On XLA:CPU (jax 0.10) the field
+is argument + output bytes and ignores temps (measured: 2,621,456 = 1,572,864 argument + 1,048,592 output bytes
+for a program with 1 MiB of temps), so :func:`memory_stats` reports it as ``None`` there."""
+
+
+class RematIneffectiveWarning(UserWarning):
+  """A remat'd step is compiled where remat will not save memory (XLA:CPU without :data:`CPU_REMAT_FIX`).
+
+  Issued once per process: by :func:`compile_step` with ``remat_fix=False``, and by a step of
+  :func:`jaxckpt.make_train_step` traced under ``nnx.jit`` or a plain ``jax.jit`` (:func:`watch_remat`)."""
+
+
+def _backend(backend: str | None) -> str:
+  return backend if backend is not None else jax.default_backend()
+
+
+def remat_compiler_options(
+    backend: str | None = None, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+  """Returns the ``compiler_options`` jaxckpt compiles with: :data:`CPU_REMAT_FIX` on CPU, merged with ``extra``.
+
+  Args:
+    backend: platform name (``"cpu"``, ``"gpu"``, ``"tpu"``); default ``jax.default_backend()``.
+    extra: the caller's own options; a caller's ``xla_disable_hlo_passes`` is joined with ours (comma-separated).
+  """
+  options = dict(extra or {})
+  if _backend(backend) == "cpu":
+    passes = [p for p in str(options.get("xla_disable_hlo_passes", "")).split(",") if p]
+    if CPU_REMAT_FIX["xla_disable_hlo_passes"] not in passes:
+      passes.append(CPU_REMAT_FIX["xla_disable_hlo_passes"])
+    options["xla_disable_hlo_passes"] = ",".join(passes)
+  return options
+
+
+def _fix_in_xla_flags() -> bool:
+  return CPU_REMAT_FIX["xla_disable_hlo_passes"] in os.environ.get("XLA_FLAGS", "")
+
+
+_FIX_APPLIED: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxckpt_fix_applied", default=False)
+_WARNED: set[str] = set()  # warnings issued in this process (each once)
+
+_UNFIXED = ("this train step uses remat (jax.checkpoint) but is compiled on XLA:CPU without jaxckpt's compiler option "
+            "xla_disable_hlo_passes=cse_barrier_expander: remat of unrolled layers saves no memory there. Compile it "
+            "with jaxckpt.jit(step, donate_argnums=0) or jaxckpt.compile_train_step (nnx.jit and jax.jit without "
+            "compiler_options=jaxckpt.remat_compiler_options() do not apply it), or set "
+            "XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander before JAX starts (an ahead-of-time "
+            ".lower().compile(compiler_options=jaxckpt.remat_compiler_options()) applies it too: then ignore this)")
+
+
+def _warn_once(message: str, *, stacklevel: int = 3) -> None:
+  """Issues :class:`RematIneffectiveWarning` ``message`` the first time only (per process)."""
+  if message in _WARNED:
+    return
+  _WARNED.add(message)
+  warnings.warn(message, RematIneffectiveWarning, stacklevel=stacklevel)
+
+
+@contextlib.contextmanager
+def watch_remat():
+  """Around the tracing of a train step: warns once (:class:`RematIneffectiveWarning`) when a jaxckpt remat wrapper
+  ran inside it, the backend is CPU, and the step is not being compiled by jaxckpt (:func:`jit`,
+  :func:`compile_step`) nor with the fix in ``XLA_FLAGS``: the ``nnx.jit`` / plain ``jax.jit`` case, where remat of
+  unrolled layers silently saves nothing."""
+  with remat_calls() as seen:
+    yield
+  if seen and not _FIX_APPLIED.get() and jax.default_backend() == "cpu" and not _fix_in_xla_flags():
+    _warn_once(_UNFIXED, stacklevel=4)
+
+
+@contextlib.contextmanager
+def remat_fix_applied(applied: bool = True):
+  """Around tracing a step that will be compiled with :func:`remat_compiler_options` ahead of time
+  (``jax.jit(step).trace(...)``, then ``.lower().compile(compiler_options=...)``): tells :func:`watch_remat` that
+  the option is applied, so it does not warn."""
+  token = _FIX_APPLIED.set(applied)
+  try:
+    yield
+  finally:
+    _FIX_APPLIED.reset(token)
+
+
+def _traced_with_fix(fn: Callable) -> Callable:
+  """``fn`` that, when traced, tells :func:`watch_remat` that jaxckpt's compiler option is applied."""
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with remat_fix_applied():
+      return fn(*args, **kwargs)
+
+  return wrapped
+
+
+def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
+  """``jax.jit`` with :func:`remat_compiler_options`, so remat of unrolled layers saves memory on CPU too.
+
+  Args:
+    fn: the function to compile (e.g. a train step over ``nnx.split`` state; ``nnx.jit`` has no
+      ``compiler_options``).
+    compiler_options: extra XLA options, merged with jaxckpt's.
+    **jit_kwargs: passed to ``jax.jit`` (``donate_argnums``, ``static_argnames``, shardings…).
+
+  Returns:
+    The jitted function.
+  """
+  return jax.jit(_traced_with_fix(fn), compiler_options=remat_compiler_options(extra=compiler_options),
+                 **jit_kwargs)
+
+
+def compile_step(
+    fn: Callable,
+    *args,
+    donate_argnums: int | tuple[int, ...] = (),
+    compiler_options: Mapping[str, Any] | None = None,
+    remat_fix: bool = True,
+    **jit_kwargs,
+) -> jax.stages.Compiled:
+  """Lowers and compiles ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``, nothing is allocated).
+
+  Args:
+    fn: a pure function of pytrees of arrays (e.g. a train step).
+    *args: example arguments or their ``jax.ShapeDtypeStruct``s.
+    donate_argnums: arguments whose buffers the step may reuse (e.g. the train state).
+    compiler_options: extra XLA options, merged with jaxckpt's.
+    remat_fix: apply :data:`CPU_REMAT_FIX` on CPU (default). With ``False`` a :class:`RematIneffectiveWarning` is
+      issued (once per process) when the step contains ``jax.checkpoint`` and the backend is CPU (unless
+      ``XLA_FLAGS`` already holds the fix).
+    **jit_kwargs: passed to ``jax.jit``.
+
+  Returns:
+    The compiled step; call it like ``fn`` (its signature is fixed to these shapes and dtypes).
+  """
+  options = remat_compiler_options(extra=compiler_options) if remat_fix else dict(compiler_options or {})
+  with remat_fix_applied(remat_fix or jax.default_backend() != "cpu"):
+    traced = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs).trace(*args)
+  if not remat_fix and jax.default_backend() == "cpu" and not _fix_in_xla_flags() and uses_remat(traced.jaxpr):
+    _warn_once(_UNFIXED)
+  return traced.lower().compile(compiler_options=options or None)
+
+
+def offload_warning(spec: "PolicySpec", backend: str | None = None) -> str | None:
+  """A warning when ``spec`` offloads residuals to host on a backend whose host and device memory are one (CPU).
+
+  Offloading (``save_and_offload_only_these_names``, ``offload_dot_with_no_batch_dims``) moves saved values to
+  ``pinned_host`` memory. On CPU that is the same RAM, so no memory is saved, whatever the compiled stats say.
+
+  Returns:
+    One line, or ``None`` when there is nothing to warn about.
+  """
+  if not spec.offloads or _backend(backend) != "cpu":
+    return None
+  return (f"policy {spec} offloads saved values to pinned_host, but on CPU host and device memory are the same RAM: "
+          "offloading saves no memory here (it does on GPU/TPU)")
+
+
+def _platform(compiled: Any) -> str:
+  """The platform ``compiled`` runs on (from its shardings' devices), else ``jax.default_backend()``."""
+  for shardings in (getattr(compiled, "input_shardings", None), getattr(compiled, "output_shardings", None)):
+    try:
+      leaves = jax.tree.leaves(shardings)
+    except Exception:  # noqa: BLE001 - a stand-in object without real shardings
+      continue
+    for sharding in leaves:
+      devices = getattr(sharding, "device_set", None)
+      if devices:
+        return next(iter(devices)).platform
+  return jax.default_backend()
+
+
+def memory_stats(compiled: jax.stages.Compiled, *, backend: str | None = None) -> dict[str, int | None]:
+  """Reads XLA's compiled memory stats of a step under the schema's key names (:mod:`jaxckpt.schema`).
+
+  The sizes are XLA's buffer assignment: ``argument_bytes`` (inputs), ``output_bytes``, ``temp_bytes`` (every
+  intermediate, after buffer sharing), ``alias_bytes`` (outputs written into donated inputs), generated code, and
+  their ``host_*`` twins; ``footprint_bytes`` = argument + output + temp − alias is jaxckpt's device footprint.
+  ``peak_memory_bytes`` is XLA's simulated peak of live device memory where that figure is one
+  (:data:`PEAK_BACKENDS`: GPU, TPU); on CPU XLA reports argument + output bytes in that field, not a peak, so it is
+  ``None`` there -- use ``footprint_bytes``, or the report's ``--measure`` for a measured peak.
+
+  Args:
+    compiled: the result of ``jax.jit(f).lower(...).compile()``.
+    backend: platform name (``"cpu"``, ``"gpu"``, ``"tpu"``) the step was compiled for; default: the platform of
+      ``compiled``'s devices, else ``jax.default_backend()``.
+
+  Returns:
+    ``{key: bytes}`` for every key of :data:`jaxckpt.schema.MEMORY_KEYS`, including ``footprint_bytes``. A field the
+    backend does not report is ``None``. Some backends report the device fields as all zeros, meaning "unknown":
+    then they are ``None`` too, not 0.
+  """
+  try:
+    analysis = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 - some backends raise NotImplementedError/XlaRuntimeError here
+    analysis = None
+  record: dict[str, int | None] = {}
+  for key, attr in MEMORY_FIELDS.items():
+    value = getattr(analysis, attr, None) if analysis is not None else None
+    record[key] = int(value) if isinstance(value, int) and value >= 0 else None
+  device = ("argument_bytes", "output_bytes", "temp_bytes")  # generated code can be > 0 beside unknown zeros
+  if all(record[k] == 0 for k in device):
+    for key in MEMORY_FIELDS:
+      record[key] = None
+  platform = backend if backend is not None else _platform(compiled)
+  if platform.lower() not in PEAK_BACKENDS:
+    record["peak_memory_bytes"] = None
+  record[FOOTPRINT] = footprint_bytes(record)
+  return record
