@@ -19,12 +19,19 @@ running the tests is left alone (and not removed). Compiles that dump XLA's pass
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 
 import pytest
 
 _OWNED = "JAXCKPT_TESTS_OWN_JAX_CACHE"  # set (to the directory) when this run made the cache directory
+_FAST_CODEGEN = "--xla_backend_optimization_level=0"
+"""XLA:CPU's LLVM code generation at -O0 for every executable the tests compile (in this process, the workers and
+the CLI subprocesses, through ``XLA_FLAGS``). It changes no HLO pass, so buffer assignment and every compiled memory
+stat are the same (:data:`jaxckpt.step.STATS_ONLY_OPTIONS` already compiles the report's stats this way), and matmuls
+run in XLA's runtime library either way; compiles of tiny models take a third of the time (tests/test_gradients.py:
+264 s -> 95 s on the 2-core machine). Set ``JAXCKPT_TESTS_FULL_OPT=1`` to test with XLA's default code generation."""
 
 
 def _use_run_cache() -> None:
@@ -40,6 +47,17 @@ def _use_run_cache() -> None:
 _use_run_cache()
 
 
+def _use_fast_codegen() -> None:
+  """Appends :data:`_FAST_CODEGEN` to ``XLA_FLAGS`` (before JAX is imported), unless the tester set the level or
+  ``JAXCKPT_TESTS_FULL_OPT=1``."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_backend_optimization_level" not in flags and os.environ.get("JAXCKPT_TESTS_FULL_OPT") != "1":
+    os.environ["XLA_FLAGS"] = f"{flags} {_FAST_CODEGEN}".strip()
+
+
+_use_fast_codegen()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
   """``--all``: both tiers (the fast default of ``addopts`` and the ``slow`` end-to-end cases)."""
   parser.addoption("--all", action="store_true", default=False,
@@ -52,6 +70,42 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.markexpr not in ("", "not slow"):
       raise pytest.UsageError(f"--all runs every test; it cannot be combined with -m {config.option.markexpr!r}")
     config.option.markexpr = ""
+
+
+REMAT3_CASES: tuple[tuple[str, str], ...] = (
+    ("test_remat3.py", ""),
+    ("test_policies.py", ""),
+    ("test_effect.py", ""),
+    ("test_residuals.py", ""),
+    ("test_gradients.py", r"test_gradients_equal_no_remat\[vit-|test_gradients_equal_no_remat\[(mlp|cnn)-"
+                          r"(nothing_saveable|dots_saveable|mlp=|conv=)|test_unrolled_vit"),
+    ("test_layers.py", r"test_policy_none_adds_no_remat|test_block_emits|test_remat_wraps_a_function|"
+                       r"test_transformer_block_gives|test_scan_and_unrolled"),
+    ("test_linen.py", r"test_gradients_equal_no_remat_under_jaxckpt_jit|test_remat_present_iff|test_each_sublayer"),
+    ("test_structure.py", r"test_gradients_equal_no_remat\[(scan|unrolled)-dots_saveable-"),
+    ("test_own_model.py", r"test_all_expands|test_target_names|test_policy_not_applied"),
+    ("test_mincut.py", r"test_segmented_plan_saves_what_it_predicts|test_one_region_equals|test_a_mincut_policy_cannot"),
+    ("test_autonames.py", r"test_gradients_equal_no_remat|test_a_custom_layer_name_policy|test_custom_layers_get_names"),
+    ("test_linen_plans.py", r"test_layered_policy_per_layer|test_min_saved_for_an_nnx"),
+    ("test_linen_unedited.py", r"test_nn_jit_decoder_traces_each_policy|test_nnx_jit_and_jax_jit"),
+    ("test_face.py", r"test_the_verbs_mean_the_same"),
+)
+"""The remat-semantics cases ``.ci/run`` runs again under JAX's next remat (``JAX_REMAT3=1 python -m pytest -m
+remat3``): ``(test file, regex on the test's name with its parameters; "" = the whole file)``. Region detection, the
+policies' meaning and refusals, no-effect warnings and residuals whole; gradients equal to no remat for every policy
+on one model and the mixed and extreme ones on the others; each front-end (NNX blocks, Linen blocks, your own NNX and
+Linen models, nn.jit models), checkpoint structures, automatic names and min-cut plans by a few cases each. One
+table, so the leg's selection is read in one place."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+  """Marks the :data:`REMAT3_CASES` ``remat3``."""
+  del config
+  cases = [(name, re.compile(pattern)) for name, pattern in REMAT3_CASES]
+  for item in items:
+    if any(item.path.name == name and pattern.search(item.name) for name, pattern in cases):
+      item.add_marker(pytest.mark.remat3)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -183,7 +183,7 @@ def test_global_batch_no_divisor():
 
 
 def test_mesh_that_does_not_divide_the_batch_exits_2():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"}
   done = subprocess.run([sys.executable, "-m", "jaxckpt.fit", "--model", "mlp", "--mesh", "data=4",
                          "--global-batch-size", "6", "--memory", "1GiB", "--no-progress"],
                         capture_output=True, text=True, env=env, cwd=ROOT)
@@ -205,7 +205,7 @@ def test_own_nnx_and_linen_models():
 
 @pytest.mark.slow
 def test_mesh_memory_per_device(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"}
   out = tmp_path / "fit.json"
   done = subprocess.run([sys.executable, "-m", "jaxckpt.fit", "--model", "gpt", "--mesh", "data=2,fsdp=4",
                          "--memory", "4MiB", "--policies", "none", "--json", str(out), "--no-progress"],
@@ -263,6 +263,7 @@ def test_seq_len_search_needs_a_sequence_model():
     max_seq_len(shipped_target("vit", "tiny"), "none", "1GiB")
 
 
+@pytest.mark.slow  # a sequence-length search: compiles at several lengths
 def test_max_seq_len_fits_and_next_does_not():
   from jaxckpt.fit import max_seq_len  # noqa: PLC0415
 

@@ -197,6 +197,7 @@ def test_gpt_regions_are_blocks_and_head(gpt_tiny):
   assert all(c[1] == width for c in narrow_cuts(loss, graph) if c[0] in {r.start for r in segments.regions})
 
 
+@pytest.mark.slow  # compiles the GPT step under two whole-loss plans (~20 s)
 @REMAT3_TEMP
 def test_gpt_segmented_plan_compiles_below_the_one_region_plan(gpt_tiny):
   loss, graph, segments = gpt_tiny
@@ -252,6 +253,7 @@ def test_a_mincut_policy_cannot_be_set_on_a_model():
     set_policy(model, "mincut:30%")
 
 
+@pytest.mark.slow  # runs each policy's step in a fresh process (--measure)
 def test_mincut_and_min_saved_rows_can_be_measured():
   """``--measure`` passes the row's policy text to a fresh process: model-level policies are resolved there."""
   from jaxckpt.report._measure import measure_in_process

@@ -257,7 +257,9 @@ def plans():
   return _Plans()
 
 
-MODELS = [pytest.param("gpt", marks=pytest.mark.slow), "vit"]
+MODELS = [pytest.param("gpt", marks=pytest.mark.slow), pytest.param("vit", marks=pytest.mark.slow)]
+"""Both end-to-end (six budgets planned and compiled per model); the fast tier plans budgets in
+test_budget_plans_are_not_dominated_by_builtin_policies and test_plan_cli."""
 
 
 @pytest.mark.parametrize("name", MODELS)

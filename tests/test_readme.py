@@ -99,7 +99,8 @@ SLOW: tuple[tuple[str, str], ...] = (
     (r"--policies all", "compiles every policy of the model"),
     (r"--measure", "runs every policy in a fresh process"),
     (r"--num-processes", "starts a multi-process run (gloo collectives)"),
-    (r"budget:", "plans a budget: several compiles"),
+    (r"budget:|jaxckpt-plan .*--budget", "plans a budget: several compiles"),
+    (r"mincut", "plans a whole-loss min-cut: traces, cuts and solves the loss, then compiles"),
     (r"--mesh", "compiles for 8 fake devices"),
     (r"jaxckpt-fit|python -m jaxckpt\.fit", "an absolute memory is tied to the model size: compiles at several batch "
      "sizes per policy, not shrunk"),
@@ -355,7 +356,11 @@ def _env() -> dict[str, str]:
   env = dict(os.environ)
   env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
   env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-  env.pop("XLA_FLAGS", None)  # examples set their own
+  # Examples set their own XLA_FLAGS inline; the test run's fast code generation (tests/conftest.py) is kept, nothing
+  # else of the runner's flags.
+  fast = [f for f in env.pop("XLA_FLAGS", "").split() if f.startswith("--xla_backend_optimization_level")]
+  if fast:
+    env["XLA_FLAGS"] = " ".join(fast)
   return env
 
 

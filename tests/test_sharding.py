@@ -23,7 +23,8 @@ HELPER = os.path.join(ROOT, "tests", "sharding_helper.py")
 
 
 def run_helper(*args, devices=8, timeout=600):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}",
+         "JAX_PLATFORMS": "cpu"}
   done = subprocess.run([sys.executable, HELPER, *args], env=env, capture_output=True, text=True, timeout=timeout,
                         cwd=ROOT)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -185,7 +186,8 @@ def free_port() -> int:
 
 def run_two_processes(config: dict, tmp_path) -> list[dict]:
   port = free_port()
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+         "JAX_PLATFORMS": "cpu"}
   procs = []
   for pid in range(2):
     request = {**config, "coordinator": f"localhost:{port}", "num_processes": 2, "process_id": pid}
