@@ -167,3 +167,21 @@ def test_nnx_model_target_is_the_twin_of_linen_model_target():
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # the public paths used here warn about nothing
     jaxckpt.nnx_model_target(LM(rngs=nnx.Rngs(0)), tokens, loss="next_token", blocks={"block": _Block})
+
+
+def test_every_concrete_policy_speaks_the_one_protocol_and_model_level_ones_are_resolved_first():
+  """Code below the policy boundary takes one type (jaxckpt.policies.ConcretePolicy); budgets, min_saved and mincut
+  become one through jaxckpt.planner.resolve_policy's table."""
+  from jaxckpt.planner._plan import _RESOLVERS
+  from jaxckpt.policies import ConcretePolicy, LossPolicy
+
+  concrete = [jaxckpt.parse_policy("attn=dots_saveable,mlp=full"), jaxckpt.parse_model_policy("0-1:full;2-3:none"),
+              LossPolicy(lambda p, b, k: 0.0, "mincut:1MiB")]
+  for policy in concrete:
+    assert isinstance(policy, ConcretePolicy) and policy.resolved, policy
+    assert policy.base_spec.layered is None and policy.segments_for(4)[0][0] >= 1
+  assert [p.layered is not None for p in concrete] == [False, True, False]
+  assert [p.scope for p in concrete] == ["blocks", "blocks", "loss"]
+  for text in ("budget:40%", "min_saved", "mincut:25%"):
+    parsed = jaxckpt.parse_model_policy(text)
+    assert not parsed.resolved and type(parsed) in _RESOLVERS, text
