@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import signal
 import threading
@@ -58,6 +59,20 @@ class RunInterrupted(KeyboardInterrupt):
     return 128 + self.signum
 
 
+_FINALIZERS = ("__del__", "_xla_gc_callback")
+"""Functions Python runs from the garbage collector, where a raised exception is printed and dropped."""
+
+
+def _in_finalizer(frame: Any) -> bool:
+  """Whether ``frame`` (where a signal interrupted the main thread) or a caller of it is a finalizer or a gc
+  callback (``gc.callbacks``, e.g. JAX's ``_xla_gc_callback``)."""
+  while frame is not None:
+    if frame.f_code.co_name in _FINALIZERS or any(getattr(c, "__code__", None) is frame.f_code for c in gc.callbacks):
+      return True
+    frame = frame.f_back
+  return False
+
+
 class SignalGuard:
   """Turns SIGINT/SIGTERM into :class:`RunInterrupted`, held back while a save is in flight (:meth:`saving`).
 
@@ -69,10 +84,12 @@ class SignalGuard:
     self._saving = False
     self._pending: int | None = None
 
-  def handle(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal handler signature
-    """The signal handler: raise now, or after the save in flight."""
+  def handle(self, signum: int, frame: Any) -> None:
+    """The signal handler: raise now, or after the save in flight; inside a garbage-collector callback or a
+    ``__del__`` (where Python would print the exception with a traceback and drop it) the signal is only
+    remembered, and :meth:`check` raises it at the next step."""
     self._pending = signum
-    if not self._saving:
+    if not self._saving and not _in_finalizer(frame):
       raise RunInterrupted(signum)
 
   def check(self) -> None:

@@ -97,7 +97,7 @@ def train_step_temp(num_layers: int, structure: str, policy: str = "none") -> in
   graphdef, state = jaxckpt.training.abstract_train_state(
       lambda: jaxckpt.models.build_model("mlp", config, image_shape=(8, 8, 1), num_classes=10, policy=policy), tx)
   batch = {"x": jax.ShapeDtypeStruct((8192, 8, 8, 1), np.float32), "y": jax.ShapeDtypeStruct((8192,), np.int32)}
-  compiled = jaxckpt.training.compile_train_step(jaxckpt.make_train_step(graphdef, tx), state, batch)
+  compiled = jaxckpt.training.compile_train_step(jaxckpt.make_train_step(graphdef, tx, jaxckpt.models.classification_loss), state, batch)
   return jaxckpt.memory_stats(compiled)["temp_bytes"]
 
 
