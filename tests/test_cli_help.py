@@ -51,6 +51,14 @@ def test_negative_sizes_and_raising_target_modules_are_one_line(tmp_path, monkey
   err = capsys.readouterr().err.strip()
   assert code == 2 and len(err.splitlines()) == 1
   assert "RuntimeError: no accelerator here (raising_target.py:2)" in err
+  (tmp_path / "broken_target.py").write_text("def t():\n  return 1 +\n")
+  (tmp_path / "failing_target.py").write_text("def t():\n  raise ValueError('no data at /x')\n")
+  for spec, fragment in (("broken_target:t", "importing broken_target failed: SyntaxError: invalid syntax "
+                                             "(broken_target.py:2)"),
+                         ("failing_target:t", "t() failed: ValueError: no data at /x (failing_target.py:2)")):
+    code = report_main(["--target", spec, "--policies", "none"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and fragment in err, err
 
 
 @pytest.mark.parametrize("argv, value", [(["--budget", "-5%"], "'-5%'"), (["--mincut", "-5%"], "'-5%'")])
