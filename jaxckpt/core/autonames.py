@@ -313,8 +313,10 @@ def mark_layer_call(inputs: Any) -> int | None:
     The call's number for :func:`mark_layer_return`, or ``None`` (not tracing for parts, or no array input).
   """
   calls = _MARKING.get()
+  if calls is None:
+    return None
   leaves = _array_leaves(inputs)
-  if calls is None or not leaves:
+  if not leaves:
     return None
   call = next(calls)
   for leaf in leaves:
