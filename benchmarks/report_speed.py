@@ -45,7 +45,7 @@ TARGET_RATIO = 1.15
 THREE = ("none", "nothing_saveable", "dots_saveable")
 """``--three``: the policies issue 33 times the report with on GPT-2 small, judged against the plain-JAX twin."""
 THREE_TARGET_RATIO = 1.3
-"""Report wall ÷ the plain-JAX floor (import + Σ trace + lower + compile of the twin without NNX) for :data:`THREE`."""
+"""Report wall ÷ the plain-JAX floor (import + Σ trace + lower + compile of the twin without NNX), :data:`THREE`."""
 TWINS = {"nnx": "benchmarks.nnx_gpt", "jax": "benchmarks.plain_gpt"}
 """The floor's twin (``nnx``, judged) and the stricter reference without NNX (``jax``): their modules."""
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
