@@ -1,7 +1,7 @@
 """Benchmark 4, report speed: ``jaxckpt-report --policies all`` on the GPT-2-small shape against the compile floor.
 
-Usage: ``python benchmarks/report_speed.py [--preset gpt2-small] [--rounds 2] [--jobs 1] [--no-residuals]
-[--out FILE.json]``.
+Usage: ``python benchmarks/report_speed.py [--preset gpt2-small] [--policies SPEC… | --three] [--rounds 2] [--jobs 1]
+[--no-residuals] [--out FILE.json]``.
 
 Interleaved, round by round, each in a fresh process: (1) the report's CLI as a user runs it (``python -m
 jaxckpt.report --model gpt --preset gpt2-small --policies all --json …``: 12 layers, d=768, T=1024, B=8, vocabulary
@@ -14,9 +14,10 @@ bytes equal the report's to a few hundred bytes) built, traced, lowered and comp
 the report found identical to an earlier one are not compiled by the report either); (3) the same step without NNX
 (:mod:`benchmarks.plain_gpt`, raw parameter dicts and ``jax.lax.scan``), a stricter reference. The figure is
 ``report wall ÷ (import + Σ NNX twin build + trace + lower + compile)`` per round, the median round published (target
-≤ 1.15), the ratio to the plain-JAX twin beside it. CPU seconds are kept beside it (the report's process; the floor's
-import process and the twin's trace + lower + compile): on a machine shared with other jobs the wall ratio tends to
-the CPU ratio, since the report's overlap of analysis and compile needs a free second core.
+≤ 1.15), the ratio to the plain-JAX twin beside it; with ``--three`` (``none nothing_saveable dots_saveable``, issue
+33) the ratio to the plain-JAX twin is the one judged (target ≤ 1.3). CPU seconds are kept beside them (the report's
+process; each floor's import process and its twin's trace + lower + compile): on a machine shared with other jobs
+the wall ratio tends to the CPU ratio, since the report's overlap of analysis and compile needs a free second core.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ from jaxckpt.models._gpt import GPT_PRESETS
 NAME = "report_speed"
 TARGET_RATIO = 1.15
 """Report wall ÷ the floor (import + Σ distinct programs' trace + lower + compile by the JAX + NNX twin)."""
+THREE = ("none", "nothing_saveable", "dots_saveable")
+"""``--three``: the policies issue 33 times the report with on GPT-2 small, judged against the plain-JAX twin."""
+THREE_TARGET_RATIO = 1.3
+"""Report wall ÷ the plain-JAX floor (import + Σ trace + lower + compile of the twin without NNX), :data:`THREE`."""
 TWINS = {"nnx": "benchmarks.nnx_gpt", "jax": "benchmarks.plain_gpt"}
 """The floor's twin (``nnx``, judged) and the stricter reference without NNX (``jax``): their modules."""
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +55,9 @@ STAGES = ("build", "trace", "lower", "flops", "residuals", "compile")
 def render(data: dict[str, Any]) -> str:
   """The result as markdown: report wall against the floor, and the per-policy stage split (docs/benchmarks.md)."""
   verdict = {True: "met", False: "NOT met", None: "not judged at this size"}[data["meets_target"]]
+  three = data.get("judged_against") == "jax"  # --three: the plain-JAX ratio is the one judged
+  nnx_target = "" if three else f"; target ≤ {data['target_ratio']}: {verdict}"
+  jax_target = f"; target ≤ {data['target_ratio']}: {verdict}" if three else ""
   seconds = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
   rows = [[f"`{r['policy']}`", *[seconds(r["stages_s"].get(k)) for k in STAGES], seconds(r["twin_s"]),
            seconds(r.get("jax_twin_s")), f"`{r['same_program_as']}`" if r["same_program_as"] else "",
@@ -58,12 +66,25 @@ def render(data: dict[str, Any]) -> str:
       f"`{data['command']}`: **{data['report_wall_s']:.1f} s** wall for {data['policies']} policies ({data['distinct']} "
       f"distinct programs) against a JAX + NNX floor of {data['floor_s']:.1f} s (import {data['import_s']:.1f} s + "
       f"twin build + trace + lower + compile {data['twin_s_sum']:.1f} s): **{data['ratio']:.2f}×** the floor (median "
-      f"of {data['rounds']} interleaved rounds: {', '.join(f'{r:.2f}' for r in data['ratios'])}; target ≤ "
-      f"{data['target_ratio']}: {verdict}); {data['jax_ratio']:.2f}× the same step without NNX "
-      f"({data['jax_floor_s']:.1f} s); CPU seconds in that round: report {data['report_cpu_s']:.1f} s, floor "
-      f"{data['floor_cpu_s']:.1f} s ({data['cpu_ratio']:.2f}×); {common.header(data)}", "",
+      f"of {data['rounds']} interleaved rounds: {', '.join(f'{r:.2f}' for r in data['ratios'])}{nnx_target}); "
+      f"**{data['jax_ratio']:.2f}×** the same step without NNX "
+      f"({data['jax_floor_s']:.1f} s{_rounds(data, 'jax_ratios')}{jax_target}); CPU seconds in that round: report "
+      f"{data['report_cpu_s']:.1f} s, floor {data['floor_cpu_s']:.1f} s ({data['cpu_ratio']:.2f}×)"
+      f"{_jax_cpu(data)}; {common.header(data)}", "",
       common.markdown_table(["policy", *[f"{k} (s)" for k in STAGES], "NNX twin (s)", "JAX twin (s)",
                              "same program as", "temp", "twin temp"], rows)])
+
+
+def _rounds(data: dict[str, Any], key: str) -> str:
+  """``"; rounds 1.12, 1.09"``: every round's ratio, for results that kept them (older ones did not)."""
+  return f"; rounds {', '.join(f'{r:.2f}' for r in data[key])}" if data.get(key) else ""
+
+
+def _jax_cpu(data: dict[str, Any]) -> str:
+  """``", plain-JAX floor 12.0 s (1.10×)"``: the CPU seconds of the floor without NNX, where the result has them."""
+  if data.get("jax_floor_cpu_s") is None:
+    return ""
+  return f", plain-JAX floor {data['jax_floor_cpu_s']:.1f} s ({data['jax_cpu_ratio']:.2f}×)"
 
 
 def _uncached_env() -> dict[str, str]:
@@ -123,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--preset", default=None, help="GPT preset (default gpt2-small; tiny with --quick)")
   p.add_argument("--policies", nargs="+", default=None, metavar="SPEC",
                  help="policy specs (default all; none full save_only_these_names:mlp_out with --quick)")
+  p.add_argument("--three", action="store_true",
+                 help=f"the policies {' '.join(THREE)} (issue 33), judged against the plain-JAX twin: target ≤ "
+                      f"{THREE_TARGET_RATIO}×")
   p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; 1 with --quick)")
   p.add_argument("--jobs", type=int, default=1, help="the report's --jobs (XLA compilations at once; default 1)")
   p.add_argument("--residuals", action=argparse.BooleanOptionalAction, default=True,
@@ -133,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args.preset = "tiny" if args.quick else "gpt2-small"
   if args.preset not in GPT_PRESETS:
     p.error(f"--preset {args.preset!r}: valid presets: {', '.join(GPT_PRESETS)}")
+  if args.three and args.policies is not None:
+    p.error("--three is the policies " + " ".join(THREE) + "; give --three or --policies, not both")
+  if args.three:
+    args.policies = list(THREE)
   if args.policies is None:
     args.policies = ["none", "full", "save_only_these_names:mlp_out"] if args.quick else ["all"]
   if args.rounds is None:  # not `or`: --rounds 0 is an error, not the default
@@ -148,11 +176,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       distinct = [r["policy"] for r in report["rows"] if r["status"] == "ok" and not r["same_program_as"]]
       import_s, floor_cpu, twin = _floor(args.preset, distinct)
       floor = import_s + sum(t["total_s"] for t in twin.values())
-      jax_import_s, _, jax_twin = _floor(args.preset, distinct, "jax")
+      jax_import_s, jax_floor_cpu, jax_twin = _floor(args.preset, distinct, "jax")
       jax_floor = jax_import_s + sum(t["total_s"] for t in jax_twin.values())
       rounds.append({"wall_s": wall, "import_s": import_s, "floor_s": floor, "ratio": wall / floor,
                      "jax_floor_s": jax_floor, "jax_ratio": wall / jax_floor,
-                     "cpu_s": cpu, "floor_cpu_s": floor_cpu, "report": report, "twin": twin, "jax_twin": jax_twin})
+                     "cpu_s": cpu, "floor_cpu_s": floor_cpu, "jax_floor_cpu_s": jax_floor_cpu, "report": report,
+                     "twin": twin, "jax_twin": jax_twin})
   median = sorted(rounds, key=lambda r: r["ratio"])[len(rounds) // 2]  # the upper median round
   rows = [{"policy": r["policy"], "status": r["status"], "stages_s": r["stages_s"] or {},
            "same_program_as": r["same_program_as"], "compile_s": r["compile_s"], "temp_bytes": r["temp_bytes"],
@@ -161,16 +190,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
            "jax_twin_s": median["jax_twin"].get(r["policy"], {}).get("total_s"),
            "jax_twin_temp_bytes": median["jax_twin"].get(r["policy"], {}).get("temp_bytes")}
           for r in median["report"]["rows"]]
-  judged = (args.preset, args.policies) == ("gpt2-small", ["all"])
+  judged = args.preset == "gpt2-small" and (args.policies == ["all"] or args.three)
+  target, ratio = (THREE_TARGET_RATIO, median["jax_ratio"]) if args.three else (TARGET_RATIO, median["ratio"])
   record.update({
       "command": " ".join(["python", *cmd[1:cmd.index("--json")], "--no-progress"]),
       "rounds": args.rounds, "ratios": [r["ratio"] for r in rounds], "ratio": median["ratio"],
       "report_wall_s": median["wall_s"], "import_s": median["import_s"], "floor_s": median["floor_s"],
-      "twin_s_sum": median["floor_s"] - median["import_s"], "target_ratio": TARGET_RATIO,
+      "twin_s_sum": median["floor_s"] - median["import_s"], "target_ratio": target,
+      "judged_against": "jax" if args.three else "nnx",
       "jax_floor_s": median["jax_floor_s"], "jax_ratio": median["jax_ratio"],
       "report_cpu_s": median["cpu_s"], "floor_cpu_s": median["floor_cpu_s"],
       "cpu_ratio": median["cpu_s"] / median["floor_cpu_s"],
-      "meets_target": median["ratio"] <= TARGET_RATIO if judged else None,
+      "jax_floor_cpu_s": median["jax_floor_cpu_s"], "jax_cpu_ratio": median["cpu_s"] / median["jax_floor_cpu_s"],
+      "jax_ratios": [r["jax_ratio"] for r in rounds],
+      "meets_target": ratio <= target if judged else None,
       "policies": len(rows), "distinct": len(median["twin"]), "rows": rows,
   })
   return common.publish(record, started, render, NAME, args)

@@ -245,15 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--structure", default=defaults.structure,
                       help="checkpoint structure of the layer stack: block (default), every:K, nested, nested:D")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
-  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype)
-  parser.add_argument("--epochs", type=int, default=defaults.epochs)
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype,
+                      help="dtype of activations and matmuls (parameters stay float32; default %(default)s)")
+  parser.add_argument("--epochs", type=int, default=defaults.epochs,
+                      help="passes over the training set (default %(default)s)")
   parser.add_argument("--batch-size", type=batch_size_flag, default=defaults.batch_size,
                       help="examples per step (default %(default)s), or auto: the largest that fits --memory")
   parser.add_argument("--grad-accum-steps", type=int, default=defaults.grad_accum_steps,
                       help="split each batch into N micro-batches, one update (must divide --batch-size)")
-  parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
-  parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-  parser.add_argument("--seed", type=int, default=defaults.seed)
+  parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
+                      help="AdamW's peak learning rate: warm-up, then cosine decay (default %(default)s)")
+  parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay,
+                      help="AdamW's decoupled weight decay (default %(default)s)")
+  parser.add_argument("--seed", type=int, default=defaults.seed,
+                      help="seed of the parameters, dropout and batch order (default %(default)s)")
   parser.add_argument("--split-seed", type=int, default=defaults.split_seed, help="seed of the train/test split")
   parser.add_argument("--data", default=None, help="FILE.npz with x: [N,H,W(,C)] float, y: [N] int (default digits)")
   parser.add_argument("--num-classes", type=int, default=None, metavar="K",

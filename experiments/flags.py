@@ -12,7 +12,7 @@ from typing import Any
 from experiments.loop import RunInterrupted
 from experiments.options import NAN_POLICIES, RESUME_AUTO, RunOptions, configure
 from jaxckpt.training import _sharding as sharding
-from jaxckpt._cli import CLIParser
+from jaxckpt._cli import CLIParser, progress_enabled
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
 
 __all__ = ["CLIParser", "add_policy_flags", "add_run_flags", "run_cli", "command", "interrupted_line"]
@@ -47,7 +47,9 @@ def add_run_flags(parser: argparse.ArgumentParser, defaults: RunOptions = RunOpt
                       help="resume even if the checkpoint's run config differs (the differences are printed)")
   parser.add_argument("--nan-policy", choices=NAN_POLICIES, default=defaults.nan_policy,
                       help="on a NaN/Inf loss: stop (default; the last good checkpoint is kept) or skip the update")
-  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+  parser.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="no progress bar (there is none unless stdout and stderr are a terminal: a log file gets "
+                           "whole lines)")
   parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
                       help=f"shard over a device mesh, axes {', '.join(sharding.MESH_AXES)}, product = device count "
                            "(data: batch split, state replicated; fsdp: batch, parameters and optimizer state split), "
@@ -121,7 +123,10 @@ def command(build_parser: Callable[[], argparse.ArgumentParser], config_class: t
   """
 
   def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(build_parser(), lambda args: configure(config_class(), **vars(args)), train, argv)
+    def make_config(args: argparse.Namespace) -> Any:
+      return configure(config_class(), **{**vars(args), "progress": progress_enabled(args.progress)})
+
+    return run_cli(build_parser(), make_config, train, argv)
 
   main.__doc__ = command.__doc__.split("\n")[0]
   return main

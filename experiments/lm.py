@@ -220,14 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="output head tied to the token embedding (default) or --no-tie-embeddings")
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers (default) or --no-scan to unroll them")
-  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype)
+  parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=defaults.compute_dtype,
+                      help="dtype of activations and matmuls (parameters stay float32; default %(default)s)")
   parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (default %(default)s)")
   parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between evaluations")
   parser.add_argument("--eval-batches", type=int, default=defaults.eval_batches, help="fixed eval batches")
-  parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
-  parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
-  parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-  parser.add_argument("--seed", type=int, default=defaults.seed)
+  parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
+                      help="AdamW's peak learning rate: linear warm-up, then cosine decay to 0 (default %(default)s)")
+  parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps,
+                      help="linear learning-rate warm-up steps, at most half the run (default %(default)s)")
+  parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay,
+                      help="AdamW's decoupled weight decay (default %(default)s)")
+  parser.add_argument("--seed", type=int, default=defaults.seed,
+                      help="seed of the parameters, dropout and batch order (default %(default)s)")
   parser.add_argument("--split-seed", type=int, default=defaults.split_seed, help="seed of the train/eval split")
   parser.add_argument("--corpus", default=None, help="a text file or folder (default: the stdlib's .py files)")
   parser.add_argument("--corpus-max-mib", type=float, default=defaults.corpus_max_mib,

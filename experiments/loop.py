@@ -371,9 +371,9 @@ def train_loop(
   start = int(jax.device_get(state.step))
   result = LoopResult(state, history, [], [], notes, start)
   periods = -(-total_steps // eval_every)
-  bar = tqdm(total=total_steps, initial=start, disable=not options.progress or jax.process_index() != 0, unit="step",
-             leave=False)
-  say = bar.write if options.progress else log
+  shown = options.progress and jax.process_index() == 0  # the CLI turns it off where no terminal shows a bar
+  bar = tqdm(total=total_steps, initial=start, disable=not shown, unit="step", leave=False)
+  say = bar.write if shown else log
   guard = NaNGuard(options.nan_policy, nan_hints, saving)
   reader = StepReader(result, guard, bar, say)
   reader.period_losses = period_losses

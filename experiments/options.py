@@ -39,7 +39,7 @@ class RunOptions:
   allow_config_change: bool = False  # Resume even if the checkpoint's run config differs (warns).
   # On a NaN/Inf loss, gradient or updated parameter: "stop" (keep the last good checkpoint) or "skip" that update.
   nan_policy: str = "stop"
-  progress: bool = True  # Show a progress bar.
+  progress: bool = True  # Show a progress bar (the CLIs: only where stdout and stderr are a terminal).
   mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.training._sharding); None = one device, unsharded.
   coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.
   num_processes: int = 1  # Processes of a multi-process run (with --coordinator).

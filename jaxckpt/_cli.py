@@ -10,7 +10,7 @@ import tempfile
 
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["CLIParser", "check_output_file", "check_output_dir"]
+__all__ = ["CLIParser", "check_output_file", "check_output_dir", "progress_enabled"]
 
 _NEGATIVE = re.compile(r"-\d")
 """A value that starts like a negative number (``-1GiB``, ``-5%``, ``-0.5``), not a flag."""
@@ -85,6 +85,30 @@ class CLIParser(argparse.ArgumentParser):
     """
     print(f"{self.prog}: error: {self.flag_message(str(err))}", file=sys.stderr)
     return status
+
+
+def _is_terminal(stream: object) -> bool:
+  try:
+    return bool(stream.isatty())  # type: ignore[attr-defined]
+  except (AttributeError, ValueError):  # no isatty, or a closed stream
+    return False
+
+
+def progress_enabled(requested: bool) -> bool:
+  """Whether a CLI draws progress bars: asked for (no ``--no-progress``) and both stdout and stderr are terminals.
+
+  tqdm redraws a bar in place with carriage returns on stderr. In a log file (``cmd > run.log 2>&1``, CI, ``nohup``)
+  those redraws stay as fragments and run into the program's own lines (an epoch's loss, a one-line error). So a
+  CLI shows bars only to a person at a terminal; elsewhere it prints whole lines only, in order (tqdm's own
+  ``disable=None`` checks stderr alone; a bar also needs stdout, where its lines go, to be the same terminal).
+
+  Args:
+    requested: the CLI's ``--progress`` setting (``False`` with ``--no-progress``).
+
+  Returns:
+    ``True`` only when ``requested`` and ``sys.stdout`` and ``sys.stderr`` are both terminals.
+  """
+  return bool(requested) and _is_terminal(sys.stdout) and _is_terminal(sys.stderr)
 
 
 _VALUE_BEFORE = re.compile(r"(?:--[\w-]+|e\.g\.)[ =]$")

@@ -13,6 +13,9 @@ import flax.linen as nn
 from flax import nnx
 
 import jaxckpt
+from gemma_lm import Block as GemmaBlock
+from gemma_lm import GemmaLM
+from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.errors import JaxckptError
 from jaxckpt.linen import _apply as linen_apply
@@ -377,3 +380,167 @@ def test_layer_axes(shapes, stacked):
   counter = lambda s: s == (2,)  # noqa: E731 - the (2,) entry is an RNG counter (uint32)
   variables = [jax.ShapeDtypeStruct(s, jnp.uint32 if counter(s) else jnp.float32) for s in shapes]
   assert layer_axes(variables) == stacked
+
+
+# ---------------------------------------------------------------------------------- names below one scope (parts)
+# Issue 33: a GeGLU MLP that keeps its gate and up projections in one scope (one einsum each on one (2, d, f)
+# parameter) gets `mlp.0` (gate) and `mlp.1` (up); its down projection is the layer's output, named `mlp`.
+
+GATED_F = 48
+
+
+class NNXFeedForward(nnx.Module):
+  """GeGLU written as public Gemma code writes it: gate and up in one stacked parameter, one einsum each."""
+
+  def __init__(self, d: int, f: int, *, rngs: nnx.Rngs):
+    self.gating_einsum = nnx.Param(jax.random.normal(rngs.params(), (2, d, f)) * 0.1)
+    self.linear = nnx.Param(jax.random.normal(rngs.params(), (f, d)) * 0.1)
+
+  def __call__(self, x):
+    gate = jnp.einsum("btd,df->btf", x, self.gating_einsum[0])
+    up = jnp.einsum("btd,df->btf", x, self.gating_einsum[1])
+    return jnp.einsum("btf,fd->btd", jax.nn.gelu(gate) * up, self.linear[...])
+
+
+class NNXGatedBlock(nnx.Module):
+  def __init__(self, d: int, *, rngs: nnx.Rngs):
+    self.norm = LayerNorm(d)
+    self.mlp = NNXFeedForward(d, GATED_F, rngs=rngs)
+
+  def __call__(self, x):
+    return x + self.mlp(self.norm(x))
+
+
+class NNXGatedLM(nnx.Module):
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.embed = nnx.Embed(VOCAB, D, rngs=rngs)
+    self.blocks = nnx.List([NNXGatedBlock(D, rngs=rngs) for _ in range(LAYERS)])
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    for block in self.blocks:
+      x = block(x)
+    return self.embed.attend(x)
+
+
+def _next_token(logits, tokens):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+@pytest.fixture(scope="module")
+def gemma():
+  """The issue's Gemma-style Linen LM (tests/gemma_lm.py): model, params, loss and its no-remat gradients."""
+  tokens = jax.random.randint(jax.random.key(1), (4, 65), 0, 256)
+  params = jax.jit(GemmaLM().init)(jax.random.key(0), tokens[:, :-1])["params"]
+  model = jaxckpt.linen.apply_remat(GemmaLM(), "none", blocks={"block": GemmaBlock})
+
+  def loss(applied, p):
+    return _next_token(applied.apply({"params": p}, tokens[:, :-1]), tokens)
+
+  return model, params, loss
+
+
+def nnx_gated(policy="none"):
+  model = NNXGatedLM(rngs=nnx.Rngs(0))
+  jaxckpt.apply_remat(model, "none", blocks={"block": NNXGatedBlock})
+  jaxckpt.nnx.checkpoint_names(model, jnp.ones((B, T), jnp.int32))  # traced: learns the parts
+  jaxckpt.set_policy(model, policy)
+  return model
+
+
+PARTS = {"mlp.0", "mlp.1"}
+
+
+def test_a_name_over_several_projections_lists_its_parts(gemma, capsys):
+  model = gemma[0]
+  listed = jaxckpt.linen.block_types(model, jax.random.key(0), jax.ShapeDtypeStruct((4, 64), jnp.int32))
+  assert listed == {"block": frozenset({"attn", "attn.q_proj", "attn.o_proj", "mlp"} | PARTS)}  # attn: one
+  fresh = NNXGatedLM(rngs=nnx.Rngs(0))
+  jaxckpt.apply_remat(fresh, "none", blocks={"block": NNXGatedBlock})
+  assert jaxckpt.block_types(fresh) == {"block": frozenset({"mlp"})}  # NNX without a trace: the layers only
+  assert jaxckpt.nnx.checkpoint_names(fresh, jnp.ones((B, T), jnp.int32)) == {"block": frozenset({"mlp"} | PARTS)}
+  assert jaxckpt.block_types(fresh) == {"block": frozenset({"mlp"} | PARTS)}  # learned: set_policy takes them
+  assert report_main(["--target", "gemma_lm:gemma_target", "--list-blocks"]) == 0
+  assert capsys.readouterr().out.strip() == "block: attn, attn.o_proj, attn.q_proj, mlp, mlp.0, mlp.1"
+
+
+def _saved(loss, params):
+  residuals = saved_residuals(loss, params)
+  return (sum(r.bytes for r in residuals if r.kind != "argument"),
+          {r.name: r.shape for r in residuals if r.name is not None})
+
+
+GATED_POLICIES = ("nothing_saveable", "save_only_these_names:mlp.0", "save_only_these_names:mlp.1",
+                  "save_only_these_names:mlp.0+mlp.1")
+
+
+def _same_gradients(grad_of, policies):
+  """Gradients (jitted) under each policy equal those without remat (1e-6)."""
+  reference = jax.tree.leaves(grad_of("none"))
+  for policy in policies:
+    for a, b in zip(jax.tree.leaves(grad_of(policy)), reference):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_each_part_is_saved_by_name_linen(gemma):
+  """Saving a part saves its [B, T, F] per layer: more than nothing, less than both; gradients equal no remat."""
+  model, params, loss = gemma
+  saved = {p: _saved(lambda q, m=model.with_policy(p): loss(m, q), params) for p in GATED_POLICIES}
+  _same_gradients(lambda p: jax.jit(jax.grad(lambda q: loss(model.with_policy(p), q)))(params),
+                  [GATED_POLICIES[-1]])
+  part = 4 * 64 * 384 * 4 * 4  # B · T · F float32, 4 layers
+  nothing, gate, up, both = (saved[p][0] for p in GATED_POLICIES)
+  assert gate - nothing == up - nothing == part and both - nothing == 2 * part
+  assert saved[GATED_POLICIES[1]][1] == {"mlp.0": (4, 64, 384)} and set(saved[GATED_POLICIES[3]][1]) == PARTS
+
+
+def test_each_part_is_saved_by_name_nnx():
+  tokens = jax.random.randint(jax.random.key(1), (B, T + 1), 0, VOCAB)
+
+  def loss_of(policy):
+    graphdef, params, rest = nnx.split(nnx_gated(policy), nnx.Param, ...)
+    return (lambda p: _next_token(nnx.merge(graphdef, p, rest)(tokens[:, :-1]), tokens)), params
+
+  saved = {p: _saved(*loss_of(p)) for p in GATED_POLICIES}
+  _same_gradients(lambda p: jax.jit(jax.grad(loss_of(p)[0]))(loss_of(p)[1]), [GATED_POLICIES[-1]])
+  part = B * T * GATED_F * 4 * LAYERS
+  nothing, gate, up, both = (saved[p][0] for p in GATED_POLICIES)
+  assert gate - nothing == up - nothing == part and both - nothing == 2 * part
+  assert saved[GATED_POLICIES[2]][1] == {"mlp.1": (B, T, GATED_F)}
+
+
+def test_a_part_that_is_not_there_is_one_line(gemma):
+  model, params, loss = gemma
+  for name, fix in (("mlp.2", "its parts are mlp.0, mlp.1"), ("attn.0", "no parts (fewer than two projections)")):
+    with pytest.raises(jaxckpt.errors.PolicySpecError, match=re.escape(fix)) as err:
+      loss(model.with_policy(f"save_only_these_names:{name}"), params)
+    one_line(err)
+  with pytest.raises(jaxckpt.errors.PolicySpecError, match="'mlp.2'.*never emitted") as err:
+    jaxckpt.set_policy(nnx_gated(), "save_only_these_names:mlp.2")
+  one_line(err)
+
+
+def nnx_gated_target():
+  """``--target test_autonames:nnx_gated_target``: the NNX GeGLU LM as a ModelTarget."""
+  def make():
+    return jaxckpt.apply_remat(NNXGatedLM(rngs=nnx.Rngs(0)), "none", blocks={"block": NNXGatedBlock})
+
+  def loss_fn(model, batch, *, dropout_key=None, deterministic=True):
+    return _next_token(model(batch["tokens"][:, :-1]), batch["tokens"]), {}
+
+  return ModelTarget(make_model=make, batch={"tokens": TOKENS}, loss_fn=loss_fn)
+
+
+def test_a_target_lists_and_saves_parts(capsys):
+  """A target's listing traces the parts, and its train step takes a policy naming them (the abstract model the
+  step is built on learns the traced names); the report's residual analysis shows them saved."""
+  from jaxckpt.report._residuals import analyse_residuals
+  from jaxckpt.step import default_optimizer, policy_step
+
+  assert report_main(["--target", "test_autonames:nnx_gated_target", "--list-blocks"]) == 0
+  assert capsys.readouterr().out.strip() == "block: mlp, mlp.0, mlp.1"
+  step = policy_step(nnx_gated_target(), jaxckpt.parse_policy("save_only_these_names:mlp.0+mlp.1"),
+                     default_optimizer())
+  groups = {g["key"]: g for g in analyse_residuals(step)["groups"] if g["by"] == "name"}
+  assert set(groups) == PARTS and groups["mlp.0"]["count"] == LAYERS
+  assert groups["mlp.0"]["bytes"] == B * T * GATED_F * 4 * LAYERS

@@ -157,6 +157,7 @@ def test_budget_plans_bad_budgets_exit_2(bad, capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--rounds", "0"], "--rounds must be ≥ 1 (got --jobs 1, --rounds 0)"),  # was silently the default (2)
     (["--preset", "huge"], "--preset 'huge': valid presets: tiny, small, gpt2-small"),
+    (["--three", "--policies", "none"], "give --three or --policies, not both"),
 ])
 def test_report_speed_bad_flags_exit_2_before_any_work(argv, match, capsys, tmp_path):
   with pytest.raises(SystemExit) as info:

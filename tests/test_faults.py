@@ -173,9 +173,10 @@ def jax_leaves(tree):
 
 
 def test_nan_stop_exit_code(capsys, nan_at_step_30):
-  assert main(["--preset", "tiny", "--epochs", "2", "--no-progress"]) == 1
+  assert main(["--preset", "tiny", "--epochs", "2"]) == 1  # progress on, but no terminal: no bar fragment before it
   err = capsys.readouterr().err
   assert "non-finite loss" in err and "--nan-policy skip" in err and "Traceback" not in err
+  assert "\r" not in err and err.count("\n") == 1, repr(err)
 
 
 # --- issue 15: saved work is never lost --------------------------------------------------------------------------

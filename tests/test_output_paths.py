@@ -11,6 +11,7 @@ import pytest
 from experiments import classifier, lm
 from jaxckpt._cli import CLIParser, check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
+from jaxckpt.fit import _cli as fit_cli
 from jaxckpt.planner import _cli as plan_cli
 from jaxckpt.report import _cli as report_cli
 
@@ -18,6 +19,7 @@ BAD_PATHS = {"sys": "/sys/x", "proc": "/proc/x", "proc-nested": "/proc/x/y.json"
 
 REPORT = lambda *argv: report_cli.main(["--model", "mlp", "--policies", "none", *argv])  # noqa: E731
 PLAN = lambda *argv: plan_cli.main(["--model", "mlp", "--budget", "50%", *argv])  # noqa: E731
+FIT = lambda *argv: fit_cli.main(["--model", "mlp", "--memory", "1MiB", *argv])  # noqa: E731
 CLASSIFIER = lambda *argv: classifier.main(["--preset", "tiny", "--no-progress", *argv])  # noqa: E731
 LM = lambda *argv: lm.main(["--preset", "tiny", "--no-progress", *argv])  # noqa: E731
 
@@ -25,6 +27,7 @@ CASES = [
     *[("jaxckpt-report", REPORT, flag) for flag in ("--json", "--csv", "--markdown", "--html", "--plot", "--profile",
                                                    "--xla-dump")],
     ("jaxckpt-plan", PLAN, "--json"),
+    *[("jaxckpt-fit", FIT, flag) for flag in ("--json", "--plot", "--html")],
     *[("classifier", CLASSIFIER, flag) for flag in ("--out", "--ckpt-dir", "--profile")],
     *[("lm", LM, flag) for flag in ("--out", "--ckpt-dir", "--profile")],
 ]

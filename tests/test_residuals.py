@@ -383,3 +383,66 @@ def test_shared_block_traces_give_the_same_residuals_from_one_block_trace(policy
   remat = {kind: jaxckpt.parse_policy(policy).for_block(kind).remat for kind in calls}
   assert per_layer == {"attn": 3, "mlp": 3}  # one trace of each block per layer
   assert calls == {kind: 1 if remat[kind] else 3 for kind in calls}  # remat'd blocks: one trace for the 3 layers
+
+
+LAYERED = "0-1:nothing_saveable;2-2:dots_saveable"
+
+
+@pytest.mark.parametrize("policy, shared", [
+    ("none", False), ("save_only_these_names:qkv+mlp_out", True), ("attn=full,mlp=none", False), ("full", True),
+    (LAYERED, True), ("budget:50%", None)])
+def test_layer_calls_are_shared_where_every_block_is_remat(policy, shared):
+  """Layers without remat keep their literal residuals (JAX lists ``from a literal`` for inline code only), so only
+  layers whose every block is remat'd share one trace; a whole-loss or unresolved policy shares nothing."""
+  from jaxckpt import parse_model_policy
+  from jaxckpt.report._residuals import _layer_sharing
+
+  assert _layer_sharing(parse_model_policy(policy)) is shared
+
+
+@pytest.mark.parametrize("policy", ["none", "dots_saveable", LAYERED])
+def test_shared_layer_traces_give_the_same_residuals(policy, monkeypatch):
+  """The report's residual analysis traces the unrolled twin's layers once (:func:`shared_layer_traces`: one jitted
+  layer call, one jitted slice per layer, inlined again before JAX's analysis): every figure and item equals the
+  analysis that traces each layer (issue 33: the report at the compile floor)."""
+  from jaxckpt.core import _structure as structure
+  from jaxckpt import parse_model_policy
+  from jaxckpt.report import _residuals as report_residuals
+  from jaxckpt.step import default_optimizer, policy_step, shipped_target
+
+  step = policy_step(shipped_target("gpt", "tiny", num_layers=3), parse_model_policy(policy), default_optimizer())
+  traces = []
+  make_shared = structure._shared_layer
+
+  def counted(fn):
+    return make_shared(lambda carry, layer: (traces.append(1), fn(carry, layer))[1])
+
+  monkeypatch.setattr(structure, "_shared_layer", counted)
+  together = report_residuals.analyse_residuals(step)
+  loops = {"none": 0, "dots_saveable": 1, LAYERED: 2}[policy]  # none: slices only; a layered policy: one per range
+  assert len(traces) == loops  # one trace per loop, not one per layer
+  monkeypatch.setattr(report_residuals, "_layer_sharing", lambda spec: None)
+  assert report_residuals.analyse_residuals(step) == together and together["bytes"] > 0
+
+
+def test_inline_calls_reads_a_shared_call_as_its_code():
+  from jaxckpt.analysis._jaxprs import SHARED_CALLS, inline_calls
+
+  def jaxckpt_shared_layer(x, w):
+    return jnp.tanh(x @ w) * 2.0
+
+  layer = jax.jit(jaxckpt_shared_layer)
+  helper = jax.jit(lambda x: x + 1)
+
+  def f(x, w):
+    return helper(layer(layer(x, w), w))
+
+  x, w = jnp.ones((2, 3)), jnp.full((3, 3), 0.1)
+  closed = jax.make_jaxpr(f)(x, w)
+  assert [e.params["name"] for e in closed.jaxpr.eqns] == [SHARED_CALLS[0]] * 2 + ["<lambda>"]
+  inlined = inline_calls(closed.jaxpr)
+  assert [e.primitive.name for e in inlined.eqns] == ["dot_general", "tanh", "mul"] * 2 + ["jit"]  # others kept
+  assert len({v for e in inlined.eqns for v in e.outvars}) == len(inlined.eqns)  # each copy its own variables
+  out = jax.core.eval_jaxpr(inlined, closed.consts, x, w)
+  np.testing.assert_allclose(out[0], f(x, w), rtol=1e-6)
+  assert inline_calls(inlined) is inlined  # nothing left to inline

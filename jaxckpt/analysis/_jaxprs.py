@@ -22,7 +22,12 @@ from jaxckpt.analysis._internals import internal
 
 __all__ = ["CUSTOM_CALLS", "iter_eqns", "sub_jaxprs", "rule_jaxprs", "uses_remat", "outermost_remats",
            "emitted_checkpoint_names", "is_remat", "remat_body", "remat_policy", "checkpoint_name_of",
-           "REMAT_FORMS", "is_differentiated_remat3", "count_remat_regions"]
+           "REMAT_FORMS", "is_differentiated_remat3", "count_remat_regions", "SHARED_CALLS", "inline_calls"]
+
+SHARED_CALLS: tuple[str, ...] = ("jaxckpt_shared_layer", "jaxckpt_layer_slices")
+"""Names of the ``jax.jit`` calls an analysis trace makes only to share traces between identical unrolled layers
+(:func:`jaxckpt.core._structure.shared_layer_traces`); :func:`inline_calls` replaces them by their bodies, so the
+jaxpr reads as the unrolled trace it stands for."""
 
 
 def _remat_forms() -> tuple[tuple[str, ...], tuple[type, ...]]:
@@ -253,3 +258,51 @@ def count_remat_regions(jaxpr: Any) -> int:
     The number of remat equations (≥ 0).
   """
   return sum(1 for eqn in iter_eqns(jaxpr) if is_remat(eqn) or is_differentiated_remat3(eqn))
+
+
+def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS) -> Any:
+  """``jaxpr`` with every ``jit`` call named in ``names`` replaced by its body's equations (recursively).
+
+  The body of a call made several times (the same traced function, one jaxpr) is inlined once per call with fresh
+  variables, so each copy's values are distinct, as in a trace that ran the function's code each time. Equations
+  keep their source lines, so JAX's saved-residual analysis describes an inlined value as it describes the value of
+  that trace (``output of dot_general from file.py:12``, not ``output of jitted function``). Constants of an
+  inlined body become constvars of the result (what a trace closing over them has).
+
+  Args:
+    jaxpr: a ``jax.extend.core.Jaxpr`` (e.g. the ``jaxpr`` of ``jax.make_jaxpr(fn)(...)``).
+    names: the ``name`` parameters of the calls to inline (default :data:`SHARED_CALLS`).
+
+  Returns:
+    A new jaxpr with the same invars and the same outputs; ``jaxpr`` itself when it holds no such call.
+  """
+  if not any(_inlined(eqn, names) for eqn in jaxpr.eqns):
+    return jaxpr
+  eqns: list[Any] = []
+  constvars = list(jaxpr.constvars)
+
+  def read(env: dict, atom: Any) -> Any:
+    return atom if isinstance(atom, jex_core.Literal) else env.get(atom, atom)
+
+  def walk(body: Any, env: dict, fresh: bool) -> list[Any]:
+    for eqn in body.eqns:
+      ins = [read(env, a) for a in eqn.invars]
+      if _inlined(eqn, names):
+        closed = eqn.params["jaxpr"]
+        sub_env = dict(zip(closed.jaxpr.invars, ins))
+        for var in closed.jaxpr.constvars:  # a constant the body closed over: a constvar of the result
+          sub_env[var] = new = jex_core.Var(var.aval)
+          constvars.append(new)
+        outs = walk(closed.jaxpr, sub_env, True)
+      else:
+        outs = [type(v)(v.aval) if fresh else v for v in eqn.outvars]  # Var or DropVar
+        eqns.append(eqn.replace(invars=ins, outvars=outs))
+      env.update((v, out) for v, out in zip(eqn.outvars, outs) if not isinstance(v, jex_core.DropVar))
+    return [read(env, a) for a in body.outvars]
+
+  outvars = walk(jaxpr, {}, False)
+  return jaxpr.replace(eqns=eqns, outvars=outvars, constvars=constvars)
+
+
+def _inlined(eqn: Any, names: tuple[str, ...]) -> bool:
+  return eqn.primitive.name in ("jit", "pjit") and eqn.params.get("name") in names and "jaxpr" in eqn.params

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from jaxckpt.analysis._internals import saved_residuals_parts
-from jaxckpt.analysis._jaxprs import is_remat, remat_body
+from jaxckpt.analysis._jaxprs import inline_calls, is_remat, remat_body
 
 __all__ = [
     "KINDS",
@@ -229,7 +229,7 @@ def traced_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace
 
   debug_info = debug_info_of("saved_residuals", _named_function(fn), args, kwargs)
   closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat_fn, *xs), return_shape=True)(*in_leaves)
-  jaxpr = closed.jaxpr
+  jaxpr = inline_calls(closed.jaxpr)  # calls made only to share traces, read as the code they stand for
   num_res = jax.tree.structure(out_shape[1]).num_leaves
   residual_jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - num_res:],
                                  debug_info=debug_info._replace(result_paths=None))

@@ -24,6 +24,18 @@ Which layers are named, the ``names=`` argument of both ``apply_remat`` s (:func
   (``("attn", "c_attn")``; NNX list indices are ints). Extend the default with
   ``names=lambda path, m: jaxckpt.core._autonames.auto_named(path, m) or isinstance(m, MyNorm)``.
 
+**Names below one scope** (:func:`tag_parts`). A named layer whose own code runs several projections -- matmuls
+(``dot_general``) or convolutions between something computed from its inputs and something that is not (a weight) --
+covers several tensors with one name, e.g. a GeGLU MLP that keeps its gate and up projections in one scope, one
+``einsum`` each on one stacked ``(2, d, f)`` parameter. Its projections are named ``<layer>.<k>``, ``k`` counting
+them in the order the layer's code runs them from 0: ``mlp.0`` (gate), ``mlp.1`` (up); the one whose result is the
+layer's output (``down``) keeps the layer's name alone (``mlp``), so it gets none. Order is what tells such parts
+apart: both einsums there read ``btd,df->btf`` and slice one parameter, so neither the equation's operands nor the
+parameter's name would. Projections inside a named layer within it are that layer's; a layer with one projection
+(``nn.Dense``, GPT-2's ``Conv1D``) has no parts. Parts are found by tracing the block: ``block_types`` of a Linen
+model lists them; on NNX, :func:`jaxckpt.checkpoint_names` (or a target's listing, ``jaxckpt-report --list-blocks``)
+learns them, and ``set_policy`` takes them afterwards.
+
 Only array leaves of a layer's output are tagged (RNG keys and Python values are left alone). Names the model tags
 itself are kept (the automatic tag wraps the layer's output only). A layer that lies inside a nested matched block
 is named by that inner block (relative to it), not by the outer one. NNX decides which layers are named when
@@ -34,9 +46,13 @@ Linen decides at each call (its listing traces ``init``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -44,10 +60,13 @@ import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.analysis._jaxprs import checkpoint_name_of
+from jaxckpt.core._tagging import evaluate_tagged, walk_values
+from jaxckpt.errors import JaxckptError, PolicySpecError
 
 __all__ = ["NNX_LAYERS", "LINEN_LAYERS", "AUTO", "ALL", "NameRule", "names_rule", "auto_named", "layer_axes",
-           "path_name", "tag_output"]
+           "path_name", "tag_output", "PROJECTIONS", "names_parts", "mark_layer_call", "mark_layer_return",
+           "outside_parts", "tag_parts", "part_names"]
 
 NNX_LAYERS: tuple[type, ...] = tuple(
     cls for cls in (
@@ -257,3 +276,208 @@ def tag_output(out: Any, name: str) -> tuple[Any, bool]:
     return checkpoint_name(value, name)
 
   return jax.tree.map(tag, out), tagged
+
+
+
+# ------------------------------------------------------------------------------------------- names below one scope
+
+PROJECTIONS: tuple[str, ...] = ("dot_general", "conv_general_dilated")
+"""Primitives that are a layer's projections when one operand comes from its inputs and another does not."""
+
+_PART_NAME = re.compile(r".+\.[0-9]+\Z")
+_ENTER = "jaxckpt.part-enter:"
+_EXIT = "jaxckpt.part-exit:"
+"""Prefixes of the markers a trace under :func:`tag_parts` leaves around layer calls (never in a compiled step)."""
+
+_MARKING: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar("jaxckpt_part_marks", default=None)
+
+
+def names_parts(names: Collection[str]) -> bool:
+  """Whether any of ``names`` (a policy's checkpoint names) has the form of a part, ``<layer>.<k>``."""
+  return any(_PART_NAME.match(name) for name in names)
+
+
+def _array_leaves(tree: Any) -> list[jax.Array]:
+  """The arrays among a call's arguments (modules passed along are not looked into)."""
+  leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, (nnx.Module, nn.Module)))
+  return [leaf for leaf in leaves if _taggable(leaf)]
+
+
+def mark_layer_call(inputs: Any) -> int | None:
+  """Marks the start of a layer call while :func:`tag_parts` traces a block (a no-op otherwise).
+
+  Args:
+    inputs: the call's arguments (any pytree); its array leaves are what the layer's projections are computed from.
+
+  Returns:
+    The call's number for :func:`mark_layer_return`, or ``None`` (not tracing for parts, or no array input).
+  """
+  calls = _MARKING.get()
+  if calls is None:
+    return None
+  leaves = _array_leaves(inputs)
+  if not leaves:
+    return None
+  call = next(calls)
+  for leaf in leaves:
+    checkpoint_name(leaf, f"{_ENTER}{call}")
+  return call
+
+
+def mark_layer_return(call: int | None, inputs: Any, name: str | None) -> None:
+  """Marks the end of a layer call started by :func:`mark_layer_call`.
+
+  Args:
+    call: what :func:`mark_layer_call` returned (``None``: nothing to mark).
+    inputs: the same arguments.
+    name: the layer's checkpoint name, or ``None`` for a layer that is not named (its projections count for the
+      named layer around it).
+  """
+  if call is not None and _MARKING.get() is not None:
+    checkpoint_name(_array_leaves(inputs)[0], f"{_EXIT}{call}:{name or ''}")
+
+
+@contextlib.contextmanager
+def outside_parts() -> Iterator[None]:
+  """Within: layer calls leave no markers (a block called inside a block being traced for parts: a nested block
+  names its own layers)."""
+  token = _MARKING.set(None)
+  try:
+    yield
+  finally:
+    _MARKING.reset(token)
+
+
+@dataclasses.dataclass
+class _Frame:
+  """A layer call being read from the jaxpr.
+
+  Attributes:
+    call: its number (:func:`mark_layer_call`).
+    reach: value numbers computed from its inputs (its inputs included).
+    projections: value numbers of its projections, in program order.
+    named: ``(value number, checkpoint name)`` of the values named within it.
+  """
+
+  call: str
+  reach: set[int] = dataclasses.field(default_factory=set)
+  projections: list[int] = dataclasses.field(default_factory=list)
+  named: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+  """What :func:`part_names` read from a block's jaxpr."""
+
+  tags: dict[int, str]  # value number -> part name
+  markers: frozenset[int]  # value numbers of the markers (dropped when the jaxpr is evaluated again)
+  layers: dict[str, tuple[str, ...]]  # named layer -> its part names (empty: fewer than two projections)
+  emitted: frozenset[str]  # every checkpoint name the jaxpr emits (the model's own included)
+
+
+def part_names(closed: Any) -> _Parts:
+  """The parts of the named layers in a block's jaxpr traced under :func:`tag_parts` (see the module docstring).
+
+  A layer call is the stretch between its markers; a projection is a :data:`PROJECTIONS` equation of that stretch,
+  outside any named layer called within it, with one operand that depends on the call's inputs and one that does
+  not.
+
+  Args:
+    closed: the closed jaxpr.
+
+  Returns:
+    The value numbers (:func:`jaxckpt.core._tagging.walk_values`) to tag, the markers, each named layer's parts.
+  """
+  values = walk_values(closed)
+  frames: list[_Frame] = []  # the layer calls open at this point of the program, innermost last
+  tags: dict[int, str] = {}
+  markers: set[int] = set()
+  layers: dict[str, tuple[str, ...]] = {}
+  emitted: set[str] = set()
+  for value in values:
+    label = checkpoint_name_of(value.eqn)
+    if label is not None and label.startswith(_ENTER):
+      markers.add(value.index)
+      call = label[len(_ENTER):]
+      if not frames or frames[-1].call != call:  # one marker per array input, in a row
+        frames.append(_Frame(call))
+      frames[-1].reach.update(value.inputs)
+      continue
+    if label is not None and label.startswith(_EXIT):
+      markers.add(value.index)
+      frame = frames.pop()
+      name = label[len(_EXIT):].partition(":")[2]
+      if not name:  # a layer without a name: its projections are the named layer's around it
+        if frames:
+          frames[-1].projections.extend(frame.projections)
+        continue
+      own_outputs = {i for i, n in frame.named if n == name}
+      parts = [] if len(frame.projections) < 2 else [
+          (v, f"{name}.{k}") for k, v in enumerate(frame.projections) if v not in own_outputs]
+      tags.update(parts)
+      layers[name] = tuple(sorted(set(layers.get(name, ())) | {n for _, n in parts}))
+      continue
+    if label is not None:
+      emitted.add(label)
+      if frames:
+        frames[-1].named.extend((i, label) for i in value.inputs)
+    for frame in frames:
+      if any(i in frame.reach for i in value.inputs):
+        frame.reach.add(value.index)
+    if frames and value.primitive in PROJECTIONS and value.taggable:
+      from_inputs = [i in frames[-1].reach for i in value.inputs]
+      missing = len(value.eqn.invars) - len(value.inputs)  # literals and constants: not from the inputs
+      if any(from_inputs) and (missing or not all(from_inputs)):
+        frames[-1].projections.append(value.index)
+  return _Parts(tags, frozenset(markers), layers, frozenset(emitted))
+
+
+def _check_wanted(found: _Parts, wanted: Collection[str], spec: str) -> None:
+  """Raises for a part-like name of a named layer of this block that is not one of its parts (nor a name the model
+  emits itself): a policy that would save nothing it was meant to."""
+  for name in sorted(wanted):
+    layer, _, index = name.rpartition(".")
+    if not _PART_NAME.match(name) or layer not in found.layers or name in found.emitted or name in found.tags.values():
+      continue
+    parts = found.layers[layer]
+    have = (f"its parts are {', '.join(parts)}" if parts else
+            f"it has no parts (fewer than two projections): save {layer!r} itself")
+    raise PolicySpecError(f"checkpoint name {name!r} names no part of layer {layer!r}: {have}", spec=spec,
+                          bad=name, valid=parts)
+
+
+def tag_parts(fn: Callable[..., Any], wanted: Collection[str] = (), *, spec: str = "") -> Callable[..., Any]:
+  """``fn`` (a block's pure function) with the parts of its named layers tagged ``<layer>.<k>`` (module docstring).
+
+  Traces ``fn`` once with markers around every layer call (:func:`mark_layer_call`, made by both front-ends' named
+  layers), reads the parts from the jaxpr (:func:`part_names`) and evaluates it again with the parts wrapped in
+  ``checkpoint_name`` and the markers dropped (:func:`jaxckpt.core._tagging.evaluate_tagged`), so a name policy
+  saves them as it saves any checkpoint name. Nothing else changes: the values, and the gradients, are ``fn``'s.
+
+  Args:
+    fn: a function of positional pytrees of arrays, e.g. the function a block's ``jax.checkpoint`` wraps.
+    wanted: the checkpoint names the block's policy saves, checked against the parts found.
+    spec: that policy as text, for the message.
+
+  Returns:
+    The tagged function, same signature and outputs.
+
+  Raises:
+    PolicySpecError: (when called) a name in ``wanted`` of the form ``<layer>.<k>`` for a named layer of the block
+      that has no such part (the message lists its parts).
+  """
+
+  def tagged(*args):
+    flat, in_tree = jax.tree.flatten(args)
+    token = _MARKING.set(itertools.count())
+    try:
+      closed, out_shape = jax.make_jaxpr(lambda *leaves: fn(*jax.tree.unflatten(in_tree, leaves)),
+                                         return_shape=True)(*flat)
+    finally:
+      _MARKING.reset(token)
+    found = part_names(closed)
+    _check_wanted(found, wanted, spec)
+    outs = evaluate_tagged(closed, flat, found.tags, identity=found.markers)
+    return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+  return tagged

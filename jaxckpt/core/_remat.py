@@ -21,6 +21,7 @@ from flax import nnx
 from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies._spec import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
 from jaxckpt.analysis._policy_meaning import check_policy
+from jaxckpt.core._autonames import tag_parts
 from jaxckpt.core._tagging import tag_values
 
 __all__ = ["checkpoint", "remat", "Remat", "remat_calls"]
@@ -227,7 +228,7 @@ def checkpoint(
 
 
 def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool = True,
-                share_traces: bool = False) -> Callable[..., Any]:
+                share_traces: bool = False, parts: bool = False) -> Callable[..., Any]:
   """Returns ``call(module, *args)`` that runs ``method(module, *args)`` under ``jax.checkpoint(policy=...)``.
 
   The module is split into graphdef and state, and the state goes into the checkpointed function as an argument, so
@@ -242,6 +243,8 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
     share_traces: modules of one graph definition go through one ``jax.checkpoint`` function, so JAX's trace cache
       traces ``method`` once for all of them (the layers of an unrolled stack); ``method`` must then depend on the
       module's graph and state only. Not for ``save_tensors`` (it tags values per module).
+    parts: name the parts of the module's named layers (:func:`jaxckpt.core._autonames.tag_parts`; a policy that saves
+      ``mlp.0``); the policy's names are checked against the parts found.
   """
   if not policy.remat:
     return method
@@ -259,6 +262,8 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
         return out, nnx.state(inner, nnx.Not(nnx.Param))
 
       fn = tag_values(pure, policy.names, owner=module) if policy.name == SAVE_TENSORS else pure
+      if parts and policy.name != SAVE_TENSORS:
+        fn = tag_parts(fn, policy.checkpoint_names, spec=str(policy))
       checkpointed = jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)
       if share_traces and policy.name != SAVE_TENSORS:
         shared[graphdef] = checkpointed

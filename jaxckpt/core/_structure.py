@@ -23,18 +23,22 @@ consecutive layer ranges each with its own layer function (the per-range policie
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jaxckpt.analysis._jaxprs import SHARED_CALLS
 from jaxckpt.errors import JaxckptError, closest
 
-__all__ = ["Structure", "parse_structure", "STRUCTURE_KINDS", "apply_layers", "apply_segments", "loop"]
+__all__ = ["Structure", "parse_structure", "STRUCTURE_KINDS", "apply_layers", "apply_segments", "loop",
+           "shared_layer_traces"]
 
 LayerFn = Callable[[Any, Any], tuple[Any, Any]]
 """``(carry, layer_i) -> (carry, out_i)``: applies one layer, ``layer_i`` its slice of the stacked inputs (parameters,
@@ -127,7 +131,57 @@ def parse_structure(text: "str | Structure | None") -> Structure:
   return Structure(name, value)
 
 
-def loop(fn: LayerFn, carry: Any, layers: Any, n: int, *, scan: bool) -> tuple[Any, Any]:
+_SHARED: contextvars.ContextVar[bool | None] = contextvars.ContextVar("jaxckpt_shared_layer_traces", default=None)
+"""``None`` outside :func:`shared_layer_traces`; inside, whether layer calls are shared too (slices always are)."""
+
+
+@contextlib.contextmanager
+def shared_layer_traces(*, layers: bool) -> Iterator[None]:
+  """Within this context an unrolled :func:`loop` traces what its layers have in common once, for analyses that trace
+  a model only for its jaxpr (the report's residual analysis of the unrolled twin, :mod:`jaxckpt.report._residuals`).
+
+  Each layer's slice of the stacked inputs is taken by one ``jax.jit`` call per layer index (named
+  ``jaxckpt_layer_slices``; its trace and differentiation are cached across calls, e.g. one policy after another),
+  and with ``layers=True`` every layer runs through one ``jax.jit`` of the layer function (``jaxckpt_shared_layer``),
+  so JAX traces and differentiates a layer once and reuses it for the other L - 1 (the jit trace cache; its
+  linearization is cached per jaxpr). The jaxpr then holds these calls where the unrolled trace has their
+  equations: :func:`jaxckpt.analysis._jaxprs.inline_calls` puts them back, with the same source lines, and JAX's
+  saved-residual analysis of the result lists the same values (checked: tests/test_residuals.py).
+
+  ``layers=True`` only where every block is remat'd: differentiating a jitted call treats a literal it saves as a
+  constant of the backward pass, while inline code lists it as a residual (``from a literal``), so layers without
+  remat are traced one by one. Only ``block`` structures share (a group under ``jax.checkpoint`` keeps its layers
+  as they are).
+
+  Args:
+    layers: share the layer calls as well as the slices.
+  """
+  token = _SHARED.set(bool(layers))
+  try:
+    yield
+  finally:
+    _SHARED.reset(token)
+
+
+def jaxckpt_layer_slices(layers: Any, index: int) -> Any:
+  """Layer ``index``'s slice of every leaf of ``layers`` (leading layer axis dropped): what an unrolled loop feeds
+  layer ``index``. Under :func:`shared_layer_traces` it is called jitted (:data:`_SHARED_SLICES`)."""
+  return jax.tree.map(lambda a: a[index], layers)
+
+
+_SHARED_SLICES = jax.jit(jaxckpt_layer_slices, static_argnums=1)
+"""One traced call per (layers' shapes, index), cached across loops (one policy after another)."""
+
+
+def _shared_layer(fn: LayerFn) -> LayerFn:
+  """``fn`` as one ``jax.jit`` call named ``jaxckpt_shared_layer`` (:data:`~jaxckpt.analysis._jaxprs.SHARED_CALLS`)."""
+  def jaxckpt_shared_layer(carry, layer):
+    return fn(carry, layer)
+
+  return jax.jit(jaxckpt_shared_layer)
+
+
+def loop(fn: LayerFn, carry: Any, layers: Any, n: int, *, scan: bool, share: bool = False) -> tuple[Any, Any]:
   """``fn`` over the leading axis of ``layers``: ``jax.lax.scan`` or a Python loop over the same slices.
 
   Args:
@@ -136,6 +190,7 @@ def loop(fn: LayerFn, carry: Any, layers: Any, n: int, *, scan: bool) -> tuple[A
     layers: pytree whose leaves have a leading axis of length ``n`` (``None`` leaves allowed).
     n: number of iterations.
     scan: ``True`` for ``jax.lax.scan`` (one compiled body), ``False`` for an unrolled Python loop.
+    share: unrolled, inside :func:`shared_layer_traces`: trace the slices (and layer calls) once, as it says.
 
   Returns:
     ``(carry, outs)``: the final carry and the ``out_i`` stacked on a new leading axis (``None`` if they are).
@@ -146,10 +201,13 @@ def loop(fn: LayerFn, carry: Any, layers: Any, n: int, *, scan: bool) -> tuple[A
   if scan:
     with jax.named_scope(f"layer_0..{n - 1}"):
       return jax.lax.scan(fn, carry, layers)
+  shared = _SHARED.get() if share else None
+  call = _shared_layer(fn) if shared else fn
   outs = []
   for i in range(n):
     with jax.named_scope(f"layer_{i}"):
-      carry, out = fn(carry, jax.tree.map(lambda a: a[i], layers))
+      layer = (jaxckpt_layer_slices if shared is None else _SHARED_SLICES)(layers, i)
+      carry, out = call(carry, layer)
     outs.append(out)
   return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
@@ -186,7 +244,7 @@ def apply_layers(
   def apply_range(carry, layers, n: int, level: int):
     """Applies ``n`` layers (leaves of ``layers`` have a leading axis n) at nesting ``level``."""
     if level == structure.levels - 1:
-      return loop(apply_layer, carry, layers, n, scan=scan)
+      return loop(apply_layer, carry, layers, n, scan=scan, share=structure.levels == 1)
     outs, offset = [], 0
     for count, size in structure.groups(n, level):
       part = jax.tree.map(lambda a: a[offset:offset + count * size].reshape(count, size, *a.shape[1:]), layers)
@@ -220,7 +278,7 @@ def apply_segments(
   outs, offset = [], 0
   for count, setting in segments:
     part = jax.tree.map(lambda a: a[offset:offset + count], layers)
-    carry, out = loop(apply_for(setting), carry, part, count, scan=scan)
+    carry, out = loop(apply_for(setting), carry, part, count, scan=scan, share=True)
     outs.append(out)
     offset += count
   return carry, _concat(outs)

@@ -158,36 +158,43 @@ def walk_top_level(closed: jex_core.ClosedJaxpr) -> tuple[list[ValueInfo], list[
   return values, top
 
 
-def evaluate_tagged(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dict[int, str]) -> list[Any]:
+def evaluate_tagged(closed: jex_core.ClosedJaxpr, args: Sequence[Any], tags: dict[int, str], *,
+                    identity: frozenset[int] = frozenset()) -> list[Any]:
   """Evaluates a jaxpr equation by equation, wrapping the values named in ``tags`` in ``checkpoint_name``.
 
   Values are numbered as :func:`walk_values` numbers them (``jit``/``closed_call`` bodies inlined); value ``i``
-  gets ``checkpoint_name(value, tags[i])`` when the name's primitive part matches the producing primitive (a stale
-  name is ignored, never applied to another value). Each equation is re-bound under its own source location and
-  name stack, so JAX's saved-residual analysis still reports the model's source lines.
+  gets ``checkpoint_name(value, tags[i])``. An automatic name (:func:`value_name`) is applied only when its primitive
+  part matches the producing primitive (a stale name is ignored, never applied to another value); other names (the
+  parts of a layer, :func:`jaxckpt.core._autonames.tag_parts`) come from this jaxpr and are applied as they are. Each
+  equation is re-bound under its own source location and name stack, so JAX's saved-residual analysis still reports
+  the model's source lines.
 
   Args:
     closed: the jaxpr to run (e.g. a block's function as :func:`record_tagged` records it).
     args: its arguments, flat, in ``closed.in_avals`` order (arrays or tracers).
-    tags: value number -> automatic name (:func:`value_name`).
+    tags: value number -> checkpoint name.
+    identity: value numbers of one-input, one-output equations to drop (their output is their input), e.g. the
+      markers a trace left for :func:`jaxckpt.core._autonames.tag_parts`.
 
   Returns:
     The jaxpr's outputs, flat.
   """
   env: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts))
   env.update(zip(closed.jaxpr.invars, args))
-  evaluate_equations(closed.jaxpr.eqns, env, tags)
+  evaluate_equations(closed.jaxpr.eqns, env, tags, identity=identity)
   return [a.val if isinstance(a, jex_core.Literal) else env[a] for a in closed.jaxpr.outvars]
 
 
-def evaluate_equations(eqns: Sequence[Any], env: dict[Any, Any], tags: dict[int, str], start: int = 0) -> int:
+def evaluate_equations(eqns: Sequence[Any], env: dict[Any, Any], tags: dict[int, str], start: int = 0, *,
+                       identity: frozenset[int] = frozenset()) -> int:
   """:func:`evaluate_tagged` of a run of equations: binds each one, reading and writing ``env`` (var -> value).
 
   Args:
     eqns: consecutive equations of a jaxpr (e.g. one region of a whole loss, :mod:`jaxckpt.planner._whole`).
     env: the values of the variables they read (updated in place with the ones they define).
-    tags: value number -> automatic name, numbered over the whole jaxpr.
+    tags: value number -> checkpoint name, numbered over the whole jaxpr.
     start: the number of the first value these equations produce (:func:`walk_top_level`).
+    identity: value numbers whose equations are dropped, their input passed on (see :func:`evaluate_tagged`).
 
   Returns:
     The number after the last value produced.
@@ -204,6 +211,9 @@ def evaluate_equations(eqns: Sequence[Any], env: dict[Any, Any], tags: dict[int,
         sub_env.update(zip(sub.jaxpr.invars, invals))
         run(sub.jaxpr.eqns, sub_env)
         outs = [a.val if isinstance(a, jex_core.Literal) else sub_env[a] for a in sub.jaxpr.outvars]
+      elif counter[0] in identity:  # a marker: its input, unchanged
+        counter[0] += 1
+        outs = invals[:1]
       else:
         params = eqn.primitive.get_bind_params(eqn.params)
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
@@ -214,7 +224,8 @@ def evaluate_equations(eqns: Sequence[Any], env: dict[Any, Any], tags: dict[int,
           index = counter[0]
           counter[0] += 1
           name = tags.get(index)
-          if name is not None and parse_value_name(name)[1] == eqn.primitive.name.replace("-", "_"):
+          parsed = None if name is None else parse_value_name(name)
+          if name is not None and (parsed is None or parsed[1] == eqn.primitive.name.replace("-", "_")):
             with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack):
               outs[k] = checkpoint_name(out, name)
       for var, out in zip(eqn.outvars, outs):

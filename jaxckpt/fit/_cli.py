@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from jaxckpt.analysis._tables import render_table
-from jaxckpt._cli import CLIParser, check_output_file
+from jaxckpt._cli import CLIParser, check_output_file, progress_enabled
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._plan import FitPlan, plan_fit
@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
   parser.add_argument("--html", default=None, metavar="FILE",
                       help="one HTML page: the tables and the footprint-vs-batch plot (.html)")
-  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+  parser.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="no progress bar (there is none unless stdout and stderr are a terminal)")
   parser.add_argument("--wide", action="store_true",
                       help="one line per table row, whatever the terminal's width (default: fit the width)")
   return parser
@@ -167,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.global_batch_size is not None:
       device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
                            overhead_s=args.overhead)
-    bar = tqdm(desc="compiles", unit="compile", disable=not args.progress, leave=False)
+    bar = tqdm(desc="compiles", unit="compile", disable=not progress_enabled(args.progress),
+               leave=False)
 
     def on_compile(policy: str, batch: int) -> None:
       bar.set_postfix_str(f"{policy} @ {batch}")

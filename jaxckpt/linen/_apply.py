@@ -12,7 +12,9 @@ re-nested: the parameter tree is the module's own, so existing checkpoints load.
   to the block (``MlpBlock_0.Dense_1``, ``attention.query``, ``attn.c_attn``), so ``save_only_these_names:…``
   works; :func:`block_types` lists them. ``names=`` chooses which layers (:mod:`jaxckpt.core._autonames`; default:
   the standard Linen layers :data:`~jaxckpt.core._autonames.LINEN_LAYERS` and modules of your own classes that hold
-  a weight themselves, such as GPT-2's ``Conv1D``), decided at each call once the layer's parameters exist.
+  a weight themselves, such as GPT-2's ``Conv1D``), decided at each call once the layer's parameters exist. A named
+  layer that runs several projections in its own code (a GeGLU MLP's gate and up einsums) also names them,
+  ``mlp.0``, ``mlp.1`` (its parts: :mod:`jaxckpt.core._autonames`), when the block is listed or a policy names one.
 - Only ``__call__`` of a matched module is remat'd (call a block through another method and it runs as written).
 - **Jits inside the model** (``@nn.jit`` on the model's or a block's ``__call__``, ``nn.jit(Block)``): while a
   :class:`RematModule` runs, its module, policy, blocks, ``names=`` and layers are part of every ``jax.jit`` cache
@@ -43,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import warnings
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,7 +59,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.core._matching import block_matcher, block_matchers
 from jaxckpt.core._arguments import split_arguments
-from jaxckpt.core._autonames import NameRule, names_rule, path_name, tag_output
+from jaxckpt.core._autonames import (NameRule, mark_layer_call, mark_layer_return, names_parts, names_rule,
+                                    outside_parts, path_name, tag_output, tag_parts)
 from jaxckpt.core._tagging import recording, tag_values
 from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis._jaxprs import checkpoint_name_of, sub_jaxprs
@@ -153,15 +157,24 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
   if run.active and block_type is None:  # a layer inside a block: names= decides (after the call: params exist)
     outer_type, block_path = run.active[-1]
     path = tuple(module.path)[len(block_path):]
+    call = mark_layer_call((args, kwargs))  # where its parts are looked for (tag_parts traces only)
     out = next_fun(*args, **kwargs)
     if not run.names(path, module):
+      mark_layer_return(call, (args, kwargs), None)
       return out
     out, tagged = tag_output(out, path_name(path))
     if tagged and run.record is not None:
       run.record.setdefault(outer_type, set()).add(path_name(path))
+    mark_layer_return(call, (args, kwargs), path_name(path))
     return out
   if block_type is None:
     return next_fun(*args, **kwargs)
+  with outside_parts():  # a block names the parts of its own layers, not those of a block around it
+    return _call_block(run, module, block_type, next_fun, args, kwargs)
+
+
+def _call_block(run: _Run, module: nn.Module, block_type: str, next_fun: Callable, args: tuple, kwargs: dict) -> Any:
+  """A matched block's ``__call__`` under the lifted checkpoint with its policy (the interceptor's block case)."""
   run.matched[block_type] = run.matched.get(block_type, 0) + 1
   run.paths.append(tuple(module.path))
   run.classes.add(type(module))
@@ -184,8 +197,11 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
   if not policy.remat:
     return fn(module, *arrays)
   if policy.name == SAVE_TENSORS:  # per-tensor: tag the chosen values of the block's function, save exactly them
-    owner = _BlockOwner(block_type, tuple(module.path))
-    return nn.transforms.lift_transform(_tagged_checkpoint, fn, policy=policy, owner=owner)(module, *arrays)
+    tag = functools.partial(tag_values, names=policy.names, owner=_BlockOwner(block_type, tuple(module.path)))
+    return nn.transforms.lift_transform(_tagged_checkpoint, fn, policy=policy, tag=tag)(module, *arrays)
+  if run.record is not None or names_parts(policy.checkpoint_names):  # listing, or a policy naming parts (mlp.0)
+    tag = functools.partial(tag_parts, wanted=policy.checkpoint_names, spec=str(policy))
+    return nn.transforms.lift_transform(_tagged_checkpoint, fn, policy=policy, tag=tag)(module, *arrays)
   return nn.checkpoint(fn, policy=policy.to_jax(), prevent_cse=True)(module, *arrays)
 
 
@@ -233,16 +249,16 @@ def _wrappers_of(cls: type) -> list[str]:
   return found
 
 
-def _tagged_checkpoint(fn: Callable, *, policy: Policy, owner: _BlockOwner) -> Callable:
+def _tagged_checkpoint(fn: Callable, *, policy: Policy, tag: Callable[[Callable], Callable]) -> Callable:
   """Flax's lifted ``lift.checkpoint`` (variables and RNGs lifted, ``prevent_cse``) with the function under
-  ``jax.checkpoint`` first tagged by :func:`jaxckpt.core._tagging.tag_values`, so a ``save_tensors`` policy saves the
-  values it names."""
+  ``jax.checkpoint`` first tagged by ``tag``: :func:`jaxckpt.core._tagging.tag_values` (a ``save_tensors`` policy saves
+  the values it names) or :func:`jaxckpt.core._autonames.tag_parts` (the parts of the block's layers get names)."""
   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
     def pure(variable_groups, rng_groups, *args):
       scope = scope_fn(variable_groups, rng_groups)
       return fn(scope, *args), repack_fn(scope)
 
-    tagged = tag_values(pure, policy.names, owner=owner)
+    tagged = tag(pure)
     return jax.checkpoint(tagged, policy=policy.to_jax(), prevent_cse=True)(variable_groups, rng_groups, *args)
 
   return flax_lift.pack(inner, (True,), (True,), (True,), name="remat")  # as flax.core.lift.checkpoint packs

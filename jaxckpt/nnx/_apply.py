@@ -19,7 +19,9 @@ train state saved before restores after (a wrapper module would add a level: ``â
   own), so ``save_only_these_names:â€¦`` works on models that never call ``checkpoint_name``; ``names=`` chooses
   which layers (default: standard Flax layers and your own modules that hold a weight). The named layers of a copy
   made inside the checkpoint get a cached subclass that tags their output; the model's own instances keep their
-  classes, so the parameter tree, ``nnx.split``/``merge`` and saved train states are unchanged.
+  classes, so the parameter tree, ``nnx.split``/``merge`` and saved train states are unchanged. A named layer that
+  runs several projections in its own code (a GeGLU MLP's gate and up einsums) also names them, ``mlp.0``, ``mlp.1``
+  (its parts: :mod:`jaxckpt.core._autonames`), found by tracing (:func:`checkpoint_names`).
 
 :func:`jaxckpt.set_policy` and :func:`jaxckpt.block_types` see applied blocks too; calling :func:`apply_remat`
 again, or ``set_policy``, changes the policy. Nothing matched, or a policy for a model without blocks, is an error
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -48,7 +50,8 @@ import jax
 from flax import nnx
 
 from jaxckpt.core._arguments import split_arguments
-from jaxckpt.core._autonames import NameRule, layer_axes, names_rule, path_name, tag_output
+from jaxckpt.core._autonames import (NameRule, layer_axes, mark_layer_call, mark_layer_return, names_parts, names_rule,
+                                    outside_parts, path_name, tag_output, tag_parts)
 from jaxckpt.core._matching import block_matchers, describe_blocks_value
 from jaxckpt.errors import JaxckptError
 from jaxckpt.analysis._jaxprs import checkpoint_name_of, iter_eqns
@@ -62,6 +65,7 @@ __all__ = [
     "applied_block_types",
     "set_applied_policy",
     "checkpoint_names",
+    "learn_names",
     "loss_block_types",
     "applied_layers",
     "set_layered_policy",
@@ -145,9 +149,14 @@ def _named_class(cls: type) -> type:
   if cls not in _NAMED:
 
     def __call__(self, *args, **kwargs):
-      out = cls.__call__(self, *args, **kwargs)
       name = (_ACTIVE_NAMES.get() or {}).get(id(self))
-      return out if name is None else tag_output(out, name)[0]
+      call = None if name is None else mark_layer_call((args, kwargs))  # where its parts are looked for (tag_parts)
+      out = cls.__call__(self, *args, **kwargs)
+      if name is None:
+        return out
+      out = tag_output(out, name)[0]
+      mark_layer_return(call, (args, kwargs), name)
+      return out
 
     _NAMED[cls] = type(cls)(cls.__name__, (cls,), {
         "__call__": __call__, "__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__})
@@ -194,6 +203,11 @@ def _auto_names(block: nnx.Module) -> Iterator[None]:
 
 def _call_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any:
   """``__call__`` of an applied block: the original ``cls.__call__`` under ``jax.checkpoint`` with its policy."""
+  with outside_parts():  # a block names the parts of its own layers, not those of a block around it
+    return _run_applied(self, cls, args, kwargs)
+
+
+def _run_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any:
   spec: PolicySpec = getattr(self, _POLICY)
   block_type: str = getattr(self, _TYPE)
   policy: Policy = spec.for_block(block_type)
@@ -210,14 +224,14 @@ def _call_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any
     graphdef, state = nnx.split(self)
     token = _RECORD.set(None)
     try:
-      jaxpr = jax.make_jaxpr(lambda st, *arrs: method(nnx.merge(graphdef, st), *arrs))(state, *arrays)
+      jaxpr = jax.make_jaxpr(tag_parts(lambda st, *arrs: method(nnx.merge(graphdef, st), *arrs)))(state, *arrays)
     finally:
       _RECORD.reset(token)
     record.setdefault(block_type, set()).update(
         n for e in iter_eqns(jaxpr) if (n := checkpoint_name_of(e)) is not None)
   if not policy.remat:
     return cls.__call__(self, *args, **kwargs)
-  return module_call(method, policy)(self, *arrays)
+  return module_call(method, policy, parts=names_parts(policy.checkpoint_names))(self, *arrays)
 
 
 def _applied_class(cls: type) -> type:
@@ -391,11 +405,23 @@ def checkpoint_names(model: nnx.Module, *args, **kwargs) -> dict[str, frozenset[
     jax.eval_shape(lambda st, *a: nnx.merge(graphdef, st)(*a, **kwargs), state, *args)
   finally:
     _RECORD.reset(token)
+  learn_names(model, record)
+  return applied_block_types(model)
+
+
+def learn_names(model: nnx.Module, names: Mapping[str, Collection[str]]) -> None:
+  """Teaches the applied blocks of ``model`` checkpoint names found by tracing (the model's own tags, the parts of
+  its layers), so :func:`jaxckpt.set_policy` takes them: what :func:`checkpoint_names` does after its trace, for
+  names traced elsewhere (a target's loss, :func:`loss_block_types`, on another instance of the same model).
+
+  Args:
+    model: an NNX model with blocks applied by :func:`apply_remat` (abstract is fine).
+    names: block type -> checkpoint names its blocks emit; names of types the model does not have are ignored.
+  """
   for _, block in applied_blocks(model):
-    learned = record.get(getattr(block, _TYPE), set()) - {path_name(p) for p in _auto_name_paths(block)}
+    learned = set(names.get(getattr(block, _TYPE), ())) - {path_name(p) for p in _auto_name_paths(block)}
     if learned:
       setattr(block, _LEARNED, tuple(sorted(learned)))
-  return applied_block_types(model)
 
 
 def loss_block_types(make_model: Callable[[], nnx.Module], loss_fn: Callable[..., Any], batch: Any

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import jax
 
 from jaxckpt.core import _names as names
-from jaxckpt._cli import CLIParser, check_output_dir, check_output_file
+from jaxckpt._cli import CLIParser, check_output_dir, check_output_file, progress_enabled
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._registry import MODEL_REGISTRY
 from jaxckpt.policies._model import POLICY_FORMS
@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--wide", action="store_true",
                       help="one line per policy, every column (default: fit the terminal, COLUMNS or 100 characters, "
                            "long policies as labels with a legend)")
-  parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+  parser.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="no progress bars (there are none unless stdout and stderr are a terminal)")
   parser.add_argument("--list-blocks", action="store_true",
                       help="print the target's block types and the checkpoint names each emits (your own model's "
                            "automatic names included) and exit")
@@ -129,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except JaxckptError as err:
     return parser.fail(err)
   report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
-                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
+                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals,
+                        progress=progress_enabled(args.progress),
                         mesh=mesh, profile=args.profile, profile_steps=args.profile_steps)
   print(to_table(report, wide=args.wide))
   for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,

@@ -14,14 +14,18 @@ compiled temp differs by block policy then differ here too.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
 
 from jaxckpt.analysis._activations import parameter_only_bytes
 from jaxckpt.analysis._jaxprs import outermost_remats, remat_body, remat_policy
+from jaxckpt.core._structure import shared_layer_traces
 from jaxckpt.nnx._layers import record_stack_inputs, shared_block_traces
 from jaxckpt.analysis._residuals import Residual, group_residuals, recomputed_residuals, total_residual_bytes, traced_residuals
+from jaxckpt.policies._spec import SAVE_TENSORS, PolicySpec
+from jaxckpt.policies._model import LayeredPolicy
 from jaxckpt.step._build import PolicyStep, dropout_key_struct
 
 __all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
@@ -87,9 +91,25 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
       jaxpr = remat_body(eqn)
     return 0
 
-  with shared_block_traces():  # the unrolled layers' blocks traced once per (graph, policy), not once per layer
+  # The unrolled layers' blocks traced once per (graph, policy), not once per layer; where every block is remat'd,
+  # the layers too (and their parameter slices): one trace and linearization for the L layers.
+  sharing = _layer_sharing(step.spec)
+  layers = contextlib.nullcontext() if sharing is None else shared_layer_traces(layers=sharing)
+  with shared_block_traces(), layers:
     jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
   return levels, param_only[0]
+
+
+def _layer_sharing(spec: Any) -> bool | None:
+  """How the twin's unrolled layers share traces (:func:`jaxckpt.core._structure.shared_layer_traces`) under
+  ``spec``: ``None`` not at all (a whole-loss plan), ``False`` the parameter slices only, ``True`` the layer calls
+  too, where every block runs under remat with a policy that tags nothing per module (a per-block spec, or each
+  range of a layered one: its default and every block type's; a block type left to a ``none`` default is not)."""
+  specs = [s for _, s in spec.segments] if isinstance(spec, LayeredPolicy) else [spec]
+  if not all(isinstance(s, PolicySpec) for s in specs):
+    return None
+  shared = lambda p: p.remat and p.name != SAVE_TENSORS  # noqa: E731
+  return all(shared(s.default) and all(shared(p) for _, p in s.blocks) for s in specs)
 
 
 def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:

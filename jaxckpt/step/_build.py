@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxckpt.nnx._apply import loss_block_types
+from jaxckpt.nnx._apply import learn_names, loss_block_types
 from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, iter_eqns
 from jaxckpt.nnx._layers import block_types, set_policy, stacks
 from jaxckpt.errors import JaxckptError
@@ -153,6 +153,7 @@ class StepBuilder:
     it."""
     if self._model is None:
       self._model = nnx.eval_shape(self.target.make_model)
+      learn_names(self._model, self.block_types)  # names found by tracing (own tags, parts): set_policy takes them
     return self._model
 
   def _twin_graph(self, spec: PolicySpec | LayeredPolicy) -> tuple[Any, Any]:
@@ -160,6 +161,7 @@ class StepBuilder:
     unrolled, so checkpoint names survive the residual analysis."""
     if self._twin is None:
       self._twin = nnx.eval_shape(self.target.make_model)
+      learn_names(self._twin, self.block_types)
       for stack in stacks(self._twin):
         stack.scan = False
     set_policy(self._twin, spec)

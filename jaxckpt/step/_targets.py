@@ -506,7 +506,8 @@ def load_target(spec: str) -> Target:
     The :class:`ModelTarget` or :class:`LossTarget` it returned, with ``ref`` set so ``--measure`` can rebuild it.
 
   Raises:
-    JaxckptError: malformed spec, module not importable, no such function, or it returned something else.
+    JaxckptError: malformed spec, module not importable or raising while imported, no such function, the function
+      raising (its exception's type, message and file:line, one line) or returning something else.
   """
   module_name, sep, function_name = spec.partition(":")
   if not sep or not module_name or not function_name.isidentifier():
@@ -533,7 +534,12 @@ def load_target(spec: str) -> Target:
                        "function takes none and returns a ModelTarget or LossTarget") from None
   except ValueError:  # no signature (a builtin): call it and let the type check below speak
     pass
-  target = function()
+  try:
+    target = function()
+  except JaxckptError:
+    raise
+  except Exception as err:  # the user's function raised: one line, where and what
+    raise JaxckptError(f"target={spec!r}: {function_name}() failed: {_raised_at(err)}") from err
   if not isinstance(target, (ModelTarget, LossTarget)):
     raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
                        "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
@@ -541,7 +547,10 @@ def load_target(spec: str) -> Target:
 
 
 def _raised_at(err: BaseException) -> str:
-  """``"RuntimeError: no GPU (mymodel.py:12)"``: the exception's type and message and the innermost file:line."""
+  """``"RuntimeError: no GPU (mymodel.py:12)"``: the exception's type and message and the innermost file:line (for
+  a ``SyntaxError``, the line it points at, not the import machinery's)."""
+  if isinstance(err, SyntaxError) and err.filename:
+    return f"{type(err).__name__}: {err.msg} ({os.path.basename(err.filename)}:{err.lineno})"
   frames = traceback.extract_tb(err.__traceback__)
   where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
   message = str(err).strip().splitlines()[0] if str(err).strip() else ""
