@@ -37,13 +37,14 @@ from jaxckpt.fit.model import AffineModel, fit_affine, tangent_at_crossing
 from jaxckpt.planner import device_memory_bytes, resolve_policy
 from jaxckpt.policies import Budget, parse_model_policy
 from jaxckpt.policies.model import DEFAULT_MARGIN
-from jaxckpt.training.sharding import BATCH_AXES, mesh_shape
-from jaxckpt.step import LossTarget, ModelTarget, Target, compile_policy, shipped_target
+from jaxckpt.training.sharding import BATCH_AXES, mesh_platform, mesh_shape
+from jaxckpt.training.topology import Topology, topology_mesh
+from jaxckpt.step import ModelTarget, Target, batch_size_of, compile_policy, shipped_target, with_batch
 from jaxckpt.units import format_bytes, parse_bytes
 
 __all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
-           "compile_point", "batch_unit", "resolve_memory", "max_batch_size", "max_seq_len", "with_seq_len",
-           "fit_policies"]
+           "compile_point", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size", "max_seq_len",
+           "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —
@@ -131,59 +132,6 @@ class BatchFit:
             "points": [dataclasses.asdict(p) for p in self.points], "seconds": round(self.seconds, 3)}
 
 
-def batch_size_of(target: Target) -> int:
-  """The batch size of ``target``: the leading dimension of its batch arrays (scalars such as a dropout seed are
-  skipped).
-
-  Raises:
-    JaxckptError: a batch with no array of rank ≥ 1.
-  """
-  dims = [leaf.shape[0] for leaf in jax.tree.leaves(target.batch) if len(getattr(leaf, "shape", ()))]
-  if not dims:
-    raise JaxckptError(f"target {target.name!r} has no batch axis: its batch has no array of rank ≥ 1")
-  return max(set(dims), key=dims.count)
-
-
-def with_batch(target: Target, batch_size: int, *, grad_accum_steps: int = 1) -> Target:
-  """``target`` at another batch size (and gradient accumulation).
-
-  A shipped model is rebuilt by :func:`~jaxckpt.step.shipped_target` (its ``ref``); a user's target has the
-  leading dimension of every batch array of the original batch size replaced.
-
-  Args:
-    target: a model or loss target.
-    batch_size: examples per step B ≥ 1.
-    grad_accum_steps: micro-batches per step (model targets only; must divide ``batch_size``).
-
-  Returns:
-    The target at that batch size (a user's target loses its ``ref``: it is measured in this process).
-
-  Raises:
-    JaxckptError: ``batch_size`` < 1, ``grad_accum_steps`` not dividing it, or accumulation on a loss target.
-  """
-  if batch_size < 1:
-    raise JaxckptError(f"batch_size={batch_size} must be ≥ 1")
-  if grad_accum_steps < 1 or batch_size % grad_accum_steps:
-    raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide batch_size={batch_size}")
-  ref = target.ref or {}
-  if isinstance(target, ModelTarget) and "model" in ref:
-    return shipped_target(**{**ref, "batch_size": batch_size, "grad_accum_steps": grad_accum_steps})
-  if grad_accum_steps != 1 and isinstance(target, LossTarget):
-    raise JaxckptError(f"grad_accum_steps={grad_accum_steps}: a LossTarget's step has no gradient accumulation")
-  old = batch_size_of(target)
-
-  def resize(leaf):
-    shape = getattr(leaf, "shape", ())
-    if len(shape) and shape[0] == old:
-      return jax.ShapeDtypeStruct((batch_size, *shape[1:]), leaf.dtype, sharding=getattr(leaf, "sharding", None))
-    return leaf
-
-  changes: dict[str, Any] = {"batch": jax.tree.map(resize, target.batch), "ref": None}
-  if isinstance(target, ModelTarget):
-    changes["grad_accum_steps"] = grad_accum_steps
-  return dataclasses.replace(target, **changes)
-
-
 def with_seq_len(target: Target, seq_len: int) -> Target:
   """A shipped sequence model at another sequence length (tokens per example).
 
@@ -197,6 +145,12 @@ def with_seq_len(target: Target, seq_len: int) -> Target:
   return shipped_target(**{**ref, "seq_len": seq_len})
 
 
+def mesh_device(mesh: Any) -> Any:
+  """The first device of a ``jax.sharding.Mesh`` (the device ``memory="auto"`` fits: a topology's chip), or ``None``
+  without a mesh (then :func:`resolve_memory` takes ``jax.devices()[0]``)."""
+  return next(iter(mesh.devices.flat)) if isinstance(mesh, jax.sharding.Mesh) else None
+
+
 def batch_unit(mesh: Any) -> int:
   """The batch step of a mesh: the product of its batch axes (``data`` × ``fsdp``), 1 for ``None``."""
   if mesh is None:
@@ -205,13 +159,15 @@ def batch_unit(mesh: Any) -> int:
   return math.prod(shape.get(a, 1) for a in BATCH_AXES)
 
 
-def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN) -> tuple[int, str]:
+def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN, device: Any = None) -> tuple[int, str]:
   """The memory to fit, in bytes per device, and where it came from.
 
   Args:
-    memory: ``"auto"`` (this device's memory less ``margin``, as the policy ``auto`` plans for:
-      :func:`jaxckpt.planner.device_memory_bytes`), a size string in binary units (``"80GiB"``), or int bytes.
+    memory: ``"auto"`` (the device's memory less ``margin``, as the policy ``auto`` plans for:
+      :func:`jaxckpt.planner.device_memory_bytes`; a TPU topology's chip: its HBM from the chip table), a size
+      string in binary units (``"80GiB"``), or int bytes.
     margin: share of the device's memory ``auto`` leaves free, in [0, 1).
+    device: the device fitted (a mesh's first, :func:`mesh_device`); default ``jax.devices()[0]``.
 
   Returns:
     ``(bytes, source)``.
@@ -220,7 +176,7 @@ def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN) -> tupl
     JaxckptError: a size that does not parse, or ≤ 0.
   """
   if isinstance(memory, str) and memory.strip() == "auto":
-    available, source = device_memory_bytes()
+    available, source = device_memory_bytes(device)
     return int(available * (1 - margin)), f"{source} {format_bytes(available)} − {margin * 100:g}% margin"
   if isinstance(memory, str):
     try:
@@ -266,7 +222,7 @@ def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None
   compiled = compile_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
   footprint = compiled.memory.get("footprint_bytes")
   if footprint is None:
-    raise JaxckptError(f"the backend ({jax.default_backend()}) reports no compiled memory stats; the fit planner "
+    raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; the fit planner "
                        "needs them")
   xla_flops, xla_bytes = _cost_bytes(compiled.compiled)
   accessed = None
@@ -290,6 +246,7 @@ def max_batch_size(
     on_compile: Callable[[str, int], None] | None = None,
     axis: str = "batch",
     intercept_hint: float | None = None,
+    topology: "str | Topology | None" = None,
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -316,6 +273,9 @@ def max_batch_size(
       largest probe is compiled and the second point of the line is the batch that the hint and that probe predict:
       a compile next to the crossing, so the verification often needs one more compile instead of two (three in
       all). A wrong hint costs compiles, never exactness.
+    topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.training.topology`): ``mesh`` (a
+      ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips, compiled by the TPU compiler;
+      ``memory="auto"`` is the chip's HBM less the margin.
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -323,7 +283,8 @@ def max_batch_size(
 
   Raises:
     JaxckptError: an empty batch range, a ``min_batch`` the mesh does not divide, a budget policy, a footprint that
-      does not grow with the batch, ``max_rounds`` < 1; PolicySpecError: a spec that does not parse.
+      does not grow with the batch, ``max_rounds`` < 1; PolicySpecError: a spec that does not parse;
+      TopologyError: a bad topology or libtpu missing.
 
   Example::
 
@@ -331,6 +292,8 @@ def max_batch_size(
     >>> fit.max_batch_size, fit.compiles
   """
   started = time.perf_counter()
+  if topology is not None:
+    mesh = topology_mesh(topology, mesh)
   parsed = parse_model_policy(policy)
   if isinstance(parsed, Budget):
     raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
@@ -350,7 +313,7 @@ def max_batch_size(
   if hi_b < lo_b:
     raise JaxckptError(f"the batch range is empty: min_batch={lo_b} > max_batch={max_batch}"
                        + (f" (in multiples of {unit})" if unit > 1 else ""))
-  limit, _ = resolve_memory(memory)
+  limit, _ = resolve_memory(memory, device=mesh_device(mesh))
   text = str(parsed)
   points: dict[int, FitPoint] = {}
 

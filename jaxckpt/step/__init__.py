@@ -2,7 +2,7 @@
 policies.
 
 - Targets (:mod:`jaxckpt.step.targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch),
-  :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`.
+  :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`, :func:`with_batch` (the same target at another batch size).
 - The train step under a policy (:mod:`jaxckpt.step.build`): :func:`policy_step` -> :class:`PolicyStep`, from
   shapes only; :func:`concrete_inputs` allocates real ones.
 - One compile path (:mod:`jaxckpt.step.compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,
@@ -36,11 +36,13 @@ from jaxckpt.step.targets import (
     LossTarget,
     ModelTarget,
     Target,
+    batch_size_of,
     linen_model_target,
     linen_target,
     load_target,
     rebuild_target,
     shipped_target,
+    with_batch,
 )
 
 __all__ = [
@@ -71,4 +73,6 @@ __all__ = [
     "load_target",
     "rebuild_target",
     "shipped_target",
+    "batch_size_of",
+    "with_batch",
 ]

@@ -19,10 +19,13 @@ from typing import Any
 
 import jax
 
+from jax.sharding import NamedSharding, PartitionSpec
+
 from jaxckpt.analysis.jaxprs import uses_remat
 from jaxckpt.core.remat import remat_calls
 from jaxckpt.policies import PolicySpec
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
+from jaxckpt.training.topology import Topology, topology_mesh
 
 __all__ = [
     "CPU_REMAT_FIX",
@@ -153,33 +156,65 @@ def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **ji
                  **jit_kwargs)
 
 
+def _sharded_platform(*trees: Any) -> str | None:
+  """The platform of the first sharding found in ``trees`` (``jit``'s shardings, or arguments'
+  ``ShapeDtypeStruct.sharding``), or ``None`` when none has one."""
+  for tree in trees:
+    try:
+      leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    except Exception:  # noqa: BLE001 - an argument that is not a pytree of arrays
+      continue
+    for leaf in leaves:
+      found = leaf if isinstance(leaf, jax.sharding.Sharding) else getattr(leaf, "sharding", None)
+      devices = getattr(found, "device_set", None)
+      if devices:
+        return next(iter(devices)).platform
+  return None
+
+
 def compile_step(
     fn: Callable,
     *args,
     donate_argnums: int | tuple[int, ...] = (),
     compiler_options: Mapping[str, Any] | None = None,
     remat_fix: bool = True,
+    topology: "str | Topology | None" = None,
     **jit_kwargs,
 ) -> jax.stages.Compiled:
   """Lowers and compiles ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct``, nothing is allocated).
+
+  The compiler options are those of the platform the step is compiled *for*: the platform of the shardings given
+  (``in_shardings``/``out_shardings``, or the arguments' own), else of ``topology``, else the default backend.
 
   Args:
     fn: a pure function of pytrees of arrays (e.g. a train step).
     *args: example arguments or their ``jax.ShapeDtypeStruct``s.
     donate_argnums: arguments whose buffers the step may reuse (e.g. the train state).
     compiler_options: extra XLA options, merged with jaxckpt's.
-    remat_fix: apply :data:`CPU_REMAT_FIX` on CPU (default). With ``False`` a :class:`RematIneffectiveWarning` is
-      issued (once per process) when the step contains ``jax.checkpoint`` and the backend is CPU (unless
-      ``XLA_FLAGS`` already holds the fix).
+    remat_fix: apply :data:`CPU_REMAT_FIX` when compiling for CPU (default). With ``False`` a
+      :class:`RematIneffectiveWarning` is issued (once per process) when the step contains ``jax.checkpoint`` and is
+      compiled for CPU (unless ``XLA_FLAGS`` already holds the fix).
+    topology: compile for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.training.topology`): without
+      ``in_shardings`` every argument is replicated over the slice's chips (each chip runs the whole step: the
+      compiled stats are one chip's); with them, they must be over its mesh
+      (:func:`jaxckpt.training.topology.topology_mesh`).
     **jit_kwargs: passed to ``jax.jit``.
 
   Returns:
-    The compiled step; call it like ``fn`` (its signature is fixed to these shapes and dtypes).
+    The compiled step; call it like ``fn`` (its signature is fixed to these shapes and dtypes). A step compiled for
+    a topology cannot run here: read its ``memory_analysis()`` (:func:`memory_stats`) and ``cost_analysis()``.
+
+  Raises:
+    TopologyError: a bad topology name, or libtpu missing (:func:`jaxckpt.training.topology.get_topology`).
   """
-  options = remat_compiler_options(extra=compiler_options) if remat_fix else dict(compiler_options or {})
-  with remat_fix_applied(remat_fix or jax.default_backend() != "cpu"):
+  if topology is not None and "in_shardings" not in jit_kwargs:
+    jit_kwargs["in_shardings"] = NamedSharding(topology_mesh(topology), PartitionSpec())
+  platform = (_sharded_platform(jit_kwargs.get("in_shardings"), jit_kwargs.get("out_shardings"), args)
+              or jax.default_backend())
+  options = remat_compiler_options(platform, extra=compiler_options) if remat_fix else dict(compiler_options or {})
+  with remat_fix_applied(remat_fix or platform != "cpu"):
     traced = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs).trace(*args)
-  if not remat_fix and jax.default_backend() == "cpu" and not _fix_in_xla_flags() and uses_remat(traced.jaxpr):
+  if not remat_fix and platform == "cpu" and not _fix_in_xla_flags() and uses_remat(traced.jaxpr):
     _warn_once(_UNFIXED)
   return traced.lower().compile(compiler_options=options or None)
 
