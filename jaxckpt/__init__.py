@@ -11,6 +11,8 @@
   (``Checkpointer`` is its old name, kept as an alias).
 - Sharded and multi-process training (data parallel, FSDP, ``jax.distributed``): :mod:`jaxckpt.training.sharding`;
   multi-task heads: :mod:`jaxckpt.models.multitask`.
+- Compiling for a TPU without a TPU (``topology="v5e:2x2"`` on every tool): :func:`get_topology`,
+  :func:`topology_mesh`, the chip table :data:`CHIPS` (:mod:`jaxckpt.training.topology`).
 
 The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules
 (:mod:`~jaxckpt.errors`, :mod:`~jaxckpt.units`, :mod:`~jaxckpt.schema`, :mod:`~jaxckpt.cli`) → :mod:`jaxckpt.analysis`
@@ -48,6 +50,7 @@ from jaxckpt.errors import (
     JaxckptError,
     MeshSpecError,
     NonFiniteLossError,
+    TopologyError,
     PolicySpecError,
     StaticArgumentError,
 )
@@ -85,6 +88,7 @@ from jaxckpt.training.sharding import (
     shard_state,
     state_shardings,
 )
+from jaxckpt.training.topology import CHIPS, Chip, Topology, get_topology, topology_mesh
 from jaxckpt.training.train import (
     TrainState,
     abstract_train_state,
@@ -194,6 +198,7 @@ __all__ = [
     "DataError",
     "JaxckptError",
     "MeshSpecError",
+    "TopologyError",
     "NonFiniteLossError",
     "PolicySpecError",
     "StaticArgumentError",
@@ -224,6 +229,11 @@ __all__ = [
     "multitask_loss",
     "MESH_AXES",
     "make_mesh",
+    "CHIPS",
+    "Chip",
+    "Topology",
+    "get_topology",
+    "topology_mesh",
     "parse_mesh",
     "replica_mismatches",
     "shard_batch",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,11 +40,11 @@ from jaxckpt.policies import Budget, parse_model_policy
 from jaxckpt.policies.model import DEFAULT_MARGIN
 from jaxckpt.training.sharding import BATCH_AXES, mesh_platform, mesh_shape
 from jaxckpt.training.topology import Topology, topology_mesh
-from jaxckpt.step import ModelTarget, Target, batch_size_of, compile_policy, shipped_target, with_batch
+from jaxckpt.step import ModelTarget, Target, batch_size_of, lower_policy, shipped_target, with_batch
 from jaxckpt.units import format_bytes, parse_bytes
 
 __all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
-           "compile_point", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size", "max_seq_len",
+           "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size", "max_seq_len",
            "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -208,9 +209,30 @@ def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
   return resolve_policy(target, policy, tx=tx, compiler_options=options, mesh=mesh)[0]
 
 
+_EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED.*?required[^(]*\(([0-9.]+)([KMGT]?)i?B?\) exceeds available", re.S)
+
+
+def exhausted_bytes(err: BaseException) -> int | None:
+  """The bytes a program requires according to a compiler that refused it for the device's memory, or ``None`` for
+  any other error.
+
+  The TPU compiler refuses, at compile time, a program whose peak exceeds the chip: ``RESOURCE_EXHAUSTED: Ran out of
+  memory on HBM, the total memory required for HLO temporaries (18.35G) exceeds available HBM (15.75G)`` (libtpu
+  0.0.42.1; binary units, as XLA prints sizes: v5e's 16 GiB less 256 MiB is its 15.75G).
+  """
+  match = _EXHAUSTED.search(str(err))
+  if match is None:
+    return None
+  return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))
+
+
 def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
                   grad_accum_steps: int = 1, seq_len: int | None = None) -> FitPoint:
   """Compiles the step of ``target`` at ``batch`` (and ``seq_len``) under ``policy``; returns its :class:`FitPoint`.
+
+  A compile the compiler refuses because the program exceeds the device's memory (the TPU compiler checks a
+  topology's chip at compile time: :func:`exhausted_bytes`) is a point over any limit, its footprint the memory the
+  compiler says the program requires.
 
   Raises:
     JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
@@ -219,7 +241,14 @@ def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None
   policy = parse_model_policy(policy)
   sized = with_batch(target if seq_len is None else with_seq_len(target, seq_len), batch,
                      grad_accum_steps=grad_accum_steps)
-  compiled = compile_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
+  lowered = lower_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
+  try:
+    compiled = lowered.compile()
+  except Exception as err:  # noqa: BLE001 - a compiler that refuses a program over the chip's memory: "over"
+    required = exhausted_bytes(err)
+    if required is None:
+      raise
+    return FitPoint(batch, required, int(lowered.flops), None, time.perf_counter() - started)
   footprint = compiled.memory.get("footprint_bytes")
   if footprint is None:
     raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; the fit planner "

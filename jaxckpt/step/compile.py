@@ -34,6 +34,7 @@ from jaxckpt.analysis.internals import compilation_cache_switch
 from jaxckpt.policies import LayeredPolicy, PolicySpec
 from jaxckpt.step.build import PolicyStep, StepBuilder, default_optimizer
 from jaxckpt.step.targets import ModelTarget, Target
+from jaxckpt.training.topology import compiles_only
 from jaxckpt.training.xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
@@ -121,6 +122,8 @@ class LoweredPolicy:
     options: the XLA options :meth:`compile` uses (:func:`step_compiler_options`).
     lower_s: seconds to build, trace and lower.
     stages: those seconds split: ``{"build", "trace", "lower"}``.
+    cacheable: whether JAX's persistent compilation cache may serve the compile (not for a TPU topology's
+      compile-only devices, :func:`jaxckpt.training.topology.compiles_only`).
   """
 
   step: PolicyStep
@@ -129,6 +132,7 @@ class LoweredPolicy:
   options: Mapping[str, Any]
   lower_s: float
   stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  cacheable: bool = True
 
   @functools.cached_property
   def fingerprint(self) -> str:
@@ -146,7 +150,7 @@ class LoweredPolicy:
 
     JAX's persistent compilation cache (``jax_compilation_cache_dir``), when the user enabled it, serves repeated
     compiles; a compile with ``xla_dump_*`` options bypasses it, since its key ignores dump options and a cache hit
-    would write no dump.
+    would write no dump, and so does a compile for a TPU topology (not :attr:`cacheable`).
 
     Returns:
       The :class:`CompiledPolicy`.
@@ -155,9 +159,9 @@ class LoweredPolicy:
       Whatever XLA raises (e.g. out of memory): callers turn it into an error row.
     """
     options = {**self.options, **(extra_options or {})}
-    dumping = any(key.startswith("xla_dump") for key in options)
+    bypass = any(key.startswith("xla_dump") for key in options) or not self.cacheable
     started = time.perf_counter()
-    with compilation_cache_switch(False) if dumping else contextlib.nullcontext():
+    with compilation_cache_switch(False) if bypass else contextlib.nullcontext():
       compiled = self.lowered.compile(compiler_options=options or None)
     compile_s = time.perf_counter() - started
     return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
@@ -235,7 +239,7 @@ def lower_policy(
   t3 = time.perf_counter()
   options = step_compiler_options(options, stats_only=stats_only, backend=sharding.mesh_platform(mesh))
   return LoweredPolicy(step, traced, lowered, options, t3 - t0,
-                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2})
+                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2}, cacheable=not compiles_only(mesh))
 
 
 def compile_policy(

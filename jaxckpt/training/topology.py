@@ -25,7 +25,10 @@ versions clash.
 Start-up: loading libtpu on a machine without a TPU prints warnings about the environment variables
 ``TPU_ACCELERATOR_TYPE`` and ``TPU_WORKER_HOSTNAMES``; :func:`get_topology` sets both, where unset, before libtpu
 starts (the topology's Cloud accelerator type and ``localhost``), which silences them. The compiled program does not
-depend on them (measured: the same stats under another accelerator type). With libtpu installed, every JAX process
+depend on them (measured: the same stats under another accelerator type). libtpu also takes a lock
+(``/tmp/libtpu_lockfile``) so that one process at a time owns the TPU: a second process loading it, e.g. the other
+pytest worker or a second ``--topology`` CLI, would fail ("Internal error when accessing libtpu multi-process
+lockfile"); compiling owns no TPU, so :func:`get_topology` also sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` where unset. With libtpu installed, every JAX process
 also probes for a TPU when its backend starts (measured on 2 CPU cores: +0.1 s and the same warnings per process);
 on a machine without one, ``JAX_PLATFORMS=cpu`` skips the probe, and topologies still load (libtpu is loaded on
 demand).
@@ -38,7 +41,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from typing import Any, NamedTuple
 
@@ -50,7 +53,8 @@ from jaxckpt.errors import MeshSpecError, TopologyError, closest, shorten
 from jaxckpt.training import sharding
 
 __all__ = ["Chip", "CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version",
-           "required_libtpu", "check_libtpu", "Topology", "get_topology", "topology_mesh", "topology_header", "compiled_for"]
+           "required_libtpu", "check_libtpu", "Topology", "get_topology", "topology_mesh", "topology_header", "compiled_for",
+           "compiles_only"]
 
 _GiB = 2**30
 
@@ -261,6 +265,20 @@ class Topology:
     return sharding.make_mesh(shape, devices=self.devices)
 
 
+_COMPILE_ONLY: set[Any] = set()
+"""Every compile-only device of the topologies loaded in this process (:func:`compiles_only`)."""
+
+
+def compiles_only(devices: Mesh | Iterable[Any] | None) -> bool:
+  """Whether a mesh (or devices) is over a topology's compile-only devices (:func:`get_topology`): nothing can run
+  on them, and JAX's persistent compilation cache writes their executables but cannot load them back ("PjRtCompiler
+  must be constructed with a Client to call DeserializeLoadedExecutable", jax 0.10.2), so compiles for them bypass
+  it."""
+  if devices is None:
+    return False
+  return any(d in _COMPILE_ONLY for d in (devices.devices.flat if isinstance(devices, Mesh) else devices))
+
+
 def _accelerator_type(chip: Chip, chips: int) -> str:
   return f"{chip.accelerator_type}-{chips * chip.cores}"
 
@@ -273,12 +291,14 @@ def _load(key: str, sizes: tuple[int, ...]) -> Topology:
   bounds = tuple(min(s, h) for s, h in zip(full, _HOST_BOUNDS))
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", _accelerator_type(chip, math.prod(sizes)))
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no TPU to own, so no libtpu lockfile
   try:
     described = topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name=chip.chip_config,
                                              chips_per_host_bounds=bounds)
   except Exception as err:  # noqa: BLE001 - libtpu raises JaxRuntimeError / RuntimeError with its reason
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     raise TopologyError(f"the TPU compiler refuses topology {name!r}: {reason} (write {TOPOLOGY_FORMS})") from None
+  _COMPILE_ONLY.update(described.devices)
   return Topology(name, key, sizes, tuple(described.devices))
 
 
