@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
                       help="time N (default 6) configurations on this device, spanning policies and micro-batches "
                            "(the fastest estimate first), and rank by measurement")
+  parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                      help="compiles at once: a predicted batch and its successor together (default 2 with "
+                           "--topology, whose compiles take seconds to minutes, else 1)")
   parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its fits and candidates (.json)")
   parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
   parser.add_argument("--html", default=None, metavar="FILE",
@@ -156,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise JaxckptError(f"--html {args.html}: use a .html file")
     if args.measure < 0:
       raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
+    if args.jobs is not None and args.jobs < 1:
+      raise JaxckptError(f"--jobs {args.jobs} must be ≥ 1")
     if args.measure and args.global_batch_size is None:
       raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
     if args.measure and args.mesh:
@@ -185,11 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       started = time.perf_counter()
       limit, source = resolve_memory(args.memory, device=mesh_device(mesh))
       fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
-                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024))
+                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024), jobs=args.jobs)
       plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
                      compiled_for=compiled_for(mesh, topology))
     else:
-      kwargs = {"min_batch": args.min_batch}
+      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs}
       if args.global_batch_size is None:
         kwargs["max_batch"] = args.max_batch
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,

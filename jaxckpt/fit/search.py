@@ -23,6 +23,7 @@ affine model replaces the search; on the benchmarked models it needs about four 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import re
@@ -39,7 +40,7 @@ from jaxckpt.planner import device_memory_bytes, resolve_policy
 from jaxckpt.policies import Budget, parse_model_policy
 from jaxckpt.policies.model import DEFAULT_MARGIN
 from jaxckpt.training.sharding import BATCH_AXES, mesh_platform, mesh_shape
-from jaxckpt.training.topology import Topology, topology_mesh
+from jaxckpt.training.topology import Topology, compiles_only, topology_mesh
 from jaxckpt.step import ModelTarget, Target, batch_size_of, lower_policy, shipped_target, with_batch
 from jaxckpt.units import format_bytes, parse_bytes
 
@@ -237,11 +238,24 @@ def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None
   Raises:
     JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
   """
+  return _compiled_point(*_lowered_point(target, policy, batch, tx=tx, mesh=mesh, options=options,
+                                         grad_accum_steps=grad_accum_steps, seq_len=seq_len))
+
+
+def _lowered_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
+                   grad_accum_steps: int = 1, seq_len: int | None = None) -> tuple[int, Any, Any, float]:
+  """The first half of :func:`compile_point` (in the caller's thread: tracing holds the GIL): ``(batch, lowered
+  step, mesh, start time)``."""
   started = time.perf_counter()
   policy = parse_model_policy(policy)
   sized = with_batch(target if seq_len is None else with_seq_len(target, seq_len), batch,
                      grad_accum_steps=grad_accum_steps)
   lowered = lower_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
+  return batch, lowered, mesh, started
+
+
+def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitPoint:
+  """The second half of :func:`compile_point`: XLA's compile (it releases the GIL, so two can run at once)."""
   try:
     compiled = lowered.compile()
   except Exception as err:  # noqa: BLE001 - a compiler that refuses a program over the chip's memory: "over"
@@ -276,6 +290,7 @@ def max_batch_size(
     axis: str = "batch",
     intercept_hint: float | None = None,
     topology: "str | Topology | None" = None,
+    jobs: int | None = None,
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -305,6 +320,10 @@ def max_batch_size(
     topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.training.topology`): ``mesh`` (a
       ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips, compiled by the TPU compiler;
       ``memory="auto"`` is the chip's HBM less the margin.
+    jobs: compiles at once. With 2 or more, a predicted batch and its successor, the pair that verifies an answer,
+      are compiled together (the successor speculatively: when the prediction does not fit, it was one compile too
+      many, still a point of the search). ``None``: 2 for a topology (TPU compiles take seconds to minutes, growing
+      with the batch), else 1.
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -312,7 +331,7 @@ def max_batch_size(
 
   Raises:
     JaxckptError: an empty batch range, a ``min_batch`` the mesh does not divide, a budget policy, a footprint that
-      does not grow with the batch, ``max_rounds`` < 1; PolicySpecError: a spec that does not parse;
+      does not grow with the batch, ``max_rounds`` < 1, ``jobs`` < 1; PolicySpecError: a spec that does not parse;
       TopologyError: a bad topology or libtpu missing.
 
   Example::
@@ -330,6 +349,9 @@ def max_batch_size(
                        "policies (none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
+  jobs = (2 if compiles_only(mesh) else 1) if jobs is None else jobs
+  if jobs < 1:
+    raise JaxckptError(f"jobs={jobs} must be ≥ 1")
   if axis not in ("batch", "seq_len"):
     raise JaxckptError(f"axis={axis!r}: valid axes are batch, seq_len")
   if axis == "seq_len":
@@ -346,17 +368,33 @@ def max_batch_size(
   text = str(parsed)
   points: dict[int, FitPoint] = {}
 
-  def at(batch: int) -> FitPoint:
-    if batch not in points:
-      if on_compile is not None:
-        on_compile(text, batch)
-      if axis == "seq_len":
-        points[batch] = compile_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh,
-                                      options=compiler_options, seq_len=batch)
-        points[batch] = dataclasses.replace(points[batch], batch=batch)
-      else:
-        points[batch] = compile_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
-    return points[batch]
+  def lowered(batch: int) -> tuple[int, Any, Any, float]:
+    if on_compile is not None:
+      on_compile(text, batch)
+    if axis == "seq_len":
+      return _lowered_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh, options=compiler_options,
+                            seq_len=batch)
+    return _lowered_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
+
+  def at(*batches: int) -> FitPoint:
+    """Compiles each batch not compiled yet, ``jobs`` at once (traced here, compiled in threads); returns the
+    first's point."""
+    todo = [b for b in dict.fromkeys(batches) if b not in points and lo_b <= b <= hi_b]
+    if len(todo) > 1 and jobs > 1:
+      with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_compiled_point, *lowered(b)) for b in todo]
+        for b, future in zip(todo, futures):
+          points[b] = future.result()
+    else:
+      for b in todo:
+        points[b] = _compiled_point(*lowered(b))
+    for b in todo:
+      points[b] = dataclasses.replace(points[b], batch=b)
+    return points[batches[0]]
+
+  def with_next(batch: int) -> tuple[int, ...]:
+    """``batch``, and with ``jobs`` > 1 its successor too (the verification pair, compiled together)."""
+    return (batch, batch + unit) if jobs > 1 and batch not in points else (batch,)
 
   def done(best: int | None, method: str, model: AffineModel) -> BatchFit:
     over = None
@@ -373,14 +411,17 @@ def max_batch_size(
                          ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
     if hinted.slope > 0:  # the second point: the hint's prediction (next to the crossing), else the other probe
       guess = min(max(hinted.largest_within(limit, step=unit), lo_b), hi_b)
-      at(guess if guess != far.batch else probe_batches[0])
-  for b in probe_batches:
-    if len(points) >= 2:
-      break
-    at(b)
+      if guess != far.batch:
+        at(*with_next(guess))
+      else:
+        at(probe_batches[0])
+  todo = [b for b in probe_batches if b not in points][:max(0, 2 - len(points))]  # the probes a line still needs
+  if todo:
+    at(*todo)
   if len(points) < 2:  # a range of one batch size, or probes that coincide
     at(lo_b if lo_b not in points else hi_b)
-  model = fit_affine([(p.batch, p.footprint_bytes) for p in points.values()]) if len(points) > 1 \
+  first = list(points.values())[:2]  # the line through the first two compiles (a speculative third left out)
+  model = fit_affine([(p.batch, p.footprint_bytes) for p in first]) if len(points) > 1 \
       else AffineModel(float(points[lo_b].footprint_bytes), 0.0, ((lo_b, points[lo_b].footprint_bytes),))
   if len(points) > 1 and model.slope <= 0:
     model.largest_within(limit)  # raises: the footprint does not grow with the batch
@@ -408,7 +449,7 @@ def max_batch_size(
     lo, hi = bracket()
     top = hi_b if hi is None else hi - unit
     pred = min(max(current.largest_within(limit, step=unit), lo_b, lo), top)
-    at(pred)
+    at(*with_next(pred))
     if points[pred].footprint_bytes <= limit and pred + unit <= hi_b:
       at(pred + unit)
     elif points[pred].footprint_bytes > limit and pred - unit >= lo_b:
