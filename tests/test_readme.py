@@ -91,6 +91,9 @@ OVERRIDES: tuple[Override, ...] = (
     Override(r"jaxckpt-fit .*--preset gpt2-small", "--preset tiny --memory 48MiB",
              "GPT-2 small compiles for ~20 s each, 17 times; the tiny preset in a memory scaled to it runs the same "
              "search"),
+    Override(r"jaxckpt-fit .*--topology", "--preset tiny --memory 8MiB",
+             "TPU compiles of GPT small at the batches 2 GiB holds take minutes each; GPT tiny in a memory scaled to "
+             "it runs the same search on the topology"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",

@@ -20,9 +20,7 @@ import pytest
 
 import jaxckpt
 from jaxckpt.errors import MeshSpecError, TopologyError
-from jaxckpt.fit import max_batch_size
 from jaxckpt.fit.cli import main as fit_main
-from jaxckpt.planner import plan_policy
 from jaxckpt.planner.cli import main as plan_main
 from jaxckpt.report import build_report, shipped_target
 from jaxckpt.report.cli import main as report_main
@@ -191,11 +189,10 @@ def test_topology_report_rows_are_tpu_compiles_per_chip(topology_report):
 @needs_libtpu
 def test_the_cpu_comparison_is_xla_cpu_at_the_per_chip_batch(topology_report):
   """``--compare-cpu``'s numbers are exactly the one-device XLA:CPU report of the per-chip batch (2 of 8)."""
-  target = shipped_target("gpt", "tiny", batch_size=2)
-  for row in topology_report["rows"]:
-    alone = compile_policy(target, jaxckpt.parse_model_policy(row["policy"])).memory
-    assert {k: row["cpu"][k] for k in ("temp_bytes", "footprint_bytes")} == \
-        {k: alone[k] for k in ("temp_bytes", "footprint_bytes")}
+  row = next(r for r in topology_report["rows"] if r["policy"] == "nothing_saveable")
+  alone = compile_policy(shipped_target("gpt", "tiny", batch_size=2), jaxckpt.parse_policy("nothing_saveable")).memory
+  assert {k: row["cpu"][k] for k in ("temp_bytes", "footprint_bytes")} == \
+      {k: alone[k] for k in ("temp_bytes", "footprint_bytes")}
 
 
 @needs_libtpu
@@ -213,32 +210,44 @@ def test_compile_step_compiles_remat_for_a_topology():
 
 
 @pytest.fixture(scope="module")
-def fit_on_topology():
-  """The largest GPT tiny batch under nothing_saveable within 8 MiB per chip of v5e:2x2 (batch in multiples of 4)."""
-  target = shipped_target("gpt", "tiny")
-  return target, max_batch_size(target, "nothing_saveable", 8 * 2**20, topology=TOPOLOGY, probes=(4, 16))
+def fit_on_topology(tmp_path_factory):
+  """``jaxckpt-fit`` (in-process): the largest GPT tiny batch under nothing_saveable within 8 MiB per chip of v5e:2x2
+  (batches in multiples of 4); its JSON."""
+  path = tmp_path_factory.mktemp("fit") / "f.json"
+  assert fit_main(["--model", "gpt", "--preset", "tiny", "--topology", TOPOLOGY, "--policies", "nothing_saveable",
+                   "--memory", "8MiB", "--no-progress", "--json", str(path)]) == 0
+  return json.loads(path.read_text())
 
 
 @needs_libtpu
 @pytest.mark.slow
 def test_fit_on_a_topology_answers_a_batch_that_fits_next_to_one_that_does_not(fit_on_topology):
-  target, fit = fit_on_topology
-  b = fit.max_batch_size
-  assert fit.unit == 4 and b is not None and b % 4 == 0 and not fit.capped
-  assert fit.by_batch[b].footprint_bytes <= 8 * 2**20 < fit.by_batch[b + 4].footprint_bytes
+  data = fit_on_topology
+  assert (data["backend"], data["device_kind"], data["topology"], data["mesh"]) == \
+      ("tpu", "TPU v5 lite", TOPOLOGY, {"data": 4})
+  row = data["rows"][0]
+  b, limit = row["max_batch_size"], 8 * 2**20
+  points = {p["batch"]: p["footprint_bytes"] for p in row["points"]}
+  assert b is not None and b % 4 == 0 and not row["capped"] and points[b] <= limit < points[b + 4]
   mesh = topology_mesh(TOPOLOGY)
+  target = shipped_target("gpt", "tiny")
   for batch in (b, b + 4):  # the report's compile on the topology at b and b + 4 agrees with the fit's
     report = build_report(with_batch(target, batch), ["nothing_saveable"], topology=TOPOLOGY, mesh=mesh,
                           residuals=False, progress=False)
-    assert report.rows[0]["footprint_bytes"] == fit.by_batch[batch].footprint_bytes
-    assert report.data["backend"] == "tpu"
+    assert report.rows[0]["footprint_bytes"] == points[batch] and report.data["backend"] == "tpu"
 
 
 @needs_libtpu
 @pytest.mark.slow
-def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler():
-  target = shipped_target("gpt", "tiny", batch_size=32)  # 8 per chip
-  plan = plan_policy(target, "budget:40%", topology=TOPOLOGY, max_rounds=1)
-  assert plan.key == "temp_bytes" and plan.compiled.memory["temp_bytes"] <= plan.limit_bytes
-  assert plan.compiled.memory["peak_memory_bytes"] is not None  # compiled on the topology
-  assert str(plan.policy) != "none"
+def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
+  """``jaxckpt-plan --topology`` (in-process) on GPT tiny at 8 sequences per chip: the verified plan fits 40% of
+  none's temp as the TPU compiler assigns it."""
+  path = tmp_path / "p.json"
+  assert plan_main(["--model", "gpt", "--preset", "tiny", "--batch-size", "32", "--topology", TOPOLOGY,
+                    "--budget", "40%", "--max-rounds", "1", "--json", str(path)]) == 0
+  assert capsys.readouterr().out.startswith("TPU v5e 2x2 (4 chips), compiled without a TPU; mesh data=4")
+  plan = json.loads(path.read_text())
+  assert (plan["backend"], plan["topology"], plan["device_count"]) == ("tpu", TOPOLOGY, 4)
+  compiled = plan["compiled"]
+  assert plan["key"] == "temp_bytes" and compiled["temp_bytes"] <= plan["limit_bytes"] and plan["policy"] != "none"
+  assert compiled["footprint_bytes"] == compiled["peak_memory_bytes"]  # a TPU compile's

@@ -5,7 +5,6 @@ what to compile it for (``--topology``), shared by every tool's CLI (``jaxckpt-r
 from __future__ import annotations
 
 import argparse
-
 from collections.abc import Sequence
 
 from jaxckpt.errors import JaxckptError, TopologyError
