@@ -5,7 +5,8 @@ differs).
 
 Each script's ``render(json)`` output goes between ``<!-- benchmark:NAME -->`` and ``<!-- /benchmark:NAME -->`` in
 its page (:data:`PAGES`: docs/benchmarks.md, the benchmark log linked from README.md, docs/plans.md for the
-budget plans, docs/tpu.md for the TPU topologies); a script without a committed ``benchmarks/results/NAME.json`` (or without markers) is skipped.
+budget plans, docs/tpu.md for the TPU topologies); a script without a committed ``benchmarks/results/NAME.json`` (or
+without markers) is skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ PAGE = os.path.join(_DOCS, "benchmarks.md")
 """The benchmark log (README.md before the manual moved to docs/)."""
 MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fit_planner)
 """The scripts whose tables are on :data:`PAGE`."""
-PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,), os.path.join(_DOCS, "tpu.md"): (tpu_topology,)}
+PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,),
+         os.path.join(_DOCS, "tpu.md"): (tpu_topology,)}
 """Each page holding tables -> the scripts whose tables it holds."""
 
 

@@ -23,10 +23,12 @@ from jaxckpt.errors import MeshSpecError, TopologyError
 from jaxckpt.fit.cli import main as fit_main
 from jaxckpt.planner.cli import main as plan_main
 from jaxckpt.report import build_report, shipped_target
+from jaxckpt.report.build import compiler_disagreements
 from jaxckpt.report.cli import main as report_main
 from jaxckpt.step import compile_policy, step_compiler_options, with_batch
 from jaxckpt.training import topology
-from jaxckpt.training.topology import CHIPS, chip_for_kind, get_topology, parse_topology, topology_mesh
+from jaxckpt.training.topology import (CHIPS, chip_for_kind, get_topology, parse_topology, topology_header,
+                                      topology_mesh)
 
 REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"
 """CI sets ``JAXCKPT_REQUIRE_TPU=1`` after installing ``.[tpu]``: then no test here may be skipped."""
@@ -121,6 +123,28 @@ def test_a_compile_refused_for_memory_is_a_point_over_the_limit():
              "exceeds available HBM (15.75G).")
   assert jaxckpt.fit.exhausted_bytes(RuntimeError(message)) == int(18.35 * 2**30)
   assert jaxckpt.fit.exhausted_bytes(RuntimeError("INTERNAL: something else")) is None
+
+
+def test_where_the_compilers_disagree_is_one_warning():
+  def row(policy, tpu, cpu):
+    return {"policy": policy, "status": "ok", "backend": "tpu", "footprint_bytes": tpu,
+            "cpu": {"footprint_bytes": cpu}}
+
+  agree = [row("none", 30, 300), row("full", 10, 100), row("dots", 20, 200)]
+  assert compiler_disagreements(agree) == []  # the same order, whatever the sizes
+  flipped = [row("none", 30, 300), row("full", 20, 100), row("dots", 10, 200)]
+  assert compiler_disagreements(flipped) == [
+      "the tpu compiler and XLA:CPU order the policies differently by footprint per device: tpu dots < full < none; "
+      "cpu full < dots < none"]
+  assert compiler_disagreements([row("none", 30, 300), {**row("full", 1, 1), "status": "error"}]) == []
+
+
+def test_topology_header_says_chips_mesh_and_that_no_tpu_compiled_it():
+  assert topology_header("v5e:2x2", {"data": 4}) == (
+      "TPU v5e 2x2 (4 chips), compiled without a TPU; mesh data=4 (every chip on the data axis; --mesh to shape it): "
+      "memory per chip")
+  assert topology_header("v4:2x2x1", {"data": 2, "fsdp": 2}).startswith("TPU v4 2x2x1 (4 chips), compiled without "
+                                                                       "a TPU; mesh data=2,fsdp=2: memory per chip")
 
 
 def test_compare_cpu_needs_a_topology(capsys):

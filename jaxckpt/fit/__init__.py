@@ -19,12 +19,12 @@ Example::
 from jaxckpt.fit.model import AffineModel, fit_affine
 from jaxckpt.fit.plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
 from jaxckpt.fit.search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
-                                compile_point, exhausted_bytes, fit_policies, max_batch_size, max_seq_len, resolve_memory,
-                                with_batch, with_seq_len)
+                                compile_point, exhausted_bytes, fit_policies, max_batch_size, max_seq_len,
+                                resolve_memory, with_batch, with_seq_len)
 from jaxckpt.fit.speed import ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates, measure_cpu
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
-           "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
-           "with_batch", "ACCELERATORS",
+           "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len",
+           "resolve_memory", "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu"]

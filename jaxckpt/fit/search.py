@@ -45,8 +45,8 @@ from jaxckpt.step import ModelTarget, Target, batch_size_of, lower_policy, shipp
 from jaxckpt.units import format_bytes, parse_bytes
 
 __all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
-           "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size", "max_seq_len",
-           "with_seq_len", "fit_policies"]
+           "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size",
+           "max_seq_len", "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —

@@ -93,7 +93,8 @@ class Accelerator:
 
 
 ACCELERATORS: dict[str, Accelerator] = {
-    key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes) for key, chip in CHIPS.items()
+    key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes)
+    for key, chip in CHIPS.items()
 }
 """The chips of :data:`jaxckpt.training.topology.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
 HBM bandwidth and size) as the time model's devices, each with 20 µs per micro-step of overhead. Peaks, not achieved

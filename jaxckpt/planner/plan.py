@@ -502,7 +502,8 @@ def plan_policy(
   history = [none, full]
   for point in history:
     if point.temp_bytes is None or point.memory["footprint_bytes"] is None:
-      raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; budget plans need them")
+      raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; budget plans need "
+                         "them")
 
   memory_source = None
   if parsed.fraction is not None:

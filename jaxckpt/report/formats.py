@@ -16,8 +16,8 @@ from jaxckpt.report.keys import STATUS_OK
 from jaxckpt.training.topology import topology_header
 from jaxckpt.units import format_bytes
 
-__all__ = ["COLUMNS", "Column", "row_value", "OP_WORDS", "format_flops", "main_sources", "plan_lines", "report_title", "residual_label",
-           "short_source", "table_cells", "table_rows", "top_groups"]
+__all__ = ["COLUMNS", "Column", "row_value", "OP_WORDS", "format_flops", "main_sources", "plan_lines",
+           "report_title", "residual_label", "short_source", "table_cells", "table_rows", "top_groups"]
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 

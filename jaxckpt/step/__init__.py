@@ -2,7 +2,8 @@
 policies.
 
 - Targets (:mod:`jaxckpt.step.targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch),
-  :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`, :func:`with_batch` (the same target at another batch size).
+  :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`,
+  :func:`with_batch` (the same target at another batch size).
 - The train step under a policy (:mod:`jaxckpt.step.build`): :func:`policy_step` -> :class:`PolicyStep`, from
   shapes only; :func:`concrete_inputs` allocates real ones.
 - One compile path (:mod:`jaxckpt.step.compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,

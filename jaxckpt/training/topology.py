@@ -28,7 +28,8 @@ starts (the topology's Cloud accelerator type and ``localhost``), which silences
 depend on them (measured: the same stats under another accelerator type). libtpu also takes a lock
 (``/tmp/libtpu_lockfile``) so that one process at a time owns the TPU: a second process loading it, e.g. the other
 pytest worker or a second ``--topology`` CLI, would fail ("Internal error when accessing libtpu multi-process
-lockfile"); compiling owns no TPU, so :func:`get_topology` also sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` where unset. With libtpu installed, every JAX process
+lockfile"); compiling owns no TPU, so :func:`get_topology` also sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` where
+unset. With libtpu installed, every JAX process
 also probes for a TPU when its backend starts (measured on 2 CPU cores: +0.1 s and the same warnings per process);
 on a machine without one, ``JAX_PLATFORMS=cpu`` skips the probe, and topologies still load (libtpu is loaded on
 demand).
@@ -53,8 +54,8 @@ from jaxckpt.errors import MeshSpecError, TopologyError, closest, shorten
 from jaxckpt.training import sharding
 
 __all__ = ["Chip", "CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version",
-           "required_libtpu", "check_libtpu", "Topology", "get_topology", "topology_mesh", "topology_header", "compiled_for",
-           "compiles_only"]
+           "required_libtpu", "check_libtpu", "Topology", "get_topology", "topology_mesh", "topology_header",
+           "compiled_for", "compiles_only"]
 
 _GiB = 2**30
 
@@ -183,8 +184,8 @@ def check_libtpu() -> str:
   jaxlib = metadata.version("jaxlib")
   if found is None:
     raise TopologyError(f"compiling for a TPU topology needs the TPU compiler of the libtpu package, which is not "
-                        f"installed: pip install -e \".[tpu]\" (or pip install '{wanted or 'libtpu'}', the release that "
-                        f"fits jaxlib {jaxlib})")
+                        f"installed: pip install -e \".[tpu]\" (or pip install '{wanted or 'libtpu'}', the release "
+                        f"that fits jaxlib {jaxlib})")
   if wanted is not None and not Requirement(wanted).specifier.contains(found, prereleases=True):
     raise TopologyError(f"libtpu {found} does not fit jaxlib {jaxlib}, whose TPU compiler is {wanted}: "
                         f"pip install '{wanted}' (or the jax release that pins libtpu {found})")
