@@ -187,10 +187,13 @@ def test_topologies_are_one_device_per_chip():
 
 
 @needs_libtpu
-def test_a_mesh_that_does_not_cover_the_chips_is_one_line(capsys):
-  assert report_main(["--model", "gpt", "--preset", "tiny", "--topology", TOPOLOGY, "--mesh", "data=8"]) == 2
-  err = _one_line(capsys)
-  assert "covers 8 device(s) but topology v5e:2x2 has 4 chips" in err
+@pytest.mark.parametrize("argv, expected", [
+    (["--mesh", "data=8"], "covers 8 device(s) but topology v5e:2x2 has 4 chips"),
+    (["--mesh", "data=2,fsdp=2", "--compare-cpu"], "also shards parameters and optimizer state over fsdp"),
+], ids=["mesh-size", "compare-cpu-fsdp"])
+def test_a_mesh_the_topology_cannot_take_is_one_line(argv, expected, capsys):
+  assert report_main(["--model", "gpt", "--preset", "tiny", "--topology", TOPOLOGY, *argv]) == 2
+  assert expected in _one_line(capsys)
 
 
 @needs_libtpu

@@ -141,12 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
       mesh = make_mesh(args.mesh)
       for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
         check_batch_size(size, mesh)
+    report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
+                          xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
+                          mesh=mesh, profile=args.profile, profile_steps=args.profile_steps,
+                          topology=args.topology, compare_cpu=args.compare_cpu)
   except JaxckptError as err:
     return parser.fail(err)
-  report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
-                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals, progress=args.progress,
-                        mesh=mesh, profile=args.profile, profile_steps=args.profile_steps,
-                        topology=args.topology, compare_cpu=args.compare_cpu)
   print(to_table(report, wide=args.wide))
   for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
                             html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs):
