@@ -29,10 +29,12 @@ depend on them (measured: the same stats under another accelerator type). libtpu
 (``/tmp/libtpu_lockfile``) so that one process at a time owns the TPU: a second process loading it, e.g. the other
 pytest worker or a second ``--topology`` CLI, would fail ("Internal error when accessing libtpu multi-process
 lockfile"); compiling owns no TPU, so :func:`get_topology` also sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` where
-unset. With libtpu installed, every JAX process
-also probes for a TPU when its backend starts (measured on 2 CPU cores: +0.1 s and the same warnings per process);
-on a machine without one, ``JAX_PLATFORMS=cpu`` skips the probe, and topologies still load (libtpu is loaded on
-demand).
+unset. With libtpu installed, every JAX process also probes for a TPU when its backend starts (measured on 2 CPU
+cores: +0.1 s and the same warnings per process); on a machine without one, ``JAX_PLATFORMS=cpu`` skips the probe,
+and topologies still load (libtpu is loaded on demand).
+
+Memory: the TPU compiler's ``temp_size_in_bytes`` leaves out temporaries its peak holds, so on TPU jaxckpt's
+``temp_bytes`` and footprint come from the peak (:data:`jaxckpt.training.xla.PEAK_TEMP_BACKENDS`).
 """
 
 from __future__ import annotations
