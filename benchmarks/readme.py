@@ -4,8 +4,9 @@ Usage: ``python benchmarks/readme.py`` (rewrite) or ``python benchmarks/readme.p
 differs).
 
 Each script's ``render(json)`` output goes between ``<!-- benchmark:NAME -->`` and ``<!-- /benchmark:NAME -->`` in
-its page (:data:`PAGES`: docs/benchmarks.md, the benchmark log linked from README.md, and docs/plans.md for the
-budget plans); a script without a committed ``benchmarks/results/NAME.json`` (or without markers) is skipped.
+its page (:data:`PAGES`: docs/benchmarks.md, the benchmark log linked from README.md, docs/plans.md for the
+budget plans, docs/tpu.md for the TPU topologies); a script without a committed ``benchmarks/results/NAME.json`` (or
+without markers) is skipped.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import (budget_plans, common, faults, fit_planner, policy_sweep, report_speed, runner_overhead,
-                        structure_depth, truth_check)
+                        structure_depth, tpu_topology, truth_check)
 
 _DOCS = os.path.normpath(os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs"))
 PAGE = os.path.join(_DOCS, "benchmarks.md")
 """The benchmark log (README.md before the manual moved to docs/)."""
 MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fit_planner)
 """The scripts whose tables are on :data:`PAGE`."""
-PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,)}
+PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,),
+         os.path.join(_DOCS, "tpu.md"): (tpu_topology,)}
 """Each page holding tables -> the scripts whose tables it holds."""
 
 

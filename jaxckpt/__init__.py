@@ -18,7 +18,8 @@ them are private, ``_name.py``, as optax keeps ``optax._src``):
   :func:`parse_bytes`.
 - Namespaces: :mod:`jaxckpt.models` (the shipped models), :mod:`jaxckpt.step` (targets, the train step every tool
   compiles), :mod:`jaxckpt.planner` (budget plans), :mod:`jaxckpt.report`, :mod:`jaxckpt.fit`,
-  :mod:`jaxckpt.sharding`, :mod:`jaxckpt.names` (checkpoint name constants), :mod:`jaxckpt.analysis`,
+  :mod:`jaxckpt.sharding`, :mod:`jaxckpt.topology` (TPU topologies to compile for without a TPU: ``--topology
+  v5e:2x2``), :mod:`jaxckpt.names` (checkpoint name constants), :mod:`jaxckpt.analysis`,
   :mod:`jaxckpt.schema`.
 
 The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules → analysis →
@@ -42,6 +43,7 @@ from jaxckpt import analysis, core, policies, training
 from jaxckpt import models, step, planner, report, fit
 from jaxckpt.core import _names as names
 from jaxckpt.training import _sharding as sharding
+from jaxckpt.training import _topology as topology
 from jaxckpt.core._diagnostics import RematPolicyWarning, policy_warnings
 from jaxckpt.core._frontends import apply_remat, block_types, set_policy, with_policy
 from jaxckpt.core._remat import Remat, checkpoint, remat
@@ -60,7 +62,7 @@ MOVED_MODULES = _deprecations.MOVED_MODULES
 
 __all__ = [
     # namespaces
-    "errors", "nnx", "linen", "models", "policies", "step", "planner", "report", "fit", "sharding", "names",
+    "errors", "nnx", "linen", "models", "policies", "step", "planner", "report", "fit", "sharding", "topology", "names",
     # policies
     "parse_policy", "parse_model_policy", "Policy", "PolicySpec", "LayeredPolicy", "Budget",
     # remat
@@ -104,3 +106,4 @@ import sys as _sys
 
 _sys.modules.setdefault("jaxckpt.names", names)
 _sys.modules.setdefault("jaxckpt.sharding", sharding)
+_sys.modules.setdefault("jaxckpt.topology", topology)

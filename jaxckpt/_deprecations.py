@@ -4,7 +4,7 @@ jaxckpt's public names live on the package faces (``jaxckpt``, ``jaxckpt.nnx``, 
 :data:`PUBLIC_FACES`), each name on exactly one of them; the modules behind them are private (``_name.py``). What an
 earlier release offered elsewhere still imports:
 
-- an old module path (``jaxckpt.layers``, ``jaxckpt.report._compile``) is a :class:`MovedModule` in ``sys.modules``
+- an old module path (``jaxckpt.layers``, ``jaxckpt.report.compile``) is a :class:`MovedModule` in ``sys.modules``
   (table :data:`MOVED_MODULES`): every name read through it is forwarded, with a ``DeprecationWarning`` naming the
   name's public path;
 - a name that left a face (``jaxckpt.Stack`` is ``jaxckpt.nnx.Stack`` now) is served by the face's module
@@ -27,8 +27,8 @@ __all__ = ["PUBLIC_FACES", "MOVED_MODULES", "MovedModule", "forward_names", "pub
 
 PUBLIC_FACES: tuple[str, ...] = (
     "jaxckpt", "jaxckpt.nnx", "jaxckpt.linen", "jaxckpt.models", "jaxckpt.policies", "jaxckpt.step",
-    "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.training", "jaxckpt.analysis",
-    "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
+    "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.topology", "jaxckpt.training",
+    "jaxckpt.analysis", "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
 )
 """The modules whose ``__all__`` names are public; every public name is on exactly one of them
 (``tests/test_face.py``)."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
-    "MeshSpecError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
+    "MeshSpecError", "TopologyError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
 ]
 
 
@@ -99,6 +99,13 @@ class MeshSpecError(JaxckptError):
   """A ``--mesh`` spec (``name=size[,name=size]``) or a multi-process setting is invalid: unknown axis name,
   malformed or non-positive size, repeated axis, a product of sizes that is not the device count, or a batch size
   the mesh cannot split."""
+
+
+class TopologyError(JaxckptError):
+  """A TPU topology to compile for (``--topology v5e:2x2``) cannot be used: a name that does not parse or that the TPU
+  compiler refuses, the ``libtpu`` package missing or of a release that does not fit the installed jaxlib, or a tool
+  asked to run on it (``--measure``) although nothing here can. One line naming the bad value and the valid ones (or
+  what to install)."""
 
 
 class EnvSettingError(JaxckptError):

@@ -9,6 +9,12 @@ pytest-xdist worker and in the subprocesses of CLI and example tests. JAX's pers
 executable, later ones load it (a tiny preset's step: ~6 s → ~0.6 s on the 2-core machine). A cache hit returns the
 same executable, so every compiled statistic is unchanged (memory stats and XLA's cost analysis checked equal).
 
+With libtpu installed (the ``tpu`` extra, for ``tests/test_topology.py``'s deviceless TPU compiles) every JAX process
+would probe for a TPU when its backend starts: about 0.1 s and eight lines of libtpu warnings on stderr per process
+(measured), which the one-line error checks of CLI subprocesses would read. The suite runs on CPU, so it sets
+``JAX_PLATFORMS=cpu`` (unless the tester set it) for itself and every subprocess: the probe is skipped, and TPU
+topologies still load (libtpu is loaded on demand, :mod:`jaxckpt.topology`).
+
 The cache lives in a fresh temporary directory made by the controlling pytest process and handed to the workers
 and to every subprocess through the environment (``JAX_COMPILATION_CACHE_DIR``); it is removed when the run ends.
 Every compile is cached (no minimum compile time or entry size). A ``JAX_COMPILATION_CACHE_DIR`` set by the person
@@ -18,6 +24,7 @@ running the tests is left alone (and not removed). Compiles that dump XLA's pass
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -56,6 +63,14 @@ def _use_fast_codegen() -> None:
 
 
 _use_fast_codegen()
+
+def _skip_tpu_probe() -> None:
+  """``JAX_PLATFORMS=cpu`` before JAX is imported, when libtpu is installed and the tester did not choose platforms."""
+  if "JAX_PLATFORMS" not in os.environ and importlib.util.find_spec("libtpu") is not None:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+_skip_tpu_probe()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

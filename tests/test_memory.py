@@ -119,13 +119,26 @@ class _Compiled:
     return _Stats()
 
 
-@pytest.mark.parametrize("backend, peak", [("cpu", None), ("gpu", 1024), ("cuda", 1024), ("tpu", 1024),
-                                           ("METAL", None)])
+@pytest.mark.parametrize("backend, peak", [("cpu", None), ("gpu", 1024), ("cuda", 1024), ("METAL", None)])
 def test_peak_memory_bytes_only_where_the_backend_gives_a_peak(backend, peak):
   """``peak_memory_bytes`` is XLA's peak on GPU/TPU and ``None`` on CPU, where the field is not a peak."""
   record = jaxckpt.memory_stats(_Compiled(), backend=backend)
   assert record["peak_memory_bytes"] == peak
   assert record["temp_bytes"] == 4096 and record["footprint_bytes"] == 1000 + 24 + 4096
+
+
+class _TpuStats(_Stats):
+  temp_size_in_bytes, alias_size_in_bytes, peak_memory_in_bytes = 512, 24, 9000
+
+
+def test_on_tpu_the_temps_are_those_the_compilers_peak_holds():
+  """The TPU compiler's ``temp_size_in_bytes`` leaves out temporaries its peak holds (``PEAK_TEMP_BACKENDS``):
+  temp = peak − (argument + output − alias), so the footprint is the peak."""
+  compiled = type("Compiled", (), {"memory_analysis": lambda self: _TpuStats()})()
+  record = jaxckpt.memory_stats(compiled, backend="tpu")
+  assert record["peak_memory_bytes"] == record["footprint_bytes"] == 9000
+  assert record["temp_bytes"] == 9000 - (1000 + 24 - 24)
+  assert jaxckpt.memory_stats(compiled, backend="gpu")["temp_bytes"] == 512  # elsewhere XLA's own field
 
 
 def test_cpu_peak_field_is_not_a_peak_so_it_is_none():

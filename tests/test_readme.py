@@ -23,6 +23,8 @@ Which fenced blocks run (the rule; new examples are picked up automatically):
   * Files an example treats as the user's own (``my_images.npz``, ``my_texts/``, ``mypkg.targets``) are created
     first by :data:`SETUP`, as a user would have them.
   * Blocks with a command matched by :data:`SLOW` are marked ``slow`` (still run by ``.ci/run``).
+  * Blocks with a command matched by :data:`NEEDS_LIBTPU` (``--topology``: the TPU compiler) are skipped when libtpu
+    is not installed, unless ``JAXCKPT_REQUIRE_TPU=1`` (CI installs ``.[tpu]`` and sets it: then they run).
 
 - ```` ```python ````: each block runs on its own, in a fresh namespace, in a temporary working directory: it must
   define what it uses. A block written as an interactive session (lines starting with ``>>> ``) is a display: each
@@ -37,6 +39,7 @@ Which fenced blocks run (the rule; new examples are picked up automatically):
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import subprocess
@@ -88,6 +91,9 @@ OVERRIDES: tuple[Override, ...] = (
     Override(r"jaxckpt-fit .*--preset gpt2-small", "--preset tiny --memory 48MiB",
              "GPT-2 small compiles for ~20 s each, 17 times; the tiny preset in a memory scaled to it runs the same "
              "search"),
+    Override(r"jaxckpt-fit .*--topology", "--preset tiny --memory 8MiB",
+             "TPU compiles of GPT small at the batches 2 GiB holds take minutes each; GPT tiny in a memory scaled to "
+             "it runs the same search on the topology"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",
@@ -105,8 +111,15 @@ SLOW: tuple[tuple[str, str], ...] = (
     (r"jaxckpt-fit|python -m jaxckpt\.fit", "an absolute memory is tied to the model size: compiles at several batch "
      "sizes per policy, not shrunk"),
     (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
+    (r"--topology", "compiles with the TPU compiler: seconds to minutes per compile on 2 cores"),
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""
+
+NEEDS_LIBTPU: tuple[tuple[str, str], ...] = (
+    (r"--topology", "compiles with the TPU compiler of libtpu (pip install -e '.[tpu]'), not installed here; "
+     "JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure"),
+)
+"""``(pattern, reason)``: blocks with a matching command need libtpu (:mod:`jaxckpt.topology`)."""
 
 
 def _npz_images(root: Path) -> None:
@@ -272,7 +285,7 @@ def test_every_page_and_kind_of_block_is_found():
 def test_tables_match_the_readme():
   """Every override, slow and setup pattern matches some example command (the tables cannot rot either)."""
   commands = [c for b in SHELL_BLOCKS for c in shell_commands(b.text)]
-  for pattern in [o.pattern for o in OVERRIDES] + [p for p, _ in SLOW] + [p for p, _ in SETUP]:
+  for pattern in [o.pattern for o in OVERRIDES] + [p for p, _ in SLOW + NEEDS_LIBTPU] + [p for p, _ in SETUP]:
     assert any(re.search(pattern, c) for c in commands), f"pattern {pattern!r} matches no example command"
 
 
@@ -370,6 +383,10 @@ def test_shell_example_runs(block: Block, tmp_path: Path):
   if not commands:
     reasons = sorted({skip_reason(c) for c in shell_commands(block.text)})
     pytest.skip(f"{block.where}: nothing to run ({'; '.join(reasons)})")
+  for pattern, reason in NEEDS_LIBTPU:
+    if any(re.search(pattern, c) for c in commands) and importlib.util.find_spec("libtpu") is None \
+        and os.environ.get("JAXCKPT_REQUIRE_TPU") != "1":
+      pytest.skip(f"{block.where}: {reason}")
   for pattern, make in SETUP:
     if any(re.search(pattern, c) for c in commands):
       make(tmp_path)

@@ -20,13 +20,13 @@ from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.fit._model import AffineModel, fit_affine
 from jaxckpt.fit._plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
-                                compile_point, fit_policies, max_batch_size, max_seq_len, resolve_memory,
+                                compile_point, exhausted_bytes, fit_policies, max_batch_size, max_seq_len, resolve_memory,
                                 with_batch, with_seq_len)
 from jaxckpt.fit._speed import ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates, measure_cpu
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
-           "compile_point", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
+           "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu"]
 

@@ -21,11 +21,13 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
-from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, resolve_memory
+from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
 from jaxckpt.fit._speed import ACCELERATORS, accelerator
 from jaxckpt.policies._model import parse_model_policy
+from jaxckpt.training import _sharding as sharding
 from jaxckpt.training._sharding import make_mesh
-from jaxckpt.planner._target_flags import add_target_flags, target_from_args
+from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
+from jaxckpt.training._topology import compiled_for, get_topology, topology_header
 from jaxckpt._units import format_bytes
 
 __all__ = ["build_parser", "main", "to_table", "plot_fit", "to_html"]
@@ -49,12 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
               f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
               f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
               f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
-              "--memory 1GiB"))
+              "--memory 1GiB\n"
+              f"  {PROG} --model gpt --preset gpt2-small --topology v5e:2x2 --global-batch-size 64  # TPU compiler, "
+              "no TPU"))
   add_target_flags(parser)
   parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
                       help="compile sharded over a device mesh (axes data, fsdp): memory per device")
+  add_topology_flags(parser)
   parser.add_argument("--memory", default="auto", metavar="SIZE|auto",
-                      help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default)")
+                      help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default; "
+                           "--topology: the chip's HBM less 10%%)")
   parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), metavar="SPEC",
                       help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too)")
   parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
@@ -65,13 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--global-batch-size", type=int, default=None, metavar="G",
                       help="examples per optimizer step: choose policy, micro-batch b and accumulation G/b")
   parser.add_argument("--device", default=None, help=f"time model device: {', '.join(ACCELERATORS)}, cpu "
-                                                     "(default: this one; CPU measured)")
+                                                     "(default: this one, CPU measured; --topology: its chip)")
   parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the time model's device")
   parser.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s of the time model's device")
   parser.add_argument("--overhead", type=float, default=None, help="seconds per micro-step (default 20e-6)")
   parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
                       help="time N (default 6) configurations on this device, spanning policies and micro-batches "
                            "(the fastest estimate first), and rank by measurement")
+  parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                      help="compiles at once: a predicted batch and its successor together (default 2 with "
+                           "--topology, whose compiles take seconds to minutes, else 1)")
   parser.add_argument("--json", default=None, metavar="FILE", help="write the plan, its fits and candidates (.json)")
   parser.add_argument("--plot", default=None, metavar="FILE", help="footprint vs batch per policy (.png, .svg, .pdf)")
   parser.add_argument("--html", default=None, metavar="FILE",
@@ -130,35 +139,48 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
   return "\n\n".join(parts) + "\n"
 
 
+def _check_args(args: argparse.Namespace) -> None:
+  """Checks the flags that need no compile (output paths, flag combinations, policy specs) before any work.
+
+  Raises:
+    JaxckptError: the first bad flag or combination, naming it.
+  """
+  if (args.batch_size is not None and args.max_seq_len is None) or args.grad_accum_steps != 1:
+    raise JaxckptError("--batch-size and --grad-accum-steps are what jaxckpt-fit chooses; give --min-batch, "
+                       "--max-batch or --global-batch-size instead (--batch-size goes with --max-seq-len)")
+  if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
+    raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
+                       "--seq-len")
+  for flag in ("json", "plot", "html"):
+    check_output_file(f"--{flag}", getattr(args, flag))
+  if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+    raise JaxckptError(f"--plot {args.plot}: use a .png, .svg or .pdf file")
+  if args.html is not None and os.path.splitext(args.html)[1].lower() not in (".html", ".htm"):
+    raise JaxckptError(f"--html {args.html}: use a .html file")
+  if args.measure < 0:
+    raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
+  if args.jobs is not None and args.jobs < 1:
+    raise JaxckptError(f"--jobs {args.jobs} must be ≥ 1")
+  if args.measure and args.global_batch_size is None:
+    raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
+  if args.measure and args.mesh:
+    raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
+  for spec in args.policies:
+    parse_model_policy(spec)  # a typo exits 2 before any compile
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """CLI entry point; returns the exit status (0 done, 2 bad input)."""
   parser = build_parser()
   args = parser.parse_args(argv)
   bar = None
   try:
-    if (args.batch_size is not None and args.max_seq_len is None) or args.grad_accum_steps != 1:
-      raise JaxckptError("--batch-size and --grad-accum-steps are what jaxckpt-fit chooses; give --min-batch, "
-                         "--max-batch or --global-batch-size instead (--batch-size goes with --max-seq-len)")
-    if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
-      raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
-                         "--seq-len")
-    for flag in ("json", "plot", "html"):
-      check_output_file(f"--{flag}", getattr(args, flag))
-    if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
-      raise JaxckptError(f"--plot {args.plot}: use a .png, .svg or .pdf file")
-    if args.html is not None and os.path.splitext(args.html)[1].lower() not in (".html", ".htm"):
-      raise JaxckptError(f"--html {args.html}: use a .html file")
-    if args.measure < 0:
-      raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
-    if args.measure and args.global_batch_size is None:
-      raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
-    if args.measure and args.mesh:
-      raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
-    for spec in args.policies:
-      parse_model_policy(spec)  # a typo exits 2 before any compile
-    resolve_memory(args.memory)
+    check_topology_flags(args, runs=("measure",))
+    _check_args(args)
+    topology = get_topology(args.topology) if args.topology is not None else None
+    mesh = topology.mesh(args.mesh) if topology is not None else make_mesh(args.mesh) if args.mesh is not None else None
+    resolve_memory(args.memory, device=mesh_device(mesh))
     target = target_from_args(args)
-    mesh = make_mesh(args.mesh) if args.mesh is not None else None
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
                              ("--bandwidth", args.bandwidth), ("--overhead", args.overhead)) if v is not None]
@@ -167,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "give --global-batch-size G (without it only the largest batch per policy is planned)")
     if args.global_batch_size is not None:
       device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
-                           overhead_s=args.overhead)
+                           overhead_s=args.overhead, device=mesh_device(mesh))
     bar = tqdm(desc="compiles", unit="compile", disable=not progress_enabled(args.progress),
                leave=False)
 
@@ -177,21 +199,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.max_seq_len is not None:
       started = time.perf_counter()
-      limit, source = resolve_memory(args.memory)
+      limit, source = resolve_memory(args.memory, device=mesh_device(mesh))
       fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
-                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024))
-      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len")
+                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024), jobs=args.jobs)
+      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
+                     compiled_for=compiled_for(mesh, topology))
     else:
-      kwargs = {"min_batch": args.min_batch}
+      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs}
       if args.global_batch_size is None:
         kwargs["max_batch"] = args.max_batch
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
-                      measure=args.measure, mesh=mesh, on_compile=on_compile, **kwargs)
+                      measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
   except JaxckptError as err:
     if bar is not None:
       bar.close()
     return parser.fail(err)
   bar.close()
+  if topology is not None:
+    print(topology_header(topology.name, sharding.mesh_shape(mesh)))
   print(to_table(plan, wide=args.wide), end="")
   if args.json:
     with open(args.json, "w") as fh:

@@ -6,18 +6,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 from scipy import stats
 
-from jaxckpt.errors import JaxckptError
-from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, resolve_memory,
-                                with_batch)
-from jaxckpt.fit._speed import Accelerator, Candidate, candidates
+from jaxckpt.errors import JaxckptError, TopologyError
+from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, mesh_device,
+                                resolve_memory, with_batch)
+from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.training._sharding import check_batch_size
+from jaxckpt.training._topology import Topology, compiled_for, get_topology
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
@@ -85,6 +86,8 @@ class FitPlan:
     choice: the :class:`GlobalChoice` for the global batch, or ``None``.
     seconds: wall seconds.
     axis: what was searched: ``"batch"`` (micro-batch size) or ``"seq_len"`` (tokens per example at a batch).
+    compiled_for: what compiled it (:func:`jaxckpt.topology.compiled_for`: backend, device_kind,
+      topology, device_count, mesh); ``None``: not recorded.
   """
 
   fits: tuple[BatchFit, ...]
@@ -94,6 +97,7 @@ class FitPlan:
   choice: GlobalChoice | None
   seconds: float
   axis: str = "batch"
+  compiled_for: Mapping[str, Any] | None = None
 
   @property
   def compiles(self) -> int:
@@ -101,10 +105,12 @@ class FitPlan:
     return sum(f.compiles for f in self.fits) + (self.choice.compiles if self.choice else 0)
 
   def as_json(self) -> dict[str, Any]:
-    """``{"rows": [one per policy], "global_batch": {...} | None, "memory": ..., ...}``."""
-    out: dict[str, Any] = {"rows": [f.as_row() for f in self.fits], "limit_bytes": self.limit_bytes,
-                           "memory_source": self.memory_source, "compiles": self.compiles,
-                           "seconds": round(self.seconds, 3), "global_batch": None, "axis": self.axis}
+    """``{"backend", "device_kind", "topology", "device_count", "mesh" (what compiled it), "rows": [one per policy],
+    "global_batch": {...} | None, "limit_bytes", ...}``."""
+    out: dict[str, Any] = {**(self.compiled_for or {}), "rows": [f.as_row() for f in self.fits],
+                           "limit_bytes": self.limit_bytes, "memory_source": self.memory_source,
+                           "compiles": self.compiles, "seconds": round(self.seconds, 3), "global_batch": None,
+                           "axis": self.axis}
     if self.device is not None:
       out["device"] = dataclasses.asdict(self.device)
     if self.choice is not None:
@@ -208,6 +214,26 @@ def measure_candidates(target: Target, table: Sequence[Candidate], global_batch:
   return [dataclasses.replace(cand, measured_step_s=t) for (cand, *_), t in zip(runs, best)]
 
 
+def _on_topology(topology: Any, mesh: Any, *, measure: int, device: Accelerator | None, timed: bool
+                 ) -> tuple[Topology | None, Any, Accelerator | None]:
+  """``(topology, mesh, device)`` of a fit: with a topology its mesh and, for a timed fit without ``device``, its
+  chip as the time model's device; else as given.
+
+  Raises:
+    TopologyError: ``measure`` with a topology (nothing to run on); a bad topology, libtpu missing.
+  """
+  if topology is None:
+    return None, mesh, device
+  if measure:
+    raise TopologyError(f"measure={measure} times configurations on this machine, but topology={str(topology)!r} is "
+                        "compiled for without a TPU: there is nothing to run them on (drop one of them)")
+  topo = get_topology(topology)
+  mesh = topo.mesh(mesh)
+  if timed and device is None:
+    device = accelerator(device=mesh_device(mesh))
+  return topo, mesh, device
+
+
 def plan_fit(
     target: Target,
     policies: Sequence[Any] = DEFAULT_POLICIES,
@@ -218,6 +244,7 @@ def plan_fit(
     measure: int = 0,
     mesh: Any = None,
     on_compile: Callable[[str, int], None] | None = None,
+    topology: "str | Topology | None" = None,
     **kwargs: Any,
 ) -> FitPlan:
   """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
@@ -232,6 +259,10 @@ def plan_fit(
       rank them by measured throughput (0: no).
     mesh: a device mesh (memory per device; batches multiples of its batch axes).
     on_compile: progress callback ``(policy, batch)``.
+    topology: plan for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.topology`): ``mesh`` (a
+      ``--mesh`` spec or ``None``: every chip on ``data``) laid over its chips, every compile by the TPU compiler,
+      ``memory="auto"`` the chip's HBM less the margin; ``device`` defaults to the chip
+      (:func:`jaxckpt.fit._speed.accelerator`). No ``measure`` (nothing to run on).
     **kwargs: passed to :func:`~jaxckpt.fit._search.max_batch_size` (``max_batch``, ``min_batch``, ``probes``...).
 
   Returns:
@@ -241,9 +272,11 @@ def plan_fit(
     NothingFitsError: no policy fits the smallest batch.
     JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``.
+    TopologyError: ``measure`` with a topology, a bad topology, libtpu missing.
   """
   started = time.perf_counter()
-  limit, source = resolve_memory(memory)
+  topo, mesh, device = _on_topology(topology, mesh, measure=measure, device=device, timed=global_batch is not None)
+  limit, source = resolve_memory(memory, device=mesh_device(mesh))
   if global_batch is not None:
     if device is None:
       raise JaxckptError("global_batch= needs device= (an Accelerator: jaxckpt.fit.accelerator())")
@@ -301,4 +334,5 @@ def plan_fit(
           winner, footprint = best, foot
           break
     choice = GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, compiles)
-  return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started)
+  return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started,
+                 compiled_for=compiled_for(mesh, topo))

@@ -23,8 +23,10 @@ affine model replaces the search; on the benchmarked models it needs about four 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,14 +39,15 @@ from jaxckpt.fit._model import AffineModel, fit_affine, tangent_at_crossing
 from jaxckpt.planner._plan import device_memory_bytes, resolve_policy
 from jaxckpt.policies._model import Budget, parse_model_policy
 from jaxckpt.policies._model import DEFAULT_MARGIN
-from jaxckpt.training._sharding import BATCH_AXES, mesh_shape
-from jaxckpt.step._targets import LossTarget, ModelTarget, Target, shipped_target
-from jaxckpt.step._compile import compile_policy
+from jaxckpt.training._sharding import BATCH_AXES, mesh_platform, mesh_shape
+from jaxckpt.training._topology import Topology, compiles_only, topology_mesh
+from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_target, with_batch
+from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
 
 __all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
-           "compile_point", "batch_unit", "resolve_memory", "max_batch_size", "max_seq_len", "with_seq_len",
-           "fit_policies"]
+           "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size",
+           "max_seq_len", "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —
@@ -132,59 +135,6 @@ class BatchFit:
             "points": [dataclasses.asdict(p) for p in self.points], "seconds": round(self.seconds, 3)}
 
 
-def batch_size_of(target: Target) -> int:
-  """The batch size of ``target``: the leading dimension of its batch arrays (scalars such as a dropout seed are
-  skipped).
-
-  Raises:
-    JaxckptError: a batch with no array of rank ≥ 1.
-  """
-  dims = [leaf.shape[0] for leaf in jax.tree.leaves(target.batch) if len(getattr(leaf, "shape", ()))]
-  if not dims:
-    raise JaxckptError(f"target {target.name!r} has no batch axis: its batch has no array of rank ≥ 1")
-  return max(set(dims), key=dims.count)
-
-
-def with_batch(target: Target, batch_size: int, *, grad_accum_steps: int = 1) -> Target:
-  """``target`` at another batch size (and gradient accumulation).
-
-  A shipped model is rebuilt by :func:`~jaxckpt.step.shipped_target` (its ``ref``); a user's target has the
-  leading dimension of every batch array of the original batch size replaced.
-
-  Args:
-    target: a model or loss target.
-    batch_size: examples per step B ≥ 1.
-    grad_accum_steps: micro-batches per step (model targets only; must divide ``batch_size``).
-
-  Returns:
-    The target at that batch size (a user's target loses its ``ref``: it is measured in this process).
-
-  Raises:
-    JaxckptError: ``batch_size`` < 1, ``grad_accum_steps`` not dividing it, or accumulation on a loss target.
-  """
-  if batch_size < 1:
-    raise JaxckptError(f"batch_size={batch_size} must be ≥ 1")
-  if grad_accum_steps < 1 or batch_size % grad_accum_steps:
-    raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide batch_size={batch_size}")
-  ref = target.ref or {}
-  if isinstance(target, ModelTarget) and "model" in ref:
-    return shipped_target(**{**ref, "batch_size": batch_size, "grad_accum_steps": grad_accum_steps})
-  if grad_accum_steps != 1 and isinstance(target, LossTarget):
-    raise JaxckptError(f"grad_accum_steps={grad_accum_steps}: a LossTarget's step has no gradient accumulation")
-  old = batch_size_of(target)
-
-  def resize(leaf):
-    shape = getattr(leaf, "shape", ())
-    if len(shape) and shape[0] == old:
-      return jax.ShapeDtypeStruct((batch_size, *shape[1:]), leaf.dtype, sharding=getattr(leaf, "sharding", None))
-    return leaf
-
-  changes: dict[str, Any] = {"batch": jax.tree.map(resize, target.batch), "ref": None}
-  if isinstance(target, ModelTarget):
-    changes["grad_accum_steps"] = grad_accum_steps
-  return dataclasses.replace(target, **changes)
-
-
 def with_seq_len(target: Target, seq_len: int) -> Target:
   """A shipped sequence model at another sequence length (tokens per example).
 
@@ -198,6 +148,12 @@ def with_seq_len(target: Target, seq_len: int) -> Target:
   return shipped_target(**{**ref, "seq_len": seq_len})
 
 
+def mesh_device(mesh: Any) -> Any:
+  """The first device of a ``jax.sharding.Mesh`` (the device ``memory="auto"`` fits: a topology's chip), or ``None``
+  without a mesh (then :func:`resolve_memory` takes ``jax.devices()[0]``)."""
+  return next(iter(mesh.devices.flat)) if isinstance(mesh, jax.sharding.Mesh) else None
+
+
 def batch_unit(mesh: Any) -> int:
   """The batch step of a mesh: the product of its batch axes (``data`` × ``fsdp``), 1 for ``None``."""
   if mesh is None:
@@ -206,13 +162,15 @@ def batch_unit(mesh: Any) -> int:
   return math.prod(shape.get(a, 1) for a in BATCH_AXES)
 
 
-def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN) -> tuple[int, str]:
+def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN, device: Any = None) -> tuple[int, str]:
   """The memory to fit, in bytes per device, and where it came from.
 
   Args:
-    memory: ``"auto"`` (this device's memory less ``margin``, as the policy ``auto`` plans for:
-      :func:`jaxckpt.planner.device_memory_bytes`), a size string in binary units (``"80GiB"``), or int bytes.
+    memory: ``"auto"`` (the device's memory less ``margin``, as the policy ``auto`` plans for:
+      :func:`jaxckpt.planner.device_memory_bytes`; a TPU topology's chip: its HBM from the chip table), a size
+      string in binary units (``"80GiB"``), or int bytes.
     margin: share of the device's memory ``auto`` leaves free, in [0, 1).
+    device: the device fitted (a mesh's first, :func:`mesh_device`); default ``jax.devices()[0]``.
 
   Returns:
     ``(bytes, source)``.
@@ -221,7 +179,7 @@ def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN) -> tupl
     JaxckptError: a size that does not parse, or ≤ 0.
   """
   if isinstance(memory, str) and memory.strip() == "auto":
-    available, source = device_memory_bytes()
+    available, source = device_memory_bytes(device)
     return int(available * (1 - margin)), f"{source} {format_bytes(available)} − {margin * 100:g}% margin"
   if isinstance(memory, str):
     try:
@@ -253,21 +211,62 @@ def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
   return resolve_policy(target, policy, tx=tx, compiler_options=options, mesh=mesh)[0]
 
 
+_EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED.*?required[^(]*\(([0-9.]+)([KMGT]?)i?B?\) exceeds available", re.S)
+
+
+def exhausted_bytes(err: BaseException) -> int | None:
+  """The bytes a program requires according to a compiler that refused it for the device's memory, or ``None`` for
+  any other error.
+
+  The TPU compiler refuses, at compile time, a program whose peak exceeds the chip: ``RESOURCE_EXHAUSTED: Ran out of
+  memory on HBM, the total memory required for HLO temporaries (18.35G) exceeds available HBM (15.75G)`` (libtpu
+  0.0.42.1; binary units, as XLA prints sizes: v5e's 16 GiB less 256 MiB is its 15.75G).
+  """
+  match = _EXHAUSTED.search(str(err))
+  if match is None:
+    return None
+  return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))
+
+
 def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
                   grad_accum_steps: int = 1, seq_len: int | None = None) -> FitPoint:
   """Compiles the step of ``target`` at ``batch`` (and ``seq_len``) under ``policy``; returns its :class:`FitPoint`.
 
+  A compile the compiler refuses because the program exceeds the device's memory (the TPU compiler checks a
+  topology's chip at compile time: :func:`exhausted_bytes`) is a point over any limit, its footprint the memory the
+  compiler says the program requires.
+
   Raises:
     JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
   """
+  return _compiled_point(*_lowered_point(target, policy, batch, tx=tx, mesh=mesh, options=options,
+                                         grad_accum_steps=grad_accum_steps, seq_len=seq_len))
+
+
+def _lowered_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
+                   grad_accum_steps: int = 1, seq_len: int | None = None) -> tuple[int, Any, Any, float]:
+  """The first half of :func:`compile_point` (in the caller's thread: tracing holds the GIL): ``(batch, lowered
+  step, mesh, start time)``."""
   started = time.perf_counter()
   policy = parse_model_policy(policy)
   sized = with_batch(target if seq_len is None else with_seq_len(target, seq_len), batch,
                      grad_accum_steps=grad_accum_steps)
-  compiled = compile_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
+  lowered = lower_policy(sized, _concrete(sized, policy, tx, mesh, options), tx=tx, mesh=mesh, options=options)
+  return batch, lowered, mesh, started
+
+
+def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitPoint:
+  """The second half of :func:`compile_point`: XLA's compile (it releases the GIL, so two can run at once)."""
+  try:
+    compiled = lowered.compile()
+  except Exception as err:  # noqa: BLE001 - a compiler that refuses a program over the chip's memory: "over"
+    required = exhausted_bytes(err)
+    if required is None:
+      raise
+    return FitPoint(batch, required, int(lowered.flops), None, time.perf_counter() - started)
   footprint = compiled.memory.get("footprint_bytes")
   if footprint is None:
-    raise JaxckptError(f"the backend ({jax.default_backend()}) reports no compiled memory stats; the fit planner "
+    raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; the fit planner "
                        "needs them")
   xla_flops, xla_bytes = _cost_bytes(compiled.compiled)
   accessed = None
@@ -291,6 +290,8 @@ def max_batch_size(
     on_compile: Callable[[str, int], None] | None = None,
     axis: str = "batch",
     intercept_hint: float | None = None,
+    topology: "str | Topology | None" = None,
+    jobs: int | None = None,
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -317,6 +318,13 @@ def max_batch_size(
       largest probe is compiled and the second point of the line is the batch that the hint and that probe predict:
       a compile next to the crossing, so the verification often needs one more compile instead of two (three in
       all). A wrong hint costs compiles, never exactness.
+    topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.topology`): ``mesh`` (a
+      ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips, compiled by the TPU compiler;
+      ``memory="auto"`` is the chip's HBM less the margin.
+    jobs: compiles at once. With 2 or more, a predicted batch and its successor, the pair that verifies an answer,
+      are compiled together (the successor speculatively: when the prediction does not fit, it was one compile too
+      many, still a point of the search). ``None``: 2 for a topology (TPU compiles take seconds to minutes, growing
+      with the batch), else 1.
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -324,7 +332,8 @@ def max_batch_size(
 
   Raises:
     JaxckptError: an empty batch range, a ``min_batch`` the mesh does not divide, a budget policy, a footprint that
-      does not grow with the batch, ``max_rounds`` < 1; PolicySpecError: a spec that does not parse.
+      does not grow with the batch, ``max_rounds`` < 1, ``jobs`` < 1; PolicySpecError: a spec that does not parse;
+      TopologyError: a bad topology or libtpu missing.
 
   Example::
 
@@ -332,6 +341,8 @@ def max_batch_size(
     >>> fit.max_batch_size, fit.compiles
   """
   started = time.perf_counter()
+  if topology is not None:
+    mesh = topology_mesh(topology, mesh)
   parsed = parse_model_policy(policy)
   if isinstance(parsed, Budget):
     raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
@@ -339,6 +350,9 @@ def max_batch_size(
                        "policies (none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
+  jobs = (2 if compiles_only(mesh) else 1) if jobs is None else jobs
+  if jobs < 1:
+    raise JaxckptError(f"jobs={jobs} must be ≥ 1")
   if axis not in ("batch", "seq_len"):
     raise JaxckptError(f"axis={axis!r}: valid axes are batch, seq_len")
   if axis == "seq_len":
@@ -351,21 +365,37 @@ def max_batch_size(
   if hi_b < lo_b:
     raise JaxckptError(f"the batch range is empty: min_batch={lo_b} > max_batch={max_batch}"
                        + (f" (in multiples of {unit})" if unit > 1 else ""))
-  limit, _ = resolve_memory(memory)
+  limit, _ = resolve_memory(memory, device=mesh_device(mesh))
   text = str(parsed)
   points: dict[int, FitPoint] = {}
 
-  def at(batch: int) -> FitPoint:
-    if batch not in points:
-      if on_compile is not None:
-        on_compile(text, batch)
-      if axis == "seq_len":
-        points[batch] = compile_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh,
-                                      options=compiler_options, seq_len=batch)
-        points[batch] = dataclasses.replace(points[batch], batch=batch)
-      else:
-        points[batch] = compile_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
-    return points[batch]
+  def lowered(batch: int) -> tuple[int, Any, Any, float]:
+    if on_compile is not None:
+      on_compile(text, batch)
+    if axis == "seq_len":
+      return _lowered_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh, options=compiler_options,
+                            seq_len=batch)
+    return _lowered_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
+
+  def at(*batches: int) -> FitPoint:
+    """Compiles each batch not compiled yet, ``jobs`` at once (traced here, compiled in threads); returns the
+    first's point."""
+    todo = [b for b in dict.fromkeys(batches) if b not in points and lo_b <= b <= hi_b]
+    if len(todo) > 1 and jobs > 1:
+      with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_compiled_point, *lowered(b)) for b in todo]
+        for b, future in zip(todo, futures):
+          points[b] = future.result()
+    else:
+      for b in todo:
+        points[b] = _compiled_point(*lowered(b))
+    for b in todo:
+      points[b] = dataclasses.replace(points[b], batch=b)
+    return points[batches[0]]
+
+  def with_next(batch: int) -> tuple[int, ...]:
+    """``batch``, and with ``jobs`` > 1 its successor too (the verification pair, compiled together)."""
+    return (batch, batch + unit) if jobs > 1 and batch not in points else (batch,)
 
   def done(best: int | None, method: str, model: AffineModel) -> BatchFit:
     over = None
@@ -382,14 +412,17 @@ def max_batch_size(
                          ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
     if hinted.slope > 0:  # the second point: the hint's prediction (next to the crossing), else the other probe
       guess = min(max(hinted.largest_within(limit, step=unit), lo_b), hi_b)
-      at(guess if guess != far.batch else probe_batches[0])
-  for b in probe_batches:
-    if len(points) >= 2:
-      break
-    at(b)
+      if guess != far.batch:
+        at(*with_next(guess))
+      else:
+        at(probe_batches[0])
+  todo = [b for b in probe_batches if b not in points][:max(0, 2 - len(points))]  # the probes a line still needs
+  if todo:
+    at(*todo)
   if len(points) < 2:  # a range of one batch size, or probes that coincide
     at(lo_b if lo_b not in points else hi_b)
-  model = fit_affine([(p.batch, p.footprint_bytes) for p in points.values()]) if len(points) > 1 \
+  first = list(points.values())[:2]  # the line through the first two compiles (a speculative third left out)
+  model = fit_affine([(p.batch, p.footprint_bytes) for p in first]) if len(points) > 1 \
       else AffineModel(float(points[lo_b].footprint_bytes), 0.0, ((lo_b, points[lo_b].footprint_bytes),))
   if len(points) > 1 and model.slope <= 0:
     model.largest_within(limit)  # raises: the footprint does not grow with the batch
@@ -417,7 +450,7 @@ def max_batch_size(
     lo, hi = bracket()
     top = hi_b if hi is None else hi - unit
     pred = min(max(current.largest_within(limit, step=unit), lo_b, lo), top)
-    at(pred)
+    at(*with_next(pred))
     if points[pred].footprint_bytes <= limit and pred + unit <= hi_b:
       at(pred + unit)
     elif points[pred].footprint_bytes > limit and pred - unit >= lo_b:

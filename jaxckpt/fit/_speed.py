@@ -17,6 +17,11 @@ a bigger batch.
 is measured at several working-set sizes: a micro-step whose footprint stays in the caches streams its bytes faster
 than one that spills to main memory (the cache-aware roofline). The table's accelerators use their HBM bandwidth at
 every size.
+
+Under a mesh (a TPU topology's too) each device computes its share of the step: the FLOPs and bytes of the step
+divided by the devices the batch is split over (:func:`candidates`); ``bytes_accessed`` then comes from the
+compiler of the mesh's platform (the TPU compiler's cost analysis for a topology), ``peak_flops`` and ``bandwidth``
+from its chip (:data:`jaxckpt.topology.CHIPS`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import jax.numpy as jnp
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine
 from jaxckpt.fit._search import BatchFit
+from jaxckpt.training._topology import CHIPS, chip_for_kind
 
 __all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates"]
 
@@ -86,15 +92,13 @@ class Accelerator:
     return max(compute, memory) + self.overhead_s
 
 
-_GiB = 2**30
 ACCELERATORS: dict[str, Accelerator] = {
-    "h100": Accelerator("NVIDIA H100 SXM", 989e12, 3.35e12, 20e-6, 80 * _GiB),
-    "h200": Accelerator("NVIDIA H200", 989e12, 4.8e12, 20e-6, 141 * _GiB),
-    "a100": Accelerator("NVIDIA A100 80GB", 312e12, 2.039e12, 20e-6, 80 * _GiB),
-    "v5e": Accelerator("TPU v5e", 197e12, 819e9, 20e-6, 16 * _GiB),
+    key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes)
+    for key, chip in CHIPS.items()
 }
-"""Vendor datasheet figures: dense bf16 FLOP/s and HBM bandwidth (NVIDIA H100/H200/A100 datasheets, Google Cloud
-TPU v5e docs). Peaks, not achieved rates: the model ranks, it does not promise seconds."""
+"""The chips of :data:`jaxckpt.topology.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
+HBM bandwidth and size) as the time model's devices, each with 20 µs per micro-step of overhead. Peaks, not achieved
+rates: the model ranks, it does not promise seconds."""
 
 
 _CALIBRATED: dict[tuple[str, int], Accelerator] = {}
@@ -160,14 +164,16 @@ def measure_cpu(*, repeats: int = 7) -> Accelerator:
 
 
 def accelerator(name: str | None = None, *, peak_flops: float | None = None, bandwidth: float | None = None,
-                overhead_s: float | None = None) -> Accelerator:
+                overhead_s: float | None = None, device: Any = None) -> Accelerator:
   """The accelerator to model: a table entry, this device, or the given figures.
 
   Args:
-    name: a key of :data:`ACCELERATORS` (``h100``, ``h200``, ``a100``, ``v5e``), ``"cpu"`` (this host, measured by
-      :func:`calibrate`), or ``None`` for this device (its ``device_kind`` matched against the table; a CPU
-      calibrated).
+    name: a key of :data:`ACCELERATORS` (``h100``, ``h200``, ``a100``, ``v4``, ``v5e``, ``v5p``, ``v6e``), ``"cpu"``
+      (this host, measured by :func:`calibrate`), or ``None`` for ``device`` (its ``device_kind`` matched against
+      the table; a CPU calibrated).
     peak_flops, bandwidth, overhead_s: override the figures (FLOP/s, bytes/s, seconds).
+    device: the device planned for when ``name`` is ``None``: a TPU topology's chip
+      (:mod:`jaxckpt.topology`), default ``jax.devices()[0]``.
 
   Returns:
     The :class:`Accelerator`.
@@ -192,12 +198,12 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
       raise JaxckptError(f"device={name!r} is unknown; valid: {', '.join([*ACCELERATORS, 'cpu'])} (or give "
                          "peak_flops=FLOPS and bandwidth=BYTES_PER_S)")
   else:
-    device = jax.devices()[0]
+    device = jax.devices()[0] if device is None else device
     if device.platform == "cpu":
       base = calibrate() if peak_flops is None or bandwidth is None else Accelerator("cpu", 1.0, 1.0, 50e-6)
     else:
-      kind = device.device_kind.lower()
-      base = next((a for k, a in ACCELERATORS.items() if k in kind.replace(" ", "")), None)
+      chip = chip_for_kind(device.device_kind)
+      base = next((ACCELERATORS[k] for k, c in CHIPS.items() if c == chip), None) if chip is not None else None
       if base is None and (peak_flops is None or bandwidth is None):
         raise JaxckptError(f"device {device.device_kind!r} is not in the table ({', '.join(ACCELERATORS)}); give "
                            "peak_flops=FLOPS and bandwidth=BYTES_PER_S")
@@ -224,7 +230,8 @@ class Candidate:
     compiled: whether ``footprint_bytes`` came from a compile.
     flops: FLOPs of one micro-step (recompute included).
     bytes_accessed: bytes accessed per micro-step (``None`` where unknown).
-    est_step_s: estimated seconds of the whole step, k micro-steps.
+    est_step_s: estimated seconds of the whole step, k micro-steps (on one device of the mesh: its share of the
+      FLOPs and bytes).
     measured_step_s: measured seconds per step (``--measure``), else ``None``.
   """
 
@@ -252,7 +259,9 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
     device: the :class:`Accelerator` to model.
 
   Returns:
-    Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch).
+    Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch). Under a mesh (a fit's
+    :attr:`~jaxckpt.fit.BatchFit.unit` > 1) each device computes 1/unit of the step's FLOPs and bytes: the batch is
+    split over that many devices (the optimizer's update of replicated parameters, O(parameters), is neglected).
 
   Raises:
     JaxckptError: ``global_batch`` < 1, or no fitting micro-batch divides it (the message lists the largest
@@ -278,8 +287,10 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
       accessed = (point.bytes_accessed if point and point.bytes_accessed is not None
                   else (bytes_model(b) if bytes_model else None))
       foot = point.footprint_bytes if point else int(round(fit.model(b)))
-      out.append(Candidate(fit.policy, b, k, foot, point is not None,
-                           flops, accessed, k * device.micro_step_s(flops, accessed, foot)))
+      share = fit.unit  # devices the batch is split over: each computes its share of the step
+      out.append(Candidate(fit.policy, b, k, foot, point is not None, flops, accessed,
+                           k * device.micro_step_s(flops / share, None if accessed is None else accessed / share,
+                                                   foot)))
   if not out:
     largest = {f.policy: f.max_batch_size for f in fits}
     units = {f.unit for f in fits}

@@ -21,7 +21,9 @@ from jaxckpt.planner._export import export_code, linen_export_code
 from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner._segmented import mincut_policy
 from jaxckpt.policies._model import MINCUT, Budget, MinCut, parse_model_policy
-from jaxckpt.planner._target_flags import add_target_flags, target_from_args
+from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, target_from_args
+from jaxckpt.training._sharding import make_mesh
+from jaxckpt.training._topology import compiled_for, get_topology, topology_header
 from jaxckpt.analysis._tables import wrap_lines
 from jaxckpt.step._build import target_block_types
 
@@ -45,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
           f"  {PROG} --model gpt --preset small --budget 50% --explain\n"
           f"  {PROG} --model vit --preset small --budget 8MiB --export\n"
           f"  {PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json\n"
-          f"  {PROG} --model gpt --preset small --mincut 25%"
+          f"  {PROG} --model gpt --preset small --mincut 25%\n"
+          f"  {PROG} --model gpt --preset small --topology v5e:2x2 --budget 50%"
       ),
   )
   add_target_flags(parser)
@@ -56,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a whole-loss min-cut plan saving at most CAP of activations: <size> or <p>%% of no remat's "
                          "(the policy mincut:CAP); prints its regions and saved values (always: --explain and "
                          "--max-rounds are for --budget)")
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                      help="plan for the step sharded over a device mesh (axes data, fsdp; product = device count, or "
+                           "--topology's chips): the budget is per device")
+  add_topology_flags(parser)
   parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
   parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
@@ -83,12 +90,25 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
     check_output_file("--json", args.json)
     if args.mincut is not None:
+      if args.topology is not None or args.mesh is not None:
+        flag = "--topology" if args.topology is not None else "--mesh"
+        raise JaxckptError(f"--mincut plans from the traced loss without compiling it, so {flag} would change "
+                           f"nothing: compare the policy mincut:{args.mincut} with jaxckpt-report {flag} instead")
       return _mincut(parser, args)
     budget = _budget(args.budget)
+    topology = get_topology(args.topology) if args.topology is not None else None
     target = target_from_args(args)
-    plan = plan_policy(target, budget, max_rounds=args.max_rounds)
+    mesh = None
+    if topology is not None:
+      mesh = topology.mesh(args.mesh)
+    elif args.mesh is not None:
+      mesh = make_mesh(args.mesh)
+    plan = plan_policy(target, budget, max_rounds=args.max_rounds, mesh=mesh)
   except JaxckptError as err:
     return parser.fail(err)
+  where = compiled_for(mesh, topology)
+  if topology is not None:
+    print(topology_header(topology.name, where["mesh"]))
   print(plan.explain(candidates=args.explain, wide=args.wide))
   print(f"policy: {plan.policy}")
   if args.export:
@@ -99,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-      json.dump({"model": target.name, "preset": target.preset, **plan.to_json()}, f, indent=1)
+      json.dump({"model": target.name, "preset": target.preset, **where, **plan.to_json()}, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}")
   return 0
 

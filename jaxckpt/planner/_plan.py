@@ -51,6 +51,8 @@ from jaxckpt.policies._model import (
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
+from jaxckpt.training._sharding import check_batch_size, make_mesh, mesh_platform
+from jaxckpt.training._topology import CHIPS, Topology, chip_for_kind, topology_mesh
 from jaxckpt.analysis._tables import render_table, wrap_lines
 from jaxckpt._units import format_bytes
 
@@ -311,17 +313,34 @@ def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockG
   return PolicySpec(blocks=blocks), dict(tensors)
 
 
-def device_memory_bytes() -> tuple[int, str]:
+def device_memory_bytes(device: Any = None) -> tuple[int, str]:
   """Memory ``auto`` plans for: ``(bytes, source)``.
 
-  GPU/TPU: the first device's ``memory_stats()["bytes_limit"]``; CPU (or a device without stats): the RAM
-  available now (``psutil.virtual_memory().available``).
+  Args:
+    device: the device planned for (a TPU topology's compile-only chip, :mod:`jaxckpt.topology`); default
+      ``jax.devices()[0]``.
+
+  Returns:
+    GPU/TPU: the device's ``memory_stats()["bytes_limit"]``; a device without stats (a topology's chip, which has
+    no memory here) its chip's HBM from :data:`jaxckpt.topology.CHIPS`; CPU: the RAM available now
+    (``psutil.virtual_memory().available``).
+
+  Raises:
+    JaxckptError: a device without memory stats whose chip the table does not know.
   """
-  device = jax.devices()[0]
+  device = jax.devices()[0] if device is None else device
   if device.platform != "cpu":
-    stats = device.memory_stats() or {}
+    try:
+      stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - compile-only devices raise ("only supported for addressable PjRt devices")
+      stats = {}
     if stats.get("bytes_limit"):
       return int(stats["bytes_limit"]), f"{device.device_kind} bytes_limit"
+    chip = chip_for_kind(device.device_kind)
+    if chip is None:
+      raise JaxckptError(f"device {device.device_kind!r} reports no memory and is not in the chip table "
+                         f"({', '.join(CHIPS)}): give the memory as a size")
+    return chip.memory_bytes, f"{chip.name} HBM"
   import psutil  # noqa: PLC0415 - only auto needs it
 
   return int(psutil.virtual_memory().available), "available RAM"
@@ -409,6 +428,8 @@ def plan_policy(
     cache: PlanCache | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
     per_tensor: bool = True,
+    mesh: Any = None,
+    topology: "str | Topology | None" = None,
 ) -> Plan:
   """Finds the least-recompute per-layer policy whose compiled train step fits ``budget`` (module docstring).
 
@@ -428,6 +449,13 @@ def plan_policy(
     candidates: measured layer candidates to reuse (from an earlier plan's ``candidates``).
     per_tensor: add each block type's per-tensor min-cut front (``save_tensors`` options,
       :mod:`jaxckpt.planner._tensors`) to the candidates.
+    mesh: plan for the step sharded over this ``jax.sharding.Mesh``: the anchors and verification compiles are
+      sharded over it and the budget is per device (a TPU topology's mesh, :mod:`jaxckpt.topology`:
+      planned with the TPU compiler, ``auto`` from the chip's HBM). The candidates stay the step's (saved bytes of
+      the whole batch): the prediction interpolates between compiled per-device points, which calibrates the scale.
+      ``None``: one device.
+    topology: plan for a TPU slice without a TPU (``"v5e:2x2"``): ``mesh`` (a ``--mesh`` spec or ``None``: every
+      chip on ``data``) laid over its chips (:func:`jaxckpt.topology.topology_mesh`).
 
   Returns:
     The verified :class:`Plan`.
@@ -437,8 +465,17 @@ def plan_policy(
       gives its compiled bytes.
     JaxckptError: a model without blocks of its own and without one block-structured stack (the message lists
       its module classes), ``max_rounds`` < 1, a spec that is not a budget.
+    TopologyError: a bad topology, libtpu missing (:func:`jaxckpt.topology.get_topology`).
+    MeshSpecError: a mesh that does not cover the topology's chips, or a batch it cannot split.
   """
   started = time.perf_counter()
+  if topology is not None:
+    mesh = topology_mesh(topology, mesh)
+  elif mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    mesh = make_mesh(mesh)
+  if mesh is not None:
+    for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
+      check_batch_size(size, mesh)
   parsed = parse_model_policy(budget)
   if not isinstance(parsed, Budget):
     raise JaxckptError(f"{str(parsed)!r} is not a budget; write budget:<size>, budget:<percent>% or auto")
@@ -446,7 +483,8 @@ def plan_policy(
     raise JaxckptError(f"max_rounds must be ≥ 1, got {max_rounds}")
   tx = tx or default_optimizer()
   cache = PlanCache() if cache is None else cache
-  builder = step_builder(target, tx=tx)  # the abstract model and state, shared by every compile of the planning
+  builder = step_builder(target, tx=tx)  # the abstract model and state, shared by the probes of the planning
+  compiling = builder if mesh is None else step_builder(target, tx=tx, mesh=mesh)  # and by its compiles
   types = builder.block_types
   own_layers = plan_layers(target, builder)  # your own model's layers (NNX or Linen), else the Stack's
   tensors = None
@@ -467,7 +505,7 @@ def plan_policy(
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
     if text not in cache.points:
-      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
+      compiled = compile_policy(target, policy, tx=tx, mesh=mesh, options=compiler_options, builder=compiling)
       cache.points[text] = CompiledPoint(policy, saved, compiled.memory, compiled.flops, compiled.seconds)
     return dataclasses.replace(cache.points[text], saved_bytes=saved)
 
@@ -478,7 +516,8 @@ def plan_policy(
   history = [none, full]
   for point in history:
     if point.temp_bytes is None or point.memory["footprint_bytes"] is None:
-      raise JaxckptError(f"the backend ({jax.default_backend()}) reports no compiled memory stats; budget plans need them")
+      raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; budget plans need "
+                         "them")
 
   memory_source = None
   if parsed.fraction is not None:
@@ -486,7 +525,7 @@ def plan_policy(
   else:
     key = "footprint_bytes"
     if parsed.auto:
-      available, memory_source = device_memory_bytes()
+      available, memory_source = device_memory_bytes(None if mesh is None else next(iter(mesh.devices.flat)))
       limit = int(available * (1 - parsed.margin))
       memory_source = f"{memory_source} {format_bytes(available)} − {parsed.margin * 100:g}% margin"
     else:
@@ -590,22 +629,24 @@ def _dominance_guard(chosen, candidates, num_layers, predictor, temp_limit, none
 
 
 def _min_saved_guarded(target: Any, tolerance: float, tx: optax.GradientTransformation,
-                       compiler_options: Mapping[str, Any] | None, cache: PlanCache) -> ConcretePolicy:
+                       compiler_options: Mapping[str, Any] | None, cache: PlanCache, mesh: Any = None
+                       ) -> ConcretePolicy:
   """``min_saved``, unless a fixed dots policy is at least as good: its compiled step and those of
   ``dots_saveable`` and ``dots_with_no_batch_dims_saveable`` (compiled once per ``cache``) are compared; a fixed one
   with temp and FLOPs both ≤ the plan's is returned instead (issue 33: a per-type graph can name the wrong values in
-  blocks of the type that trace differently, docs/plans.md).
+  blocks of the type that trace differently, docs/plans.md). The compiles are sharded over ``mesh`` when given (a
+  TPU topology's: the TPU compiler decides).
 
   Returns:
     The ``save_tensors`` spec of :func:`min_saved_policy` or the dominating fixed policy's spec.
   """
   spec = min_saved_policy(target, tolerance)[0]
-  builder = step_builder(target, tx=tx)
+  builder = step_builder(target, tx=tx, mesh=mesh)
 
   def point(policy) -> CompiledPoint:
     text = str(policy)
     if text not in cache.points:
-      compiled = compile_policy(target, policy, tx=tx, options=compiler_options, builder=builder)
+      compiled = compile_policy(target, policy, tx=tx, mesh=mesh, options=compiler_options, builder=builder)
       cache.points[text] = CompiledPoint(policy, 0, compiled.memory, compiled.flops, compiled.seconds)
     return cache.points[text]
 
@@ -646,7 +687,8 @@ def resolve_policy(
     target: the :class:`~jaxckpt.step.ModelTarget` the policy is for (used only for budgets).
     policy: a spec string or parsed policy (:func:`jaxckpt.policies.parse_model_policy`).
     tx, compiler_options, cache, candidates: as :func:`plan_policy`.
-    mesh: the device mesh the step will run on; budgets are planned for one device and refused under a mesh.
+    mesh: the device mesh the step will run on (a TPU topology's too): budgets are planned and ``min_saved``'s
+      fixed rivals compiled sharded over it (per-device memory).
 
   Returns:
     ``(policy, plan)``: the concrete policy and the :class:`Plan` it came from (``None`` when ``policy`` was not a
@@ -657,7 +699,7 @@ def resolve_policy(
   Raises:
     PolicySpecError: a spec that does not parse.
     InfeasibleBudgetError: no plan fits the budget.
-    JaxckptError: a budget with a mesh, or a target the planner cannot plan (see :func:`plan_policy`).
+    JaxckptError: a target the planner cannot plan (see :func:`plan_policy`).
   """
   parsed = parse_model_policy(policy)
   if parsed.resolved:
@@ -667,7 +709,7 @@ def resolve_policy(
 
 
 def _resolve_min_saved(target, parsed: MinSaved, *, tx, compiler_options, mesh, cache, candidates):  # noqa: ARG001
-  return _min_saved_guarded(target, parsed.tolerance, tx, compiler_options, cache), None
+  return _min_saved_guarded(target, parsed.tolerance, tx, compiler_options, cache, mesh), None
 
 
 def _resolve_mincut(target, parsed: MinCut, *, tx, compiler_options, mesh, cache, candidates):  # noqa: ARG001
@@ -675,10 +717,8 @@ def _resolve_mincut(target, parsed: MinCut, *, tx, compiler_options, mesh, cache
 
 
 def _resolve_budget(target, parsed: Budget, *, tx, compiler_options, mesh, cache, candidates):
-  if mesh is not None:
-    raise JaxckptError(f"budget plans are made for one device; call without mesh for {parsed}, or give the plan's "
-                       "layered policy (from jaxckpt-plan) instead")
-  plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates)
+  plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates,
+                     mesh=mesh)
   return plan.policy, plan
 
 

@@ -1,15 +1,18 @@
-"""The command-line flags that choose what to compile (``--model``/``--target``, ``--preset``, shape overrides),
-shared by every tool's CLI (``jaxckpt-report``, ``jaxckpt-plan``)."""
+"""The command-line flags that choose what to compile (``--model``/``--target``, ``--preset``, shape overrides) and
+what to compile it for (``--topology``), shared by every tool's CLI (``jaxckpt-report``, ``jaxckpt-plan``,
+``jaxckpt-fit``)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.models._registry import COMPUTE_DTYPES
 from jaxckpt.step._targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
+from jaxckpt.training._topology import TOPOLOGY_FORMS
 
-__all__ = ["add_target_flags", "target_from_args"]
+__all__ = ["add_target_flags", "target_from_args", "add_topology_flags", "check_topology_flags"]
 
 
 def add_target_flags(parser: argparse.ArgumentParser) -> None:
@@ -60,3 +63,31 @@ def target_from_args(args: argparse.Namespace) -> Target:
       batch_size=args.batch_size,
       seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
       structure=args.structure, grad_accum_steps=args.grad_accum_steps)
+
+
+def add_topology_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds ``--topology NAME``: compile for a TPU slice without a TPU (:mod:`jaxckpt.topology`)."""
+  parser.add_argument("--topology", default=None, metavar="NAME",
+                      help=f"compile for a TPU slice without a TPU, with the TPU compiler of libtpu (pip install -e "
+                           f"'.[tpu]'): {TOPOLOGY_FORMS}; --mesh is laid over its chips (default: all on data); "
+                           "memory per chip")
+
+
+def check_topology_flags(args: argparse.Namespace, *, runs: Sequence[str]) -> None:
+  """Refuses ``--topology`` together with a flag that runs the step on this machine (there is no TPU to run on).
+
+  Checked before libtpu is looked for, so the line is the same with or without it.
+
+  Args:
+    args: parsed flags with ``topology`` (:func:`add_topology_flags`).
+    runs: the ``dest`` of every flag that runs steps (``measure``, ``profile``): set (truthy) is refused.
+
+  Raises:
+    TopologyError: one line naming both flags.
+  """
+  if args.topology is None:
+    return
+  for dest in runs:
+    if getattr(args, dest):
+      raise TopologyError(f"--{dest.replace('_', '-')} runs steps on this machine, but --topology {args.topology} "
+                          "compiles for a TPU slice without a TPU: there is nothing to run them on (drop one of them)")

@@ -20,7 +20,7 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.training import _sharding as sharding
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._effect import annotate_rows
 from jaxckpt.errors import PolicySpecError
@@ -30,12 +30,13 @@ from jaxckpt.report._compile import compile_rows, one_line, report_compiler_opti
 from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
 from jaxckpt.report._measure import measure_policy
 from jaxckpt.report._policies import expand_policies
-from jaxckpt.step._targets import Target
+from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
 from jaxckpt.step._build import default_optimizer, target_structure
 from jaxckpt.step._compile import step_builder
+from jaxckpt.training._topology import Topology, compiled_for, get_topology
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
-__all__ = ["Report", "build_report", "saving_warnings"]
+__all__ = ["Report", "build_report", "saving_warnings", "compiler_disagreements"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,38 @@ def saving_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
   return out
 
 
+def compiler_disagreements(rows: Sequence[Mapping[str, Any]], key: str = "footprint_bytes") -> list[str]:
+  """Where XLA:CPU would have misled: one line when the rows' ``cpu`` comparison (``--compare-cpu``) orders the
+  policies by ``key`` otherwise than the compiler of the report, naming both orders.
+
+  Args:
+    rows: report rows; those ok and with both figures count.
+    key: a memory key (bytes).
+
+  Returns:
+    ``[]`` when both compilers order the policies alike (ties as ties), else one line.
+  """
+  both = [r for r in rows if r["status"] == STATUS_OK and r.get(key) is not None
+          and (r.get("cpu") or {}).get(key) is not None]
+
+  def order(value) -> str:
+    ranked = sorted(both, key=lambda r: (value(r), r["policy"]))
+    text = ranked[0]["policy"] if ranked else ""
+    for a, b in zip(ranked, ranked[1:]):
+      text += f" {'=' if value(a) == value(b) else '<'} {b['policy']}"
+    return text
+
+  def rank(value) -> list[int]:
+    return [sum(value(o) < value(r) for o in both) for r in both]
+
+  here, cpu = (lambda r: r[key]), (lambda r: r["cpu"][key])
+  if len(both) < 2 or rank(here) == rank(cpu):
+    return []
+  backend = both[0].get("backend") or "the report's compiler"
+  return [f"the {backend} compiler and XLA:CPU order the policies differently by {key.replace('_bytes', '')} "
+          f"per device: {backend} {order(here)}; cpu {order(cpu)}"]
+
+
 def _offloads(policy: str) -> bool:
   """Whether a row's policy text offloads saved values (False for budgets and texts that do not parse)."""
   try:
@@ -101,6 +134,76 @@ def _unique_slugs(policies: Sequence[str]) -> list[str]:
   return out
 
 
+def _per_chip(target: Target, mesh: jax.sharding.Mesh) -> Target:
+  """``target`` at the batch one device of ``mesh`` holds (the global batch over the batch axes), for the XLA:CPU
+  comparison of a data-parallel mesh.
+
+  Raises:
+    JaxckptError: a mesh with an ``fsdp`` axis > 1 (its per-device program shards parameters: not one CPU device's).
+  """
+  shape = sharding.mesh_shape(mesh)
+  if shape.get("fsdp", 1) > 1:
+    raise JaxckptError(f"compare_cpu=True compiles the per-chip step on one CPU device: the data-parallel program; "
+                       f"mesh={sharding.format_mesh(shape)!r} also shards parameters and optimizer state over fsdp, "
+                       "which one CPU device does not: compare a data-only mesh (mesh='data=N')")
+  split = 1
+  for axis in sharding.BATCH_AXES:
+    split *= shape.get(axis, 1)
+  accum = target.grad_accum_steps if isinstance(target, ModelTarget) else 1
+  return with_batch(target, batch_size_of(target) // split, grad_accum_steps=accum)
+
+
+def _placement(target: Target, mesh: Any, topology: Any, *, runs: str | None, compare_cpu: bool
+               ) -> tuple[Topology | None, jax.sharding.Mesh | None]:
+  """The topology (``None`` without one) and the mesh the report compiles over, checked against the target's batch
+  and against what runs steps (``runs``: ``"measure=True"``, ``"profile='DIR'"`` or ``None``)."""
+  topo = None
+  if topology is not None:
+    if runs is not None:
+      name = topology.name if isinstance(topology, Topology) else str(topology)
+      raise TopologyError(f"{runs} runs each policy on this machine, but topology={name!r} is compiled for without "
+                          "a TPU: there is nothing to run it on (drop one of them)")
+    topo = get_topology(topology)
+    mesh = topo.mesh(mesh)
+  elif compare_cpu:
+    raise JaxckptError("compare_cpu=True puts XLA:CPU's figures beside a TPU topology's: give topology= too")
+  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    mesh = sharding.make_mesh(mesh)
+  if mesh is not None:
+    sizes = {a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}
+    for size in sorted(sizes):
+      sharding.check_batch_size(size, mesh)
+    if runs is not None:
+      raise JaxckptError(f"{runs} runs each policy on one device; it does not take mesh={sharding.format_mesh(mesh)!r} "
+                         "(drop one of them)")
+  return topo, mesh
+
+
+def _run_rows(target: Target, rows: list[dict[str, Any]], warnings: list[str], *, steps: int, warmup: int,
+              compiler_options: Mapping[str, Any] | None, measure: bool, profile: str | None, profile_steps: int,
+              progress: bool) -> None:
+  """``--measure`` / ``--profile``: runs each ok row's policy (:func:`jaxckpt.report._measure.measure_policy`) and
+  fills in its measured columns; a policy that fails to run becomes an error row."""
+  todo = [r for r in rows if r["status"] == STATUS_OK]
+  if target.ref is None and todo:
+    done = "measured" if measure else "profiled"
+    warnings.append(f"target has no ref (a Python object): {done} in this process, less exactly than in a "
+                    "fresh one per policy")
+  names = _unique_slugs([r["policy"] for r in todo])
+  desc = "measuring policies" if measure else "profiling policies"
+  for row, name in tqdm(list(zip(todo, names)), desc=desc, unit="policy", disable=not progress, leave=False):
+    try:
+      policy = row["plan"]["policy"] if row["plan"] is not None else row["policy"]
+      result = measure_policy(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options,
+                              measure=measure, profile_dir=profile, profile_name=name, profile_steps=profile_steps)
+      if measure:
+        row["step_time_s"] = result["step_time_s"]
+        row["peak_bytes_measured"] = result["peak_bytes_measured"]
+      row["profile"] = result["profile"]
+    except Exception as err:  # noqa: BLE001 - a policy that fails to run (e.g. out of memory) is an error row
+      row.update(status=STATUS_ERROR, error=one_line(err))
+
+
 def build_report(
     target: Target,
     policies: Sequence[str | ModelPolicy] = ("all",),
@@ -117,6 +220,8 @@ def build_report(
     mesh: "str | Mapping[str, int] | jax.sharding.Mesh | None" = None,
     profile: str | None = None,
     profile_steps: int = 3,
+    topology: "str | Topology | None" = None,
+    compare_cpu: bool = False,
 ) -> Report:
   """Compiles ``target``'s train step under every policy and reports memory, FLOPs, residuals (and measurements).
 
@@ -145,6 +250,14 @@ def build_report(
       fresh process as ``measure`` (:mod:`jaxckpt.report._measure`); the row's ``profile`` gives the run directory
       and its ``*.xplane.pb`` files. ``None`` = no traces.
     profile_steps: traced steps per policy (≥ 1).
+    topology: compile for a TPU slice without a TPU (``"v5e:2x2"`` or a
+      :class:`~jaxckpt.topology.Topology`): the TPU compiler of libtpu compiles each step sharded over
+      ``mesh`` laid over the slice's chips (default: every chip on the ``data`` axis); every memory statistic is per
+      chip, ``data["backend"]`` is ``tpu`` and ``data["topology"]`` the name. Nothing runs (no ``measure``, no
+      ``profile``).
+    compare_cpu: with ``topology``: also compile each row's policy on XLA:CPU, one device, at the per-chip batch
+      (the global batch over the mesh's batch axes; ``data``-only meshes), into the row's ``cpu``; a warning names
+      where the two compilers order the policies differently by footprint.
 
   Returns:
     The :class:`Report`. Policies invalid for the target, failing to compile or to run are error rows (with a
@@ -154,59 +267,42 @@ def build_report(
     PolicySpecError: a spec that does not parse.
     MeshSpecError: a bad mesh, or a batch size it cannot split.
     JaxckptError: ``measure`` or ``profile`` with a mesh (they run one device per policy); an unwritable
-      ``profile`` directory.
+      ``profile`` directory; ``compare_cpu`` without a topology or with an ``fsdp`` axis.
+    TopologyError: ``measure`` or ``profile`` with a topology (nothing to run on), a bad topology name, libtpu
+      missing or of the wrong release (:func:`jaxckpt.topology.get_topology`).
   """
   tx = tx or default_optimizer()
-  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-    mesh = sharding.make_mesh(mesh)
-  if mesh is not None:
-    sizes = {a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}
-    for size in sorted(sizes):
-      sharding.check_batch_size(size, mesh)
-    if measure or profile is not None:
-      what = "measure=True" if measure else f"profile={os.fspath(profile)!r}"
-      raise JaxckptError(f"{what} runs each policy on one device; it does not take mesh={sharding.format_mesh(mesh)!r} "
-                         "(drop one of them)")
+  topo, mesh = _placement(target, mesh, topology, runs="measure=True" if measure else
+                          None if profile is None else f"profile={os.fspath(profile)!r}", compare_cpu=compare_cpu)
   if profile is not None:
     profile = check_profile_dir(profile, flag="profile")
+  platform = sharding.mesh_platform(mesh)
+  cpu_target = _per_chip(target, mesh) if compare_cpu else None
   builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row
-  specs = expand_policies(policies, builder.block_types)
+  specs = expand_policies(policies, builder.block_types, backend=platform)
   rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
                                 compiler_options=compiler_options, residuals=residuals, progress=progress,
-                                mesh=mesh)
+                                mesh=mesh, cpu_target=cpu_target)
   warnings += saving_warnings(rows)
-  warnings += annotate_rows(rows, backend=jax.default_backend(), compiler_options=report_compiler_options(
-      compiler_options), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
+  warnings += annotate_rows(rows, backend=platform, compiler_options=report_compiler_options(
+      compiler_options, backend=platform), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
+  if compare_cpu:
+    warnings += compiler_disagreements(rows)
   if measure or profile is not None:
-    todo = [r for r in rows if r["status"] == STATUS_OK]
-    if target.ref is None and todo:
-      done = "measured" if measure else "profiled"
-      warnings.append(f"target has no ref (a Python object): {done} in this process, less exactly than in a "
-                      "fresh one per policy")
-    names = _unique_slugs([r["policy"] for r in todo])
-    desc = "measuring policies" if measure else "profiling policies"
-    for row, name in tqdm(list(zip(todo, names)), desc=desc, unit="policy", disable=not progress, leave=False):
-      try:
-        policy = row["plan"]["policy"] if row["plan"] is not None else row["policy"]
-        result = measure_policy(target, policy, steps=steps, warmup=warmup, compiler_options=compiler_options,
-                                measure=measure, profile_dir=profile, profile_name=name, profile_steps=profile_steps)
-        if measure:
-          row["step_time_s"] = result["step_time_s"]
-          row["peak_bytes_measured"] = result["peak_bytes_measured"]
-        row["profile"] = result["profile"]
-      except Exception as err:  # noqa: BLE001 - a policy that fails to run (e.g. out of memory) is an error row
-        row.update(status=STATUS_ERROR, error=one_line(err))
+    _run_rows(target, rows, warnings, steps=steps, warmup=warmup, compiler_options=compiler_options, measure=measure,
+              profile=profile, profile_steps=profile_steps, progress=progress)
+  where = compiled_for(mesh, topo)
+  if mesh is None:
+    where["device_count"] = jax.device_count()  # as before: the devices this process has
   data = {
       "schema_version": SCHEMA_VERSION,
       "model": target.name,
       "preset": target.preset,
-      "backend": jax.default_backend(),
-      "device_count": jax.device_count(),
-      "mesh": None if mesh is None else sharding.mesh_shape(mesh),
+      **where,
       "structure": target_structure(target, model=builder.abstract_model if builder.is_model else None),
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),
-      "compiler_options": report_compiler_options(compiler_options),
+      "compiler_options": report_compiler_options(compiler_options, backend=platform),
       "warnings": warnings,
       "rows": rows,
   }

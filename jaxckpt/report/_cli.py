@@ -26,7 +26,8 @@ from jaxckpt.report._plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report._policies import ALL, expand_policies
 from jaxckpt.training._sharding import check_batch_size, make_mesh
 from jaxckpt.step._build import target_block_types
-from jaxckpt.planner._target_flags import add_target_flags, target_from_args
+from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
+from jaxckpt.training._topology import get_topology, topology_mesh
 from jaxckpt.step._targets import SHIPPED_MODELS
 
 __all__ = ["build_parser", "add_target_flags", "target_from_args", "main"]
@@ -60,13 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
           f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
           f"  {PROG} --target mypkg.targets:target --policies none full --json report.json\n"
           f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh fsdp=8 "
-          "--policies none full"
+          "--policies none full\n"
+          f"  {PROG} --model gpt --preset small --topology v5e:2x2 --policies none full dots_saveable --compare-cpu"
       ),
   )
   add_target_flags(parser)
   parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
                       help="compile sharded over a device mesh, axes data (batch) and fsdp (batch, parameters, "
-                           "optimizer state), product = device count, e.g. data=4,fsdp=2; memory is then per device")
+                           "optimizer state), product = device count (or --topology's chips), e.g. data=4,fsdp=2; "
+                           "memory is then per device")
+  add_topology_flags(parser)
+  parser.add_argument("--compare-cpu", action="store_true",
+                      help="with --topology: also compile each policy on XLA:CPU at the per-chip batch and show its "
+                           "footprint and temp beside the TPU's (data-only meshes)")
   parser.add_argument("--policies", nargs="+", default=[ALL], metavar="SPEC", help="policy specs (default all)")
   parser.add_argument("--measure", action="store_true", help="also run each policy: step time and measured peak")
   parser.add_argument("--steps", type=int, default=5, help="timed steps per policy with --measure (default 5)")
@@ -103,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   try:
+    check_topology_flags(args, runs=("measure", "profile"))
     for flag in ("steps", "warmup", "jobs", "profile_steps"):
       if getattr(args, flag) < 1:
         raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
@@ -113,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       plot_format(args.plot, flag="plot")
     if args.profile is not None:
       check_profile_dir(args.profile, flag="--profile")
+    if args.topology is not None:
+      get_topology(args.topology)  # a bad name or no libtpu exits 2 before the target is built
     target = target_from_args(args)
     if args.list_blocks:
       for block, block_names in target_block_types(target).items():
@@ -120,19 +130,26 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0
     expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
     mesh = None
-    if args.mesh is not None:
+    if args.topology is not None:
+      mesh = topology_mesh(args.topology, args.mesh)
+      for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
+        check_batch_size(size, mesh)
+    elif args.compare_cpu:
+      raise JaxckptError("--compare-cpu puts XLA:CPU's figures beside a TPU topology's: give --topology too")
+    elif args.mesh is not None:
       if args.measure or args.profile is not None:
         flag = "--measure" if args.measure else "--profile"
         raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
       mesh = make_mesh(args.mesh)
       for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
         check_batch_size(size, mesh)
+    report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
+                          xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals,
+                          progress=progress_enabled(args.progress),
+                          mesh=mesh, profile=args.profile, profile_steps=args.profile_steps,
+                          topology=args.topology, compare_cpu=args.compare_cpu)
   except JaxckptError as err:
     return parser.fail(err)
-  report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
-                        xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals,
-                        progress=progress_enabled(args.progress),
-                        mesh=mesh, profile=args.profile, profile_steps=args.profile_steps)
   print(to_table(report, wide=args.wide))
   for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
                             html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs):

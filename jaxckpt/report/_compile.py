@@ -32,18 +32,21 @@ from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.report._keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report._residuals import analyse_residuals
+from jaxckpt.training._sharding import make_mesh, mesh_platform
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import STATS_ONLY_OPTIONS, lower_policy, step_builder, step_compiler_options, xla_raw_flops
 from jaxckpt.step._build import StepBuilder
-from jaxckpt.step._targets import Target
+from jaxckpt.step._targets import Target, batch_size_of
 
 __all__ = ["compile_rows", "xla_raw_flops", "one_line", "STATS_ONLY_OPTIONS", "report_compiler_options"]
 
 
-def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True) -> dict[str, Any]:
-  """The options the report compiles with: :func:`jaxckpt.step.step_compiler_options` (the CPU remat fix and, if
-  ``stats_only``, :data:`~jaxckpt.step.STATS_ONLY_OPTIONS`), then the caller's ``extra`` (which win)."""
-  return step_compiler_options(extra, stats_only=stats_only)
+def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True,
+                            backend: str | None = None) -> dict[str, Any]:
+  """The options the report compiles with for ``backend`` (default: the default backend):
+  :func:`jaxckpt.step.step_compiler_options` (on CPU the remat fix and, if ``stats_only``,
+  :data:`~jaxckpt.step.STATS_ONLY_OPTIONS`), then the caller's ``extra`` (which win)."""
+  return step_compiler_options(extra, stats_only=stats_only, backend=backend)
 
 
 def one_line(err: BaseException) -> str:
@@ -106,6 +109,7 @@ def compile_rows(
     stats_only: bool = True,
     progress: bool = True,
     mesh: jax.sharding.Mesh | None = None,
+    cpu_target: Target | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
   """Compiles the train step of ``target`` under each spec and collects its statistics.
 
@@ -124,7 +128,11 @@ def compile_rows(
     progress: show a tqdm bar on stderr.
     mesh: compile the step sharded over this mesh (:mod:`jaxckpt.training._sharding`: batch over ``data``/``fsdp``,
       parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
-      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded.
+      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded. A TPU topology's mesh
+      (:mod:`jaxckpt.topology`) compiles with the TPU compiler.
+    cpu_target: also compile each row's concrete policy for this target on XLA:CPU, one device, unsharded (the report
+      passes ``target`` at the per-chip batch: ``--compare-cpu``), in the same thread pool; the row's ``cpu`` holds
+      its memory stats (bytes), ``flops_xla_raw``, ``compile_s`` and ``batch_size``. ``None``: no comparison.
 
   Returns:
     ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report._keys.ROW_KEYS`, memory in bytes,
@@ -134,11 +142,12 @@ def compile_rows(
     policy (none for a remat policy, some for ``none``) is an error row: the policy was not applied.
   """
   rows = [empty_row(str(spec)) for spec in specs]
-  impl = remat_implementation()
+  impl, backend = remat_implementation(), mesh_platform(mesh)
   for row in rows:
-    row["remat_impl"] = impl
+    row["remat_impl"], row["backend"] = impl, backend
   warnings: list[str] = []
   pending: dict[concurrent.futures.Future, tuple[int, str | None]] = {}
+  comparing: dict[concurrent.futures.Future, int] = {}  # XLA:CPU compiles of cpu_target, by row
   programs: dict[str, int] = {}  # fingerprint of a lowered program -> the first row that compiles it
   twins: dict[int, list[int]] = {}  # that row -> later rows with the same program
   bar = tqdm(total=len(specs), desc="compiling policies", unit="policy", disable=not progress, leave=False)
@@ -162,9 +171,21 @@ def compile_rows(
       fail(i, err)
     bar.update(1)
 
+  def finish_cpu(future: concurrent.futures.Future) -> None:
+    i = comparing.pop(future)
+    try:
+      compiled = future.result()
+      rows[i]["cpu"] = {"backend": "cpu", "batch_size": batch_size_of(cpu_target), **compiled.memory,
+                        "flops_xla_raw": xla_raw_flops(compiled.compiled), "compile_s": compiled.seconds}
+    except Exception as err:  # noqa: BLE001 - the comparison failing leaves the row standing, with a warning
+      warnings.append(f"policy {rows[i]['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
+
   resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
   warnings += [w for w in (offload_warning(p) for p in resolved if p is not None) if w is not None]
   builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
+  # On a machine whose default backend is not the CPU, a one-CPU-device mesh puts the comparison on XLA:CPU.
+  cpu_mesh = None if jax.default_backend() == "cpu" else make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
+  cpu_builder = step_builder(cpu_target, tx=tx, mesh=cpu_mesh) if cpu_target is not None else None
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
     for i, spec in enumerate(resolved):
       if spec is None:  # a budget that could not be planned: already an error row
@@ -200,6 +221,13 @@ def compile_rows(
           extra = xla_dump.dump_options(dump_dir)
         # Submitted before this row's analysis, so XLA never waits for it.
         pending[pool.submit(lowered.compile, extra)] = (i, dump_dir)
+        if cpu_builder is not None:
+          try:
+            on_cpu = lower_policy(cpu_target, spec, tx=tx, mesh=cpu_mesh, options=compiler_options,
+                                  stats_only=stats_only, builder=cpu_builder)
+            comparing[pool.submit(on_cpu.compile)] = i
+          except Exception as err:  # noqa: BLE001 - as finish_cpu: a warning, the row stands
+            warnings.append(f"policy {rows[i]['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
       # While XLA compiles: FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis.
       try:
         t0 = time.perf_counter()
@@ -218,10 +246,14 @@ def compile_rows(
         bar.update(1)
       for future in [f for f in pending if f.done()]:
         finish(future)
+      for future in [f for f in comparing if f.done()]:
+        finish_cpu(future)
     for future in concurrent.futures.as_completed(list(pending)):
       finish(future)
+    for future in concurrent.futures.as_completed(list(comparing)):
+      finish_cpu(future)
   for first, later in twins.items():
     for i in later:
-      rows[i].update({k: rows[first][k] for k in ("status", "error", *MEMORY_KEYS, "flops_xla_raw")})
+      rows[i].update({k: rows[first][k] for k in ("status", "error", *MEMORY_KEYS, "flops_xla_raw", "cpu")})
   bar.close()
   return rows, warnings

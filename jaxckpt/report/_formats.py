@@ -13,10 +13,11 @@ from typing import Any
 
 from jaxckpt.report._build import Report
 from jaxckpt.report._keys import STATUS_OK
+from jaxckpt.training._topology import topology_header
 from jaxckpt._units import format_bytes
 
-__all__ = ["COLUMNS", "Column", "OP_WORDS", "format_flops", "main_sources", "plan_lines", "report_title", "residual_label",
-           "short_source", "table_cells", "table_rows", "top_groups"]
+__all__ = ["COLUMNS", "Column", "row_value", "OP_WORDS", "format_flops", "main_sources", "plan_lines",
+           "report_title", "residual_label", "short_source", "table_cells", "table_rows", "top_groups"]
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 
@@ -41,7 +42,9 @@ def _seconds(s: float | None) -> str:
 
 COLUMNS: tuple[Column, ...] = (
     ("footprint", "footprint_bytes", format_bytes, True),
+    ("CPU footprint", "cpu.footprint_bytes", format_bytes, True),
     ("temp", "temp_bytes", format_bytes, True),
+    ("CPU temp", "cpu.temp_bytes", format_bytes, True),
     ("residuals", "residual_bytes", format_bytes, True),
     ("FLOPs", "flops", format_flops, True),
     ("XLA FLOPs (raw)", "flops_xla_raw", format_flops, False),
@@ -49,7 +52,15 @@ COLUMNS: tuple[Column, ...] = (
     ("step time", "step_time_s", _ms, True),
     ("peak measured", "peak_bytes_measured", format_bytes, True),
 )
-"""The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``."""
+"""The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``; ``cpu.<key>`` is the key of the
+row's XLA:CPU comparison (``--compare-cpu``). A column ``None`` in every row is left out."""
+
+
+def row_value(row: Mapping[str, Any], key: str) -> Any:
+  """``row[key]``, or for ``"cpu.<key>"`` the row's XLA:CPU comparison's (``None`` where missing)."""
+  if key.startswith("cpu."):
+    return (row.get("cpu") or {}).get(key[4:])
+  return row.get(key)
 
 
 OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
@@ -126,8 +137,9 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
   rows = report.rows
   ok = [r for r in rows if r["status"] == STATUS_OK]
   base = next((r for r in ok if r["policy"] == "none"), None)
-  columns = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
-  best = {key: min((r[key] for r in ok if r.get(key) is not None), default=None) for _, key, _, _ in columns}
+  columns = [c for c in COLUMNS if any(row_value(r, c[1]) is not None for r in rows)]
+  best = {key: min((row_value(r, key) for r in ok if row_value(r, key) is not None), default=None)
+          for _, key, _, _ in columns}
   headers = ["policy", "status"]
   for header, _, _, ratio in columns:
     headers += [header] + (["×none"] if ratio and base is not None else [])
@@ -140,11 +152,11 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
       status = f"ok, warning: {r['warning']}"
     line: list[Cell] = [(r["policy"], r["policy"]), (status, status)]
     for _, key, fmt, ratio in columns:
-      value = r.get(key)
+      value = row_value(r, key)
       mark = " *" if value is not None and value == best[key] and len(ok) > 1 else ""
       line.append((fmt(value) + mark, value))
       if ratio and base is not None:
-        rel = None if value is None or not base.get(key) else value / base[key]
+        rel = None if value is None or not row_value(base, key) else value / row_value(base, key)
         line.append(("n/a" if rel is None else f"{rel:.2f}", rel))
     top = top_groups(r, top_residuals, sources=sources)
     line.append((top, top))
@@ -159,12 +171,16 @@ def table_rows(report: Report, *, top_residuals: int = 3) -> tuple[list[str], li
 
 
 def report_title(report: Report) -> str:
-  """The report's one-line title: model, preset, structure, backend, devices, mesh."""
+  """The report's one-line title: model, preset, structure, backend (or the TPU topology compiled for), devices,
+  mesh."""
   d = report.data
   preset = f" ({d['preset']})" if d["preset"] else ""
   mesh = d.get("mesh")
   where = (f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())}: memory per device" if mesh
            else "one device, unsharded")
+  if d.get("topology"):
+    return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, "
+            f"{topology_header(d['topology'], mesh)}")
   return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, backend {d['backend']} "
           f"× {d['device_count']} ({where})")
 

@@ -20,9 +20,11 @@ REPORT_KEYS: tuple[str, ...] = (
     "schema_version",  # jaxckpt.schema.SCHEMA_VERSION.
     "model",  # Model name (shipped: vit/mlp/cnn) or the target's name.
     "preset",  # Preset name, or None for user targets.
-    "backend",  # jax.default_backend(): cpu, gpu, tpu.
-    "device_count",  # jax.device_count().
-    "mesh",  # Device mesh of a sharded step; None (unsharded) for now.
+    "backend",  # The platform the steps were compiled for: cpu, gpu, tpu (a topology's: tpu, compiled without a TPU).
+    "device_kind",  # JAX's device_kind of those devices: "cpu", "TPU v5 lite", "NVIDIA H100 80GB HBM3".
+    "topology",  # The TPU topology compiled for without a TPU ("v5e:2x2", jaxckpt.topology), else None.
+    "device_count",  # Devices compiled for: the mesh's (a topology's chips), else jax.device_count().
+    "mesh",  # {axis: size} of the mesh the step was sharded over; None: one device, unsharded.
     "structure",  # "scan" or "unrolled", then ", <checkpoint structure>" unless block (e.g. "scan, nested:2").
     "grad_accum_steps",  # Micro-batches per train step (1 = no gradient accumulation).
     "versions",  # jaxckpt.schema.versions().
@@ -45,6 +47,9 @@ ROW_KEYS: tuple[str, ...] = (
     "residuals",  # {"count", "bytes", "groups", "by_source", "items", "analysed"}: see report.residuals.
     "remat_regions",  # jax.checkpoint equations in the traced step (a scan body once): 0 for none, > 0 otherwise.
     "remat_impl",  # JAX's remat implementation that compiled the row: "remat2" (default) or "remat3" (JAX_REMAT3=1).
+    "backend",  # The platform this row was compiled for (the report's backend): cpu, gpu, tpu.
+    "cpu",  # --compare-cpu: the same policy on XLA:CPU at the per-chip batch ({"backend", "batch_size", memory keys,
+    # "flops_xla_raw", "compile_s"}, one device, unsharded); else None.
     "same_program_as",  # Policy of an earlier row that lowered to the identical program (stats reused), else None.
     "compile_s",  # Seconds to trace, lower and compile the step (trace + lower only when the program was reused).
     "stages_s",  # Seconds per stage of this row: {"build", "trace", "lower", "flops", "residuals", "compile"}.

@@ -17,7 +17,7 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report._build import Report
-from jaxckpt.report._formats import COLUMNS, main_sources, plan_lines, report_title, table_rows, top_groups
+from jaxckpt.report._formats import COLUMNS, main_sources, plan_lines, report_title, row_value, table_rows, top_groups
 from jaxckpt.report._html import PLOTLYJS_MODES, to_html
 from jaxckpt.report._keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report._plot import plot_format, plot_pareto
@@ -84,8 +84,9 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   ok = [r for r in rows if r["status"] == STATUS_OK]
   sources = main_sources(ok)
   base = next((r for r in ok if r["policy"] == "none"), None)
-  columns = [c for c in COLUMNS if c[0] not in WIDE_ONLY and any(r.get(c[1]) is not None for r in rows)]
-  best = {key: min((r[key] for r in ok if r.get(key) is not None), default=None) for _, key, _, _ in columns}
+  columns = [c for c in COLUMNS if c[0] not in WIDE_ONLY and any(row_value(r, c[1]) is not None for r in rows)]
+  best = {key: min((row_value(r, key) for r in ok if row_value(r, key) is not None), default=None)
+          for _, key, _, _ in columns}
   long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
           and len(r["policy"]) > 22]
   labels, legend = short_labels(long, max_len=0, keep=12)
@@ -95,13 +96,13 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   for r in rows:
     cells = [_policy_cell(r["policy"], labels) + ("\n(warning below)" if r.get("warning") else "")]
     for _, key, fmt, ratio in columns:
-      value = r.get(key)
+      value = row_value(r, key)
       if r["status"] != STATUS_OK:
         cells.append("")
         continue
       mark = " *" if value is not None and value == best[key] and len(ok) > 1 else ""
       if ratio and base is not None:
-        rel = None if value is None or not base.get(key) else value / base[key]
+        rel = None if value is None or not row_value(base, key) else value / row_value(base, key)
         cells.append(f"{fmt(value)}\n{'n/a' if rel is None else f'{rel:.2f}'}{mark}")
       else:
         cells.append(fmt(value) + mark)

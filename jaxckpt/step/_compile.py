@@ -2,9 +2,10 @@
 
 Every tool compiles through here: the report (:mod:`jaxckpt.report`), the planner (:mod:`jaxckpt.planner`),
 ``--measure`` and the experiments. The step is built from ``jax.ShapeDtypeStruct`` s (nothing is allocated), its
-state (argument 0) donated, and compiled with :func:`step_compiler_options`: the XLA:CPU remat fix
+state (argument 0) donated, and compiled with :func:`step_compiler_options` of the platform it is compiled *for*
+(the platform of ``mesh``'s devices, else the default backend): on XLA:CPU the remat fix
 (:data:`jaxckpt.CPU_REMAT_FIX`, see :func:`jaxckpt.remat_compiler_options`) and, for stats-only compiles,
-:data:`STATS_ONLY_OPTIONS`.
+:data:`STATS_ONLY_OPTIONS`; for a TPU topology's mesh (:mod:`jaxckpt.topology`) neither.
 
 Two stages, so a caller can overlap them (the report traces the next policy while XLA compiles this one)::
 
@@ -34,28 +35,36 @@ from jaxckpt.policies._model import LayeredPolicy
 from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer
 from jaxckpt.step._targets import ModelTarget, Target
+from jaxckpt.training._topology import compiles_only
 from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
-"""Options of the stats-only compiles (executables that are never run): LLVM's optimisation level does not touch
-HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles
-~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation."""
+"""Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
+touch HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles
+~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation. Not given to other
+compilers: the TPU compiler accepts the option but compiles no faster with it (measured with libtpu 0.0.42.1: the
+same stats, the same seconds)."""
 
 
-def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True) -> dict[str, Any]:
-  """The XLA options jaxckpt compiles a train step with.
+def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True,
+                          backend: str | None = None) -> dict[str, Any]:
+  """The XLA options jaxckpt compiles a train step with, for the platform it is compiled for.
 
   Args:
     extra: the caller's options (they win over jaxckpt's).
-    stats_only: add :data:`STATS_ONLY_OPTIONS` (for compiles that are never run).
+    stats_only: add :data:`STATS_ONLY_OPTIONS` on CPU (for compiles that are never run).
+    backend: the platform the step is compiled *for* (``"cpu"``, ``"tpu"`` for a topology's mesh:
+      :func:`jaxckpt.training._sharding.mesh_platform`); default ``jax.default_backend()``.
 
   Returns:
-    ``{option: value}``: the CPU remat fix on the CPU backend, the stats-only options, then ``extra``.
+    ``{option: value}``: on CPU the remat fix and the stats-only options, then ``extra``; elsewhere ``extra`` only.
   """
-  return remat_compiler_options(extra={**(STATS_ONLY_OPTIONS if stats_only else {}), **(extra or {})})
+  backend = backend or jax.default_backend()
+  stats = STATS_ONLY_OPTIONS if stats_only and backend == "cpu" else {}
+  return remat_compiler_options(backend, extra={**stats, **(extra or {})})
 
 
 def xla_raw_flops(compiled: jax.stages.Compiled) -> int | None:
@@ -114,6 +123,8 @@ class LoweredPolicy:
     options: the XLA options :meth:`compile` uses (:func:`step_compiler_options`).
     lower_s: seconds to build, trace and lower.
     stages: those seconds split: ``{"build", "trace", "lower"}``.
+    cacheable: whether JAX's persistent compilation cache may serve the compile (not for a TPU topology's
+      compile-only devices, :func:`jaxckpt.topology.compiles_only`).
   """
 
   step: PolicyStep
@@ -122,6 +133,7 @@ class LoweredPolicy:
   options: Mapping[str, Any]
   lower_s: float
   stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  cacheable: bool = True
 
   @functools.cached_property
   def fingerprint(self) -> str:
@@ -139,7 +151,7 @@ class LoweredPolicy:
 
     JAX's persistent compilation cache (``jax_compilation_cache_dir``), when the user enabled it, serves repeated
     compiles; a compile with ``xla_dump_*`` options bypasses it, since its key ignores dump options and a cache hit
-    would write no dump.
+    would write no dump, and so does a compile for a TPU topology (not :attr:`cacheable`).
 
     Returns:
       The :class:`CompiledPolicy`.
@@ -148,9 +160,9 @@ class LoweredPolicy:
       Whatever XLA raises (e.g. out of memory): callers turn it into an error row.
     """
     options = {**self.options, **(extra_options or {})}
-    dumping = any(key.startswith("xla_dump") for key in options)
+    bypass = any(key.startswith("xla_dump") for key in options) or not self.cacheable
     started = time.perf_counter()
-    with compilation_cache_switch(False) if dumping else contextlib.nullcontext():
+    with compilation_cache_switch(False) if bypass else contextlib.nullcontext():
       compiled = self.lowered.compile(compiler_options=options or None)
     compile_s = time.perf_counter() - started
     return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
@@ -200,7 +212,8 @@ def lower_policy(
     tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`, ``optax.adamw(1e-3)``).
     mesh: shard the step over this mesh (batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp``
       by the FSDP rule of :mod:`jaxckpt.training._sharding`, computed with parameters all-gathered); the compiled stats are
-      then per device. ``None``: one device.
+      then per device. A mesh over a TPU topology's chips (:meth:`jaxckpt.topology.Topology.mesh`) compiles
+      with the TPU compiler, without a TPU. ``None``: one device.
     options: extra XLA options, merged over :func:`step_compiler_options`.
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (for executables that are never run).
     builder: a :func:`step_builder` of this target, optimizer and mesh, to share the policy-independent parts
@@ -225,8 +238,9 @@ def lower_policy(
   t2 = time.perf_counter()
   lowered = traced.lower()
   t3 = time.perf_counter()
-  return LoweredPolicy(step, traced, lowered, step_compiler_options(options, stats_only=stats_only), t3 - t0,
-                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2})
+  options = step_compiler_options(options, stats_only=stats_only, backend=sharding.mesh_platform(mesh))
+  return LoweredPolicy(step, traced, lowered, options, t3 - t0,
+                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2}, cacheable=not compiles_only(mesh))
 
 
 def compile_policy(

@@ -74,6 +74,8 @@ __all__ = [
     "NUM_CLASSES",
     "DEFAULT_BATCH_SIZE",
     "SHIPPED_MODELS",
+    "batch_size_of",
+    "with_batch",
 ]
 
 SHIPPED_MODELS: dict[str, tuple[str, ...]] = {name: tuple(e.presets) for name, e in MODEL_REGISTRY.items()}
@@ -568,3 +570,56 @@ def rebuild_target(ref: Mapping[str, Any]) -> Target:
   if "model" in ref:
     return shipped_target(**ref)
   raise JaxckptError(f"cannot rebuild a target from {dict(ref)!r}: need a 'model' or 'target' key")
+
+
+def batch_size_of(target: Target) -> int:
+  """The batch size of ``target``: the leading dimension of its batch arrays (scalars such as a dropout seed are
+  skipped).
+
+  Raises:
+    JaxckptError: a batch with no array of rank ≥ 1.
+  """
+  dims = [leaf.shape[0] for leaf in jax.tree.leaves(target.batch) if len(getattr(leaf, "shape", ()))]
+  if not dims:
+    raise JaxckptError(f"target {target.name!r} has no batch axis: its batch has no array of rank ≥ 1")
+  return max(set(dims), key=dims.count)
+
+
+def with_batch(target: Target, batch_size: int, *, grad_accum_steps: int = 1) -> Target:
+  """``target`` at another batch size (and gradient accumulation).
+
+  A shipped model is rebuilt by :func:`~jaxckpt.step.shipped_target` (its ``ref``); a user's target has the
+  leading dimension of every batch array of the original batch size replaced.
+
+  Args:
+    target: a model or loss target.
+    batch_size: examples per step B ≥ 1.
+    grad_accum_steps: micro-batches per step (model targets only; must divide ``batch_size``).
+
+  Returns:
+    The target at that batch size (a user's target loses its ``ref``: it is measured in this process).
+
+  Raises:
+    JaxckptError: ``batch_size`` < 1, ``grad_accum_steps`` not dividing it, or accumulation on a loss target.
+  """
+  if batch_size < 1:
+    raise JaxckptError(f"batch_size={batch_size} must be ≥ 1")
+  if grad_accum_steps < 1 or batch_size % grad_accum_steps:
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide batch_size={batch_size}")
+  ref = target.ref or {}
+  if isinstance(target, ModelTarget) and "model" in ref:
+    return shipped_target(**{**ref, "batch_size": batch_size, "grad_accum_steps": grad_accum_steps})
+  if grad_accum_steps != 1 and isinstance(target, LossTarget):
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps}: a LossTarget's step has no gradient accumulation")
+  old = batch_size_of(target)
+
+  def resize(leaf):
+    shape = getattr(leaf, "shape", ())
+    if len(shape) and shape[0] == old:
+      return jax.ShapeDtypeStruct((batch_size, *shape[1:]), leaf.dtype, sharding=getattr(leaf, "sharding", None))
+    return leaf
+
+  changes: dict[str, Any] = {"batch": jax.tree.map(resize, target.batch), "ref": None}
+  if isinstance(target, ModelTarget):
+    changes["grad_accum_steps"] = grad_accum_steps
+  return dataclasses.replace(target, **changes)

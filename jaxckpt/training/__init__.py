@@ -1,10 +1,11 @@
 """Training services below the tools: functional train/eval steps over ``nnx.split`` state (``jaxckpt.make_train_step``
 and friends are on the top-level face), compiling so remat works on every backend (``jaxckpt.jit``,
 ``jaxckpt.compile_step``), meshes and sharding (:mod:`jaxckpt.sharding`), saving the train state with orbax
-(``jaxckpt.TrainStateSaver``) and XProf traces (:func:`profile_trace`).
+(``jaxckpt.TrainStateSaver``), TPU topologies to compile for without a TPU (:mod:`jaxckpt.topology`) and XProf
+traces (:func:`profile_trace`).
 
 What is here: the rest of that floor's public names. Implementation modules are private (``_train``, ``_xla``,
-``_sharding``, ``_saving``, ``_profile``).
+``_sharding``, ``_topology``, ``_saving``, ``_profile``).
 """
 
 from __future__ import annotations

@@ -56,6 +56,8 @@ __all__ = [
     "format_mesh",
     "make_mesh",
     "mesh_shape",
+    "mesh_platform",
+    "mesh_device_kind",
     "fsdp_partition",
     "stacked_layer_paths",
     "state_partition_specs",
@@ -149,6 +151,18 @@ def mesh_shape(mesh: Mesh | Mapping[str, int]) -> dict[str, int]:
   if isinstance(mesh, Mesh):
     return {str(name): int(size) for name, size in mesh.shape.items()}
   return {str(k): int(v) for k, v in mesh.items()}
+
+
+def mesh_platform(mesh: Mesh | None) -> str:
+  """The platform a step sharded over ``mesh`` is compiled for (``"tpu"`` for a topology's mesh); without a mesh,
+  ``jax.default_backend()``."""
+  return jax.default_backend() if mesh is None else next(iter(mesh.devices.flat)).platform
+
+
+def mesh_device_kind(mesh: Mesh | None) -> str:
+  """JAX's ``device_kind`` of ``mesh``'s devices (of ``jax.devices()[0]`` without a mesh): ``"TPU v5 lite"``,
+  ``"cpu"``."""
+  return (jax.devices()[0] if mesh is None else next(iter(mesh.devices.flat))).device_kind
 
 
 def make_mesh(spec: str | Mapping[str, int], *, devices: Iterable[jax.Device] | None = None) -> Mesh:
