@@ -317,6 +317,8 @@ def test_a_signal_stops_cleanly_with_one_line_and_the_resume_is_bit_identical(tm
   ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
   argv = ["--preset", "tiny", "--epochs", "2", "--no-progress", "--ckpt-every", "10", "--ckpt-dir", ckpt,
           "--out", out]
+  # What was installed before the run (SIG_IGN where the tests were started in the background, else Python's default).
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   assert main(argv) == code
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "Traceback" not in err, err
@@ -324,7 +326,7 @@ def test_a_signal_stops_cleanly_with_one_line_and_the_resume_is_bit_identical(tm
   assert f"last complete checkpoint: step 20 in {ckpt}" in err
   command = err.split("resume with: ")[1].split()
   assert command[:3] == ["python", "-m", "experiments.classifier"] and command[3:] == [*argv, "--resume"]
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+  assert {s: signal.getsignal(s) for s in handlers} == handlers  # handlers restored
   assert main(command[3:]) == 0
   assert "resumed from step 20" in capsys.readouterr().out
   assert json.loads(open(os.path.join(out, "metrics.json")).read())["params_sha256"] == straight.metrics[

@@ -368,7 +368,7 @@ def test_footprint_budget_and_auto(monkeypatch):
   cache = PlanCache()
   roomy = plan_policy(target, "budget:1GiB", cache=cache)
   assert roomy.key == "footprint_bytes" and roomy.policy == parse_policy("none")
-  monkeypatch.setattr(plan_module, "device_memory_bytes", lambda: (2**30, "test RAM"))
+  monkeypatch.setattr(plan_module, "device_memory_bytes", lambda device=None: (2**30, "test RAM"))
   auto = plan_policy(target, "auto:margin=50%", cache=cache)
   assert auto.limit_bytes == 2**29 and "test RAM" in auto.memory_source
   tight = cache.points["nothing_saveable"].memory["footprint_bytes"] - 1
