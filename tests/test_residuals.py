@@ -389,18 +389,18 @@ LAYERED = "0-1:nothing_saveable;2-2:dots_saveable"
 
 
 @pytest.mark.parametrize("policy, shared", [
-    ("none", False), ("save_only_these_names:qkv+mlp_out", True), ("attn=full,mlp=none", False), ("full", True),
+    ("none", True), ("save_only_these_names:qkv+mlp_out", True), ("attn=full,mlp=none", True), ("full", True),
     (LAYERED, True), ("budget:50%", None)])
-def test_layer_calls_are_shared_where_every_block_is_remat(policy, shared):
-  """Layers without remat keep their literal residuals (JAX lists ``from a literal`` for inline code only), so only
-  layers whose every block is remat'd share one trace; a whole-loss or unresolved policy shares nothing."""
+def test_layer_calls_are_shared_for_every_per_block_policy(policy, shared):
+  """Every per-block or layered policy shares one layer trace (layers without remat too: the literals JAX lists for
+  inline code only are left out of the report); a whole-loss or unresolved policy shares nothing."""
   from jaxckpt import parse_model_policy
   from jaxckpt.report._residuals import _layer_sharing
 
   assert _layer_sharing(parse_model_policy(policy)) is shared
 
 
-@pytest.mark.parametrize("policy", ["none", "dots_saveable", LAYERED])
+@pytest.mark.parametrize("policy", ["none", "attn=full,mlp=none", "dots_saveable", LAYERED])
 def test_shared_layer_traces_give_the_same_residuals(policy, monkeypatch):
   """The report's residual analysis traces the unrolled twin's layers once (:func:`shared_layer_traces`: one jitted
   layer call, one jitted slice per layer, inlined again before JAX's analysis): every figure and item equals the
@@ -419,10 +419,23 @@ def test_shared_layer_traces_give_the_same_residuals(policy, monkeypatch):
 
   monkeypatch.setattr(structure, "_shared_layer", counted)
   together = report_residuals.analyse_residuals(step)
-  loops = {"none": 0, "dots_saveable": 1, LAYERED: 2}[policy]  # none: slices only; a layered policy: one per range
-  assert len(traces) == loops  # one trace per loop, not one per layer
+  assert len(traces) == (2 if policy == LAYERED else 1)  # one trace per loop (a layered policy: per range), not per layer
   monkeypatch.setattr(report_residuals, "_layer_sharing", lambda spec: None)
   assert report_residuals.analyse_residuals(step) == together and together["bytes"] > 0
+  if policy == "none":  # inline, JAX lists the layers' scalar literals (6 a layer); the report leaves them out
+    from jaxckpt.analysis._residuals import traced_residuals
+    from jaxckpt.step._build import dropout_key_struct
+
+    literals = []
+
+    def outer(batch, key):
+      residuals = traced_residuals(lambda p: step.loss_of_params(p, batch, key), step.params).residuals
+      literals.extend(r for r in residuals if r.description == report_residuals.LITERAL)
+      return 0
+
+    jax.make_jaxpr(outer)(step.batch, dropout_key_struct())
+    assert len(literals) == 18 and all(r.bytes == 4 for r in literals)
+    assert len([i for i in together["items"] if i["kind"] != "argument"]) == together["count"]
 
 
 def test_inline_calls_reads_a_shared_call_as_its_code():

@@ -148,10 +148,10 @@ def shared_layer_traces(*, layers: bool) -> Iterator[None]:
   equations: :func:`jaxckpt.analysis._jaxprs.inline_calls` puts them back, with the same source lines, and JAX's
   saved-residual analysis of the result lists the same values (checked: tests/test_residuals.py).
 
-  ``layers=True`` only where every block is remat'd: differentiating a jitted call treats a literal it saves as a
-  constant of the backward pass, while inline code lists it as a residual (``from a literal``), so layers without
-  remat are traced one by one. Only ``block`` structures share (a group under ``jax.checkpoint`` keeps its layers
-  as they are).
+  Differentiating a jitted call treats a literal it saves as a constant of the backward pass, while inline code
+  lists it as a residual (``from a literal``): with ``layers=True``, layers without remat lose those entries, which
+  the report leaves out anyway (:mod:`jaxckpt.report._residuals`). Only ``block`` structures share (a group under
+  ``jax.checkpoint`` keeps its layers as they are).
 
   Args:
     layers: share the layer calls as well as the slices.

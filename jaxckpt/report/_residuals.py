@@ -10,6 +10,12 @@ backward pass recomputes a group. So the analysis has one level per structure le
 pass keeps, level l ≥ 1 is what one group (the largest) keeps while it is recomputed, with its own inputs left
 out (level l−1 lists them). The row's ``bytes`` is their sum, the most saved values alive at once; rows whose
 compiled temp differs by block policy then differ here too.
+
+Literals. JAX lists a scalar literal the backward pass multiplies by (an attention scale, a dropout keep
+probability, GeLU's constants) as a residual ``from a literal`` where the code runs inline, and not where it runs
+under ``jax.jit`` (a constant of the backward pass there). Either way it is a constant of the compiled program, not
+a buffer, so the report leaves literals out of every row; the analysis then gives the same rows whether a layer is
+traced inline or once for all layers (:func:`jaxckpt.core._structure.shared_layer_traces`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from jaxckpt.policies._model import LayeredPolicy
 from jaxckpt.step._build import PolicyStep, dropout_key_struct
 
 __all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
+
+LITERAL = "from a literal"
+"""JAX's description of a residual that is a literal (``jax._src.ad_checkpoint._saved_residuals``)."""
 
 
 def _signature(eqn: Any) -> tuple:
@@ -70,7 +79,7 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
     loss = lambda params: step.loss_of_params(params, batch, key)  # noqa: E731
     with record_stack_inputs() as seen:
       traced = traced_residuals(loss, step.params)  # one vjp trace for both analyses
-    top = traced.residuals
+    top = [r for r in traced.residuals if r.description != LITERAL]  # constants, not buffers (module docstring)
     param_only.append(parameter_only_bytes(traced.jaxpr, traced.num_residuals))
     stacks = list({id(s): s for s, _ in seen}.values())
     depth = max((s.structure.levels - 1 for s in stacks), default=0)
@@ -84,15 +93,16 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
       candidates = list({_signature(e): e for e in outermost_remats(jaxpr)}.values())
       if not candidates:
         break
-      analysed = [(eqn, [r for r in recomputed_residuals(eqn) if r.kind != "argument"]) for eqn in candidates]
+      analysed = [(eqn, [r for r in recomputed_residuals(eqn) if r.kind != "argument" and r.description != LITERAL])
+                  for eqn in candidates]
       eqn, kept = max(analysed, key=lambda pair: total_residual_bytes(pair[1]))
       blocks = f" of {size} block(s)" if size is not None else ""
       levels.append((f"level {level}: one group{blocks} while the backward pass recomputes it", kept))
       jaxpr = remat_body(eqn)
     return 0
 
-  # The unrolled layers' blocks traced once per (graph, policy), not once per layer; where every block is remat'd,
-  # the layers too (and their parameter slices): one trace and linearization for the L layers.
+  # The unrolled layers' blocks traced once per (graph, policy), not once per layer, and the layers too (and their
+  # parameter slices): one trace and linearization for the L layers.
   sharing = _layer_sharing(step.spec)
   layers = contextlib.nullcontext() if sharing is None else shared_layer_traces(layers=sharing)
   with shared_block_traces(), layers:
@@ -103,12 +113,13 @@ def _levels(step: PolicyStep) -> tuple[list[tuple[str, list[Residual]]], int]:
 def _layer_sharing(spec: Any) -> bool | None:
   """How the twin's unrolled layers share traces (:func:`jaxckpt.core._structure.shared_layer_traces`) under
   ``spec``: ``None`` not at all (a whole-loss plan), ``False`` the parameter slices only, ``True`` the layer calls
-  too, where every block runs under remat with a policy that tags nothing per module (a per-block spec, or each
-  range of a layered one: its default and every block type's; a block type left to a ``none`` default is not)."""
+  too, where no block's policy tags values per module (a per-tensor plan's ``save_tensors``: each layer its own
+  names), in a per-block spec or in every range of a layered one. Blocks without remat share too: a shared layer
+  differs from inline code only in the literals, which the report leaves out (module docstring)."""
   specs = [s for _, s in spec.segments] if isinstance(spec, LayeredPolicy) else [spec]
   if not all(isinstance(s, PolicySpec) for s in specs):
     return None
-  shared = lambda p: p.remat and p.name != SAVE_TENSORS  # noqa: E731
+  shared = lambda p: p.name != SAVE_TENSORS  # noqa: E731
   return all(shared(s.default) and all(shared(p) for _, p in s.blocks) for s in specs)
 
 
