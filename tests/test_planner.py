@@ -240,8 +240,8 @@ def _plan_budgets(name: str) -> dict:
 
 
 class _Plans:
-  """The plans of each model, made on first use: the inner loop (``-m "not slow"``) plans ViT only; GPT's tests
-  (and its ~40 s of planning) are marked slow."""
+  """The plans of each model, made on first use: every test using them is marked slow (~40 s of planning per
+  model); the fast tier plans budgets in test_plan_cli."""
 
   def __init__(self):
     self._made: dict = {}
@@ -258,8 +258,7 @@ def plans():
 
 
 MODELS = [pytest.param("gpt", marks=pytest.mark.slow), pytest.param("vit", marks=pytest.mark.slow)]
-"""Both end-to-end (six budgets planned and compiled per model); the fast tier plans budgets in
-test_budget_plans_are_not_dominated_by_builtin_policies and test_plan_cli."""
+"""Both end-to-end (six budgets planned and compiled per model); the fast tier plans budgets in test_plan_cli."""
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -336,6 +335,7 @@ def test_plan_gradients_equal_no_remat(plans):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # plans ViT's six budgets (~40 s alone in the fast tier; the slow tier plans them anyway)
 def test_plan_compiled_stats_match_the_report_row(plans):
   plan = next(p for f in BUDGETS if not isinstance(p := plans["vit", f], InfeasibleBudgetError) and p.policy.remat)
   rows, _ = compile_rows(_targets()["vit"], [plan.policy], tx=default_optimizer(), residuals=False, progress=False)
