@@ -70,7 +70,9 @@ def test_all_rows_present_and_valid(vit_all):
   target = shipped_target("vit", "tiny", batch_size=BATCH)
   expected = [str(s) for s in all_policies(target_block_types(target), backend="cpu")]
   assert [r["policy"] for r in vit_all.rows] == expected
-  assert len(expected) == 1 + 4 + len(jaxckpt.core._names.ALL_NAMES) - 2  # none, 4 zero-arg policies, attn+mlp names
+  emitted = set().union(*target_block_types(target).values())
+  assert emitted == {"qkv", "attn_weights", "attn_context", "attn_out", "mlp_hidden", "mlp_out"}
+  assert len(expected) == 1 + 4 + len(emitted)  # none, 4 zero-arg policies, one save_only_these_names per name
   assert "offload_dot_with_no_batch_dims" not in expected  # offloading saves nothing on CPU
   assert all(r["status"] == "ok" for r in vit_all.rows)
   check_report_schema(vit_all.data)

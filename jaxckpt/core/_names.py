@@ -31,5 +31,34 @@ CONV_HIDDEN = "conv_hidden"
 CONV_OUT = "conv_out"
 """Second convolution's output, before the residual add, ``[B, h, w, C]``."""
 
-ALL_NAMES: tuple[str, ...] = (QKV, ATTN_WEIGHTS, ATTN_CONTEXT, ATTN_OUT, MLP_HIDDEN, MLP_OUT, CONV_HIDDEN, CONV_OUT)
+# The LLM family's decoder layer (block type "decoder"): MaxText's checkpoint names at MaxText's places
+# (AI-Hypercomputer/maxtext, layers/decoders.py, layers/attentions.py, layers/linears.py, layers/attention_op.py), so a
+# plan made on jaxckpt's model reads as a MaxText config and back. S = sequence length, N = query heads, K = KV heads,
+# Dh = head width, E = model width, M = MLP hidden width.
+DECODER_LAYER_INPUT = "decoder_layer_input"
+"""The decoder layer's input (the residual stream at the top of the scanned body), ``[B, S, E]``."""
+QUERY_PROJ = "query_proj"
+"""Queries after projection, RoPE and the query scale: what enters the attention kernel, ``[B, S, N, Dh]``."""
+KEY_PROJ = "key_proj"
+"""Keys after projection and RoPE, ``[B, S, K, Dh]``."""
+VALUE_PROJ = "value_proj"
+"""Values after projection, ``[B, S, K, Dh]``."""
+CONTEXT = "context"
+"""The attention kernel's residuals: the splash kernel's output and logsumexp (``residual_checkpoint_name``); the
+output ``[B, S, N, Dh]`` of XLA's dot-product attention."""
+OUT_PROJ = "out_proj"
+"""The attention output projection, before the residual add, ``[B, S, E]``."""
+MLPWI_0 = "mlpwi_0"
+"""The gated MLP's gate projection, before the activation, ``[B, S, M]``."""
+MLPWI_1 = "mlpwi_1"
+"""The gated MLP's up (linear) projection, ``[B, S, M]``."""
+MLPWO = "mlpwo"
+"""The MLP's output projection, before the residual add, ``[B, S, E]``."""
+
+DECODER_NAMES: tuple[str, ...] = (DECODER_LAYER_INPUT, QUERY_PROJ, KEY_PROJ, VALUE_PROJ, CONTEXT, OUT_PROJ, MLPWI_0,
+                                  MLPWI_1, MLPWO)
+"""The checkpoint names of the LLM family's decoder layer, MaxText's names."""
+
+ALL_NAMES: tuple[str, ...] = (QKV, ATTN_WEIGHTS, ATTN_CONTEXT, ATTN_OUT, MLP_HIDDEN, MLP_OUT, CONV_HIDDEN, CONV_OUT,
+                              *DECODER_NAMES)
 """Every checkpoint name a shipped layer emits."""

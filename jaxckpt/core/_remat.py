@@ -22,6 +22,7 @@ from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies._spec import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
 from jaxckpt.analysis._policy_meaning import check_policy
 from jaxckpt.core._autonames import tag_parts
+from jaxckpt.core._logical import gather_block_state, gathering
 from jaxckpt.core._tagging import tag_values
 
 __all__ = ["checkpoint", "remat", "Remat", "remat_calls"]
@@ -247,7 +248,7 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
       ``mlp.0``); the policy's names are checked against the parts found.
   """
   if not policy.remat:
-    return method
+    return functools.partial(_gathered_call, method)
   jax_policy = policy.to_jax()
   shared: dict[Any, Callable[..., Any]] = {}  # graph definition -> its jax.checkpoint function (share_traces)
 
@@ -257,6 +258,7 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
     checkpointed = shared.get(graphdef) if share_traces else None
     if checkpointed is None:
       def pure(state, *args):
+        state = gather_block_state(state)  # FSDP per block, inside the checkpoint: gathered again in the backward pass
         inner = nnx.merge(graphdef, state)
         out = method(inner, *args)
         return out, nnx.state(inner, nnx.Not(nnx.Param))
@@ -272,6 +274,21 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
     return out
 
   return call
+
+
+def _gathered_call(method: Callable[..., Any], module: nnx.Module, *args) -> Any:
+  """``method(module, *args)`` for a block without remat (policy ``none``). Under a mesh with an ``fsdp`` axis the
+  block's parameters are gathered first (:func:`jaxckpt.core._logical.gather_block_state`) inside a
+  ``jax.checkpoint(nothing_saveable)`` of the gather alone: the backward pass gathers again instead of keeping every
+  layer's gathered parameters (FSDP re-gathers, ZeRO stage 3); the block's activations are kept, as ``none`` says."""
+  if not gathering():
+    return method(module, *args)
+  graphdef, state = nnx.split(module)
+  state = jax.checkpoint(gather_block_state, policy=jax.checkpoint_policies.nothing_saveable)(state)
+  inner = nnx.merge(graphdef, state)
+  out = method(inner, *args)
+  nnx.update(module, nnx.state(inner, nnx.Not(nnx.Param)))
+  return out
 
 
 class Remat(nnx.Module):

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.core import _blocks as blocks, _names as names
+from jaxckpt.core._logical import BATCH, constrain
 from jaxckpt.nnx._apply import applied_block_types, linen_error, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
@@ -364,7 +365,7 @@ class Stack(nnx.Module):
     self.layered: LayeredPolicy | None = None
 
     @nnx.split_rngs(splits=num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
     def create(rngs: nnx.Rngs) -> nnx.Module:
       return make_block(rngs)
 
@@ -389,6 +390,7 @@ class Stack(nnx.Module):
 
     def apply_block(h, layer, spec: PolicySpec | None = None):
       layer_params, layer_other, key = layer
+      h = constrain(h, (BATCH,) + (None,) * (h.ndim - 1))  # each layer's input split over the batch axes of the mesh
       block = nnx.merge(graphdef, layer_params, layer_other)
       if spec is not None:  # a range of a LayeredPolicy: its spec, validated by set_policy
         for sub in remat_blocks(block):

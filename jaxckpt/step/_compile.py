@@ -233,7 +233,9 @@ def lower_policy(
     model = builder.abstract_model if isinstance(target, ModelTarget) else None
     kwargs = sharding.step_shardings(step.state, step.batch, mesh, model=model, params=step.params)
   t1 = time.perf_counter()
-  with remat_fix_applied():  # compiled below with step_compiler_options (jaxckpt's option on CPU)
+  # Traced with the mesh in context (jax.set_mesh): activation constraints by logical axis names, FSDP per block
+  # (jaxckpt.core._logical) and your own kernels (a Pallas call under shard_map) see the mesh the step is sharded over.
+  with remat_fix_applied(), (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
     traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
   t2 = time.perf_counter()
   lowered = traced.lower()

@@ -47,6 +47,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxckpt.core._logical import gather_spec, logical_spec, param_logical_axes
 from jaxckpt.errors import MeshSpecError, closest, shorten
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "mesh_platform",
     "mesh_device_kind",
     "fsdp_partition",
+    "param_partition",
     "stacked_layer_paths",
     "state_partition_specs",
     "state_shardings",
@@ -76,8 +78,10 @@ __all__ = [
     "gather",
 ]
 
-MESH_AXES: tuple[str, ...] = ("data", "fsdp")
-"""Valid mesh axis names: ``data`` (batch split, state replicated), ``fsdp`` (batch and state split)."""
+MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
+"""Valid mesh axis names: ``data`` (batch split, state replicated), ``fsdp`` (batch and state split), ``tensor``
+(Megatron-style tensor parallelism: heads, the MLP hidden width and the vocabulary split, for models whose
+parameters carry logical axis names, :mod:`jaxckpt.core._logical`; the batch is not split over it)."""
 
 BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
 """Mesh axes the batch dimension (axis 0 of every batch array) is split over, in this order."""
@@ -237,13 +241,35 @@ def stacked_layer_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
                    if isinstance(attr := getattr(type(module), "stacked_layers", None), str))
 
 
-def _param_specs(params: Any, fsdp_size: int, stacked: frozenset[tuple[str, ...]]) -> Any:
+def param_partition(shape: tuple[int, ...], mesh: Mapping[str, int], *, logical: tuple[str | None, ...] | None = None,
+                    layer_axis: int | None = None) -> PartitionSpec:
+  """The sharding of one parameter (and of its optimizer moments) at rest.
+
+  Args:
+    shape: the parameter's shape.
+    mesh: ``{mesh axis: size}``.
+    logical: its logical axis names (:func:`jaxckpt.core._logical.param_logical_axes`), mapped through
+      :data:`jaxckpt.core._logical.LOGICAL_RULES` (``embed`` over ``fsdp``, ``heads``/``mlp``/``vocab`` over
+      ``tensor``); ``None``: the FSDP rule of :func:`fsdp_partition` (never split over ``tensor``).
+    layer_axis: the scanned layer axis of a stacked parameter without names (never split).
+
+  Returns:
+    The ``PartitionSpec``.
+  """
+  if logical is not None and len(logical) == len(shape):
+    return logical_spec(logical, mesh, shape)
+  return fsdp_partition(shape, mesh.get("fsdp", 1), layer_axis=layer_axis)
+
+
+def _param_specs(params: Any, mesh: Mapping[str, int], stacked: frozenset[tuple[str, ...]]) -> Any:
   def spec(path, leaf):
     names = _names(path)
     layer_axis = 0 if any(names[:len(p)] == p for p in stacked) else None
-    return fsdp_partition(tuple(leaf.shape), fsdp_size, layer_axis=layer_axis)
+    value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+    partition = param_partition(tuple(value.shape), mesh, logical=param_logical_axes(leaf), layer_axis=layer_axis)
+    return leaf.replace(partition) if isinstance(leaf, nnx.Variable) else partition
 
-  return jax.tree_util.tree_map_with_path(spec, params)
+  return jax.tree_util.tree_map_with_path(spec, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def state_partition_specs(state: Any, mesh: Mesh | Mapping[str, int], *, params: Any = None,
@@ -260,10 +286,9 @@ def state_partition_specs(state: Any, mesh: Mesh | Mapping[str, int], *, params:
   Returns:
     A pytree of ``PartitionSpec`` shaped like ``state``; everything that is not parameter-shaped is ``P()``.
   """
-  fsdp_size = mesh_shape(mesh).get("fsdp", 1)
   params = state.params if params is None else params
   structure = jax.tree.structure(params)
-  specs = _param_specs(params, fsdp_size, stacked)
+  specs = _param_specs(params, mesh_shape(mesh), stacked)
   is_params = lambda x: jax.tree.structure(x) == structure  # noqa: E731
   return jax.tree.map(lambda x: specs if is_params(x) else PartitionSpec(), state, is_leaf=is_params)
 
@@ -342,22 +367,41 @@ def gathered_params(params: Any, mesh: Mesh) -> Any:
 
 
 def gather_params_in_loss(loss_fn: Callable[..., Any], mesh: Mesh | None) -> Callable[..., Any]:
-  """Wraps a :data:`jaxckpt.training._train.LossFn` so the model computes with :func:`gathered_params` under ``mesh``.
+  """Wraps a :data:`jaxckpt.training._train.LossFn` so the model computes with its parameters gathered over ``fsdp``.
+
+  Parameters outside layer stacks (embeddings, final norms, heads) are gathered once, at the start of the loss
+  (a sharding constraint: XLA inserts the all-gather and, for the gradients, the reduce-scatter). Parameters of a
+  layer stack (:func:`stacked_layer_paths`: a :class:`jaxckpt.nnx.Stack`, or your own module that declares
+  ``stacked_layers``) are not: each block gathers its own layer inside its ``jax.checkpoint``
+  (:func:`jaxckpt.core._logical.gather_block_state`), one layer at a time, and again in the backward pass — FSDP
+  per layer, as MaxText's scanned decoder does, so a chip holds one gathered layer and not the stack. Splits over
+  ``tensor`` stay (only ``fsdp`` is gathered).
 
   Args:
     loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (loss, metrics)``.
     mesh: the device mesh; ``None`` returns ``loss_fn`` itself.
 
   Returns:
-    The same loss (same value, same gradients) whose parameters are all-gathered before use; non-parameter state
-    the loss updates is written back to ``model``.
+    The same loss (same value, same gradients); non-parameter state the loss updates is written back to ``model``.
   """
   if mesh is None:
     return loss_fn
+  shape = mesh_shape(mesh)
 
   def loss(model, batch, **kwargs):
+    stacked = stacked_layer_paths(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    gathered = nnx.merge(graphdef, gathered_params(params, mesh), rest)
+
+    def gather(path, leaf):
+      names = _names(path)
+      if shape.get("fsdp", 1) <= 1 or any(names[:len(p)] == p for p in stacked):
+        return leaf
+      value = leaf.get_value()
+      spec = gather_spec(param_logical_axes(leaf), value.shape, shape)
+      return leaf.replace(jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec)))
+
+    params = jax.tree_util.tree_map_with_path(gather, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    gathered = nnx.merge(graphdef, params, rest)
     out = loss_fn(gathered, batch, **kwargs)
     nnx.update(model, nnx.state(gathered, nnx.Not(nnx.Param)))
     return out

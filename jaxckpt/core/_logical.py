@@ -1,0 +1,225 @@
+"""Logical axis names: what a model calls each axis of its arrays, and the one table that maps names to mesh axes.
+
+A model never names a mesh axis. It names the axes of its parameters and activations logically (``embed``, ``heads``,
+``mlp``, ``activation_batch``…) and one table, :data:`LOGICAL_RULES`, says which mesh axes (``data``, ``fsdp``,
+``tensor``) each name is split over; changing the mesh changes the table's effect, not the layers. The idea is
+MaxText's ``logical_axis_rules`` (AI-Hypercomputer/maxtext, ``configs/base.yml``) and Flax's
+``nnx.with_partitioning`` / ``flax.linen.logical_to_mesh_sharding``.
+
+- **Parameters** carry their names as Flax metadata: ``nnx.with_partitioning(init, ("embed", "mlp"),
+  eager_sharding=False)`` (the ``out_sharding`` metadata of the ``nnx.Param``); a :class:`jaxckpt.nnx.Stack` adds
+  ``layers`` in front of its stacked parameters. :func:`param_logical_axes` reads them; the state shardings of
+  :mod:`jaxckpt.training._sharding` map them through the table. Parameters without names keep the FSDP rule there.
+- **Activations** are constrained where the model says so: :func:`constrain` is ``jax.lax.with_sharding_constraint``
+  by logical names under the mesh the step is traced with (``jax.set_mesh``, set by the step core), and the identity
+  when no mesh is in context (a step on one device), so models call it unconditionally.
+- **FSDP per layer**: inside a remat'd block the block's parameters are gathered over ``fsdp`` only
+  (:func:`gather_block_state`), so a chip holds one gathered block at a time and the backward pass gathers again
+  (the gather is inside ``jax.checkpoint``, so it is recomputed, not saved), as MaxText's scanned decoder does.
+
+A dimension that the mapped mesh axes do not divide is left whole (replicated) for that array; the models check the
+splits a user would expect to hold (heads over ``tensor``) and say so in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+__all__ = ["LOGICAL_RULES", "LOGICAL_NAMES", "BATCH", "logical_spec", "constrain", "traced_mesh_shape",
+           "traced_platform", "param_logical_axes", "gather_spec", "gather_block_state", "gathering"]
+
+LOGICAL_RULES: dict[str, tuple[str, ...]] = {
+    # Activations. The residual stream [B, T, D] is split over the batch only (Megatron-style tensor parallelism keeps
+    # it whole on every tensor rank); heads, the MLP hidden width and the vocabulary are split over ``tensor``.
+    "activation_batch": ("data", "fsdp"),
+    "activation_length": (),
+    "activation_embed": (),
+    "activation_heads": ("tensor",),
+    "activation_kv_heads": ("tensor",),
+    "activation_head_dim": (),
+    "activation_mlp": ("tensor",),
+    "activation_vocab": ("tensor",),
+    # Parameters. FSDP splits the model width; tensor parallelism the heads, the MLP hidden width and the vocabulary.
+    "layers": (),
+    "embed": ("fsdp",),
+    "vocab": ("tensor",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "head_dim": (),
+    "mlp": ("tensor",),
+    "norm": (),
+}
+"""Logical axis name -> the mesh axes it is split over, in order (empty: never split). Mesh axes the mesh lacks, or of
+size 1, are skipped; a mesh axis already used by an earlier dimension of the same array is not used again."""
+
+LOGICAL_NAMES: tuple[str, ...] = tuple(LOGICAL_RULES)
+"""Every logical axis name the table knows."""
+
+BATCH = "activation_batch"
+"""The logical name of an activation's batch axis (split over ``data`` and ``fsdp``)."""
+
+_GATHERED: tuple[str, ...] = ("fsdp",)
+"""Mesh axes a block's parameters are gathered over inside the block (FSDP); ``tensor`` splits stay."""
+
+
+def _check_names(names: Sequence[str | None], what: str) -> None:
+  for name in names:
+    if name is not None and name not in LOGICAL_RULES:
+      raise ValueError(f"unknown logical axis name {name!r} in {what}; valid names: {', '.join(LOGICAL_NAMES)}")
+
+
+def logical_spec(names: Sequence[str | None], mesh_shape: Mapping[str, int], shape: Sequence[int] | None = None, *,
+                 drop: Sequence[str] = ()) -> PartitionSpec:
+  """The ``PartitionSpec`` of an array whose axes have logical ``names``, on a mesh of ``mesh_shape``.
+
+  Args:
+    names: one logical name (a key of :data:`LOGICAL_RULES`) or ``None`` per axis.
+    mesh_shape: ``{mesh axis: size}``.
+    shape: the array's shape; a dimension the mapped axes' product does not divide is left whole (axes are dropped
+      from the end of its list until it divides). ``None``: no divisibility check.
+    drop: mesh axes never to use (e.g. ``("fsdp",)`` for a gathered parameter).
+
+  Returns:
+    ``PartitionSpec`` with, per axis, ``None``, one mesh axis name or a tuple of them.
+
+  Raises:
+    ValueError: an unknown logical name, or ``shape`` of another rank than ``names``.
+
+  Example::
+
+    >>> logical_spec(("embed", "mlp"), {"fsdp": 4, "tensor": 2})
+    PartitionSpec('fsdp', 'tensor')
+  """
+  _check_names(names, "logical_spec")
+  if shape is not None and len(shape) != len(names):
+    raise ValueError(f"logical names {tuple(names)} name {len(names)} axes of an array of shape {tuple(shape)}")
+  used: set[str] = set()
+  out: list[Any] = []
+  for i, name in enumerate(names):
+    axes = [] if name is None else [a for a in LOGICAL_RULES[name]
+                                    if mesh_shape.get(a, 1) > 1 and a not in used and a not in drop]
+    if shape is not None:
+      while axes and shape[i] % math.prod(mesh_shape[a] for a in axes):
+        axes.pop()
+    used.update(axes)
+    out.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+  return PartitionSpec(*out)
+
+
+def _mesh() -> Any:
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh.empty else mesh
+
+
+def traced_mesh_shape() -> dict[str, int]:
+  """``{mesh axis: size}`` of the mesh the current trace runs under (``jax.set_mesh``); ``{}`` without one."""
+  mesh = _mesh()
+  return {} if mesh is None else {str(k): int(v) for k, v in mesh.shape.items()}
+
+
+def traced_platform() -> str:
+  """The platform the current trace is compiled for: the mesh in context's (``"tpu"`` for a TPU topology's mesh),
+  else ``jax.default_backend()``. A kernel that exists on one platform only (Pallas TPU kernels) asks here."""
+  mesh = _mesh()
+  return jax.default_backend() if mesh is None else mesh.abstract_device.platform
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """``x`` constrained to the sharding its logical axis ``names`` map to on the mesh in context; ``x`` itself when no
+  mesh is in context or no axis is split (one device, a ``data``-only mesh and a name that maps to nothing).
+
+  Args:
+    x: an activation, e.g. ``[B, T, D]``.
+    names: one logical name or ``None`` per axis of ``x``, e.g. ``("activation_batch", "activation_length",
+      "activation_embed")``.
+
+  Returns:
+    ``jax.lax.with_sharding_constraint(x, spec)`` or ``x``.
+
+  Raises:
+    ValueError: an unknown name, or as many names as ``x`` has axes not given.
+  """
+  mesh = _mesh()
+  if mesh is None:
+    _check_names(names, "constrain")
+    return x
+  spec = logical_spec(names, {str(k): int(v) for k, v in mesh.shape.items()}, x.shape)
+  if all(s is None for s in spec):
+    return x
+  return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def param_logical_axes(variable: Any) -> tuple[str | None, ...] | None:
+  """The logical axis names a parameter was annotated with (Flax's ``out_sharding`` metadata, as
+  ``nnx.with_partitioning`` sets it), or ``None`` for a parameter without names.
+
+  Args:
+    variable: an ``nnx.Variable`` (e.g. a leaf of ``nnx.state(model, nnx.Param)`` taken with ``is_leaf``).
+  """
+  if not isinstance(variable, nnx.Variable):
+    return None
+  meta = variable.get_metadata()
+  names = meta.get("out_sharding", meta.get("sharding_names", meta.get("sharding")))
+  if names is None or isinstance(names, jax.sharding.Sharding):
+    return None
+  names = tuple(names)
+  return names if all(n is None or isinstance(n, str) for n in names) else None
+
+
+def gather_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh_shape: Mapping[str, int]
+                ) -> PartitionSpec:
+  """The sharding a block computes with: its parameter's own sharding without the FSDP axis (gathered over ``fsdp``,
+  still split over ``tensor``); a parameter without logical names is gathered whole (replicated).
+
+  Args:
+    names: the parameter's logical names (:func:`param_logical_axes`) or ``None``.
+    shape: its shape (per layer: without a stack's ``layers`` axis).
+    mesh_shape: ``{mesh axis: size}``.
+  """
+  if names is None:
+    return PartitionSpec()
+  if len(names) == len(shape) + 1 and names[0] == "layers":
+    names = names[1:]
+  if len(names) != len(shape):
+    return PartitionSpec()
+  return logical_spec(names, mesh_shape, shape, drop=_GATHERED)
+
+
+def gathering() -> bool:
+  """Whether blocks gather their parameters now: a mesh is in context and its ``fsdp`` axis has size > 1."""
+  return traced_mesh_shape().get("fsdp", 1) > 1
+
+
+def gather_block_state(state: Any) -> Any:
+  """A block's ``nnx.State`` with every parameter gathered over ``fsdp`` (:func:`gather_spec`): what the block
+  computes with inside its ``jax.checkpoint``, so the all-gather runs per block and again in the backward pass.
+
+  Non-parameter leaves are returned as they are; without an ``fsdp`` axis in context, ``state`` itself.
+
+  Args:
+    state: ``nnx.State`` of one block (a scan body's slice of a stack: no ``layers`` axis).
+
+  Returns:
+    The same tree, parameters constrained.
+  """
+  mesh = _mesh()
+  if mesh is None or not gathering():
+    return state
+  shape = {str(k): int(v) for k, v in mesh.shape.items()}
+
+  def gather(leaf: Any) -> Any:
+    if not isinstance(leaf, nnx.Param):
+      return leaf
+    value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
+    if not hasattr(value, "shape"):
+      return leaf
+    spec = gather_spec(param_logical_axes(leaf), value.shape, shape)
+    return leaf.replace(jax.lax.with_sharding_constraint(value, jax.sharding.NamedSharding(mesh, spec)))
+
+  return jax.tree.map(gather, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
