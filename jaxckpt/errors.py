@@ -8,9 +8,14 @@ status 2.
 from __future__ import annotations
 
 import difflib
+import os
+import sysconfig
+import traceback
 from collections.abc import Iterable
 
 __all__ = [
+    "raised_at",
+    "TracingError",
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
     "MeshSpecError", "TopologyError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
 ]
@@ -25,6 +30,33 @@ def closest(bad: str, valid: Iterable[str]) -> str | None:
 def shorten(text: str, limit: int = 80) -> str:
   """``text`` cut to ``limit`` characters with ``...``, so a huge bad value cannot flood an error line."""
   return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_LIBRARY_DIRS = tuple(os.path.normpath(p) + os.sep for p in {
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+    os.path.dirname(os.path.abspath(__file__))})
+"""Where library frames live: the standard library, site-packages (jax, flax…) and jaxckpt itself."""
+
+
+def raised_at(err: BaseException) -> str:
+  """``"ValueError: my block cannot take width 16 (model.py:10)"``: an exception as one line, its type, the first line
+  of its message and where it was raised in *your* code: the innermost frame outside the standard library,
+  site-packages and jaxckpt (the innermost frame when every frame is a library's). A ``SyntaxError`` points at its
+  own line. What the tools print for an error in a user's model while it is traced (JAX's traceback filtering
+  drops its own frames; this drops jaxckpt's and Flax's too).
+
+  Args:
+    err: the exception, with its traceback.
+  """
+  if isinstance(err, SyntaxError) and err.filename:
+    return f"{type(err).__name__}: {err.msg} ({os.path.basename(err.filename)}:{err.lineno})"
+  frames = traceback.extract_tb(err.__traceback__)
+  own = [f for f in frames if not os.path.normpath(f.filename).startswith(_LIBRARY_DIRS)
+         and not f.filename.startswith("<")]
+  frame = own[-1] if own else frames[-1] if frames else None
+  where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame is not None else ""
+  message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+  return f"{type(err).__name__}{': ' + message if message else ''}{where}"
 
 
 def _plural(word: str) -> str:
@@ -93,6 +125,11 @@ class NonFiniteLossError(JaxckptError):
   def __init__(self, message: str, *, step: int):
     self.step = step
     super().__init__(message)
+
+
+class TracingError(JaxckptError):
+  """Your model or loss raised while jaxckpt traced it (shapes only): the message names your file and line
+  (:func:`raised_at`)."""
 
 
 class MeshSpecError(JaxckptError):

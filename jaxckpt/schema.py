@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["SCHEMA_VERSION", "MEMORY_FIELDS", "MEMORY_KEYS", "FOOTPRINT", "footprint_bytes", "METRICS_KEYS",
+__all__ = ["SCHEMA_VERSION", "MEMORY_FIELDS", "MEMORY_KEYS", "FOOTPRINT", "HOST_FOOTPRINT", "footprint_bytes",
+           "host_footprint_bytes", "METRICS_KEYS",
            "PLACEMENT_KEYS", "AUX_TASK_KEYS"]
 
 SCHEMA_VERSION = 1
@@ -33,7 +34,11 @@ is ``None`` on backends whose field is not a peak (CPU; see :data:`jaxckpt.train
 FOOTPRINT = "footprint_bytes"
 """argument + output + temp − alias bytes: the one definition of a compiled step's device footprint."""
 
-MEMORY_KEYS: tuple[str, ...] = (*MEMORY_FIELDS, FOOTPRINT)
+HOST_FOOTPRINT = "host_footprint_bytes"
+"""host argument + output + temp − alias bytes: what a step keeps in host memory (``pinned_host``), e.g. the residuals
+an offload policy moves there; per device under a mesh."""
+
+MEMORY_KEYS: tuple[str, ...] = (*MEMORY_FIELDS, FOOTPRINT, HOST_FOOTPRINT)
 """Every key of a memory record, in display order."""
 
 
@@ -44,6 +49,19 @@ def footprint_bytes(memory: Mapping[str, int | None]) -> int | None:
     memory: a record with the keys of :data:`MEMORY_FIELDS` (bytes, ints or ``None``).
   """
   parts = [memory.get(k) for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")]
+  if any(p is None for p in parts):
+    return None
+  argument, output, temp, alias = parts
+  return argument + output + temp - alias
+
+
+def host_footprint_bytes(memory: Mapping[str, int | None]) -> int | None:
+  """Returns host argument + output + temp − alias bytes of a memory record, or ``None`` if any of them is missing.
+
+  Args:
+    memory: a record with the keys of :data:`MEMORY_FIELDS` (bytes, ints or ``None``).
+  """
+  parts = [memory.get(f"host_{k}") for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")]
   if any(p is None for p in parts):
     return None
   argument, output, temp, alias = parts

@@ -29,6 +29,13 @@ def policy_code(policy: Policy) -> str:
     return "None"
   if policy.name == SAVE_TENSORS:
     return f"tensors({quoted(policy.names)})"
+  if policy.preset is not None:
+    save, offload = policy.saved_names
+    if not offload:
+      return f"cp.save_only_these_names({quoted(save)})"  # MaxText's preset, as MaxText builds it
+    return (f"cp.save_and_offload_only_these_names(names_which_can_be_saved=[{quoted(save)}], "
+            f"names_which_can_be_offloaded=[{quoted(offload)}], offload_src=\"{OFFLOAD_SRC}\", "
+            f"offload_dst=\"{OFFLOAD_DST}\")")
   if policy.name == "offload_dot_with_no_batch_dims":
     return f'cp.offload_dot_with_no_batch_dims("{OFFLOAD_SRC}", "{OFFLOAD_DST}")'
   if arity == "names":

@@ -34,6 +34,9 @@ from jaxckpt.policies._spec import (
     POLICY_NAMES,
     REGISTRY,
     SAVE_TENSORS,
+    MAXTEXT_OTHER_ARCHITECTURES,
+    MAXTEXT_PRESETS,
+    MaxTextPreset,
     PolicyKind,
 )
 
@@ -58,6 +61,9 @@ __all__ = [
     "POLICY_NAMES",
     "REGISTRY",
     "SAVE_TENSORS",
+    "MAXTEXT_OTHER_ARCHITECTURES",
+    "MAXTEXT_PRESETS",
+    "MaxTextPreset",
     "PolicyKind",
 ]
 

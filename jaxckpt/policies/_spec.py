@@ -65,6 +65,9 @@ __all__ = [
     "OFFLOAD_SRC",
     "OFFLOAD_DST",
     "SAVE_TENSORS",
+    "MaxTextPreset",
+    "MAXTEXT_PRESETS",
+    "MAXTEXT_OTHER_ARCHITECTURES",
     "refused",
 ]
 
@@ -106,6 +109,64 @@ class PolicyKind:
   arity: Arity
   build: Callable[["Policy"], Callable[..., bool] | None]
   doc: str
+  preset: "MaxTextPreset | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxTextPreset:
+  """One of MaxText's ``remat_policy`` presets, as MaxText maps it to a JAX policy.
+
+  Source: ``Decoder.get_remat_policy`` in MaxText's ``src/maxtext/layers/decoders.py`` (and ``nnx_decoders.py``;
+  AI-Hypercomputer/maxtext at e591f30c, 2026-08-22): every "save" preset is
+  ``jax.checkpoint_policies.save_only_these_names(*save)``, every offloading one
+  ``save_and_offload_only_these_names(names_which_can_be_saved=[], names_which_can_be_offloaded=offload,
+  offload_src="device", offload_dst="pinned_host")``; ``full`` is no policy (everything recomputed) and is jaxckpt's
+  ``full`` already. The names are MaxText's checkpoint names (:data:`jaxckpt.names.DECODER_NAMES`); those in
+  :data:`MAXTEXT_OTHER_ARCHITECTURES` belong to layers a Llama-style decoder does not have (fused QKV, shared KV
+  projections, single-activation MLPs), so a model need not emit them for the preset to apply.
+
+  Attributes:
+    save: names saved on device.
+    offload: names offloaded to host memory.
+  """
+
+  save: tuple[str, ...] = ()
+  offload: tuple[str, ...] = ()
+
+  @property
+  def required(self) -> frozenset[str]:
+    """The names a model must emit for the preset to mean what MaxText means by it."""
+    return frozenset(self.save + self.offload) - frozenset(MAXTEXT_OTHER_ARCHITECTURES)
+
+
+_S = ("query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj")  # MaxText's list of attention projections
+_MLP = ("mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
+MAXTEXT_OTHER_ARCHITECTURES: tuple[str, ...] = ("kv_proj", "qkv_proj", "mlpwi")
+"""Names in MaxText's presets that only other architectures emit: ``kv_proj`` (compressed/shared KV attention),
+``qkv_proj`` (``fused_qkv``), ``mlpwi`` (a single-activation or fused MLP)."""
+
+MAXTEXT_PRESETS: dict[str, MaxTextPreset] = {
+    "minimal_with_context": MaxTextPreset(save=(*_S, "out_proj", *_MLP, "context")),
+    "minimal": MaxTextPreset(save=(*_S, "out_proj", *_MLP)),
+    "save_dot_with_context_except_mlp": MaxTextPreset(save=(*_S, "context", "out_proj")),
+    "save_dot_except_mlpwi": MaxTextPreset(save=(*_S, "out_proj", "mlpwo")),
+    "save_dot_except_mlp": MaxTextPreset(save=(*_S, "out_proj")),
+    "save_qkv_proj": MaxTextPreset(save=_S),
+    "qkv_proj_offloaded": MaxTextPreset(offload=("query_proj", "value_proj", "key_proj", "kv_proj")),
+    "minimal_offloaded": MaxTextPreset(offload=(*_S, "out_proj", *_MLP)),
+    "save_out_proj": MaxTextPreset(save=("out_proj",)),
+}
+"""MaxText's ``remat_policy`` presets (published-configs §4b), name -> names saved / offloaded. MaxText's ``full`` is
+jaxckpt's ``full``; its ``custom`` is ``save_and_offload_only_these_names:SAVE/OFFLOAD``. Ordered as MaxText's
+``base.yml`` orders them: fastest and largest first."""
+
+
+def _preset_policy(preset: MaxTextPreset) -> Callable[..., bool]:
+  if preset.offload:
+    return _cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(preset.save), names_which_can_be_offloaded=list(preset.offload),
+        offload_src=OFFLOAD_SRC, offload_dst=OFFLOAD_DST)
+  return _cp.save_only_these_names(*preset.save)
 
 
 _cp = jax.checkpoint_policies
@@ -165,6 +226,13 @@ REGISTRY: dict[str, PolicyKind] = {
             lambda p: _cp.offload_dot_with_no_batch_dims(OFFLOAD_SRC, OFFLOAD_DST),
             "offload outputs of matmuls without batch dimensions to host memory",
         ),
+        *(PolicyKind(name, "none", lambda p, preset=preset: _preset_policy(preset),
+                     f"MaxText's remat_policy {name}: "
+                     + "; ".join(part for part in (f"save {'+'.join(preset.save)}" if preset.save else "",
+                                                   f"offload {'+'.join(preset.offload)}" if preset.offload else "")
+                                 if part),
+                     preset=preset)
+          for name, preset in MAXTEXT_PRESETS.items()),
     ]
 }
 """Canonical policy name -> :class:`PolicyKind`."""
@@ -173,8 +241,10 @@ ALIASES: dict[str, str] = {
     "full": "nothing_saveable",
     "checkpoint_dots": "dots_saveable",
     "checkpoint_dots_with_no_batch_dims": "dots_with_no_batch_dims_saveable",
+    "minimal_flash": "minimal_with_context",
 }
-"""Accepted alias -> canonical name (``full`` is jaxckpt's; the others are JAX's)."""
+"""Accepted alias -> canonical name (``full`` is jaxckpt's; ``minimal_flash`` MaxText's deprecated name of
+``minimal_with_context``; the others are JAX's)."""
 
 _CHECKED: dict[str, str] = {
     "save_anything_except_these_names": "save_any_names_but_these:NAMES (keeps the other checkpoint-named values) or "
@@ -219,17 +289,34 @@ class Policy:
     return self.name != "none"
 
   @property
+  def preset(self) -> MaxTextPreset | None:
+    """The MaxText preset this policy is (``minimal``, ``qkv_proj_offloaded``…), or ``None``."""
+    return REGISTRY[self.name].preset
+
+  @property
   def offloads(self) -> bool:
     """Whether the policy moves saved values to host memory (``pinned_host``)."""
-    return self.name == "offload_dot_with_no_batch_dims" or bool(self.offload_names)
+    preset = self.preset
+    return (self.name == "offload_dot_with_no_batch_dims" or bool(self.offload_names)
+            or (preset is not None and bool(preset.offload)))
 
   @property
   def checkpoint_names(self) -> frozenset[str]:
-    """Every checkpoint name the policy refers to (``save_tensors``' automatic names are not checkpoint names the
-    blocks emit: :func:`jaxckpt.core._tagging.tag_values` adds them at trace time)."""
+    """Every checkpoint name the policy refers to and a model must emit (``save_tensors``' automatic names are not
+    checkpoint names the blocks emit: :func:`jaxckpt.core._tagging.tag_values` adds them at trace time; a MaxText
+    preset's are :attr:`MaxTextPreset.required`)."""
     if self.name == SAVE_TENSORS:
       return frozenset()
+    if self.preset is not None:
+      return self.preset.required
     return frozenset(self.names) | frozenset(self.offload_names)
+
+  @property
+  def saved_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(names saved on device, names offloaded to host)`` of a name-based policy (a MaxText preset's full lists)."""
+    if self.preset is not None:
+      return self.preset.save, self.preset.offload
+    return self.names, self.offload_names
 
   def to_jax(self) -> Callable[..., bool] | None:
     """Returns the ``jax.checkpoint`` policy predicate, or ``None`` for ``none`` (no remat).
@@ -328,6 +415,13 @@ class PolicySpec:
 
   @staticmethod
   def _check_names(policy: Policy, emitted: Collection[str], where: str, spec: str) -> None:
+    missing = sorted(policy.checkpoint_names - set(emitted))
+    if policy.preset is not None and missing:
+      raise PolicySpecError(
+          f"MaxText preset {policy.name!r} saves MaxText's checkpoint names, but {where} never emit "
+          f"{', '.join(missing)} (it emits {', '.join(sorted(emitted)) or 'no checkpoint names'}): the presets apply to "
+          "models whose decoder layer emits MaxText's names (the llm model family); name the values yourself with "
+          "save_only_these_names:NAME+...", spec=spec, bad=missing[0], valid=tuple(sorted(emitted)))
     for name in sorted(policy.checkpoint_names):
       if name not in emitted:
         raise PolicySpecError.unknown(

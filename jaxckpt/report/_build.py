@@ -20,14 +20,14 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.training import _sharding as sharding
-from jaxckpt.errors import JaxckptError, TopologyError
+from jaxckpt.errors import JaxckptError, TopologyError, TracingError
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._effect import annotate_rows
 from jaxckpt.errors import PolicySpecError
 from jaxckpt.policies._model import ModelPolicy, parse_model_policy
 from jaxckpt.training._profile import check_profile_dir, profile_slug
 from jaxckpt.report._compile import compile_rows, one_line, report_compiler_options
-from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK
+from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK, empty_row
 from jaxckpt.report._measure import measure_policy
 from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
@@ -279,10 +279,19 @@ def build_report(
   platform = sharding.mesh_platform(mesh)
   cpu_target = _per_chip(target, mesh) if compare_cpu else None
   builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row
-  specs = expand_policies(policies, builder.block_types, backend=platform)
-  rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
-                                compiler_options=compiler_options, residuals=residuals, progress=progress,
-                                mesh=mesh, cpu_target=cpu_target)
+  try:
+    block_types = builder.block_types
+  except TracingError as err:  # your model raised while traced: every row is an error row naming your file:line
+    if any(p == "all" for p in policies):
+      raise
+    specs, block_types = expand_policies(policies, {}, backend=platform), None
+    rows = [dict(empty_row(str(spec)), status=STATUS_ERROR, error=str(err)) for spec in specs]
+    warnings = [str(err)]
+  if block_types is not None:
+    specs = expand_policies(policies, block_types, backend=platform)
+    rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
+                                  compiler_options=compiler_options, residuals=residuals, progress=progress,
+                                  mesh=mesh, cpu_target=cpu_target)
   warnings += saving_warnings(rows)
   warnings += annotate_rows(rows, backend=platform, compiler_options=report_compiler_options(
       compiler_options, backend=platform), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
@@ -291,6 +300,11 @@ def build_report(
   if measure or profile is not None:
     _run_rows(target, rows, warnings, steps=steps, warmup=warmup, compiler_options=compiler_options, measure=measure,
               profile=profile, profile_steps=profile_steps, progress=progress)
+  try:
+    structure = target_structure(target, model=builder.abstract_model if builder.is_model else None,
+                                 scanned=builder.scanned)
+  except TracingError:  # already every row's error
+    structure = "unrolled" if builder.scanned is None else "scan" if builder.scanned else "unrolled"
   where = compiled_for(mesh, topo)
   if mesh is None:
     where["device_count"] = jax.device_count()  # as before: the devices this process has
@@ -299,7 +313,7 @@ def build_report(
       "model": target.name,
       "preset": target.preset,
       **where,
-      "structure": target_structure(target, model=builder.abstract_model if builder.is_model else None),
+      "structure": structure,
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),
       "compiler_options": report_compiler_options(compiler_options, backend=platform),

@@ -22,7 +22,7 @@ import jax
 import optax
 from tqdm.auto import tqdm
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, raised_at
 from jaxckpt.analysis._jaxprs import count_remat_regions
 from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._plan import resolve_policy
@@ -50,9 +50,11 @@ def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_onl
 
 
 def one_line(err: BaseException) -> str:
-  """An exception as one line: ``'Type: first line of the message'`` (JaxckptErrors without the type)."""
+  """An exception as one line: a JaxckptError's first line; any other ``'Type: first line of the message
+  (file.py:line)'``, the line in your code where it was raised (:func:`jaxckpt.errors.raised_at`: an error in your
+  model while its step is traced)."""
   text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-  return text if isinstance(err, JaxckptError) else f"{type(err).__name__}: {text}"
+  return text if isinstance(err, JaxckptError) else raised_at(err)
 
 
 def _slug(index: int, policy: str) -> str:
@@ -181,7 +183,7 @@ def compile_rows(
       warnings.append(f"policy {rows[i]['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
 
   resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
-  warnings += [w for w in (offload_warning(p) for p in resolved if p is not None) if w is not None]
+  warnings += [w for w in (offload_warning(p, backend) for p in resolved if p is not None) if w is not None]
   builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
   # On a machine whose default backend is not the CPU, a one-CPU-device mesh puts the comparison on XLA:CPU.
   cpu_mesh = None if jax.default_backend() == "cpu" else make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])

@@ -42,6 +42,7 @@ def _seconds(s: float | None) -> str:
 
 COLUMNS: tuple[Column, ...] = (
     ("footprint", "footprint_bytes", format_bytes, True),
+    ("host", "host_footprint_bytes", format_bytes, False),
     ("CPU footprint", "cpu.footprint_bytes", format_bytes, True),
     ("temp", "temp_bytes", format_bytes, True),
     ("CPU temp", "cpu.temp_bytes", format_bytes, True),
@@ -53,7 +54,9 @@ COLUMNS: tuple[Column, ...] = (
     ("peak measured", "peak_bytes_measured", format_bytes, True),
 )
 """The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``; ``cpu.<key>`` is the key of the
-row's XLA:CPU comparison (``--compare-cpu``). A column ``None`` in every row is left out."""
+row's XLA:CPU comparison (``--compare-cpu``). A column ``None`` in every row is left out, and so is ``host`` (host
+memory: what offload policies keep in ``pinned_host``) where every row keeps nothing there. Under a mesh the memory
+headers say ``/chip`` (a TPU topology) or ``/device``: those numbers are one device's."""
 
 
 def row_value(row: Mapping[str, Any], key: str) -> Any:
@@ -137,12 +140,15 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
   rows = report.rows
   ok = [r for r in rows if r["status"] == STATUS_OK]
   base = next((r for r in ok if r["policy"] == "none"), None)
-  columns = [c for c in COLUMNS if any(row_value(r, c[1]) is not None for r in rows)]
+  columns = [c for c in COLUMNS if any(row_value(r, c[1]) is not None for r in rows)
+             and (c[1] != "host_footprint_bytes" or any(row_value(r, c[1]) for r in rows))]
+  per = "/chip" if report.data.get("topology") else "/device" if report.data.get("mesh") else ""
+  memory = {"footprint_bytes", "host_footprint_bytes", "temp_bytes", "peak_bytes_measured"}
   best = {key: min((row_value(r, key) for r in ok if row_value(r, key) is not None), default=None)
           for _, key, _, _ in columns}
   headers = ["policy", "status"]
-  for header, _, _, ratio in columns:
-    headers += [header] + (["×none"] if ratio and base is not None else [])
+  for header, key, _, ratio in columns:
+    headers += [header + (per if key in memory else "")] + (["×none"] if ratio and base is not None else [])
   headers.append("top residuals")
   sources = main_sources(ok)
   out = []

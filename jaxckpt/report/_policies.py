@@ -20,7 +20,8 @@ OFFLOAD_POLICIES: frozenset[str] = frozenset(
 
 
 def all_policies(block_types: Mapping[str, Collection[str]], *, backend: str | None = None) -> list[PolicySpec]:
-  """``none``, every zero-argument canonical policy, and ``save_only_these_names:<name>`` per emitted name.
+  """``none``, every zero-argument canonical policy (MaxText's presets where the target emits their names), and
+  ``save_only_these_names:<name>`` per emitted name.
 
   Args:
     block_types: block type -> checkpoint names (:func:`jaxckpt.block_types`).
@@ -30,9 +31,10 @@ def all_policies(block_types: Mapping[str, Collection[str]], *, backend: str | N
     Parsed specs in registry order, then the per-name ones sorted by name.
   """
   backend = backend or jax.default_backend()
-  specs = [PolicySpec(default=Policy(name)) for name, kind in REGISTRY.items()
-           if kind.arity == "none" and (backend != "cpu" or name not in OFFLOAD_POLICIES)]
   names = sorted(set().union(*block_types.values())) if block_types else []
+  specs = [PolicySpec(default=Policy(name)) for name, kind in REGISTRY.items()
+           if kind.arity == "none" and (backend != "cpu" or name not in OFFLOAD_POLICIES)
+           and (kind.preset is None or kind.preset.required <= set(names))]
   specs += [PolicySpec(default=Policy("save_only_these_names", (name,))) for name in names]
   return specs
 

@@ -17,9 +17,9 @@ import optax
 from flax import nnx
 
 from jaxckpt.nnx._apply import learn_names, loss_block_types
-from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, iter_eqns
+from jaxckpt.analysis._jaxprs import count_remat_regions, emitted_checkpoint_names, iter_eqns
 from jaxckpt.nnx._layers import block_types, set_policy, stacks
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, TracingError, raised_at
 from jaxckpt.policies._model import LayeredPolicy, LossPolicy
 from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.step._targets import LossTarget, ModelTarget, Target
@@ -77,7 +77,7 @@ def target_block_types(target: Target) -> dict[str, frozenset[str]]:
   return {"default": emitted_checkpoint_names(loss, target.params, target.batch)}
 
 
-def target_structure(target: Target, *, model: nnx.Module | None = None) -> str:
+def target_structure(target: Target, *, model: nnx.Module | None = None, scanned: bool | None = None) -> str:
   """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``, then the stacks' checkpoint structure
   when it is not ``block`` (e.g. ``"scan, nested:2"``).
 
@@ -85,10 +85,13 @@ def target_structure(target: Target, *, model: nnx.Module | None = None) -> str:
     target: a model or loss target.
     model: the model target's model if already built (abstract is fine); ``None`` builds it under
       ``nnx.eval_shape``.
+    scanned: whether a traced step of the target loops over its remat'd blocks (:attr:`StepBuilder.scanned`): for
+      your own model, whose layers are scanned by ``nnx.scan``/``jax.lax.scan`` rather than a jaxckpt ``Stack``.
+      ``None``: not traced yet (a model without a ``Stack`` then reads as unrolled).
   """
   if isinstance(target, ModelTarget):
     found = stacks(model if model is not None else nnx.eval_shape(target.make_model))
-    loop = "scan" if any(s.scan for s in found) else "unrolled"
+    loop = "scan" if any(s.scan for s in found) or (not found and scanned) else "unrolled"
     structures = sorted({str(s.structure) for s in found} - {"block"})
     return ", ".join([loop, *structures])
   jaxpr = jax.make_jaxpr(lambda p, b: target.loss(p, b, policy=PolicySpec()))(target.params, target.batch)
@@ -134,12 +137,29 @@ class StepBuilder:
     self._model: nnx.Module | None = None
     self._twin: nnx.Module | None = None
     self._state: Any = None
+    self.scanned: bool | None = None
+    """Whether a step traced by this builder loops over remat'd blocks (a ``scan`` whose body holds
+    ``jax.checkpoint``): set by :func:`jaxckpt.step.lower_policy` (:meth:`note_trace`), ``None`` before."""
+
+  def note_trace(self, jaxpr: Any) -> None:
+    """Records from a traced step whether its blocks are scanned (:attr:`scanned`); a step without remat regions
+    (policy ``none``) says nothing and leaves it as it was."""
+    scans = [e for e in iter_eqns(jaxpr) if e.primitive.name == "scan"]
+    if any(count_remat_regions(scan.params["jaxpr"]) for scan in scans):
+      self.scanned = True
+    elif self.scanned is None and count_remat_regions(jaxpr):
+      self.scanned = False
 
   @property
   def block_types(self) -> dict[str, frozenset[str]]:
     """Block type -> checkpoint names (:func:`target_block_types`), computed once."""
     if self._block_types is None:
-      self._block_types = target_block_types(self.target)
+      try:
+        self._block_types = target_block_types(self.target)
+      except JaxckptError:
+        raise
+      except Exception as err:  # your model raised while traced: one line naming your file:line, not a traceback
+        raise TracingError(f"tracing the loss of {self.target.name} failed: {raised_at(err)}") from err
     return self._block_types
 
   @property
@@ -152,7 +172,12 @@ class StepBuilder:
     """The target's model built once under ``nnx.eval_shape`` (model targets only); :meth:`step` sets policies on
     it."""
     if self._model is None:
-      self._model = nnx.eval_shape(self.target.make_model)
+      try:
+        self._model = nnx.eval_shape(self.target.make_model)
+      except JaxckptError:
+        raise
+      except Exception as err:  # noqa: BLE001 - your model's constructor raised: one line, your file:line
+        raise TracingError(f"building {self.target.name} failed: {raised_at(err)}") from err
       learn_names(self._model, self.block_types)  # names found by tracing (own tags, parts): set_policy takes them
     return self._model
 

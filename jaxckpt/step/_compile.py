@@ -38,7 +38,7 @@ from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.training._topology import compiles_only
 from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
 
-__all__ = ["STATS_ONLY_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
+__all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
@@ -49,8 +49,28 @@ compilers: the TPU compiler accepts the option but compiles no faster with it (m
 same stats, the same seconds)."""
 
 
+HOST_OFFLOAD_OPTIONS: dict[str, Any] = {
+    "xla_tpu_enable_all_experimental_scheduler_features": True,
+    "xla_tpu_enable_scheduler_memory_pressure_tracking": True,
+    "xla_tpu_host_transfer_overlap_limit": 24,
+    "xla_tpu_aggressive_opt_barrier_removal": "ENABLED",
+    "xla_lhs_prioritize_async_depth_over_stall": "ENABLED",
+    "xla_tpu_enable_ag_backward_pipelining": True,
+    "xla_should_allow_loop_variant_parameter_in_chain": "ENABLED",
+    "xla_should_add_loop_invariant_op_in_chain": "ENABLED",
+    "xla_max_concurrent_host_send_recv": 100,
+    "xla_tpu_scheduler_percent_shared_memory_limit": 100,
+    "xla_latency_hiding_scheduler_rerun": 2,
+}
+"""The TPU compiler options of a step whose policy offloads residuals to host memory: MaxText's ``HOST_OFFLOAD_FLAGS``
+(``benchmarks/xla_flags_library.py``, the flags its host-offload configurations run with, e.g. Llama 3.1 8B on
+v6e-256), given per compile as ``compiler_options`` (they are ``LIBTPU_INIT_ARGS`` there). Applied on TPU only; the
+caller's options win. Measured deviceless (libtpu 0.0.42.1, a scanned 8-layer offload toy on v5e:2x2): accepted,
+the same memory stats."""
+
+
 def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True,
-                          backend: str | None = None) -> dict[str, Any]:
+                          backend: str | None = None, offloads: bool = False) -> dict[str, Any]:
   """The XLA options jaxckpt compiles a train step with, for the platform it is compiled for.
 
   Args:
@@ -58,12 +78,16 @@ def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only:
     stats_only: add :data:`STATS_ONLY_OPTIONS` on CPU (for compiles that are never run).
     backend: the platform the step is compiled *for* (``"cpu"``, ``"tpu"`` for a topology's mesh:
       :func:`jaxckpt.training._sharding.mesh_platform`); default ``jax.default_backend()``.
+    offloads: the step's policy offloads residuals to host memory (on TPU: :data:`HOST_OFFLOAD_OPTIONS`).
 
   Returns:
-    ``{option: value}``: on CPU the remat fix and the stats-only options, then ``extra``; elsewhere ``extra`` only.
+    ``{option: value}``: on CPU the remat fix and the stats-only options, then ``extra``; on TPU the host-offload
+    options when ``offloads``, then ``extra``; elsewhere ``extra`` only.
   """
   backend = backend or jax.default_backend()
   stats = STATS_ONLY_OPTIONS if stats_only and backend == "cpu" else {}
+  if offloads and backend == "tpu":
+    stats = {**HOST_OFFLOAD_OPTIONS, **stats}
   return remat_compiler_options(backend, extra={**stats, **(extra or {})})
 
 
@@ -237,10 +261,12 @@ def lower_policy(
   # (jaxckpt.core._logical) and your own kernels (a Pallas call under shard_map) see the mesh the step is sharded over.
   with remat_fix_applied(), (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
     traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
+  builder.note_trace(traced.jaxpr)
   t2 = time.perf_counter()
   lowered = traced.lower()
   t3 = time.perf_counter()
-  options = step_compiler_options(options, stats_only=stats_only, backend=sharding.mesh_platform(mesh))
+  options = step_compiler_options(options, stats_only=stats_only, backend=sharding.mesh_platform(mesh),
+                                  offloads=bool(getattr(spec, "offloads", False)))
   return LoweredPolicy(step, traced, lowered, options, t3 - t0,
                        {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2}, cacheable=not compiles_only(mesh))
 

@@ -38,7 +38,6 @@ import importlib
 import inspect
 import os
 import sys
-import traceback
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -48,7 +47,7 @@ import optax
 import flax.linen as nn
 from flax import nnx
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, raised_at
 from jaxckpt.linen._apply import apply_remat as linen_apply_remat
 from jaxckpt.linen._apply import RematModule, group_layers, traced_block_paths, traced_block_types
 from jaxckpt.nnx._apply import apply_remat as nnx_apply_remat
@@ -521,9 +520,9 @@ def load_target(spec: str) -> Target:
   except ModuleNotFoundError as err:
     if err.name is not None and module_name.startswith(err.name):  # the target's own module (or package) is missing
       raise JaxckptError(f"bad target={spec!r}: cannot import module {module_name!r} ({err})") from None
-    raise JaxckptError(f"target={spec!r}: importing {module_name} failed: {_raised_at(err)}") from err
+    raise JaxckptError(f"target={spec!r}: importing {module_name} failed: {raised_at(err)}") from err
   except Exception as err:  # the user's module raised while it was imported: one line, where and what
-    raise JaxckptError(f"target={spec!r}: importing {module_name} failed: {_raised_at(err)}") from err
+    raise JaxckptError(f"target={spec!r}: importing {module_name} failed: {raised_at(err)}") from err
   function = getattr(module, function_name, None)
   if not callable(function):
     found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -541,22 +540,11 @@ def load_target(spec: str) -> Target:
   except JaxckptError:
     raise
   except Exception as err:  # the user's function raised: one line, where and what
-    raise JaxckptError(f"target={spec!r}: {function_name}() failed: {_raised_at(err)}") from err
+    raise JaxckptError(f"target={spec!r}: {function_name}() failed: {raised_at(err)}") from err
   if not isinstance(target, (ModelTarget, LossTarget)):
     raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
                        "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
   return dataclasses.replace(target, ref={"target": spec})
-
-
-def _raised_at(err: BaseException) -> str:
-  """``"RuntimeError: no GPU (mymodel.py:12)"``: the exception's type and message and the innermost file:line (for
-  a ``SyntaxError``, the line it points at, not the import machinery's)."""
-  if isinstance(err, SyntaxError) and err.filename:
-    return f"{type(err).__name__}: {err.msg} ({os.path.basename(err.filename)}:{err.lineno})"
-  frames = traceback.extract_tb(err.__traceback__)
-  where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-  message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-  return f"{type(err).__name__}{': ' + message if message else ''}{where}"
 
 
 def rebuild_target(ref: Mapping[str, Any]) -> Target:

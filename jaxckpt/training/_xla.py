@@ -25,7 +25,7 @@ from jaxckpt.analysis._internals import compilation_cache_switch
 from jaxckpt.analysis._jaxprs import uses_remat
 from jaxckpt.core._remat import remat_calls
 from jaxckpt.policies._spec import PolicySpec
-from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, footprint_bytes
+from jaxckpt.schema import FOOTPRINT, HOST_FOOTPRINT, MEMORY_FIELDS, footprint_bytes, host_footprint_bytes
 from jaxckpt.training._topology import Topology, compiles_only, topology_mesh
 
 __all__ = [
@@ -269,7 +269,8 @@ def memory_stats(compiled: jax.stages.Compiled, *, backend: str | None = None) -
 
   The sizes are XLA's buffer assignment: ``argument_bytes`` (inputs), ``output_bytes``, ``temp_bytes`` (every
   intermediate, after buffer sharing), ``alias_bytes`` (outputs written into donated inputs), generated code, and
-  their ``host_*`` twins; ``footprint_bytes`` = argument + output + temp − alias is jaxckpt's device footprint.
+  their ``host_*`` twins; ``footprint_bytes`` = argument + output + temp − alias is jaxckpt's device footprint,
+  ``host_footprint_bytes`` the same of the host fields (what an offload policy keeps in ``pinned_host`` memory).
   ``peak_memory_bytes`` is XLA's simulated peak of live device memory where that figure is one
   (:data:`PEAK_BACKENDS`: GPU, TPU); on CPU XLA reports argument + output bytes in that field, not a peak, so it is
   ``None`` there -- use ``footprint_bytes``, or the report's ``--measure`` for a measured peak. On TPU
@@ -306,4 +307,5 @@ def memory_stats(compiled: jax.stages.Compiled, *, backend: str | None = None) -
     peak, argument, output, alias = resident
     record["temp_bytes"] = max(peak - (argument + output - alias), 0)
   record[FOOTPRINT] = footprint_bytes(record)
+  record[HOST_FOOTPRINT] = host_footprint_bytes(record)
   return record
