@@ -6,6 +6,7 @@ Usage (the device count must be set before JAX starts, so the test runs this fil
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py bytes
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py all '{"mesh": ...}'
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding_helper.py train '{"mesh": ...}'
+    XLA_FLAGS=--xla_force_host_platform_device_count=16 python tests/sharding_helper.py per_layer
 
 The last stdout line is the JSON result.
 """
@@ -153,6 +154,27 @@ def train(request: dict) -> dict:
           **{k: result.metrics.get(k) for k in keep}}
 
 
+def per_layer() -> dict:
+  """FSDP per layer (16 devices): GPT ``small`` made 24 layers deep, full remat, 1 sequence per device, compiled with
+  ``fsdp=4`` (4 devices) and ``fsdp=16``: per-device bytes, and the bytes of the whole layer stack's parameters."""
+  import jax
+  import math
+  import jaxckpt
+  from jaxckpt.step import compile_policy, shipped_target
+  from jaxckpt.training._sharding import make_mesh
+
+  out = {}
+  for chips in (4, 16):
+    target = shipped_target("gpt", "small", batch_size=chips, num_layers=24)
+    mesh = make_mesh({"fsdp": chips}, devices=jax.devices()[:chips])
+    compiled = compile_policy(target, jaxckpt.parse_policy("full"), mesh=mesh, options=FAST)
+    out[str(chips)] = {k: compiled.memory[k] for k in ("argument_bytes", "temp_bytes", "footprint_bytes")}
+    params = compiled.step.params
+  stack = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0] if "layers" in jax.tree_util.keystr(path)]
+  out["stack_param_bytes"] = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in stack)
+  return out
+
+
 if __name__ == "__main__":
   mode = sys.argv[1]
   if mode == "equivalence":
@@ -163,6 +185,8 @@ if __name__ == "__main__":
     result = report_bytes()
   elif mode == "train":
     result = train(json.loads(sys.argv[2]))
+  elif mode == "per_layer":
+    result = per_layer()
   else:
-    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all")
+    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all, per_layer")
   print(json.dumps(result))
