@@ -32,7 +32,7 @@ from jaxckpt.report._measure import measure_policy
 from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
 from jaxckpt.step._build import default_optimizer, target_structure
-from jaxckpt.step._compile import step_builder
+from jaxckpt.step._compile import check_mesh_use, step_builder
 from jaxckpt.training._topology import Topology, compiled_for, get_topology
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
@@ -279,6 +279,7 @@ def build_report(
   platform = sharding.mesh_platform(mesh)
   cpu_target = _per_chip(target, mesh) if compare_cpu else None
   builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row
+  check_mesh_use(builder, mesh)  # a mesh axis the model cannot use: one line, before any row
   try:
     block_types = builder.block_types
   except TracingError as err:  # your model raised while traced: every row is an error row naming your file:line

@@ -28,6 +28,10 @@ from typing import Any
 import jax
 import optax
 
+from flax import nnx
+
+from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
+from jaxckpt.errors import MeshSpecError
 from jaxckpt.training import _sharding as sharding
 from jaxckpt.analysis._flops import jaxpr_flops
 from jaxckpt.analysis._internals import compilation_cache_switch
@@ -39,7 +43,7 @@ from jaxckpt.training._topology import compiles_only
 from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
-           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops"]
+           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "check_mesh_use"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
@@ -202,6 +206,28 @@ def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
       target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch, policy=policy))
 
 
+def check_mesh_use(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> None:
+  """Refuses a mesh axis the target cannot use: a ``tensor`` axis of size > 1 needs parameters that carry logical
+  axis names splitting over it (:mod:`jaxckpt.core._logical`: the LLM family's heads, MLP width and vocabulary);
+  without them every tensor rank would run the whole model on the same batch.
+
+  Raises:
+    MeshSpecError: one line naming the axis, the target and what would use it.
+  """
+  size = 0 if mesh is None else sharding.mesh_shape(mesh).get("tensor", 1)
+  if size <= 1:
+    return
+  if builder.is_model:
+    from_names = {name for leaf in jax.tree.leaves(nnx.state(builder.abstract_model, nnx.Param),
+                                                   is_leaf=lambda x: isinstance(x, nnx.Variable))
+                  for name in (param_logical_axes(leaf) or ()) if name is not None}
+    if any("tensor" in LOGICAL_RULES[name] for name in from_names):
+      return
+  raise MeshSpecError(f"mesh axis tensor={size} splits parameters by their logical axis names (heads, mlp, vocab), "
+                      f"but no parameter of {builder.target.name} carries one: use data/fsdp axes for it (the llm "
+                      "model family, or your own parameters annotated with nnx.with_partitioning, can use tensor)")
+
+
 def step_builder(target: Target, *, tx: optax.GradientTransformation | None = None,
                  mesh: jax.sharding.Mesh | None = None) -> StepBuilder:
   """The :class:`~jaxckpt.step.StepBuilder` :func:`lower_policy` uses for ``target`` (sharded over ``mesh``).
@@ -251,6 +277,7 @@ def lower_policy(
   """
   t0 = time.perf_counter()
   builder = builder or step_builder(target, tx=tx, mesh=mesh)
+  check_mesh_use(builder, mesh)
   step = builder.step(spec)
   kwargs: dict[str, Any] = {}
   if mesh is not None:
