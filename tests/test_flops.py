@@ -331,3 +331,26 @@ def test_docstring_examples_run():
   result = doctest.testmod(flops_lib, optionflags=doctest.ELLIPSIS)
   assert result.attempted >= 2
   assert result.failed == 0
+
+
+def test_pallas_kernel_counts_its_body_per_grid_step_or_its_cost_estimate():
+  """A Pallas call is its body once per grid step (issue 40: a kernel's FLOPs counted as one step's before), or the
+  kernel's own ``pl.CostEstimate`` when it states one."""
+  from jax.experimental import pallas as pl
+
+  def kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = x_ref[...] @ w_ref[...]
+
+  def call(x, w, estimate=None):
+    return pl.pallas_call(kernel, grid=(4,), in_specs=[pl.BlockSpec((8, 8), lambda i: (i, 0)),
+                                                      pl.BlockSpec((8, 8), lambda i: (0, 0))],
+                          out_specs=pl.BlockSpec((8, 8), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct((32, 8), jnp.float32), interpret=True,
+                          cost_estimate=estimate)(x, w)
+
+  x, w = jnp.ones((32, 8)), jnp.ones((8, 8))
+  assert count_flops(call, x, w).total == 4 * 2 * 8 * 8 * 8
+  stated = pl.CostEstimate(flops=12345, transcendentals=7, bytes_accessed=0)
+  count = count_flops(lambda x, w: call(x, w, stated), x, w)
+  assert count.total == 12345 and count.transcendentals == 7
+  np.testing.assert_array_equal(call(x, w), x @ w)  # the kernel is the matmul it claims

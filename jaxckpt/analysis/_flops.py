@@ -180,7 +180,7 @@ _ZERO_COST = frozenset({
     "all_gather", "all_gather_invariant", "reduce_scatter", "axis_index",
     "psum_invariant", "unreduced_psum", "core_map_tokens", "axis_size",
     "zeros_like", "broadcast", "convert_layout", "layout_constraint",
-    "platform_index", "state_get", "get", "swap", "addupdate",
+    "platform_index", "state_get", "get", "swap", "addupdate", "program_id", "num_programs",
 })
 
 # (FLOPs, transcendentals) per output element.
@@ -489,6 +489,22 @@ def _generic_reduce_rule(steps: Callable[[Any], int]) -> Rule:
   return rule
 
 
+def _pallas_call_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
+  """A Pallas kernel: its ``cost_estimate`` (``pl.CostEstimate``: FLOPs and transcendentals the kernel's author
+  states) when it has one; else its body counted once per grid step (the product of ``grid_mapping.grid``): every
+  block's work, also blocks a mask lets the kernel skip at run time (the splash kernel's above the causal diagonal),
+  so an upper bound there. Without this rule a kernel counted its body once, a few percent of its work."""
+  estimate = eqn.params.get("cost_estimate")
+  flops = getattr(estimate, "flops", None)
+  if flops is not None:
+    tally.add_flops("pallas_call", int(flops))
+    tally.transcendentals += int(getattr(estimate, "transcendentals", 0) or 0)
+    return
+  grid = getattr(eqn.params.get("grid_mapping"), "grid", ()) or ()
+  steps = math.prod(int(g) for g in grid if isinstance(g, int)) if grid else 1
+  tally.add(counter.jaxpr(eqn.params["jaxpr"]), times=max(steps, 1))
+
+
 def _sub_jaxprs_rule(counter: _Counter, eqn: Any, tally: _Tally) -> None:
   """Anything else that carries jaxprs (``jit``, ``remat2``, ``closed_call``...): each counted once; else uncounted."""
   subs = list(sub_jaxprs(eqn))
@@ -519,6 +535,7 @@ def _rules() -> dict[str, Rule]:
       ("shard_map", _repeated_rule("jaxpr", _mesh_devices)),
       ("xla_pmap", _repeated_rule("call_jaxpr", lambda e: int(e.params.get("axis_size", 1)))),
       *((name, _custom_call_rule) for name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")),
+      ("pallas_call", _pallas_call_rule),
       ("reduce", _generic_reduce_rule(_reduction_steps)),
       ("reduce_window", _generic_reduce_rule(_window_steps)),
   ]
