@@ -53,6 +53,10 @@ def _use_run_cache() -> None:
 
 _use_run_cache()
 
+# The compiled-stats cache of topology compiles (jaxckpt.step._stats_cache) is off in the tests unless the tester sets
+# it: a test that counts compiles or times them must see them run; tests/test_stats_cache.py turns it on in a tmp dir.
+os.environ.setdefault("JAXCKPT_STATS_CACHE", "off")
+
 
 def _use_fast_codegen() -> None:
   """Appends :data:`_FAST_CODEGEN` to ``XLA_FLAGS`` (before JAX is imported), unless the tester set the level or

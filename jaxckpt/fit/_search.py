@@ -193,18 +193,6 @@ def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN, device:
   return value, "given"
 
 
-def _cost_bytes(compiled: Any) -> tuple[float | None, float | None]:
-  try:
-    analysis = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 - backends without cost analysis raise various errors
-    return None, None
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else None
-  if not isinstance(analysis, Mapping):
-    return None, None
-  return analysis.get("flops"), analysis.get("bytes accessed")
-
-
 def _concrete(target: Target, policy: Any, tx, mesh, options) -> Any:
   """A policy the step compiles: named/layered as they are; ``min_saved``/``mincut`` resolved for this target
   (:func:`jaxckpt.planner.resolve_policy` returns a concrete policy unchanged; budgets were refused at the entry)."""
@@ -268,7 +256,7 @@ def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitP
   if footprint is None:
     raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; the fit planner "
                        "needs them")
-  xla_flops, xla_bytes = _cost_bytes(compiled.compiled)
+  xla_flops, xla_bytes = compiled.cost.get("flops"), compiled.cost.get("bytes accessed")
   accessed = None
   if xla_bytes is not None:
     accessed = float(xla_bytes) * (compiled.flops / xla_flops if xla_flops else 1.0)

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +32,8 @@ import optax
 from flax import nnx
 
 from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
-from jaxckpt.errors import MeshSpecError
+from jaxckpt.errors import JaxckptError, MeshSpecError
+from jaxckpt.step._stats_cache import CachedStats, cache_key, stats_cache
 from jaxckpt.training import _sharding as sharding
 from jaxckpt.analysis._flops import jaxpr_flops
 from jaxckpt.analysis._internals import compilation_cache_switch
@@ -43,7 +45,8 @@ from jaxckpt.training._topology import compiles_only
 from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
-           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "check_mesh_use"]
+           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "xla_cost", "check_mesh_use",
+           "is_memory_refusal", "CachedRefusal"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
@@ -95,16 +98,44 @@ def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only:
   return remat_compiler_options(backend, extra={**stats, **(extra or {})})
 
 
-def xla_raw_flops(compiled: jax.stages.Compiled) -> int | None:
-  """XLA's ``cost_analysis()["flops"]`` of a compiled step (a loop body counted once: see :mod:`jaxckpt.analysis._flops`),
-  or ``None`` where the backend has no cost analysis."""
+_REFUSAL = re.compile(r"RESOURCE_EXHAUSTED|[Rr]an out of memory|exceeds available HBM")
+
+
+def is_memory_refusal(err: BaseException) -> bool:
+  """Whether a compile failed because the program exceeds the device's memory (the TPU compiler refuses such a
+  program at compile time: ``RESOURCE_EXHAUSTED: Ran out of memory on HBM…``)."""
+  return bool(_REFUSAL.search(str(err)))
+
+
+class CachedRefusal(JaxckptError):
+  """A compile the compiler refused for memory before (kept by :mod:`jaxckpt.step._stats_cache`): the message is
+  the compiler's, as it was then."""
+
+
+def xla_cost(compiled: jax.stages.Compiled) -> dict[str, float]:
+  """XLA's ``cost_analysis()`` of an executable as ``{name: number}`` (``"flops"``, ``"bytes accessed"``…; a loop
+  body counted once), ``{}`` where the backend has none."""
   try:
     analysis = compiled.cost_analysis()
   except Exception:  # noqa: BLE001 - backends without cost analysis raise various errors
-    return None
+    return {}
   if isinstance(analysis, (list, tuple)):
     analysis = analysis[0] if analysis else None
-  flops = analysis.get("flops") if isinstance(analysis, Mapping) else None
+  if not isinstance(analysis, Mapping):
+    return {}
+  return {str(k): float(v) for k, v in analysis.items() if isinstance(v, (int, float))}
+
+
+def xla_raw_flops(compiled: Any) -> int | None:
+  """XLA's ``cost_analysis()["flops"]`` of a compiled step (a loop body counted once: see
+  :mod:`jaxckpt.analysis._flops`), or ``None`` where the backend has no cost analysis.
+
+  Args:
+    compiled: a :class:`CompiledPolicy` (its :attr:`~CompiledPolicy.cost`, also when served from the
+      compiled-stats cache) or a ``jax.stages.Compiled``.
+  """
+  cost = compiled.cost if isinstance(getattr(compiled, "cost", None), Mapping) else xla_cost(compiled)
+  flops = cost.get("flops")
   return int(flops) if flops is not None and flops >= 0 else None
 
 
@@ -122,6 +153,11 @@ class CompiledPolicy:
     compile_s: seconds XLA took to compile it.
     fingerprint: hash of the lowered StableHLO text; equal fingerprints compile to the same program.
     stages: seconds per stage, ``{"build", "trace", "lower", "compile"}``.
+    cost: XLA's ``cost_analysis()`` of the executable (``"flops"``, ``"bytes accessed"``…; a loop body counted
+      once), ``{}`` where the backend has none.
+    cached: the statistics came from the compiled-stats cache (:mod:`jaxckpt.step._stats_cache`: a TPU topology
+      compile made before, by this run or an earlier one); ``compiled`` is then ``None`` and ``compile_s`` the
+      seconds the compile took when it ran.
   """
 
   step: PolicyStep
@@ -133,6 +169,8 @@ class CompiledPolicy:
   compile_s: float
   fingerprint: str
   stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  cost: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  cached: bool = False
 
   @property
   def seconds(self) -> float:
@@ -152,7 +190,9 @@ class LoweredPolicy:
     lower_s: seconds to build, trace and lower.
     stages: those seconds split: ``{"build", "trace", "lower"}``.
     cacheable: whether JAX's persistent compilation cache may serve the compile (not for a TPU topology's
-      compile-only devices, :func:`jaxckpt.topology.compiles_only`).
+      compile-only devices, :func:`jaxckpt.topology.compiles_only`: their statistics are kept by the compiled-stats
+      cache instead, :mod:`jaxckpt.step._stats_cache`).
+    mesh: the mesh the step is sharded over, or ``None``.
   """
 
   step: PolicyStep
@@ -162,6 +202,7 @@ class LoweredPolicy:
   lower_s: float
   stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
   cacheable: bool = True
+  mesh: Any = None
 
   @functools.cached_property
   def fingerprint(self) -> str:
@@ -188,13 +229,42 @@ class LoweredPolicy:
       Whatever XLA raises (e.g. out of memory): callers turn it into an error row.
     """
     options = {**self.options, **(extra_options or {})}
-    bypass = any(key.startswith("xla_dump") for key in options) or not self.cacheable
+    dumps = any(key.startswith("xla_dump") for key in options)
+    bypass = dumps or not self.cacheable
+    cache = stats_cache() if not self.cacheable and not dumps else None
+    key = None
+    if cache is not None:  # a topology compile: its statistics may be kept from an earlier compile
+      key = cache_key(self.lowered.as_text(), options, **self.target_device)
+      hit = cache.get(key)
+      if hit is not None:
+        if hit.error is not None:
+          raise CachedRefusal(hit.error)
+        return CompiledPolicy(self.step, self.traced, None, dict(hit.memory), self.flops, self.lower_s,
+                              hit.compile_s, self.fingerprint, {**self.stages, "compile": 0.0}, dict(hit.cost),
+                              cached=True)
     started = time.perf_counter()
-    with compilation_cache_switch(False) if bypass else contextlib.nullcontext():
-      compiled = self.lowered.compile(compiler_options=options or None)
+    try:
+      with compilation_cache_switch(False) if bypass else contextlib.nullcontext():
+        compiled = self.lowered.compile(compiler_options=options or None)
+    except Exception as err:
+      if cache is not None and is_memory_refusal(err):  # deterministic: the same program is refused again
+        cache.put(key, CachedStats(None, {}, time.perf_counter() - started, str(err)))
+      raise
     compile_s = time.perf_counter() - started
-    return CompiledPolicy(self.step, self.traced, compiled, memory_stats(compiled), self.flops, self.lower_s,
-                          compile_s, self.fingerprint, {**self.stages, "compile": compile_s})
+    memory, cost = memory_stats(compiled), xla_cost(compiled)
+    if cache is not None:
+      cache.put(key, CachedStats(memory, cost, compile_s))
+    return CompiledPolicy(self.step, self.traced, compiled, memory, self.flops, self.lower_s,
+                          compile_s, self.fingerprint, {**self.stages, "compile": compile_s}, cost)
+
+  @property
+  def target_device(self) -> dict[str, Any]:
+    """``{"platform", "device_kind", "device_count"}`` of what the step is compiled for (its shardings' devices)."""
+    mesh = self.mesh
+    if mesh is not None:
+      device = next(iter(mesh.devices.flat))
+      return {"platform": device.platform, "device_kind": device.device_kind, "device_count": int(mesh.devices.size)}
+    return {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind, "device_count": 1}
 
 
 def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
@@ -295,7 +365,8 @@ def lower_policy(
   options = step_compiler_options(options, stats_only=stats_only, backend=sharding.mesh_platform(mesh),
                                   offloads=bool(getattr(spec, "offloads", False)))
   return LoweredPolicy(step, traced, lowered, options, t3 - t0,
-                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2}, cacheable=not compiles_only(mesh))
+                       {"build": t1 - t0, "trace": t2 - t1, "lower": t3 - t2}, cacheable=not compiles_only(mesh),
+                       mesh=mesh)
 
 
 def compile_policy(
