@@ -172,6 +172,38 @@ def loss_target():
                     block_types={"mlp": {"hidden"}}, name="tanh-mlp")
 
 
+def sized_target(*, batch_size: int = 16, num_layers: int = 2, width: int = 32):
+  """A target function with keyword arguments: the tools pass --batch-size, --layers and --target-arg width=."""
+
+  def loss(params, batch, *, policy):
+    block = jaxckpt.checkpoint(lambda w, h: jnp.tanh(h @ w), policy, block_type="mlp")
+    h = batch["x"]  # [B, D] float32
+    for w in params["w"]:  # L × [D, D] float32
+      h = block(w, h)
+    return jnp.mean(h ** 2)
+
+  d = jax.ShapeDtypeStruct((width, width), jnp.float32)
+  return LossTarget(loss, params={"w": [d] * num_layers},
+                    batch={"x": jax.ShapeDtypeStruct((batch_size, width), jnp.float32)}, name="sized")
+
+
+def test_target_function_takes_the_cli_sizes(tmp_path):
+  """Issue 40: a --target function with keyword arguments gets --batch-size, --layers and --target-arg values, and
+  the rows are those of the shapes asked for (arguments grow with width² × layers)."""
+  out = {}
+  for layers, width in ((2, 32), (3, 64)):
+    path = tmp_path / f"{layers}-{width}.json"
+    assert _exit_status(["--target", "test_report:sized_target", "--batch-size", "8", "--layers", str(layers),
+                         "--target-arg", f"width={width}", "--policies", "none", "--no-progress", "--json",
+                         str(path)]) == 0
+    out[layers, width] = json.loads(path.read_text())["rows"][0]
+  small, big = out[2, 32], out[3, 64]
+  assert big["argument_bytes"] - small["argument_bytes"] >= 3 * 64 * 64 * 4 * 3 - 2 * 32 * 32 * 4 * 3  # w, mu, nu
+  target = jaxckpt.step.load_target("test_report:sized_target", {"batch_size": 8, "num_layers": 3})
+  assert target.ref == {"target": "test_report:sized_target", "kwargs": {"batch_size": 8, "num_layers": 3}}
+  assert jaxckpt.step.rebuild_target(target.ref).batch["x"].shape == (8, 32)  # --measure rebuilds it with them
+
+
 def model_target():
   """A ModelTarget: the user's own NNX model built from jaxckpt blocks, scanned."""
 
@@ -226,7 +258,10 @@ def _exit_status(argv):
     (["--policies", "none", "dots_savable"], "unknown policy 'dots_savable'"),
     (["--seq-len", "128"], "--seq-len applies to sequence models only"),
     (["--target", "no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
-    (["--target", "test_report:loss_target", "--batch-size", "4"], "--batch-size apply to --model only"),
+    (["--target", "test_report:loss_target", "--batch-size", "4"], "takes no keyword argument --batch-size 4"),
+    (["--target", "test_report:loss_target", "--structure", "nested"], "--structure apply to --model only"),
+    (["--target", "test_report:loss_target", "--target-arg", "depth"], "bad --target-arg 'depth': write KEY=VALUE"),
+    (["--model", "mlp", "--target-arg", "depth=3"], "--target-arg applies to --target only"),
     (["--steps", "0"], "--steps must be ≥ 1"),
     (["--compute-dtype", "float16"], "invalid choice: 'float16'"),
 ])
@@ -355,7 +390,7 @@ def test_a_target_function_that_takes_arguments_is_one_line(capsys):
 
   assert main(["--target", "json:dumps", "--policies", "none", "--no-progress"]) == 2
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "bad --target 'json:dumps': dumps(" in err and "takes arguments" in err
+  assert len(err.splitlines()) == 1 and "bad --target 'json:dumps': dumps(" in err and "needs obj without a default" in err
 
 
 def test_plot_error_names_the_plot_flag(capsys):

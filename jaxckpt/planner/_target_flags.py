@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.models._registry import COMPUTE_DTYPES
 from jaxckpt.step._targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
 from jaxckpt.training._topology import TOPOLOGY_FORMS
 
-__all__ = ["add_target_flags", "target_from_args", "add_topology_flags", "check_topology_flags"]
+__all__ = ["add_target_flags", "target_from_args", "target_kwargs", "TARGET_SIZE_ARGS", "add_topology_flags",
+           "check_topology_flags"]
 
 
 def add_target_flags(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +37,10 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
                       help="checkpoint structure of the layer stack: block, every:K, nested, nested:D (default block)")
   parser.add_argument("--grad-accum-steps", type=int, default=1,
                       help="micro-batches per step, gradients averaged (compare B with remat vs N×B/N accumulated)")
+  parser.add_argument("--target-arg", action="append", default=[], metavar="KEY=VALUE", dest="target_args",
+                      help="a keyword argument of the --target function (repeatable): KEY=VALUE, the value an int, a "
+                           "float, true/false/none or text; --batch-size, --seq-len, --layers and the dtype flags "
+                           "reach a --target function as batch_size, seq_len, num_layers, compute_dtype, weight_dtype")
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
@@ -50,19 +56,61 @@ def target_from_args(args: argparse.Namespace) -> Target:
     JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
   """
   if args.target is not None:
-    given = [f for f in ("preset", "batch_size", "seq_len", "num_layers", "compute_dtype", "scan", "structure")
-             if getattr(args, f) is not None]
+    given = [f for f in ("preset", "scan", "structure") if getattr(args, f, None) is not None]
     if args.grad_accum_steps != 1:
       given.append("grad_accum_steps")
     if given:
-      flags = ", ".join("--" + f.replace("num_layers", "layers").replace("_", "-") for f in given)
-      raise JaxckptError(f"{flags} apply to --model only; a --target sets its own shapes")
-    return load_target(args.target)
+      flags = ", ".join("--" + f.replace("_", "-") for f in given)
+      raise JaxckptError(f"{flags} apply to --model only; a --target sets its own structure (its function may take "
+                         f"sizes and dtypes: --batch-size, --seq-len, --layers, dtypes, --target-arg KEY=VALUE)")
+    return load_target(args.target, target_kwargs(args))
+  if getattr(args, "target_args", None):
+    raise JaxckptError("--target-arg applies to --target only (keyword arguments of your target function); "
+                       "--model takes its shapes from --batch-size, --seq-len, --layers")
   return shipped_target(
       args.model or "vit", args.preset or "tiny",
       batch_size=args.batch_size,
       seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
       structure=args.structure, grad_accum_steps=args.grad_accum_steps)
+
+
+TARGET_SIZE_ARGS: tuple[str, ...] = ("batch_size", "seq_len", "num_layers", "compute_dtype", "weight_dtype")
+"""The flags' destinations a ``--target`` function receives as keyword arguments of the same names, when given."""
+
+
+def _value(text: str) -> Any:
+  """``--target-arg`` values: int, float, true/false/none, else the text itself."""
+  lowered = text.strip().lower()
+  if lowered in ("true", "false"):
+    return lowered == "true"
+  if lowered == "none":
+    return None
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def target_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+  """The keyword arguments of the ``--target`` function: the size and dtype flags that were given
+  (:data:`TARGET_SIZE_ARGS`) and every ``--target-arg KEY=VALUE``.
+
+  Raises:
+    JaxckptError: a ``--target-arg`` without ``=`` or with a key that is not a Python name, a key given twice, or
+      a key that repeats a size flag.
+  """
+  out = {name: getattr(args, name) for name in TARGET_SIZE_ARGS if getattr(args, name, None) is not None}
+  for item in getattr(args, "target_args", None) or []:
+    key, eq, value = item.partition("=")
+    key = key.strip()
+    if not eq or not key.isidentifier():
+      raise JaxckptError(f"bad --target-arg {item!r}: write KEY=VALUE with KEY a Python name (e.g. num_experts=8)")
+    if key in out:
+      raise JaxckptError(f"--target-arg {key}= is given twice (or repeats the flag that sets {key}): give it once")
+    out[key] = _value(value)
+  return out
 
 
 def add_topology_flags(parser: argparse.ArgumentParser) -> None:

@@ -47,7 +47,7 @@ import optax
 import flax.linen as nn
 from flax import nnx
 
-from jaxckpt.errors import JaxckptError, raised_at
+from jaxckpt.errors import JaxckptError, closest, raised_at
 from jaxckpt.linen._apply import apply_remat as linen_apply_remat
 from jaxckpt.linen._apply import RematModule, group_layers, traced_block_paths, traced_block_types
 from jaxckpt.nnx._apply import apply_remat as nnx_apply_remat
@@ -495,21 +495,32 @@ def shipped_target(
                      preset=preset, ref=ref, grad_accum_steps=grad_accum_steps)
 
 
-def load_target(spec: str) -> Target:
-  """Imports ``package.module:function`` and calls ``function()`` to get a target (protocol in the module docstring).
+def load_target(spec: str, kwargs: Mapping[str, Any] | None = None) -> Target:
+  """Imports ``package.module:function`` and calls ``function(**kwargs)`` to get a target (protocol in the module
+  docstring).
+
+  A target function may take keyword arguments with defaults (``def target(*, seq_len=4096, batch_size=8,
+  num_layers=32, compute_dtype="bfloat16")``): the tools pass their sizes and dtypes (``--seq-len``,
+  ``--batch-size``, ``--layers``, ``--compute-dtype``, ``--weight-dtype``) and ``--target-arg key=value`` as
+  ``kwargs``, so one function plans your model across shapes.
 
   Args:
     spec: ``"package.module:function"``; the module must be importable: installed, on ``PYTHONPATH``, or in the
       current directory (appended to ``sys.path`` if missing, as ``python -m`` does, so the ``jaxckpt-report``
       script finds it too).
+    kwargs: keyword arguments for ``function``; ``None`` or ``{}`` calls it without arguments.
 
   Returns:
-    The :class:`ModelTarget` or :class:`LossTarget` it returned, with ``ref`` set so ``--measure`` can rebuild it.
+    The :class:`ModelTarget` or :class:`LossTarget` it returned, with ``ref`` set so ``--measure`` can rebuild it
+    (``{"target": spec, "kwargs": kwargs}``).
 
   Raises:
-    JaxckptError: malformed spec, module not importable or raising while imported, no such function, the function
-      raising (its exception's type, message and file:line, one line) or returning something else.
+    JaxckptError: malformed spec, module not importable or raising while imported, no such function, a keyword
+      argument the function does not take (its keyword arguments listed) or a parameter without default that
+      ``kwargs`` does not give, the function raising (its exception's type, message and file:line, one line) or
+      returning something else.
   """
+  kwargs = dict(kwargs or {})
   module_name, sep, function_name = spec.partition(":")
   if not sep or not module_name or not function_name.isidentifier():
     raise JaxckptError(f"bad target={spec!r}: write package.module:function (e.g. mypkg.targets:vit_target)")
@@ -528,15 +539,9 @@ def load_target(spec: str) -> Target:
     found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
     raise JaxckptError(f"bad target={spec!r}: module {module_name} has no function {function_name!r}; "
                        f"its functions: {', '.join(found[:20]) or '(none)'}{', ...' if len(found) > 20 else ''}")
+  _check_target_kwargs(spec, function, function_name, kwargs)
   try:
-    inspect.signature(function).bind()
-  except TypeError:
-    raise JaxckptError(f"bad target={spec!r}: {function_name}{inspect.signature(function)} takes arguments; a target "
-                       "function takes none and returns a ModelTarget or LossTarget") from None
-  except ValueError:  # no signature (a builtin): call it and let the type check below speak
-    pass
-  try:
-    target = function()
+    target = function(**kwargs)
   except JaxckptError:
     raise
   except Exception as err:  # the user's function raised: one line, where and what
@@ -544,7 +549,32 @@ def load_target(spec: str) -> Target:
   if not isinstance(target, (ModelTarget, LossTarget)):
     raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
                        "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
-  return dataclasses.replace(target, ref={"target": spec})
+  return dataclasses.replace(target, ref={"target": spec, **({"kwargs": kwargs} if kwargs else {})})
+
+
+def _check_target_kwargs(spec: str, function: Callable, name: str, kwargs: Mapping[str, Any]) -> None:
+  """Refuses, in one line, keyword arguments ``function`` does not take and parameters it needs but is not given."""
+  try:
+    signature = inspect.signature(function)
+  except ValueError:  # no signature (a builtin): call it and let the type check speak
+    return
+  params = signature.parameters
+  takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+  keywords = [p.name for p in params.values()
+              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+  for key in kwargs:
+    if not takes_any and key not in keywords:
+      hint = closest(key, keywords)
+      raise JaxckptError(f"target={spec!r}: {name}{signature} takes no keyword argument {key}={kwargs[key]!r}; its "
+                         f"keyword arguments: {', '.join(keywords) or '(none)'}"
+                         + (f"; did you mean {hint!r}?" if hint else ""))
+  missing = [p.name for p in params.values() if p.default is inspect.Parameter.empty and p.name not in kwargs
+             and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+  if missing:
+    raise JaxckptError(f"bad target={spec!r}: {name}{signature} needs {', '.join(missing)} without a default; a "
+                       "target function takes no arguments, or keyword arguments with defaults that the tools' sizes "
+                       "and dtypes fill in (seq_len, batch_size, num_layers, compute_dtype, weight_dtype, or "
+                       "target_args key=value)")
 
 
 def rebuild_target(ref: Mapping[str, Any]) -> Target:
@@ -554,7 +584,7 @@ def rebuild_target(ref: Mapping[str, Any]) -> Target:
     JaxckptError: a ref of neither form.
   """
   if "target" in ref:
-    return load_target(ref["target"])
+    return load_target(ref["target"], ref.get("kwargs"))
   if "model" in ref:
     return shipped_target(**ref)
   raise JaxckptError(f"cannot rebuild a target from {dict(ref)!r}: need a 'model' or 'target' key")
