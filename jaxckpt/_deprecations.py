@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 __all__ = ["PUBLIC_FACES", "MOVED_MODULES", "MovedModule", "forward_names", "public_path", "install_moved_modules"]
 
 PUBLIC_FACES: tuple[str, ...] = (
-    "jaxckpt", "jaxckpt.nnx", "jaxckpt.linen", "jaxckpt.models", "jaxckpt.policies", "jaxckpt.step",
-    "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.topology", "jaxckpt.training",
-    "jaxckpt.analysis", "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
+    "jaxckpt", "jaxckpt.nnx", "jaxckpt.linen", "jaxckpt.models", "jaxckpt.models.llm", "jaxckpt.policies",
+    "jaxckpt.step", "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.topology",
+    "jaxckpt.training", "jaxckpt.analysis", "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
 )
 """The modules whose ``__all__`` names are public; every public name is on exactly one of them
 (``tests/test_face.py``)."""

@@ -10,11 +10,13 @@ import jaxckpt
 from jaxckpt.core import _names as names
 from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, uses_remat
 from jaxckpt.nnx._layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
+from jaxckpt.models.llm import LLM_PRESETS, DecoderBlock
 
 BLOCKS = {
     "attn": (lambda r, p: AttentionBlock(16, 2, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),
     "mlp": (lambda r, p: MLPBlock(16, 32, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),
     "conv": (lambda r, p: ConvBlock(8, dropout_rate=0.2, policy=p, rngs=r), (2, 4, 4, 8)),
+    "decoder": (lambda r, p: DecoderBlock(LLM_PRESETS["llama-tiny"], policy=p, rngs=r), (2, 8, 64)),
 }
 
 
@@ -180,7 +182,7 @@ def test_registry_overrides_name_python_arguments():
       (gpt, {"num_heads": 3}, "num_heads=3 must be a positive divisor of dim=64"),
       (gpt, {"attention": "flash"}, "attention='flash' is unknown; valid: xla, dot_product_attention"),
       (gpt, {"nm_layers": 2}, "did you mean 'num_layers'"),
-      (vit, {"seq_len": 128}, "seq_len applies to sequence models only (gpt), got seq_len=128"),
+      (vit, {"seq_len": 128}, "seq_len applies to sequence models only (gpt, llm), got seq_len=128"),
       (vit, {"compute_dtype": "float16"}, "compute_dtype='float16' is unknown; valid: float32, bfloat16"),
       (vit, {"structure": "nestd"}, "did you mean 'nested'"),
       (vit, {"dropout_rate": 1.0}, "dropout_rate=1.0 must be in [0, 1)"),

@@ -18,13 +18,15 @@ from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS, check_attention, che
 from jaxckpt.errors import JaxckptError, closest
 from jaxckpt.core._structure import parse_structure
 
-__all__ = ["COMPUTE_DTYPES", "compute_dtype", "check_config", "override"]
+__all__ = ["COMPUTE_DTYPES", "compute_dtype", "dtype_named", "check_config", "check_fields", "override",
+           "unknown_preset"]
 
 COMPUTE_DTYPES: dict[str, jnp.dtype] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-"""Compute dtype name -> dtype. Parameters are always float32."""
+"""Dtype name -> dtype, for compute dtypes (every model) and weight dtypes (the LLM family's ``weight_dtype``; the
+other models keep float32 parameters)."""
 
 _AT_LEAST_ONE = ("num_layers", "dim", "num_heads", "mlp_dim", "hidden_dim", "stem_channels", "patch_size", "channels",
-                 "kernel_size", "seq_len", "batch_size")
+                 "kernel_size", "seq_len", "batch_size", "num_kv_heads", "head_dim", "vocab_tiles")
 """Config fields that are counts or sizes: whole numbers ≥ 1."""
 _AT_LEAST_TWO = ("vocab_size",)
 _FLAGS = ("scan", "tie_embeddings")
@@ -44,8 +46,27 @@ def compute_dtype(name: str) -> jnp.dtype:
   Raises:
     JaxckptError: an unknown name, listing the valid ones.
   """
-  if name not in COMPUTE_DTYPES:
-    raise JaxckptError(f"compute_dtype={name!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
+  return dtype_named(name, argument="compute_dtype")
+
+
+def dtype_named(name: str, *, argument: str) -> jnp.dtype:
+  """The dtype of a dtype name given as the Python argument ``argument`` (``compute_dtype``, ``weight_dtype``).
+
+  Args:
+    name: a key of :data:`COMPUTE_DTYPES` (``float32``, ``bfloat16``).
+    argument: the argument's name, for the message.
+
+  Returns:
+    The ``jnp`` dtype.
+
+  Raises:
+    JaxckptError: an unknown name, naming ``argument`` and listing the valid ones
+      (``weight_dtype='fp16' is unknown; valid: float32, bfloat16``).
+  """
+  if not isinstance(name, str) or name not in COMPUTE_DTYPES:
+    hint = closest(name, COMPUTE_DTYPES) if isinstance(name, str) else None
+    raise JaxckptError(f"{argument}={name!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}"
+                       + (f"; did you mean {hint!r}?" if hint else ""))
   return COMPUTE_DTYPES[name]
 
 
@@ -63,6 +84,24 @@ def check_config(config: Any) -> None:
   Raises:
     JaxckptError: the first bad field, named as the Python argument with its value (``seq_len=0 must be ≥ 1``).
   """
+  values = check_fields(config)
+  if "num_heads" in values:
+    check_attention(values["dim"], values["num_heads"], values.get("attention", ATTENTION_IMPLEMENTATIONS[0]))
+
+
+def check_fields(config: Any) -> dict[str, Any]:
+  """The checks of :func:`check_config` that hold for every model family: sizes, flags, dropout rate, compute
+  dtype and structure (not the attention choice, which is each family's own: the LLM family checks its kernels).
+
+  Args:
+    config: a config dataclass instance.
+
+  Returns:
+    ``{field name: value}`` of the config.
+
+  Raises:
+    JaxckptError: the first bad field, named as the Python argument with its value.
+  """
   values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
   for name, value in values.items():
     if name in _AT_LEAST_ONE or name in _AT_LEAST_TWO:
@@ -77,8 +116,7 @@ def check_config(config: Any) -> None:
     compute_dtype(values["compute_dtype"])
   if "structure" in values:
     parse_structure(values["structure"])
-  if "num_heads" in values:
-    check_attention(values["dim"], values["num_heads"], values.get("attention", ATTENTION_IMPLEMENTATIONS[0]))
+  return values
 
 
 def override(config: Config, **overrides: Any) -> Config:
@@ -113,3 +151,21 @@ def _unknown_field(config_name: str, name: str, value: Any, fields: Iterable[str
   hint = closest(name, list(fields))
   return (f"{name}={value!r} is not a field of {config_name}; its fields: {', '.join(fields)}"
           + (f"; did you mean {hint!r}?" if hint else ""))
+
+
+def unknown_preset(model: str, name: str, presets: Iterable[str]) -> JaxckptError:
+  """The error for a preset name a model lacks: the valid ones and the closest.
+
+  Args:
+    model: the model's registry name (``gpt``, ``llm``…).
+    name: the bad preset name.
+    presets: the model's preset names.
+
+  Returns:
+    A :class:`~jaxckpt.errors.JaxckptError` to raise: ``unknown preset 'llama3-8b' for model llm; valid presets:
+    ...; did you mean 'llama3.1-8b'?``.
+  """
+  presets = list(presets)
+  hint = closest(name, presets) if isinstance(name, str) else None
+  return JaxckptError(f"unknown preset {name!r} for model {model}; valid presets: {', '.join(presets)}"
+                      + (f"; did you mean {hint!r}?" if hint else ""))

@@ -1,5 +1,6 @@
-"""The registry of shipped models: the image classifiers of :mod:`jaxckpt.models._classifiers` and the GPT decoder of
-:mod:`jaxckpt.models._gpt`, each with frozen configs and named presets.
+"""The registry of shipped models: the image classifiers of :mod:`jaxckpt.models._classifiers`, the GPT decoder of
+:mod:`jaxckpt.models._gpt` and the LLM family of :mod:`jaxckpt.models.llm` (Llama, Mistral, Gemma at their real
+sizes), each with frozen configs and named presets.
 
 - ``vit``: a small conv stem, then pre-LN Transformer layers (block types ``attn`` and ``mlp``), mean pool, head.
 - ``mlp``: flattened pixels, a linear embedding, residual MLP blocks (block type ``mlp``), head.
@@ -11,7 +12,8 @@ Every model maps ``x: [B, H, W, C]`` float images to ``[B, num_classes]`` float3
 experiment) are frozen dataclasses with explicit numbers, checked once when made (:func:`jaxckpt.models._configs.check_config`);
 override fields with :func:`jaxckpt.models._configs.override` (or ``dataclasses.replace``).
 
-:data:`MODEL_REGISTRY` is the one registry of shipped models: every entry (``vit``, ``mlp``, ``cnn``, ``gpt``) gives its
+:data:`MODEL_REGISTRY` is the one registry of shipped models: every entry (``vit``, ``mlp``, ``cnn``, ``gpt``,
+``llm``) gives its
 presets, config class, block types, ``build(config, policy=..., seed=...)``, the example batch
 ``batch(batch_size, config)`` (a pytree of ``jax.ShapeDtypeStruct``), its ``loss_fn`` and ``override(config,
 **overrides)``. Tools (the report, the planner, benchmarks) go through it instead of branching on the model name.
@@ -29,10 +31,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.models import _gpt as gpt
-from jaxckpt.models._configs import COMPUTE_DTYPES, override
+from jaxckpt.models._configs import COMPUTE_DTYPES, override, unknown_preset
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx._layers import set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
+from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
+from jaxckpt.models.llm._loss import llm_loss
+from jaxckpt.models.llm._model import LLM, LLM_BLOCK_TYPES
 from jaxckpt.models._classifiers import (CNNConfig, DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MLPConfig, NUM_CLASSES, ResidualCNN,
                                          ResidualMLP, ViT, ViTConfig, ImageClassifier,
                                          classification_loss)
@@ -71,6 +76,7 @@ class ModelEntry:
       (:data:`jaxckpt.training.LossFn`).
     kind: what it is, for messages (``"image classifier"``, ``"sequence model"``).
     name: its key in :data:`MODEL_REGISTRY` (``vit``, ``gpt``...).
+    default_preset: the preset :meth:`config` gives for ``None`` (``small``; ``tiny`` for ``llm``).
   """
 
   cls: Callable[..., nnx.Module]
@@ -80,10 +86,11 @@ class ModelEntry:
   loss_fn: Callable[..., Any] = classification_loss
   kind: str = "model"
   name: str = "custom"
+  default_preset: str = "small"
 
   def config(self, config: Any = None) -> Any:
     """A config of this model: a preset by name, a config instance (checked to be of :attr:`config_cls`), or ``None``
-    for the ``small`` preset.
+    for the :attr:`default_preset`.
 
     Args:
       config: ``None``, a preset name, or a config instance.
@@ -92,13 +99,13 @@ class ModelEntry:
       The config.
 
     Raises:
-      JaxckptError: an unknown preset name (listing the valid ones), or a config of another class.
+      JaxckptError: an unknown preset name (listing the valid ones and the closest), or a config of another class.
     """
     if config is None:
-      return self.presets["small"]
+      return self.presets[self.default_preset]
     if isinstance(config, str):
       if config not in self.presets:
-        raise JaxckptError(f"unknown preset {config!r} for model {self.name}; valid presets: {', '.join(self.presets)}")
+        raise unknown_preset(self.name, config, self.presets)
       return self.presets[config]
     if not isinstance(config, self.config_cls):
       raise JaxckptError(f"model {self.name!r} takes a {self.config_cls.__name__}, got {type(config).__name__}")
@@ -124,8 +131,10 @@ class ModelEntry:
       if value is not None and name not in fields:
         takers = {n: e for n, e in MODEL_REGISTRY.items() if name in {f.name for f in dataclasses.fields(e.config_cls)}}
         if takers:
-          kinds = " and ".join(sorted({e.kind + "s" for e in takers.values()}))
-          raise JaxckptError(f"{name} applies to {kinds} only ({', '.join(takers)}), got {name}={value!r}; "
+          kinds = {e.kind for e in takers.values()}
+          who = (f"{', '.join(takers)} only" if self.kind in kinds  # another model of the same kind takes it
+                 else f"{' and '.join(sorted(k + 's' for k in kinds))} only ({', '.join(takers)})")
+          raise JaxckptError(f"{name} applies to {who}, got {name}={value!r}; "
                              f"{self.config_cls.__name__} ({self.kind}) has no {name}: leave it out")
     return override(config, **overrides)
 
@@ -247,7 +256,8 @@ class ClassifierEntry(ModelEntry):
 
 @dataclasses.dataclass(frozen=True)
 class LanguageModelEntry(ModelEntry):
-  """A language model: ``[B, T]`` int32 tokens -> ``[B, T, V]`` next-token logits, :func:`jaxckpt.models._gpt.lm_loss`."""
+  """A language model: ``[B, T]`` int32 tokens -> ``[B, T, V]`` next-token logits, its loss over ``{"tokens": [B, T+1]
+  int32}`` (:func:`jaxckpt.models._gpt.lm_loss` for ``gpt``, :func:`jaxckpt.models.llm.llm_loss` for ``llm``)."""
 
   loss_fn: Callable[..., Any] = gpt.lm_loss
   kind: str = "sequence model"
@@ -308,9 +318,12 @@ MODEL_REGISTRY: dict[str, ModelEntry] = {entry.name: entry for entry in (
         name="cnn",
     ),
     LanguageModelEntry(gpt.GPT, gpt.GPTConfig, gpt.GPT_PRESETS, gpt.GPT_BLOCK_TYPES, name="gpt"),
+    LanguageModelEntry(LLM, LLMConfig, LLM_PRESETS, LLM_BLOCK_TYPES, loss_fn=llm_loss, name="llm",
+                       default_preset="tiny"),
 )}
 """Model name -> :class:`ModelEntry`: every shipped model. Presets: ``tiny`` (tests, seconds), ``small`` (the default
-experiment); ``gpt`` also ``gpt2-small`` (GPT-2's 124M shapes)."""
+experiment); ``gpt`` also ``gpt2-small`` (GPT-2's 124M shapes); ``llm`` the released models (``llama3.1-8b``,
+``gemma2-27b``…, :data:`jaxckpt.models.llm.LLM_PRESETS`) and ``llama-tiny``, ``gemma2-tiny``."""
 
 MODELS: dict[str, ModelEntry] = {name: e for name, e in MODEL_REGISTRY.items() if isinstance(e, ClassifierEntry)}
 """The image classifiers of :data:`MODEL_REGISTRY` (``vit``, ``mlp``, ``cnn``): what :func:`build_model` builds and

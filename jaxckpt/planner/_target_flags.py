@@ -20,17 +20,29 @@ __all__ = ["add_target_flags", "target_from_args", "target_kwargs", "TARGET_SIZE
 def add_target_flags(parser: argparse.ArgumentParser) -> None:
   """Adds the flags that choose what to compile: ``--model``/``--target``, ``--preset`` and the shape overrides."""
   what = parser.add_mutually_exclusive_group()
-  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit)")
+  what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit; llm: "
+                    "Llama, Mistral and Gemma at their real sizes, docs/llm.md)")
   what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss: MODULE:FUNCTION names a function that takes no arguments and returns a "
                     "jaxckpt ModelTarget (e.g. jaxckpt.linen_model_target(...)) or LossTarget; the module is imported "
                     "from the current directory or PYTHONPATH (docs/own-model.md)")
-  parser.add_argument("--preset", default=None, help="preset of --model (default tiny)")
+  parser.add_argument("--preset", default=None, help="preset of --model (default tiny; llm: llama3.1-8b, "
+                      "gemma2-27b, ..., docs/llm.md)")
   parser.add_argument("--batch-size", type=int, default=None,
-                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt: the preset's)")
+                      help=f"examples per step (default {DEFAULT_BATCH_SIZE}; gpt, llm: the preset's)")
   parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (sequence models only)")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")
   parser.add_argument("--compute-dtype", choices=list(COMPUTE_DTYPES), default=None,
-                      help="dtype of --model's activations and matmuls (parameters stay float32; default: preset's)")
+                      help="dtype of --model's activations and matmuls (default: the preset's; float32, bfloat16 on "
+                           "llm's real presets)")
+  parser.add_argument("--weight-dtype", choices=list(COMPUTE_DTYPES), default=None,
+                      help="dtype of --model llm's parameters and so of AdamW's moments (default: the preset's, "
+                           "float32; the other models keep float32 parameters)")
+  parser.add_argument("--attention", default=None,
+                      help="attention kernel of --model: gpt xla or dot_product_attention; llm auto (splash on a "
+                           "TPU from 128 tokens, else xla), xla or splash (default: the preset's)")
+  parser.add_argument("--vocab-tiles", type=int, default=None,
+                      help="--model llm: the loss computes logits one sequence chunk at a time, in this many chunks "
+                           "(MaxText's num_vocab_tiling; divides --seq-len; default 1)")
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers or --no-scan to unroll them (default: the preset's)")
   parser.add_argument("--structure", default=None,
@@ -56,7 +68,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
     JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
   """
   if args.target is not None:
-    given = [f for f in ("preset", "scan", "structure") if getattr(args, f, None) is not None]
+    given = [f for f in ("preset", "scan", "structure", "attention", "vocab_tiles")
+             if getattr(args, f, None) is not None]
     if args.grad_accum_steps != 1:
       given.append("grad_accum_steps")
     if given:
@@ -71,7 +84,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
       args.model or "vit", args.preset or "tiny",
       batch_size=args.batch_size,
       seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
-      structure=args.structure, grad_accum_steps=args.grad_accum_steps)
+      structure=args.structure, grad_accum_steps=args.grad_accum_steps, weight_dtype=args.weight_dtype,
+      attention=args.attention, vocab_tiles=args.vocab_tiles)
 
 
 TARGET_SIZE_ARGS: tuple[str, ...] = ("batch_size", "seq_len", "num_layers", "compute_dtype", "weight_dtype")

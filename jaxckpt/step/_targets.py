@@ -450,23 +450,32 @@ def shipped_target(
     scan: bool | None = None,
     structure: str | None = None,
     grad_accum_steps: int = 1,
+    weight_dtype: str | None = None,
+    attention: str | None = None,
+    vocab_tiles: int | None = None,
 ) -> ModelTarget:
   """A shipped model of :data:`jaxckpt.models.MODEL_REGISTRY` with a preset and overrides: the entry builds it, gives
   its example batch (image classifiers: the digits' image shape) and its loss (e.g. :func:`jaxckpt.models._gpt.lm_loss`).
 
   Args:
-    model: a registry key: ``vit``, ``mlp``, ``cnn`` or ``gpt``.
-    preset: a preset of that model (``tiny``, ``small``; ``gpt`` also ``gpt2-small``).
+    model: a registry key: ``vit``, ``mlp``, ``cnn``, ``gpt`` or ``llm``.
+    preset: a preset of that model (``tiny``, ``small``; ``gpt`` also ``gpt2-small``; ``llm`` the released models,
+      ``llama3.1-8b``…, and ``tiny``, ``llama-tiny``, ``gemma2-tiny``).
     batch_size: examples per step B ≥ 1 (the entry's ``batch``: images ``{"x": [B, 8, 8, 1] float32, "y": [B]
       int32}``, tokens ``{"tokens": [B, T+1] int32}``). ``None``: the entry's default (64 for images, the preset's
       for gpt).
     seq_len: tokens per example T, for sequence models only (their config has a ``seq_len`` field).
     num_layers: overrides the preset's depth (≥ 1).
-    compute_dtype: ``float32`` or ``bfloat16`` (parameters stay float32); ``None`` keeps the preset's.
+    compute_dtype: ``float32`` or ``bfloat16`` (parameters stay float32 except ``llm``'s ``weight_dtype``); ``None``
+      keeps the preset's.
     scan: scan over layers or unroll them; ``None`` keeps the preset's.
     structure: checkpoint structure of the layer stack (``block``, ``every:K``, ``nested[:D]``); ``None`` keeps the
       preset's (``block``).
     grad_accum_steps: micro-batches per step, gradients averaged (must divide ``batch_size``).
+    weight_dtype: ``float32`` or ``bfloat16``, the parameters' (and so AdamW's moments') dtype; ``llm`` only.
+    attention: the attention implementation: ``xla`` or ``dot_product_attention`` (``gpt``); ``auto``, ``xla`` or
+      ``splash`` (``llm``).
+    vocab_tiles: sequence chunks the loss computes logits for one at a time (``llm`` only; divides ``seq_len``).
 
   Returns:
     The :class:`ModelTarget` (rebuildable in a fresh process through its ``ref``).
@@ -481,7 +490,8 @@ def shipped_target(
   """
   entry = model_entry(model)
   config = entry.override(preset, seq_len=seq_len, num_layers=num_layers, compute_dtype=compute_dtype, scan=scan,
-                          structure=None if structure is None else str(parse_structure(structure)))
+                          structure=None if structure is None else str(parse_structure(structure)),
+                          weight_dtype=weight_dtype, attention=attention, vocab_tiles=vocab_tiles)
   if batch_size is None:
     batch_size = entry.default_batch_size(config)
   batch = entry.batch(batch_size, config)
@@ -490,7 +500,8 @@ def shipped_target(
   if grad_accum_steps < 1 or batch_size % grad_accum_steps:
     raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide the batch size {batch_size}")
   ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
-         "compute_dtype": compute_dtype, "scan": scan, "structure": structure, "grad_accum_steps": grad_accum_steps}
+         "compute_dtype": compute_dtype, "scan": scan, "structure": structure, "grad_accum_steps": grad_accum_steps,
+         "weight_dtype": weight_dtype, "attention": attention, "vocab_tiles": vocab_tiles}
   return ModelTarget(make_model=lambda: entry.build(config), batch=batch, loss_fn=entry.loss_fn, name=model,
                      preset=preset, ref=ref, grad_accum_steps=grad_accum_steps)
 

@@ -1,0 +1,202 @@
+"""The LLM family's config and its presets: one frozen dataclass, one line of dimensions per released model.
+
+The dimensions are those of MaxText's model configs (AI-Hypercomputer/maxtext, ``configs/models/*.yml``), which
+follow the model cards: Llama 2 (Touvron et al. 2023), Llama 3 / 3.1 (Grattafiori et al. 2024, "The Llama 3 Herd of
+Models"), Mistral 7B (Jiang et al. 2023), Gemma (Gemma Team 2024) and Gemma 2 (Gemma Team 2024). The parameter
+count is derived from the config (:attr:`LLMConfig.num_params`), never typed, and tested against the built model.
+Presets are a table, as Flax's NNX Gemma example keeps ``TransformerConfig`` presets named as the released models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.models._configs import check_fields, dtype_named
+from jaxckpt.models.llm._kernels import ATTENTION_KERNELS, SplashBlockSizes, check_splash_blocks
+
+__all__ = ["LLMConfig", "LLM_PRESETS", "MLP_ACTIVATIONS", "LAYER_KINDS", "ROPE_SCALINGS", "LLAMA31_ROPE_SCALING"]
+
+MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu")
+"""Gated-MLP activations: ``silu`` (SwiGLU: Llama, Mistral) and ``gelu`` (GeGLU with tanh-approximate GELU: Gemma);
+Shazeer 2020, "GLU Variants Improve Transformer"."""
+
+LAYER_KINDS: tuple[str, ...] = ("global", "local")
+"""Kinds of decoder layer in a ``layer_pattern``: ``global`` attends to every earlier position, ``local`` to the last
+``sliding_window`` positions."""
+
+ROPE_SCALINGS: tuple[str, ...] = ("llama3.1",)
+"""RoPE frequency scalings besides none: Llama 3.1's (:data:`LLAMA31_ROPE_SCALING`)."""
+
+LLAMA31_ROPE_SCALING: dict[str, float] = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position": 8192}
+"""Llama 3.1's RoPE scaling: wavelengths above ``original_max_position / low_freq_factor`` tokens are stretched by
+``factor``, below ``original_max_position / high_freq_factor`` kept, smoothly in between (the released
+``rope_scaling`` of Llama 3.1)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMConfig:
+  """A decoder-only language model of the Llama / Mistral / Gemma family (``llm``); presets in :data:`LLM_PRESETS`.
+
+  Shapes use B = batch, S = tokens per sequence, E = ``dim``, N = ``num_heads``, K = ``num_kv_heads``,
+  Dh = ``head_dim``, M = ``mlp_dim``, V = ``vocab_size``, L = ``num_layers``.
+
+  Checked when made: sizes are whole numbers ≥ 1 (``vocab_size`` ≥ 2), N a multiple of K, L a multiple of the
+  pattern's length, dtypes, kernels, activations and layer kinds known, a ``local`` layer has a sliding window,
+  ``vocab_tiles`` divides ``seq_len``, and with ``attention="splash"`` the splash blocks tile ``seq_len``.
+
+  Raises:
+    JaxckptError: a bad field, named as its Python argument (``num_heads=30 must be a multiple of
+      num_kv_heads=8``).
+
+  Example::
+
+    >>> LLM_PRESETS["llama3.1-8b"].num_params
+    8030261248
+  """
+
+  num_layers: int = 2  # Real decoder layers L (Gemma 2 counts local and global ones); a multiple of the pattern.
+  dim: int = 64  # Model width E (MaxText's emb_dim), channels per token.
+  num_heads: int = 4  # Query heads N; a multiple of num_kv_heads.
+  num_kv_heads: int = 2  # Key/value heads K (grouped-query attention; K = N: multi-head, K = 1: multi-query).
+  head_dim: int = 16  # Channels per head Dh, independent of dim / num_heads as in MaxText.
+  mlp_dim: int = 128  # Hidden width M of the gated MLP (channels).
+  vocab_size: int = 256  # Vocabulary V (tokens); 256 = bytes.
+  seq_len: int = 64  # Tokens per sequence S.
+  batch_size: int = 8  # Sequences per step B (MaxText's per-device batch on the real presets; read by the tools).
+  mlp_activation: str = "silu"  # "silu" (SwiGLU) or "gelu" (GeGLU, tanh-approximate GELU).
+  rope_theta: float = 10_000.0  # RoPE base wavelength (MaxText's rope_max_timescale), in tokens.
+  rope_scaling: str | None = None  # None, or "llama3.1" (Llama 3.1's frequency scaling, LLAMA31_ROPE_SCALING).
+  norm_eps: float = 1e-5  # RMSNorm epsilon (added to the mean square).
+  tie_embeddings: bool = False  # Logits through the token embedding (True) or a separate [E, V] head (False).
+  scale_embeddings: bool = False  # Multiply the embedded tokens by sqrt(E) (Gemma).
+  norm_scale_offset: float = 0.0  # RMSNorm multiplies by (offset + scale): 0 (Llama, scale from 1) or 1 (Gemma).
+  attn_logit_softcap: float | None = None  # Attention score soft cap c: tanh(x / c) * c (Gemma 2: 50), or None.
+  final_logit_softcap: float | None = None  # Output logit soft cap (Gemma 2: 30), or None.
+  sliding_window: int | None = None  # Tokens a "local" layer attends to (Gemma 2: 4096), or None.
+  layer_pattern: tuple[str, ...] = ("global",)  # Kinds of the layers of one scanned block, e.g. ("local", "global").
+  post_norms: bool = False  # RMSNorm after attention and after the MLP too, before each residual add (Gemma 2).
+  query_scale: float | None = None  # Factor q is multiplied by; None: head_dim ** -0.5 (Gemma 2 27B: (E/N) ** -0.5).
+  compute_dtype: str = "float32"  # Activations and matmuls: "bfloat16" on the real presets, "float32" on tiny ones.
+  weight_dtype: str = "float32"  # Parameters (and so AdamW's moments): "float32" (MaxText's default) or "bfloat16".
+  attention: str = "xla"  # Kernel: "auto" (splash on a TPU, seq ≥ 128; else xla), "xla" or "splash".
+  splash_blocks: SplashBlockSizes = dataclasses.field(default_factory=SplashBlockSizes)  # Splash kernel blocks.
+  splash_interpret: bool = False  # Run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
+  vocab_tiles: int = 1  # Sequence chunks the loss computes logits for one at a time (MaxText's num_vocab_tiling).
+  scan: bool = True  # Scan over blocks (True) or unroll them.
+  structure: str = "block"  # Remat structure of the stack: "block", "every:K", "nested", "nested:D" (see Stack).
+
+  def __post_init__(self):
+    check_fields(self)
+    _check(self)
+
+  @property
+  def num_blocks(self) -> int:
+    """Scanned blocks: ``num_layers / len(layer_pattern)`` (Gemma 2: pairs of a local and a global layer)."""
+    return self.num_layers // len(self.layer_pattern)
+
+  @property
+  def num_params(self) -> int:
+    """Parameters of the model, in closed form (no model built): embedding ``V·E``, an untied head ``E·V``, the
+    final norm ``E``, and per layer the attention ``E·Dh·(2N + 2K)``, the gated MLP ``3·E·M`` and 2 norms of E
+    (4 with ``post_norms``)."""
+    e, dh = self.dim, self.head_dim
+    attention = e * dh * (2 * self.num_heads + 2 * self.num_kv_heads)
+    per_layer = attention + 3 * e * self.mlp_dim + (4 if self.post_norms else 2) * e
+    embedding = self.vocab_size * e * (1 if self.tie_embeddings else 2)
+    return embedding + e + self.num_layers * per_layer
+
+
+def _check(config: LLMConfig) -> None:
+  """The LLM family's own checks (after :func:`jaxckpt.models._configs.check_fields`)."""
+  if config.num_heads % config.num_kv_heads:
+    raise JaxckptError(f"num_heads={config.num_heads} must be a multiple of num_kv_heads={config.num_kv_heads}")
+  if config.head_dim % 2:
+    raise JaxckptError(f"head_dim={config.head_dim} must be even (RoPE rotates pairs of channels)")
+  dtype_named(config.weight_dtype, argument="weight_dtype")
+  for name, value, valid in (("mlp_activation", config.mlp_activation, MLP_ACTIVATIONS),
+                             ("attention", config.attention, ATTENTION_KERNELS)):
+    if value not in valid:
+      raise JaxckptError(f"{name}={value!r} is unknown; valid: {', '.join(valid)}")
+  if config.rope_scaling is not None and config.rope_scaling not in ROPE_SCALINGS:
+    raise JaxckptError(f"rope_scaling={config.rope_scaling!r} is unknown; valid: None, {', '.join(ROPE_SCALINGS)}")
+  pattern = config.layer_pattern
+  if not isinstance(pattern, tuple) or not pattern or any(kind not in LAYER_KINDS for kind in pattern):
+    raise JaxckptError(f"layer_pattern={pattern!r} must be a non-empty tuple of {', '.join(LAYER_KINDS)}")
+  if config.num_layers % len(pattern):
+    raise JaxckptError(f"num_layers={config.num_layers} must be a multiple of len(layer_pattern)={len(pattern)} "
+                       f"(layer_pattern={pattern})")
+  for name in ("rope_theta", "norm_eps", "attn_logit_softcap", "final_logit_softcap", "query_scale",
+               "sliding_window"):
+    value = getattr(config, name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+      raise JaxckptError(f"{name}={value!r} must be a number > 0" + ("" if name in ("rope_theta", "norm_eps")
+                                                                       else " or None"))
+  if "local" in pattern and config.sliding_window is None:
+    raise JaxckptError(f"layer_pattern={pattern} has local layers: give sliding_window (tokens), e.g. 4096")
+  if config.norm_scale_offset not in (0.0, 1.0):
+    raise JaxckptError(f"norm_scale_offset={config.norm_scale_offset!r} must be 0 (Llama) or 1 (Gemma)")
+  for name in ("scale_embeddings", "post_norms", "splash_interpret"):
+    if not isinstance(getattr(config, name), bool):
+      raise JaxckptError(f"{name}={getattr(config, name)!r} must be True or False")
+  if config.seq_len % config.vocab_tiles:
+    raise JaxckptError(f"vocab_tiles={config.vocab_tiles} must divide seq_len={config.seq_len} (the loss splits "
+                       "each sequence into vocab_tiles chunks)")
+  if config.attention == "splash":
+    check_splash_blocks(config.splash_blocks, config.seq_len)
+
+
+def _llama(**fields) -> LLMConfig:
+  """A real-size preset: bfloat16 compute, float32 weights, the attention kernel chosen per platform."""
+  return LLMConfig(compute_dtype="bfloat16", attention="auto", **fields)
+
+
+def _gemma2(**fields) -> LLMConfig:
+  """Gemma 2's shared settings: pairs of a local (4096-token window) and a global layer, soft caps 50 / 30, post
+  norms, GeGLU, tied and scaled embeddings, (1 + scale) RMSNorm with epsilon 1e-6."""
+  return _llama(mlp_activation="gelu", vocab_size=256_128, norm_eps=1e-6, tie_embeddings=True,
+                scale_embeddings=True, norm_scale_offset=1.0, attn_logit_softcap=50.0, final_logit_softcap=30.0,
+                sliding_window=4096, layer_pattern=("local", "global"), post_norms=True, seq_len=8192, **fields)
+
+
+_LLAMA_TINY = LLMConfig()
+"""The default fields: a two-layer Llama for tests and CPU training."""
+
+_LLAMA31 = dict(vocab_size=128_256, rope_theta=500_000.0, rope_scaling="llama3.1", seq_len=8192)
+
+LLM_PRESETS: dict[str, LLMConfig] = {
+    "llama2-7b": _llama(num_layers=32, dim=4096, num_heads=32, num_kv_heads=32, head_dim=128, mlp_dim=11008,
+                        vocab_size=32_000, seq_len=4096, batch_size=12),
+    "llama2-13b": _llama(num_layers=40, dim=5120, num_heads=40, num_kv_heads=40, head_dim=128, mlp_dim=13824,
+                         vocab_size=32_000, seq_len=4096, batch_size=1),
+    "llama2-70b": _llama(num_layers=80, dim=8192, num_heads=64, num_kv_heads=8, head_dim=128, mlp_dim=28672,
+                         vocab_size=32_000, seq_len=4096, batch_size=2),
+    "llama3.1-8b": _llama(num_layers=32, dim=4096, num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336,
+                          batch_size=4, **_LLAMA31),
+    "llama3.1-70b": _llama(num_layers=80, dim=8192, num_heads=64, num_kv_heads=8, head_dim=128, mlp_dim=28672,
+                           batch_size=5, **_LLAMA31),
+    "llama3.1-405b": _llama(num_layers=126, dim=16384, num_heads=128, num_kv_heads=8, head_dim=128, mlp_dim=53248,
+                            batch_size=1, **_LLAMA31),
+    "mistral-7b": _llama(num_layers=32, dim=4096, num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336,
+                         vocab_size=32_000, rope_theta=1_000_000.0, seq_len=8192, batch_size=6),
+    "gemma-7b": _llama(num_layers=28, dim=3072, num_heads=16, num_kv_heads=16, head_dim=256, mlp_dim=24576,
+                       vocab_size=256_128, mlp_activation="gelu", norm_eps=1e-6, tie_embeddings=True,
+                       scale_embeddings=True, norm_scale_offset=1.0, seq_len=8192, batch_size=1),
+    "gemma2-9b": _gemma2(num_layers=42, dim=3584, num_heads=16, num_kv_heads=8, head_dim=256, mlp_dim=14336,
+                         batch_size=3),
+    "gemma2-27b": _gemma2(num_layers=46, dim=4608, num_heads=32, num_kv_heads=16, head_dim=128, mlp_dim=36864,
+                          query_scale=(4608 / 32) ** -0.5, batch_size=2),
+    # Tiny ones for tests and CPU training: float32 compute so gradients compare closely, xla attention, bytes.
+    "llama-tiny": _LLAMA_TINY,
+    "tiny": _LLAMA_TINY,  # every shipped model has a "tiny" preset: the tools' default
+    "gemma2-tiny": LLMConfig(num_layers=4, dim=64, num_heads=4, num_kv_heads=2, head_dim=32, mlp_dim=128,
+                             mlp_activation="gelu", norm_eps=1e-6, tie_embeddings=True, scale_embeddings=True,
+                             norm_scale_offset=1.0, attn_logit_softcap=50.0, final_logit_softcap=30.0,
+                             sliding_window=16, layer_pattern=("local", "global"), post_norms=True,
+                             query_scale=(64 / 4) ** -0.5),
+}
+"""Preset name -> :class:`LLMConfig`. Real sizes with MaxText's dimensions (``llama2-7b`` … ``gemma2-27b``): bfloat16
+compute, float32 weights, ``attention="auto"``; ``seq_len`` and ``batch_size`` are MaxText's published training
+settings where it publishes one (per-device batch; ``batch_size=1`` where it does not). Tiny ones for tests and CPU
+training: ``llama-tiny`` (also ``tiny``) and ``gemma2-tiny`` (a local/global pair of blocks, soft caps, post norms)."""

@@ -1,0 +1,198 @@
+"""Attention kernels behind one seam: the decoder layer calls :func:`attention`, which runs XLA's dot-product attention
+or the Pallas splash kernel; the layers above never know which.
+
+- ``xla``: dot-product attention written with ``einsum`` here (grouped-query attention by grouping the query heads of
+  each key/value head, causal and sliding-window masks, the logit soft cap ``tanh(x / c) · c``, softmax in float32).
+  Its output is tagged ``context`` (:data:`jaxckpt.core._names.CONTEXT`), so a name policy can save it. Its matmuls
+  are ``dot_general`` s, so the dots policies see them; the ``[B, K, G, S, S]`` float32 scores are what makes it
+  quadratic in memory.
+- ``splash``: the Pallas TPU splash kernel (:mod:`jaxckpt.models.llm._splash`, flash attention in blocks), whose
+  residuals (its output and logsumexp) are named ``context`` by the kernel itself (``residual_checkpoint_name``).
+- ``auto``: ``splash`` when the trace is compiled for a TPU (:func:`jaxckpt.core._logical.traced_platform`) and the
+  sequence has at least 128 tokens, ``xla`` otherwise: MaxText's ``attention: autoselected``
+  (AI-Hypercomputer/maxtext, ``layers/attention_op.py``).
+
+The seam is MaxText's ``AttentionOp`` (one place that picks dot-product, splash or cuDNN); grouped-query attention is
+Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints"; the soft
+cap is Gemma 2's (Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxckpt.core import _names as names
+from jaxckpt.core._logical import traced_platform
+from jaxckpt.errors import JaxckptError
+
+try:  # the Pallas splash kernel's wrapper: its own module, written alongside this one
+  from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
+except ModuleNotFoundError as _missing:  # a build without it: xla attention only (remove once _splash.py is in)
+  if _missing.name != "jaxckpt.models.llm._splash":
+    raise
+  splash_attention = None
+
+  @dataclasses.dataclass(frozen=True)
+  class SplashBlockSizes:  # type: ignore[no-redef]
+    """Block sizes of the splash kernel (tokens per block), MaxText's ``sa_block_*`` defaults of 512: a stand-in
+    while :mod:`jaxckpt.models.llm._splash` is not in this build."""
+
+    block_q: int = 512  # Query tokens per forward block.
+    block_kv: int = 512  # Key/value tokens per forward block.
+    block_kv_compute: int = 512  # Key/value tokens per inner compute step.
+    block_q_dkv: int = 512  # Query tokens per block of the dK/dV backward kernel.
+    block_kv_dkv: int = 512  # Key/value tokens per block of the dK/dV backward kernel.
+    block_kv_dkv_compute: int = 512  # Key/value tokens per inner step of the dK/dV backward kernel.
+    block_q_dq: int = 512  # Query tokens per block of the dQ backward kernel.
+    block_kv_dq: int = 512  # Key/value tokens per block of the dQ backward kernel.
+
+__all__ = ["ATTENTION_KERNELS", "SPLASH_MIN_SEQ_LEN", "SplashBlockSizes", "select_kernel", "attention",
+           "xla_attention", "check_splash_blocks"]
+
+ATTENTION_KERNELS: tuple[str, ...] = ("auto", "xla", "splash")
+"""The ``attention=`` choices of the LLM family."""
+
+SPLASH_MIN_SEQ_LEN = 128
+"""``auto`` picks the splash kernel on a TPU from this many tokens per sequence (MaxText's ``autoselected``)."""
+
+_MASKED = float(jnp.finfo(jnp.float32).min)
+"""The score of a masked query-key pair: exp(min - max) is 0 in float32, and never NaN as -inf - -inf would be."""
+
+
+def select_kernel(kernel: str, seq_len: int) -> str:
+  """The kernel ``attention`` runs: ``kernel`` itself, or what ``auto`` means for this trace.
+
+  Args:
+    kernel: one of :data:`ATTENTION_KERNELS`.
+    seq_len: tokens per sequence S.
+
+  Returns:
+    ``"xla"`` or ``"splash"``; ``auto`` is ``splash`` when the trace is compiled for a TPU and
+    ``seq_len ≥`` :data:`SPLASH_MIN_SEQ_LEN`.
+
+  Raises:
+    JaxckptError: an unknown kernel, listing the valid ones.
+  """
+  if kernel not in ATTENTION_KERNELS:
+    raise JaxckptError(f"attention={kernel!r} is unknown; valid: {', '.join(ATTENTION_KERNELS)}")
+  if kernel != "auto":
+    return kernel
+  return "splash" if traced_platform() == "tpu" and seq_len >= SPLASH_MIN_SEQ_LEN else "xla"
+
+
+def check_splash_blocks(blocks: SplashBlockSizes, seq_len: int) -> None:
+  """Checks that the splash kernel's blocks tile a sequence of ``seq_len`` tokens (each block, capped at ``seq_len``
+  as MaxText caps it, divides ``seq_len``).
+
+  Args:
+    blocks: the block sizes (every whole-number field is a block of tokens; ``None`` fields and flags are skipped).
+    seq_len: tokens per sequence S.
+
+  Raises:
+    JaxckptError: the first block that does not divide ``seq_len``, named as its argument
+      (``seq_len=1000 is not a multiple of the splash block block_q=512``).
+  """
+  values = dataclasses.asdict(blocks) if dataclasses.is_dataclass(blocks) else dict(blocks._asdict())
+  for name, value in values.items():
+    if isinstance(value, bool) or not isinstance(value, int):
+      continue
+    if value < 1:
+      raise JaxckptError(f"splash_blocks.{name}={value} must be ≥ 1")
+    if seq_len % min(value, seq_len):
+      raise JaxckptError(f"seq_len={seq_len} is not a multiple of the splash block {name}={value}: choose a "
+                         f"seq_len that is, or splash_blocks with {name} dividing it")
+
+
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, sliding_window: int | None = None,
+                  logit_soft_cap: float | None = None) -> jax.Array:
+  """Dot-product attention with ``einsum``: grouped-query, masked, soft-capped, softmax in float32.
+
+  Query head ``n`` attends with key/value head ``n // (N / K)`` (heads grouped as the query projection lays them
+  out). The scores ``q · k`` are accumulated in float32; the weights are cast back to the dtype of ``v`` for the
+  second matmul. The output is tagged ``context``.
+
+  Args:
+    q: ``[B, S, N, Dh]`` queries, already scaled (compute dtype, e.g. bfloat16).
+    k: ``[B, S, K, Dh]`` keys, K dividing N.
+    v: ``[B, S, K, Dh]`` values.
+    causal: position s attends to positions ≤ s only.
+    sliding_window: attend to the last ``sliding_window`` positions only (s - t < window), or ``None``.
+    logit_soft_cap: ``c``: scores become ``tanh(score / c) · c`` before the mask, or ``None``.
+
+  Returns:
+    ``[B, S, N, Dh]`` in the dtype of ``v``.
+  """
+  batch, seq, heads, head_dim = q.shape
+  kv_heads = k.shape[2]
+  grouped = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)  # [B, S, K, G, Dh]
+  scores = jnp.einsum("bskgd,btkd->bkgst", grouped, k, preferred_element_type=jnp.float32)  # [B, K, G, S, S] f32
+  if logit_soft_cap is not None:
+    scores = jnp.tanh(scores / logit_soft_cap) * logit_soft_cap
+  mask = _mask(seq, causal, sliding_window)
+  if mask is not None:
+    scores = jnp.where(mask, scores, _MASKED)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  context = jnp.einsum("bkgst,btkd->bskgd", weights, v).reshape(batch, seq, heads, head_dim)  # [B, S, N, Dh]
+  return checkpoint_name(context, names.CONTEXT)
+
+
+def _mask(seq: int, causal: bool, sliding_window: int | None) -> jax.Array | None:
+  """``[S, S]`` bool, True where query s may attend to key t; ``None`` when every pair may."""
+  s = jnp.arange(seq)[:, None]
+  t = jnp.arange(seq)[None, :]
+  mask = None
+  if causal:
+    mask = t <= s
+  if sliding_window is not None:
+    window = jnp.abs(s - t) < sliding_window
+    mask = window if mask is None else mask & window
+  return mask
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto", causal: bool = True,
+              sliding_window: int | None = None, logit_soft_cap: float | None = None,
+              splash_blocks: SplashBlockSizes | None = None, splash_interpret: bool = False) -> jax.Array:
+  """Self-attention by the kernel ``kernel`` picks (the seam every decoder layer calls).
+
+  Args:
+    q: ``[B, S, N, Dh]`` queries after RoPE and the query scale (compute dtype).
+    k: ``[B, S, K, Dh]`` keys after RoPE; N must be a multiple of K.
+    v: ``[B, S, K, Dh]`` values.
+    kernel: ``"auto"``, ``"xla"`` or ``"splash"`` (:func:`select_kernel`).
+    causal: mask future positions (decoders).
+    sliding_window: local attention over the last ``sliding_window`` positions, or ``None`` (global).
+    logit_soft_cap: Gemma 2's attention soft cap ``c`` (``tanh(x / c) · c``), or ``None``.
+    splash_blocks: the splash kernel's block sizes (default :class:`SplashBlockSizes`: 512 tokens).
+    splash_interpret: run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
+
+  Returns:
+    ``[B, S, N, Dh]``, the dtype of ``v``.
+
+  Raises:
+    JaxckptError: an unknown kernel; N not a multiple of K; ``splash`` in a build without the splash kernel; what
+      the splash kernel raises (not a TPU without interpret mode, a sequence its blocks do not divide).
+
+  Example::
+
+    >>> q = jnp.ones((2, 16, 4, 8)); kv = jnp.ones((2, 16, 2, 8))
+    >>> attention(q, kv, kv, kernel="xla", sliding_window=4).shape
+    (2, 16, 4, 8)
+  """
+  if q.ndim != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+    raise JaxckptError(f"attention takes q [B, S, N, Dh] and k, v [B, S, K, Dh]; got q {q.shape}, k {k.shape}, "
+                       f"v {v.shape}")
+  if q.shape[2] % k.shape[2]:
+    raise JaxckptError(f"{q.shape[2]} query heads must be a multiple of the {k.shape[2]} key/value heads")
+  chosen = select_kernel(kernel, q.shape[1])
+  if chosen == "xla":
+    return xla_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
+  if splash_attention is None:
+    raise JaxckptError(f"attention={kernel!r} chose the splash kernel, which this build lacks "
+                       "(jaxckpt/models/llm/_splash.py): use attention='xla'")
+  return splash_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
+                          blocks=SplashBlockSizes() if splash_blocks is None else splash_blocks,
+                          interpret=splash_interpret)
