@@ -16,7 +16,7 @@ from jaxckpt.report._keys import STATUS_OK
 from jaxckpt.training._topology import topology_header
 from jaxckpt._units import format_bytes
 
-__all__ = ["COLUMNS", "Column", "row_value", "OP_WORDS", "format_flops", "main_sources", "plan_lines",
+__all__ = ["COLUMNS", "Column", "row_value", "shown_columns", "column_header", "OP_WORDS", "format_flops", "main_sources", "plan_lines",
            "report_title", "residual_label", "short_source", "table_cells", "table_rows", "top_groups"]
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
@@ -57,6 +57,26 @@ COLUMNS: tuple[Column, ...] = (
 row's XLA:CPU comparison (``--compare-cpu``). A column ``None`` in every row is left out, and so is ``host`` (host
 memory: what offload policies keep in ``pinned_host``) where every row keeps nothing there. Under a mesh the memory
 headers say ``/chip`` (a TPU topology) or ``/device``: those numbers are one device's."""
+
+
+_PER_DEVICE = frozenset({"footprint_bytes", "host_footprint_bytes", "temp_bytes", "peak_bytes_measured",
+                         "cpu.footprint_bytes", "cpu.temp_bytes"})
+"""Columns that are one device's under a mesh (the compiled program each device runs); FLOPs are the whole step's."""
+
+
+def shown_columns(rows: Sequence[Mapping[str, Any]]) -> list[Column]:
+  """The :data:`COLUMNS` the rows fill: a column ``None`` in every row is left out, and so is ``host`` where no row
+  keeps anything in host memory."""
+  return [c for c in COLUMNS if any(row_value(r, c[1]) is not None for r in rows)
+          and (c[1] != "host_footprint_bytes" or any(row_value(r, c[1]) for r in rows))]
+
+
+def column_header(report: Report, header: str, key: str) -> str:
+  """A column's header, with ``/chip`` (a TPU topology) or ``/device`` (a mesh) on the per-device memory columns:
+  their numbers are one device's, the FLOPs the whole step's."""
+  if key not in _PER_DEVICE or key.startswith("cpu."):
+    return header
+  return header + ("/chip" if report.data.get("topology") else "/device" if report.data.get("mesh") else "")
 
 
 def row_value(row: Mapping[str, Any], key: str) -> Any:
@@ -140,15 +160,12 @@ def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], l
   rows = report.rows
   ok = [r for r in rows if r["status"] == STATUS_OK]
   base = next((r for r in ok if r["policy"] == "none"), None)
-  columns = [c for c in COLUMNS if any(row_value(r, c[1]) is not None for r in rows)
-             and (c[1] != "host_footprint_bytes" or any(row_value(r, c[1]) for r in rows))]
-  per = "/chip" if report.data.get("topology") else "/device" if report.data.get("mesh") else ""
-  memory = {"footprint_bytes", "host_footprint_bytes", "temp_bytes", "peak_bytes_measured"}
+  columns = shown_columns(rows)
   best = {key: min((row_value(r, key) for r in ok if row_value(r, key) is not None), default=None)
           for _, key, _, _ in columns}
   headers = ["policy", "status"]
   for header, key, _, ratio in columns:
-    headers += [header + (per if key in memory else "")] + (["×none"] if ratio and base is not None else [])
+    headers += [column_header(report, header, key)] + (["×none"] if ratio and base is not None else [])
   headers.append("top residuals")
   sources = main_sources(ok)
   out = []

@@ -17,7 +17,8 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report._build import Report
-from jaxckpt.report._formats import COLUMNS, main_sources, plan_lines, report_title, row_value, table_rows, top_groups
+from jaxckpt.report._formats import (COLUMNS, column_header, main_sources, plan_lines, report_title, row_value,
+                                     shown_columns, table_rows, top_groups)
 from jaxckpt.report._html import PLOTLYJS_MODES, to_html
 from jaxckpt.report._keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report._plot import plot_format, plot_pareto
@@ -84,14 +85,14 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   ok = [r for r in rows if r["status"] == STATUS_OK]
   sources = main_sources(ok)
   base = next((r for r in ok if r["policy"] == "none"), None)
-  columns = [c for c in COLUMNS if c[0] not in WIDE_ONLY and any(row_value(r, c[1]) is not None for r in rows)]
+  columns = [c for c in shown_columns(rows) if c[0] not in WIDE_ONLY]
   best = {key: min((row_value(r, key) for r in ok if row_value(r, key) is not None), default=None)
           for _, key, _, _ in columns}
   long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
           and len(r["policy"]) > 22]
   labels, legend = short_labels(long, max_len=0, keep=12)
-  headers = ["policy", *(h + ("\n×none" if ratio and base is not None else "") for h, _, _, ratio in columns),
-             "top residuals"]
+  headers = ["policy", *(column_header(report, h, key) + ("\n×none" if ratio and base is not None else "")
+                         for h, key, _, ratio in columns), "top residuals"]
   table = []
   for r in rows:
     cells = [_policy_cell(r["policy"], labels) + ("\n(warning below)" if r.get("warning") else "")]
