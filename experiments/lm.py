@@ -1,8 +1,11 @@
-"""Train a GPT-style byte-level language model with a remat policy: ``python -m experiments.lm``.
+"""Train a byte-level language model with a remat policy: ``python -m experiments.lm``.
 
-Trains :class:`jaxckpt.models._gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
-``tiny``, ``small``, ``gpt2-small``) on real text found locally: by default the ``.py`` files of this Python's
-standard library (first 4 MiB in sorted path order), or ``--corpus PATH`` (a text file or folder). Before training
+Trains a shipped language model of :data:`jaxckpt.models.MODEL_REGISTRY`: ``--model gpt`` (default),
+:class:`jaxckpt.models._gpt.GPT` (causal self-attention, learned positions, tied or untied embeddings; presets
+``tiny``, ``small``, ``gpt2-small``), or ``--model llm``, the LLM family of :mod:`jaxckpt.models.llm` (Llama-, Mistral-
+and Gemma-shaped decoders; CPU-sized presets ``llama-tiny`` and ``gemma2-tiny``), on real text found locally: by
+default the ``.py`` files of this Python's standard library (first 4 MiB in sorted path order), or ``--corpus PATH``
+(a text file or folder). Before training
 it prints the compiled memory stats of the train step; during training a progress bar; after each evaluation the
 train loss, eval loss (nats/byte) and perplexity; at the end the eval loss against the corpus's unigram (byte
 frequency) entropy, the loss of a model that ignores context. ``--out DIR`` writes ``DIR/metrics.json``.
@@ -31,7 +34,9 @@ from experiments.flags import CLIParser, add_policy_flags, add_run_flags, comman
 from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
-from jaxckpt.models._gpt import GPT_BLOCK_TYPES, GPT_PRESETS, GPTConfig, build_gpt, lm_loss
+from jaxckpt.core._names import DECODER_NAMES
+from jaxckpt.models._registry import MODEL_REGISTRY, LanguageModelEntry, model_entry
+from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
 from jaxckpt.nnx._layers import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
 from jaxckpt.step import ModelTarget
@@ -43,10 +48,11 @@ __all__ = ["LMConfig", "LMResult", "train", "main", "build_parser", "model_confi
 class LMConfig:
   """One LM run. Model fields left ``None`` come from the preset; how it runs is in ``run``."""
 
-  preset: str = "tiny"  # A key of jaxckpt.models._gpt.GPT_PRESETS: tiny, small, gpt2-small.
+  preset: str = "tiny"  # A preset of the model: gpt tiny, small, gpt2-small; llm llama-tiny, gemma2-tiny, ...
   structure: str = "block"  # Remat structure of the layer stack: block, every:K, nested, nested:D.
+  model: str = "gpt"  # The language model of jaxckpt.models.MODEL_REGISTRY: gpt or llm.
   max_seq_length: int | None = None  # Context length T (tokens); overrides the preset's.
-  attention: str | None = None  # "xla" or "dot_product_attention"; None keeps the preset's (xla).
+  attention: str | None = None  # gpt: xla, dot_product_attention; llm: auto, xla, splash; None: the preset's.
   batch_size: int | str | None = None  # Sequences per step B; None: the preset's; "auto": the largest that fits.
   grad_accum_steps: int = 1  # Micro-batches per step (gradients averaged, one update); must divide B.
   num_layers: int | None = None  # Overrides the preset's depth.
@@ -70,13 +76,21 @@ LMResult = RunResult
 """What :func:`train` returns: ``metrics`` (as written to metrics.json) and the final train ``state``."""
 
 
+LANGUAGE_MODELS: tuple[str, ...] = tuple(n for n, e in MODEL_REGISTRY.items() if isinstance(e, LanguageModelEntry))
+"""The models this experiment trains (``--model``): the registry's language models, ``gpt`` and ``llm``."""
+
+
+def _entry(config: LMConfig) -> LanguageModelEntry:
+  if config.model not in LANGUAGE_MODELS:
+    raise JaxckptError(f"--model {config.model} is not a language model; valid: {', '.join(LANGUAGE_MODELS)} "
+                       "(image classifiers train with python -m experiments.classifier)")
+  return model_entry(config.model)
+
+
 def _check(config: LMConfig) -> None:
-  if config.preset not in GPT_PRESETS:
-    raise JaxckptError(f"unknown preset {config.preset!r} for model gpt; valid presets: {', '.join(GPT_PRESETS)}")
+  _entry(config).config(config.preset)  # an unknown preset: the valid ones and the closest
   if config.compute_dtype not in COMPUTE_DTYPES:
     raise JaxckptError(f"unknown compute dtype {config.compute_dtype!r}; valid: {', '.join(COMPUTE_DTYPES)}")
-  if config.attention is not None and config.attention not in ATTENTION_IMPLEMENTATIONS:
-    raise JaxckptError(f"unknown attention {config.attention!r}; valid: {', '.join(ATTENTION_IMPLEMENTATIONS)}")
   for name, flag in (("steps", "steps"), ("eval_every", "eval-every"), ("eval_batches", "eval-batches"),
                      ("batch_size", "batch-size"), ("num_layers", "layers"), ("max_seq_length", "max-seq-length")):
     value = getattr(config, name)
@@ -92,15 +106,13 @@ def _check(config: LMConfig) -> None:
     raise JaxckptError(f"--corpus-max-mib must be > 0, got {config.corpus_max_mib}")
 
 
-def model_config(config: LMConfig) -> GPTConfig:
-  """The GPT config: the preset with this run's overrides (T, B, depth, attention, head, scan, structure, dtype)."""
-  overrides: dict[str, Any] = {"compute_dtype": config.compute_dtype, "structure": config.structure}
-  for field, value in (("seq_len", config.max_seq_length), ("batch_size", config.batch_size),
-                       ("num_layers", config.num_layers), ("attention", config.attention),
-                       ("tie_embeddings", config.tie_embeddings), ("scan", config.scan)):
-    if value is not None:
-      overrides[field] = value
-  return dataclasses.replace(GPT_PRESETS[config.preset], **overrides)
+def model_config(config: LMConfig) -> Any:
+  """The model's config (``GPTConfig`` or ``LLMConfig``): the preset with this run's overrides (T, B, depth,
+  attention, head, scan, structure, dtype), checked once by the registry (errors name the Python argument)."""
+  return _entry(config).override(
+      config.preset, compute_dtype=config.compute_dtype, structure=config.structure, seq_len=config.max_seq_length,
+      batch_size=config.batch_size, num_layers=config.num_layers, attention=config.attention,
+      tie_embeddings=config.tie_embeddings, scan=config.scan)
 
 
 def _score(results: list[Mapping[str, Any]]) -> dict[str, float]:
@@ -111,8 +123,8 @@ def _score(results: list[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup signature
-  """The LM's part of a run: corpus, GPT, loss, optimizer, evaluation and result lines."""
-  model_cfg = model_config(config)
+  """The LM's part of a run: corpus, model, loss, optimizer, evaluation and result lines."""
+  entry, model_cfg = _entry(config), model_config(config)
   if model_cfg.vocab_size < text.VOCAB_SIZE:
     raise JaxckptError(f"preset {config.preset} has vocab_size={model_cfg.vocab_size} < 256 byte tokens")
   corpus = text.load_corpus(config.corpus, max_bytes=int(config.corpus_max_mib * 2**20),
@@ -124,7 +136,7 @@ def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup
   schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, config.steps + 1)
 
   def report(final: Mapping[str, float], history: Mapping[str, list[float]]) -> tuple[dict[str, Any], list[str]]:
-    extra = dict(model="gpt", preset=config.preset, scan=model_cfg.scan, compute_dtype=model_cfg.compute_dtype,
+    extra = dict(model=config.model, preset=config.preset, scan=model_cfg.scan, compute_dtype=model_cfg.compute_dtype,
                  test_accuracy=final["eval_accuracy"], eval_loss=final["eval_loss"], perplexity=final["perplexity"],
                  eval_loss_history=history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
                  corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
@@ -134,9 +146,9 @@ def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup
                    f"the unigram entropy {corpus.unigram_entropy:.4f}"]
 
   return Setup(
-      model="gpt", preset=config.preset, make_model=lambda policy=None: build_gpt(model_cfg, policy=policy,
-                                                                                  seed=config.seed),
-      loss_fn=lm_loss,
+      model=config.model, preset=config.preset,
+      make_model=lambda policy=None: entry.build(model_cfg, policy=policy, seed=config.seed),
+      loss_fn=entry.loss_fn,
       tx=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay)),
       batch_at=functools.partial(text.train_batch, corpus, batch_size=batch_size, seq_len=seq_len, seed=config.seed),
       batch_size=batch_size, total_steps=config.steps, eval_every=config.eval_every,
@@ -144,7 +156,8 @@ def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup
       score=_score, period="eval",
       identity=run_identity(config, model_cfg, ignore=("corpus", "eval_every", "eval_batches"),
                             corpus={"source": corpus.source, "sha256": corpus.sha256}),
-      headline=(f"model gpt ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} H={model_cfg.num_heads} "
+      headline=(f"model {config.model} ({config.preset}: L={model_cfg.num_layers} d={model_cfg.dim} "
+                f"H={model_cfg.num_heads} "
                 f"T={seq_len} B={batch_size}, {model_cfg.attention} attention, "
                 f"{'tied' if model_cfg.tie_embeddings else 'untied'} embeddings, "
                 f"{'scanned' if model_cfg.scan else 'unrolled'} layers, structure {model_cfg.structure}, "
@@ -161,8 +174,8 @@ def train(config: LMConfig, *, log=print) -> LMResult:
 
   Returns:
     :class:`LMResult` with ``metrics`` = the contents of metrics.json: the shared keys of
-    :func:`experiments.outputs.run_metrics`, ``model`` = ``"gpt"``, ``preset``, ``test_accuracy`` (next-byte accuracy
-    on the eval stream, 0–1), ``eval_loss`` (nats/byte), ``perplexity``, ``eval_loss_history``, ``unigram_entropy``
+    :func:`experiments.outputs.run_metrics`, ``model`` (``"gpt"`` or ``"llm"``), ``preset``, ``test_accuracy``
+    (next-byte accuracy on the eval stream, 0–1), ``eval_loss`` (nats/byte), ``perplexity``, ``eval_loss_history``, ``unigram_entropy``
     (nats/byte), ``corpus`` (source, files, bytes, split sizes, sha256), ``model_config``, ``tokens_per_step``, …
 
   Raises:
@@ -172,27 +185,30 @@ def train(config: LMConfig, *, log=print) -> LMResult:
 
 
 def fit_target(config: LMConfig, batch_size: int) -> ModelTarget:
-  """The run's GPT, loss and a batch of ``batch_size`` sequences ``{"tokens": [B, T+1] int32}``, as shapes (for the
+  """The run's model, loss and a batch of ``batch_size`` sequences ``{"tokens": [B, T+1] int32}``, as shapes (for the
   fit planner, :mod:`experiments.autofit`)."""
+  entry = _entry(config)
   model_cfg = model_config(configure(config, batch_size=batch_size, grad_accum_steps=1))
   batch = {"tokens": jax.ShapeDtypeStruct((batch_size, model_cfg.seq_len + 1), jnp.int32)}
-  return ModelTarget(make_model=lambda: build_gpt(model_cfg, seed=config.seed), batch=batch, loss_fn=lm_loss,
-                     name="gpt", preset=config.preset)
+  return ModelTarget(make_model=lambda: entry.build(model_cfg, seed=config.seed), batch=batch,
+                     loss_fn=entry.loss_fn, name=config.model, preset=config.preset)
 
 
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser (flags map one-to-one onto :class:`LMConfig` fields)."""
   defaults = LMConfig()
   presets = "; ".join(f"{name}: L={c.num_layers} d={c.dim} H={c.num_heads} T={c.seq_len} B={c.batch_size} "
-                      f"V={c.vocab_size}" for name, c in GPT_PRESETS.items())
+                      f"V={c.vocab_size}" for name, c in MODEL_REGISTRY["gpt"].presets.items())
   parser = CLIParser(
       prog="python -m experiments.lm",
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog=(
-          f"presets: {presets}\n"
-          f"block types: {', '.join(GPT_BLOCK_TYPES)}; checkpoint names: qkv, attn_weights (xla attention only), "
-          "attn_context, attn_out, mlp_hidden, mlp_out\n"
+          f"gpt presets: {presets}\n"
+          f"llm presets (docs/llm.md; train the tiny ones on a CPU): {', '.join(MODEL_REGISTRY['llm'].presets)}\n"
+          f"gpt block types: {', '.join(MODEL_REGISTRY['gpt'].block_types)}; checkpoint names: qkv, attn_weights (xla "
+          "attention only), attn_context, attn_out, mlp_hidden, mlp_out\n"
+          f"llm block type: decoder; checkpoint names (MaxText's): {', '.join(DECODER_NAMES)}\n"
           f"{jaxckpt.policies.POLICY_FORMS}\n"
           f"policy names: {', '.join(jaxckpt.policies.POLICY_NAMES)}\n"
           "--attention dot_product_attention uses jax.nn.dot_product_attention (cuDNN flash attention on GPU with\n"
@@ -200,19 +216,25 @@ def build_parser() -> argparse.ArgumentParser:
           "  tagged attn_context (save it with save_only_these_names:attn_context). On CPU JAX's fallback is einsum.\n"
           "examples:\n"
           "  python -m experiments.lm --preset small --policy dots_saveable --max-seq-length 512\n"
-          "  python -m experiments.lm --policy attn=save_only_these_names:qkv,mlp=full --corpus notes/ --out run1"
+          "  python -m experiments.lm --policy attn=save_only_these_names:qkv,mlp=full --corpus notes/ --out run1\n"
+          "  python -m experiments.lm --model llm --preset gemma2-tiny --policy save_only_these_names:query_proj"
       ),
   )
+  parser.add_argument("--model", choices=list(LANGUAGE_MODELS), default=defaults.model,
+                      help="the language model: gpt (GPT-2 style) or llm (Llama, Mistral, Gemma; docs/llm.md) "
+                           "(default %(default)s)")
   parser.add_argument("--preset", default=defaults.preset,
-                      help=f"model preset: {', '.join(GPT_PRESETS)} (default %(default)s)")
+                      help=f"model preset: gpt {', '.join(MODEL_REGISTRY['gpt'].presets)}; llm llama-tiny, "
+                           "gemma2-tiny, ... (default %(default)s)")
   add_policy_flags(parser)
   parser.add_argument("--grad-accum-steps", type=int, default=defaults.grad_accum_steps,
                       help="split each batch into N micro-batches, one update (must divide the batch size)")
   parser.add_argument("--structure", default=defaults.structure,
                       help="remat structure of the layer stack: block, every:K, nested, nested:D (default block)")
   parser.add_argument("--max-seq-length", type=int, default=None, help="context length T (overrides the preset's)")
-  parser.add_argument("--attention", choices=list(ATTENTION_IMPLEMENTATIONS), default=None,
-                      help="attention implementation (default: the preset's, xla)")
+  parser.add_argument("--attention", choices=list(dict.fromkeys(ATTENTION_IMPLEMENTATIONS + ATTENTION_KERNELS)),
+                      default=None, help="attention implementation: gpt xla or dot_product_attention, llm auto, "
+                                         "xla or splash (default: the preset's, xla)")
   parser.add_argument("--batch-size", type=batch_size_flag, default=None,
                       help="sequences per step (default: the preset's), or auto: the largest that fits --memory")
   parser.add_argument("--layers", type=int, dest="num_layers", default=None, help="override the preset's depth")

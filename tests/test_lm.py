@@ -83,6 +83,18 @@ def test_metrics_schema(short_run):
   json.dumps(metrics)
 
 
+def test_llm_family_trains_on_cpu():
+  """--model llm: a tiny preset of the LLM family (Llama-shaped, float32) learns the same corpus in a few steps."""
+  config = configure(LMConfig(model="llm", preset="llama-tiny", max_seq_length=32, steps=20, eval_every=10,
+                              eval_batches=2, corpus_max_mib=SMALL_CORPUS_MIB), progress=False,
+                     policy="save_only_these_names:query_proj+key_proj+value_proj")
+  metrics = train(config, log=quiet).metrics
+  assert metrics["model"] == "llm" and metrics["preset"] == "llama-tiny"
+  assert metrics["model_config"]["num_kv_heads"] == 2 and metrics["model_config"]["seq_len"] == 32
+  history = metrics["eval_loss_history"]
+  assert len(history) == 2 and history[-1] < history[0] < math.log(256), history
+
+
 @pytest.mark.slow
 def test_default_run_beats_unigram_entropy():
   """The documented default (tiny, 600 steps, first 4 MiB of the stdlib's .py files)."""
@@ -256,6 +268,9 @@ def bad_inputs(tmp_path):
       "missing": (["--corpus", str(tmp_path / "nope")], ["no such file or folder"]),
       "too short": (["--corpus", str(short)], [str(short), "too few", "--max-seq-length"]),
       "preset": (["--preset", "huge"], ["'huge'", "tiny, small, gpt2-small"]),
+      "llm preset": (["--model", "llm", "--preset", "llama3-8b"], ["'llama3-8b'", "did you mean 'llama3.1-8b'?"]),
+      "another model's kernel": (["--attention", "splash"],
+                                 ["--attention 'splash' is unknown", "dot_product_attention"]),
       "block type": (["--policy", "conv=full"], ["'conv'", "attn"]),
       "name": (["--policy", "save_only_these_names:conv_out"], ["conv_out"]),
       "seq len": (["--max-seq-length", "0"], ["--max-seq-length must be ≥ 1"]),
