@@ -2,21 +2,28 @@
 Gemma 2's logit soft cap, grouped-query heads, MaxText's block sizes, and residuals named ``context``.
 
 :func:`splash_attention` takes the layers' layout (``[B, S, N, Dh]`` queries, ``[B, S, K, Dh]`` keys and values),
-builds the kernel for the mask (``make_splash_mha`` over a ``MultiHeadMask``), runs it per sequence (``jax.vmap``
-over the batch) and, under a mesh in context, inside ``jax.shard_map`` over that mesh: a Mosaic kernel cannot be
-partitioned by XLA, so each chip runs it on its own sequences (split over the batch axes of
+builds the kernel for the mask (``make_splash_mha`` over a ``MultiHeadMask``), calls it once on every sequence with
+the batch folded into the heads and, under a mesh in context, inside ``jax.shard_map`` over that mesh: a Mosaic
+kernel cannot be partitioned by XLA, so each chip runs it on its own sequences (split over the batch axes of
 :data:`jaxckpt.core._logical.LOGICAL_RULES`) and its own heads (split over ``tensor``); every sequence stays whole.
+MaxText ``vmap`` s the kernel over the batch instead; folding gives the kernel the same grid (a leading axis of
+B·N heads instead of B × N) and works under ``JAX_REMAT3=1``, where jax 0.10.2 cannot ``vmap`` the kernel's
+``checkpoint_name`` ("for vmap support, subclass CheckpointName must implement `batch`").
 
 - **Grouped-query attention.** The installed kernel's multi-head form takes ``k, v: [K, S, Dh]`` with K dividing N and
   reads key/value head ``h // (N / K)`` for query head ``h`` (its ``q_heads_per_kv_head``), which is how the query
   projection groups heads (:func:`jaxckpt.models.llm._kernels.xla_attention` groups the same way) and what MaxText's
   ``tpu_flash_attention`` passes. So K/V go in unrepeated: no ``N / K``-fold copy of K and V per layer, one kernel
-  call per sequence, and the dK/dV kernel sums each group itself. The alternatives were a ``make_splash_mqa`` call
+  call, and the dK/dV kernel sums each group itself. The alternatives were a ``make_splash_mqa`` call
   per KV head (K calls, a ``vmap`` over K) or ``jnp.repeat`` of K/V to N heads (the copy, and a sum in the backward
   pass); neither buys anything here.
 - **Checkpoint names.** The kernel tags its forward output and logsumexp with ``residual_checkpoint_name`` =
   :data:`jaxckpt.core._names.CONTEXT`, so ``save_only_these_names:context`` keeps them (the backward kernels then
-  need no forward recompute) and an offload policy can move them to the host, as MaxText's ``context`` does.
+  need no forward recompute) and an offload policy can move them to the host, as MaxText's ``context`` does. The
+  names sit inside the kernel's ``jax.jit`` (and the ``shard_map``): ``saved_residuals`` lists the two as outputs of
+  ``_splash_attention`` (or of ``shard_map``), not as "named 'context'". Under ``JAX_REMAT3=1`` (jax 0.10.2) the
+  policy does not see these names (nothing is saved) and ``jax.shard_map`` inside ``jax.checkpoint`` fails
+  (``'RematTrace' object has no attribute 'process_shard_map'``): JAX's, measured, not worked around here.
 - **Blocks.** :class:`SplashBlockSizes` is MaxText's ``sa_block_*`` (512 tokens each by default) and
   ``sa_use_fused_bwd_kernel``; :meth:`SplashBlockSizes.for_length` caps every block at the sequence length, as
   MaxText does, and checks the kernel's tiling rules in one line each.
@@ -206,7 +213,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool =
       ``causal``), MaxText's ``LocalMask``; ``None``: no window.
     logit_soft_cap: ``c``: scores become ``tanh(score / c) · c`` before the mask (Gemma 2), or ``None``.
     blocks: block sizes, capped at S and checked by :meth:`SplashBlockSizes.for_length`.
-    interpret: run the kernel in Pallas' interpret mode: any platform (XLA:CPU included), slow; for tests.
+    interpret: run the kernel in Pallas' interpret mode (no platform check): any platform, XLA:CPU included; slow,
+      for tests.
 
   Returns:
     ``[B, S, N, Dh]`` in ``q``'s dtype.
@@ -223,8 +231,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool =
     >>> splash_attention(q, kv, kv, blocks=SplashBlockSizes(q=128, kv=128), interpret=True).shape
     (2, 256, 4, 64)
   """
-  platform = traced_platform()
-  if platform != "tpu" and not interpret:
+  if not interpret and (platform := traced_platform()) != "tpu":
     raise JaxckptError(f"attention='splash' runs the Pallas TPU kernel, but this step is compiled for {platform}: use "
                        "attention='xla', or splash_interpret=True (Pallas interpret mode: slow, for tests)")
   if q.ndim != 4 or k.shape != v.shape or k.ndim != 4 or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3] \
