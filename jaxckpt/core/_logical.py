@@ -127,7 +127,8 @@ def traced_platform() -> str:
   """The platform the current trace is compiled for: the mesh in context's (``"tpu"`` for a TPU topology's mesh),
   else ``jax.default_backend()``. A kernel that exists on one platform only (Pallas TPU kernels) asks here."""
   mesh = _mesh()
-  return jax.default_backend() if mesh is None else mesh.abstract_device.platform
+  device = None if mesh is None else mesh.abstract_device
+  return jax.default_backend() if device is None else device.platform
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
