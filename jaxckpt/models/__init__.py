@@ -1,7 +1,8 @@
 """The shipped models: image classifiers (:mod:`~jaxckpt.models._classifiers`) and the registry of every model
 (:mod:`~jaxckpt.models._registry`), the GPT decoder
 (:mod:`~jaxckpt.models._gpt`), multi-task heads (:mod:`~jaxckpt.models._multitask`) and config checks
-(:mod:`~jaxckpt.models._configs`).
+(:mod:`~jaxckpt.models._configs`). The LLM family at real size (Llama, Mistral, Gemma) has its own face,
+:mod:`jaxckpt.models.llm`.
 """
 
 from __future__ import annotations
