@@ -329,9 +329,7 @@ def test_auto_is_xla_off_a_tpu_and_splash_on_one_from_128_tokens():
     assert select_kernel("auto", 128) == "splash" and select_kernel("auto", 64) == "xla"
 
 
-@pytest.mark.slow  # Pallas' interpret mode on CPU
 def test_splash_in_interpret_mode_equals_xla():
-  pytest.importorskip("jaxckpt.models.llm._splash")
   q = jax.random.normal(jax.random.key(0), (1, 128, 2, 128))
   k, v = jax.random.normal(jax.random.key(1), (2, 1, 128, 1, 128))
   for window, cap in ((None, None), (32, 50.0)):
@@ -404,3 +402,18 @@ def test_cli_flags_name_the_flag(capsys):
                       "--no-progress"]) == 2
   err = capsys.readouterr().err
   assert "--vocab-tiles 5 must divide --seq-len 64" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow  # two compiles of a 128-token model, one in Pallas' interpret mode: ~20 s on 2 busy cores
+def test_the_model_on_the_splash_kernel_equals_the_model_on_xla():
+  """gemma2-tiny (GQA, a sliding window, soft caps) at 128 tokens through the splash kernel (Pallas interpret mode on
+  CPU), under a policy that saves its context: the loss and gradients of the xla model (atol 1e-5: float32 through a
+  blocked softmax)."""
+  config = dataclasses.replace(LLM_PRESETS["gemma2-tiny"], seq_len=128)
+  batch = _tokens(batch=1, seq=128)
+  xla = build_llm(config, policy="minimal_with_context")
+  splash = build_llm(dataclasses.replace(config, attention="splash", splash_interpret=True),
+                     policy="minimal_with_context")
+  (loss, grads), (splash_loss, splash_grads) = _loss_and_grads(xla, batch), _loss_and_grads(splash, batch)
+  chex.assert_trees_all_close(splash_loss, loss, rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(splash_grads, grads, rtol=RTOL, atol=1e-5)

@@ -7,7 +7,8 @@ that read as MaxText configs.
   :class:`GatedMLP`, :class:`DecoderLayer` and :class:`DecoderBlock` (block type ``decoder``, MaxText's checkpoint
   names), every parameter with logical axis names.
 - The attention kernels behind one seam (``_kernels.py``): :func:`attention` runs XLA's einsum attention or the Pallas
-  splash kernel (``auto`` picks splash on a TPU).
+  splash kernel (``_splash.py``: :func:`splash_attention`, :class:`SplashBlockSizes`; ``auto`` picks splash on a
+  TPU).
 - :class:`LLM` and :func:`build_llm` (``_model.py``); :func:`llm_loss` (``_loss.py``) with a float32-logsumexp
   cross-entropy and MaxText's vocabulary tiling.
 
@@ -34,11 +35,11 @@ from jaxckpt.models.llm._config import (
 from jaxckpt.models.llm._kernels import (
     ATTENTION_KERNELS,
     SPLASH_MIN_SEQ_LEN,
-    SplashBlockSizes,
     attention,
     select_kernel,
     xla_attention,
 )
+from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
 from jaxckpt.models.llm._layers import (
     RMSNorm,
     rope_frequencies,
@@ -61,6 +62,7 @@ __all__ = [
     "ATTENTION_KERNELS",
     "SPLASH_MIN_SEQ_LEN",
     "SplashBlockSizes",
+    "splash_attention",
     "attention",
     "select_kernel",
     "xla_attention",

@@ -13,7 +13,8 @@ import dataclasses
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import check_fields, dtype_named
-from jaxckpt.models.llm._kernels import ATTENTION_KERNELS, SplashBlockSizes, check_splash_blocks
+from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
+from jaxckpt.models.llm._splash import SplashBlockSizes
 
 __all__ = ["LLMConfig", "LLM_PRESETS", "MLP_ACTIVATIONS", "LAYER_KINDS", "ROPE_SCALINGS", "LLAMA31_ROPE_SCALING"]
 
@@ -143,8 +144,10 @@ def _check(config: LLMConfig) -> None:
   if config.seq_len % config.vocab_tiles:
     raise JaxckptError(f"vocab_tiles={config.vocab_tiles} must divide seq_len={config.seq_len} (the loss splits "
                        "each sequence into vocab_tiles chunks)")
+  if not isinstance(config.splash_blocks, SplashBlockSizes):
+    raise JaxckptError(f"splash_blocks={config.splash_blocks!r} must be a SplashBlockSizes")
   if config.attention == "splash":
-    check_splash_blocks(config.splash_blocks, config.seq_len)
+    config.splash_blocks.for_length(config.seq_len)  # blocks that do not tile seq_len: one line naming both
 
 
 def _llama(**fields) -> LLMConfig:

@@ -19,8 +19,6 @@ cap is Gemma 2's (Gemma Team 2024, "Gemma 2: Improving Open Language Models at a
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
@@ -29,29 +27,9 @@ from jaxckpt.core import _names as names
 from jaxckpt.core._logical import traced_platform
 from jaxckpt.errors import JaxckptError
 
-try:  # the Pallas splash kernel's wrapper: its own module, written alongside this one
-  from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
-except ModuleNotFoundError as _missing:  # a build without it: xla attention only (remove once _splash.py is in)
-  if _missing.name != "jaxckpt.models.llm._splash":
-    raise
-  splash_attention = None
+from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
 
-  @dataclasses.dataclass(frozen=True)
-  class SplashBlockSizes:  # type: ignore[no-redef]
-    """Block sizes of the splash kernel (tokens per block), MaxText's ``sa_block_*`` defaults of 512: a stand-in
-    while :mod:`jaxckpt.models.llm._splash` is not in this build."""
-
-    block_q: int = 512  # Query tokens per forward block.
-    block_kv: int = 512  # Key/value tokens per forward block.
-    block_kv_compute: int = 512  # Key/value tokens per inner compute step.
-    block_q_dkv: int = 512  # Query tokens per block of the dK/dV backward kernel.
-    block_kv_dkv: int = 512  # Key/value tokens per block of the dK/dV backward kernel.
-    block_kv_dkv_compute: int = 512  # Key/value tokens per inner step of the dK/dV backward kernel.
-    block_q_dq: int = 512  # Query tokens per block of the dQ backward kernel.
-    block_kv_dq: int = 512  # Key/value tokens per block of the dQ backward kernel.
-
-__all__ = ["ATTENTION_KERNELS", "SPLASH_MIN_SEQ_LEN", "SplashBlockSizes", "select_kernel", "attention",
-           "xla_attention", "check_splash_blocks"]
+__all__ = ["ATTENTION_KERNELS", "SPLASH_MIN_SEQ_LEN", "select_kernel", "attention", "xla_attention"]
 
 ATTENTION_KERNELS: tuple[str, ...] = ("auto", "xla", "splash")
 """The ``attention=`` choices of the LLM family."""
@@ -82,29 +60,6 @@ def select_kernel(kernel: str, seq_len: int) -> str:
   if kernel != "auto":
     return kernel
   return "splash" if traced_platform() == "tpu" and seq_len >= SPLASH_MIN_SEQ_LEN else "xla"
-
-
-def check_splash_blocks(blocks: SplashBlockSizes, seq_len: int) -> None:
-  """Checks that the splash kernel's blocks tile a sequence of ``seq_len`` tokens (each block, capped at ``seq_len``
-  as MaxText caps it, divides ``seq_len``).
-
-  Args:
-    blocks: the block sizes (every whole-number field is a block of tokens; ``None`` fields and flags are skipped).
-    seq_len: tokens per sequence S.
-
-  Raises:
-    JaxckptError: the first block that does not divide ``seq_len``, named as its argument
-      (``seq_len=1000 is not a multiple of the splash block block_q=512``).
-  """
-  values = dataclasses.asdict(blocks) if dataclasses.is_dataclass(blocks) else dict(blocks._asdict())
-  for name, value in values.items():
-    if isinstance(value, bool) or not isinstance(value, int):
-      continue
-    if value < 1:
-      raise JaxckptError(f"splash_blocks.{name}={value} must be ≥ 1")
-    if seq_len % min(value, seq_len):
-      raise JaxckptError(f"seq_len={seq_len} is not a multiple of the splash block {name}={value}: choose a "
-                         f"seq_len that is, or splash_blocks with {name} dividing it")
 
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, sliding_window: int | None = None,
@@ -166,15 +121,16 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto",
     causal: mask future positions (decoders).
     sliding_window: local attention over the last ``sliding_window`` positions, or ``None`` (global).
     logit_soft_cap: Gemma 2's attention soft cap ``c`` (``tanh(x / c) · c``), or ``None``.
-    splash_blocks: the splash kernel's block sizes (default :class:`SplashBlockSizes`: 512 tokens).
+    splash_blocks: the splash kernel's block sizes (default
+      :class:`~jaxckpt.models.llm.SplashBlockSizes`: MaxText's 512 tokens).
     splash_interpret: run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
 
   Returns:
     ``[B, S, N, Dh]``, the dtype of ``v``.
 
   Raises:
-    JaxckptError: an unknown kernel; N not a multiple of K; ``splash`` in a build without the splash kernel; what
-      the splash kernel raises (not a TPU without interpret mode, a sequence its blocks do not divide).
+    JaxckptError: an unknown kernel; N not a multiple of K; what the splash kernel raises (not a TPU without
+      interpret mode, a sequence its blocks do not tile, a batch or heads the mesh does not divide).
 
   Example::
 
@@ -190,9 +146,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto",
   chosen = select_kernel(kernel, q.shape[1])
   if chosen == "xla":
     return xla_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
-  if splash_attention is None:
-    raise JaxckptError(f"attention={kernel!r} chose the splash kernel, which this build lacks "
-                       "(jaxckpt/models/llm/_splash.py): use attention='xla'")
   return splash_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
                           blocks=SplashBlockSizes() if splash_blocks is None else splash_blocks,
                           interpret=splash_interpret)
