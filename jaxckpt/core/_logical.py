@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 __all__ = ["LOGICAL_RULES", "LOGICAL_NAMES", "BATCH", "logical_spec", "constrain", "traced_mesh_shape",
-           "traced_platform", "param_logical_axes", "gather_spec", "gather_block_state", "gathering"]
+           "traced_platform", "param_logical_axes", "gather_spec", "gather_block_state", "gather_param", "gathering"]
 
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # Activations. The residual stream [B, T, D] is split over the batch only (Megatron-style tensor parallelism keeps
@@ -190,6 +190,23 @@ def gather_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh_s
   if len(names) != len(shape):
     return PartitionSpec()
   return logical_spec(names, mesh_shape, shape, drop=_GATHERED)
+
+
+def gather_param(value: jax.Array, names: Sequence[str | None] | None) -> jax.Array:
+  """One parameter gathered over ``fsdp`` where it is used (:func:`gather_spec`; ``tensor`` splits stay): for a
+  parameter whose module declares ``gathered_in_use`` (so the loss does not gather it at its start) and that its code
+  uses inside a ``jax.checkpoint`` or a loop, e.g. the output projection of each vocabulary chunk, so a chip holds
+  the gathered weight during that chunk only. ``value`` itself without an ``fsdp`` axis in context.
+
+  Args:
+    value: the parameter's array (sharded at rest).
+    names: its logical names (``("embed", "vocab")``), or ``None`` (gathered whole).
+  """
+  mesh = _mesh()
+  if mesh is None or not gathering():
+    return value
+  spec = gather_spec(names, value.shape, {str(k): int(v) for k, v in mesh.shape.items()})
+  return jax.lax.with_sharding_constraint(value, jax.sharding.NamedSharding(mesh, spec))
 
 
 def gathering() -> bool:

@@ -62,6 +62,7 @@ __all__ = [
     "fsdp_partition",
     "param_partition",
     "stacked_layer_paths",
+    "gathered_in_use_paths",
     "state_partition_specs",
     "state_shardings",
     "batch_sharding",
@@ -261,6 +262,19 @@ def param_partition(shape: tuple[int, ...], mesh: Mapping[str, int], *, logical:
   return fsdp_partition(shape, mesh.get("fsdp", 1), layer_axis=layer_axis)
 
 
+def gathered_in_use_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
+  """Paths (in the model's ``nnx.State``) of parameters a module gathers itself where it uses them: a module declares
+  ``gathered_in_use`` (a tuple of attribute names) and calls :func:`jaxckpt.core._logical.gather_param` on them, e.g.
+  the LLM family's output weight, gathered per vocabulary chunk inside its ``jax.checkpoint``. The loss does not
+  gather them at its start (:func:`gather_params_in_loss`).
+
+  Args:
+    model: an NNX model (abstract is fine).
+  """
+  return frozenset(tuple(str(p) for p in path) + (attr,) for path, module in nnx.iter_modules(model)
+                   for attr in getattr(type(module), "gathered_in_use", ()) or ())
+
+
 def _param_specs(params: Any, mesh: Mapping[str, int], stacked: frozenset[tuple[str, ...]]) -> Any:
   def spec(path, leaf):
     names = _names(path)
@@ -389,7 +403,7 @@ def gather_params_in_loss(loss_fn: Callable[..., Any], mesh: Mesh | None) -> Cal
   shape = mesh_shape(mesh)
 
   def loss(model, batch, **kwargs):
-    stacked = stacked_layer_paths(model)
+    stacked = stacked_layer_paths(model) | gathered_in_use_paths(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def gather(path, leaf):

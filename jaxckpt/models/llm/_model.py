@@ -8,11 +8,13 @@ policy on the scan body, one ``jax.checkpoint`` per block as MaxText's ``nn.rema
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.core._logical import constrain
+from jaxckpt.core._logical import constrain, gather_param
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import dtype_named, unknown_preset
 from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
@@ -42,7 +44,7 @@ def project_logits(h: jax.Array, weight: jax.Array, *, tied: bool, soft_cap: flo
   Returns:
     ``[B, S, V]`` in ``dtype``.
   """
-  w = weight.astype(dtype)
+  w = gather_param(weight, ("vocab", "embed") if tied else ("embed", "vocab")).astype(dtype)  # FSDP: here, per use
   logits = jnp.einsum("bse,ve->bsv", h, w) if tied else jnp.einsum("bse,ev->bsv", h, w)
   if soft_cap is not None:
     logits = jnp.tanh(logits / soft_cap) * soft_cap
@@ -73,6 +75,11 @@ class LLM(nnx.Module):
     >>> model(jnp.zeros((2, 64), jnp.int32)).shape                    # [B, S, V]
     (2, 64, 256)
   """
+
+  gathered_in_use: ClassVar[tuple[str, ...]] = ("embedding", "head")
+  """Parameters gathered over ``fsdp`` where they are used, not at the start of the loss
+  (:func:`jaxckpt.training._sharding.gathered_in_use_paths`): with vocabulary tiling each chunk gathers the output
+  weight inside its ``jax.checkpoint``, so a chip holds it gathered for one chunk at a time."""
 
   def __init__(self, config: LLMConfig, *, rngs: nnx.Rngs):
     if not isinstance(config, LLMConfig):
@@ -110,7 +117,7 @@ class LLM(nnx.Module):
     """
     if tokens.shape[1] > self.seq_len:
       raise JaxckptError(f"{tokens.shape[1]} tokens per sequence exceed the model's seq_len={self.seq_len}")
-    h = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)  # [B, S, E]
+    h = jnp.take(gather_param(self.embedding[...], ("vocab", "embed")), tokens, axis=0).astype(self.dtype)  # [B, S, E]
     if self.scale_embeddings:
       h = h * jnp.asarray(h.shape[-1] ** 0.5, self.dtype)
     h = self.decoder(constrain(h, EMBED_AXES), dropout_key=dropout_key, deterministic=deterministic)
