@@ -400,3 +400,10 @@ def test_plot_error_names_the_plot_flag(capsys):
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "--plot x.txt: unknown image format ('.txt')" in err, err
 
+
+
+def test_flops_units_reach_exa():
+  """A 8B model's step on 256 chips is ~6.6e17 FLOPs: shown as PFLOP, not as thousands of TFLOP."""
+  from jaxckpt.report._formats import format_flops
+  assert [format_flops(n) for n in (None, 12, 1.21e9, 6.64e17, 2.5e18)] == [
+      "n/a", "12 FLOP", "1.21 GFLOP", "664.00 PFLOP", "2.50 EFLOP"]

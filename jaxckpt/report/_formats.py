@@ -27,10 +27,11 @@ def _ms(seconds: float | None) -> str:
 
 
 def format_flops(n: int | None) -> str:
-  """``n`` FLOPs as text with a decimal unit (``1.21 GFLOP``); ``"n/a"`` for ``None``."""
+  """``n`` FLOPs as text with a decimal (SI) unit, up to exa (``1.21 GFLOP``, ``664.03 PFLOP``); ``"n/a"`` for
+  ``None``."""
   if n is None:
     return "n/a"
-  for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+  for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
     if n >= scale:
       return f"{n / scale:.2f} {unit}"
   return f"{n} FLOP"

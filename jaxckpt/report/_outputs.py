@@ -91,8 +91,9 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
           and len(r["policy"]) > 22]
   labels, legend = short_labels(long, max_len=0, keep=12)
-  headers = ["policy", *(column_header(report, h, key) + ("\n×none" if ratio and base is not None else "")
-                         for h, key, _, ratio in columns), "top residuals"]
+  headers = ["policy", *(column_header(report, h, key).replace("/", "\n/", 1)  # "footprint\n/chip": narrow columns
+                         + ("\n×none" if ratio and base is not None else "") for h, key, _, ratio in columns),
+             "top residuals"]
   table = []
   for r in rows:
     cells = [_policy_cell(r["policy"], labels) + ("\n(warning below)" if r.get("warning") else "")]
