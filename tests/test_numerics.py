@@ -82,8 +82,14 @@ def test_honest_remat_is_accepted(reference, name):
   assert_trees_close((loss, grads), reference, depth=LAYERS, what=name)
 
 
+@pytest.fixture
+def no_calibration_log(monkeypatch):
+  """Deliberate mismatches are no calibration data: ``JAXCKPT_TESTS_NUMERICS_LOG`` off for the test."""
+  monkeypatch.delenv("JAXCKPT_TESTS_NUMERICS_LOG", raising=False)
+
+
 @pytest.mark.parametrize("name", BUGS)
-def test_remat_bug_is_reported(reference, name):
+def test_remat_bug_is_reported(reference, name, no_calibration_log):
   """The bug changes the gradients (the loss, a forward value, is right: only the recomputation is wrong), and the
   rule says so, naming the leaves; by a wide margin, so the rule is not borderline on them."""
   loss, grads = loss_and_grads(BUGS[name])
@@ -98,7 +104,7 @@ def test_remat_bug_is_reported(reference, name):
   assert max(margins) > 10, margins
 
 
-def test_issue_38_element_passes_norm_wise_and_fails_element_wise():
+def test_issue_38_element_passes_norm_wise_and_fails_element_wise(no_calibration_log):
   """Issue 38's numbers: -0.0223945286 vs -0.0223962273 in a 7-block stack's fc2 bias gradient whose largest entry is
   3.13. Element-wise (atol=1e-6, rtol=1e-5) it fails; norm-wise it is 11 u of the leaf's scale: float rounding."""
   want = np.array([3.13, -0.0223962273], np.float32)
@@ -107,7 +113,7 @@ def test_issue_38_element_passes_norm_wise_and_fails_element_wise():
   assert_trees_close(got, want, depth=7, what="issue 38")
 
 
-def test_message_structure_dtypes_and_depth():
+def test_message_structure_dtypes_and_depth(no_calibration_log):
   want = {"a": np.array([1.0, -2.0], np.float32), "n": np.arange(3)}
   bad = list(mismatches({"a": np.array([1.0, -2.1], np.float32), "n": np.array([0, 1, 3])}, want, depth=2))
   assert len(bad) == 2 and bad[0].startswith("['a']: max |got - want| = 0.1") and "at (1,)" in bad[0]
