@@ -13,7 +13,9 @@ import pytest
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
 from experiments.options import configure
+from jaxckpt.models import MODELS
 from jaxckpt.schema import MEMORY_KEYS, METRICS_KEYS
+from numerics import assert_trees_close
 
 TINY = configure(ClassifierConfig(preset="tiny", epochs=3, batch_size=64), progress=False)
 
@@ -73,6 +75,7 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
   resumed = train(configure(config, ckpt_dir=ckpt, resume=True), log=lines.append)
   assert any("resumed from step 40" in line for line in lines)
   assert int(resumed.state.step) == int(straight.state.step) == 3 * (1437 // 64)
+  # exact: the resumed run restores the saved arrays and runs the same compiled steps on the same batches
   chex.assert_trees_all_equal(resumed.state.params, straight.state.params)
   assert resumed.metrics["train_loss"] == straight.metrics["train_loss"]
 
@@ -211,8 +214,11 @@ def test_gradient_checkpointing_switch_means_full_remat():
   off = train(configure(TINY, epochs=1, policy=None, gradient_checkpointing=False), log=quiet)
   assert on.metrics["policy"] == "nothing_saveable" and off.metrics["policy"] == "none"
   assert on.metrics["memory"]["temp_bytes"] < off.metrics["memory"]["temp_bytes"]
-  # Remat recomputes the same values; XLA may fuse the recomputation differently, so compare to rounding.
-  np.testing.assert_allclose(on.metrics["train_loss"], off.metrics["train_loss"], rtol=1e-4)
+  # Remat recomputes the same values; XLA may fuse the recomputation differently, so compare to rounding: the epoch's
+  # mean loss has passed through every step's layers (tests/numerics.py).
+  depth = int(on.state.step) * MODELS[on.metrics["model"]].presets["tiny"].num_layers
+  assert_trees_close(on.metrics["train_loss"], off.metrics["train_loss"], depth=depth,
+                     what="epoch train loss, gradient checkpointing on vs off")
 
 
 @pytest.mark.slow  # trains a run end to end (~10 s)

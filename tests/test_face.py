@@ -122,7 +122,7 @@ def test_the_verbs_mean_the_same_on_nnx_and_linen():
   assert before == ["none"] * 2 and [str(p) for p in _applied_policies(copy)] == ["nothing_saveable"] * 2
   # the copy shares the arrays (nothing allocated) and computes the same
   assert model.layers[0].up.kernel.get_value() is copy.layers[0].up.kernel.get_value()
-  np.testing.assert_array_equal(model(x), copy(x))
+  np.testing.assert_array_equal(model(x), copy(x))  # exact: the same arrays through the same eager forward
   # set_policy: in place on NNX; Linen modules are immutable: one line naming with_policy
   jaxckpt.set_policy(model, "dots_saveable")
   assert [str(p) for p in _applied_policies(model)] == ["dots_saveable"] * 2

@@ -1,6 +1,5 @@
 """Layers: checkpoint names emitted, block types declared, dropout keys per layer, wrappers of user code."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import pytest
@@ -11,6 +10,7 @@ from jaxckpt.core import _names as names
 from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, uses_remat
 from jaxckpt.nnx._layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
 from jaxckpt.models.llm import LLM_PRESETS, DecoderBlock
+from numerics import assert_trees_close
 
 BLOCKS = {
     "attn": (lambda r, p: AttentionBlock(16, 2, dropout_rate=0.2, policy=p, rngs=r), (2, 5, 16)),
@@ -88,7 +88,7 @@ def test_stack_layers_draw_different_dropout_masks(scan):
   manual = x
   for i in range(3):
     manual = layer(i)(manual, dropout_key=keys[i], deterministic=False)
-  chex.assert_trees_all_close(out, manual, rtol=1e-6, atol=1e-6)
+  assert_trees_close(out, manual, depth=3, what=f"{'scanned' if scan else 'unrolled'} stack vs layer by layer")
   same_key = x
   for i in range(3):
     same_key = layer(i)(same_key, dropout_key=keys[0], deterministic=False)
@@ -105,10 +105,8 @@ def test_scan_and_unrolled_stacks_agree():
   x = jax.random.normal(jax.random.key(1), (4, 8))
   key = jax.random.key(3)
   scanned, unrolled = _stack(True), _stack(False)
-  chex.assert_trees_all_close(
-      scanned(x, dropout_key=key, deterministic=False), unrolled(x, dropout_key=key, deterministic=False),
-      rtol=1e-6, atol=1e-6,
-  )
+  assert_trees_close(scanned(x, dropout_key=key, deterministic=False),
+                     unrolled(x, dropout_key=key, deterministic=False), depth=3, what="scanned vs unrolled stack")
 
 
 def test_bad_layer_arguments():
@@ -126,7 +124,8 @@ def test_remat_wraps_a_user_module_in_one_call():
   assert isinstance(wrapped, jaxckpt.Remat)
   x = jnp.arange(8.0).reshape(2, 4)
   loss = lambda m: (jnp.tanh(m(x)) ** 2).sum()  # noqa: E731
-  chex.assert_trees_all_close(nnx.grad(loss)(wrapped).module, nnx.grad(loss)(linear), rtol=1e-6)
+  assert_trees_close(nnx.grad(loss)(wrapped).module, nnx.grad(loss)(linear), depth=1,
+                     what="gradients of a remat'd nnx.Linear vs the plain one")
   assert uses_remat(jax.make_jaxpr(lambda x: wrapped(x))(x))
 
 
@@ -135,7 +134,7 @@ def test_remat_wraps_a_function_and_keeps_gradients():
   w, x = jax.random.normal(jax.random.key(0), (2, 8, 8))
   for policy in ("none", "full", "dots_saveable"):
     g = jaxckpt.remat(f, policy)
-    chex.assert_trees_all_close(jax.grad(g)(w, x), jax.grad(f)(w, x), rtol=1e-6)
+    assert_trees_close(jax.grad(g)(w, x), jax.grad(f)(w, x), depth=2, what=f"{policy} vs plain function")
     assert uses_remat(jax.make_jaxpr(jax.grad(g))(w, x)) == (policy != "none")
 
 

@@ -23,8 +23,8 @@ from jaxckpt.analysis._jaxprs import checkpoint_name_of, emitted_checkpoint_name
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.policies import CANONICAL_POLICIES, REGISTRY
 from jaxckpt.training._xla import jit as remat_jit
+from numerics import assert_trees_close
 
-TOL = dict(rtol=1e-5, atol=1e-5)
 RATE = 0.2
 SEQ, IMG = (2, 4, 8), (2, 4, 4, 4)
 LAYERS = 2
@@ -80,6 +80,11 @@ def _loss(apply):
   return loss
 
 
+def _depth(module) -> int:
+  """Layers a comparison's values pass through (tests/numerics.py): a stack's blocks, else one block."""
+  return module.num_layers if isinstance(module, L.Stack) else 1
+
+
 def _linen_loss(module, deterministic=False):
   return _loss(lambda p, x, key: module.apply({"params": p}, x, dropout_key=key, deterministic=deterministic))
 
@@ -128,8 +133,9 @@ def _assert_linen_equals_nnx(linen, nnx_module, shape):
   grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True), compiler_options=FAST)  # noqa: E731
   (l_loss, l_y), (l_gp, l_gx) = grad(_linen_loss(linen))(params, x, key)
   (n_loss, n_y), (n_gp, n_gx) = grad(nnx_loss)(nnx_params, x, key)
-  chex.assert_trees_all_close((l_loss, l_y, l_gx), (n_loss, n_y, n_gx), **TOL)
-  chex.assert_trees_all_close(l_gp, nnx.to_pure_dict(n_gp), **TOL)
+  what = f"Linen {type(linen).__name__} vs its NNX twin"
+  assert_trees_close((l_loss, l_y, l_gx), (n_loss, n_y, n_gx), depth=_depth(linen), what=f"{what}: loss, output, dx")
+  assert_trees_close(l_gp, nnx.to_pure_dict(n_gp), depth=_depth(linen), what=f"{what}: parameter gradients")
 
 
 STACK_POLICIES = ["nothing_saveable", "dots_saveable", "save_only_these_names:qkv+mlp_hidden",
@@ -167,7 +173,8 @@ def test_gradients_equal_no_remat_under_jaxckpt_jit(no_remat_grads, kind, scan, 
   params, x, key, ((ref_loss, ref_y), ref_grads) = no_remat_grads(kind, scan)
   module, _ = _linen(kind, policy, scan)
   (loss, y), grads = _grads(module, params, x, key)
-  chex.assert_trees_all_close((loss, y, grads), (ref_loss, ref_y, ref_grads), **TOL)
+  assert_trees_close((loss, y, grads), (ref_loss, ref_y, ref_grads), depth=_depth(module),
+                     what=f"Linen {kind} {policy}: loss, output and gradients vs no remat")
 
 
 OFFLOAD = ("save_and_offload_only_these_names", "offload_dot_with_no_batch_dims")
@@ -200,7 +207,8 @@ def test_deterministic_python_bool_under_jit_and_grad_for_every_policy(policy):
   params = _params(block, shape)
   out = {(flag, seed): block.apply({"params": params}, x, dropout_key=_key(seed), deterministic=flag)
          for flag in (True, False) for seed in (1, 2)}
-  chex.assert_trees_all_equal(out[True, 1], out[True, 2], block.apply({"params": params}, x))  # key ignored
+  # key ignored: exact, the same program on the same inputs (the key is not read)
+  chex.assert_trees_all_equal(out[True, 1], out[True, 2], block.apply({"params": params}, x))
   assert not jnp.allclose(out[False, 1], out[False, 2])  # dropout on: the key matters
 
 
@@ -211,8 +219,10 @@ def test_deterministic_as_static_argname_and_traced_flag_error():
   apply = lambda p, x, key, deterministic: block.apply(  # noqa: E731
       {"params": p}, x, dropout_key=key, deterministic=deterministic)
   jitted = jax.jit(apply, static_argnames="deterministic", compiler_options=FAST)
-  chex.assert_trees_all_close(jitted(params, x, key, deterministic=True), block.apply({"params": params}, x), **TOL)
-  chex.assert_trees_all_close(jitted(params, x, key, deterministic=False), apply(params, x, key, False), **TOL)
+  assert_trees_close(jitted(params, x, key, deterministic=True), block.apply({"params": params}, x), depth=1,
+                     what="deterministic=True under jit vs eager default")
+  assert_trees_close(jitted(params, x, key, deterministic=False), apply(params, x, key, False), depth=1,
+                     what="deterministic=False under jit vs eager")
   with pytest.raises(JaxckptError, match="static_argnames"):
     jax.jit(apply)(params, x, key, True)  # a traced flag: a clear error, not TracerBoolConversionError
 
@@ -298,9 +308,9 @@ def test_stack_layer_keys_rng_stream_and_scan_unrolled_agree():
     return v_scan, v_unrolled, manual, outs, streams
 
   v_scan, v_unrolled, manual, (out_scan, out_unrolled), (stream_1, stream_2) = run(x, key)
-  chex.assert_trees_all_equal(v_scan, v_unrolled)  # same init from the same key in both modes
-  chex.assert_trees_all_close(out_scan, manual, **TOL)
-  chex.assert_trees_all_close(out_unrolled, manual, **TOL)
+  chex.assert_trees_all_equal(v_scan, v_unrolled)  # exact: the same init from the same key in both modes
+  assert_trees_close(out_scan, manual, depth=LAYERS, what="scanned stack vs layer-by-layer output")
+  assert_trees_close(out_unrolled, manual, depth=LAYERS, what="unrolled stack vs layer-by-layer output")
   assert not jnp.allclose(stream_1, stream_2)  # keys drawn from the 'dropout' stream when none is given
 
 
@@ -310,8 +320,9 @@ def test_nnx_update_from_linen_migrates_weights():
   x = _x(shape)
   params = _params(linen, shape, seed=42)
   assert L.nnx_update_from_linen(nnx_module, params) is nnx_module
-  chex.assert_trees_all_close(nnx_module(x), linen.apply({"params": params}, x), **TOL)
-  chex.assert_trees_all_equal(L.linen_params_from_nnx(nnx_module), params)
+  assert_trees_close(nnx_module(x), linen.apply({"params": params}, x), depth=1,
+                     what="NNX block with migrated weights vs Linen output")
+  chex.assert_trees_all_equal(L.linen_params_from_nnx(nnx_module), params)  # exact: a round trip copies arrays
   with pytest.raises(JaxckptError, match="lack"):
     L.nnx_update_from_linen(nnx_module, {"attn": params["attn"]})
   bad = jax.tree.map(lambda a: a, params)
@@ -361,9 +372,9 @@ def test_structure_gradients_equal_block_structure_and_nnx(block_structure_grads
 
   linen_out, nnx_out = run(params, nnx_params, x, key)
   for policy, got, ((n_loss, n_y), (n_gp, n_gx)) in zip(policies, linen_out, nnx_out):
-    chex.assert_trees_all_close(got, ref, **TOL, custom_message=f"Linen {structure} {policy}")
-    chex.assert_trees_all_close(((n_loss, n_y), (nnx.to_pure_dict(n_gp), n_gx)), ref, **TOL,
-                                custom_message=f"NNX {structure} {policy}")
+    assert_trees_close(got, ref, depth=DEPTH, what=f"Linen {structure} {policy} vs block no remat")
+    assert_trees_close(((n_loss, n_y), (nnx.to_pure_dict(n_gp), n_gx)), ref, depth=DEPTH,
+                       what=f"NNX {structure} {policy} vs Linen block no remat")
   jaxpr = jax.make_jaxpr(jax.grad(_linen_loss(linens[0]), has_aux=True))(params, x, key)
   assert uses_remat(jaxpr)  # the groups are remat'd even when the blocks' policy is 'none'
 

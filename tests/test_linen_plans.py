@@ -22,6 +22,7 @@ from jaxckpt import LayeredPolicy, parse_model_policy
 from jaxckpt.step import LossTarget
 from jaxckpt.report import build_report
 from jaxckpt.step import compile_policy
+from numerics import assert_trees_close
 from linen_lms import (TOKENS, FlaxGPT2Block, FlaxGPT2LMHeadModel, LlamaConfig, LlamaDecoderLayer,
                        LlamaForCausalLM, gpt2_target, llama_target)
 
@@ -131,8 +132,7 @@ def test_linen_model_target_classifier_in_two_lines():
   wrapped = {"batch": {"inputs": jnp.ones((8, 16)), "labels": jnp.arange(8)}, "dropout_seed": jnp.uint32(3)}
   a = jax.grad(lambda p: target.loss(p, wrapped, policy=parse_model_policy("none")))(params)
   b = jax.grad(lambda p: target.loss(p, wrapped, policy=parse_model_policy("0:none;1-2:nothing_saveable")))(params)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(x, y, rtol=1e-5)
+  assert_trees_close(b, a, depth=target.num_layers, what="Classifier gradients, 0:none;1-2:nothing_saveable vs none")
 
 
 # --------------------------------------------------------------------------------------------------- plans
@@ -180,8 +180,8 @@ def test_budget_plans_fit_beat_fixed_policies_and_keep_gradients(make):
     assert fitting and plan.compiled.flops <= min(fitting), budget
   min_saved, _ = resolve_policy(target, "min_saved")
   for policy in (*(p.policy for p in plans.values()), min_saved, parse_model_policy(LAYERED)):
-    for a, b in zip(reference, _grads(target, policy)):
-      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=str(policy))
+    assert_trees_close(_grads(target, policy), reference, depth=target.num_layers,
+                       what=f"{target.name} gradients, {policy} vs none")
   # (min_saved's compiled row, below none's temp: test_report_rows_for_a_linen_target)
 
 
@@ -277,8 +277,8 @@ def test_budget_plan_for_the_nnx_twin_with_its_own_projection_class():
     return jax.tree.leaves(nnx.jit(nnx.grad(lambda m: target.loss_fn(m, tokens, dropout_key=None,
                                                                         deterministic=False)[0]))(model))
 
-  for a, b in zip(grads("none"), grads(plan.policy)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert_trees_close(grads(plan.policy), grads("none"), depth=plan.num_layers,
+                     what=f"NNX GPT-2 gradients, {plan.policy} vs none")
 
 
 def test_linen_model_target_keeps_the_models_names_rule():

@@ -10,7 +10,6 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 
@@ -23,6 +22,7 @@ from jaxckpt import parse_model_policy
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.step import compile_policy
 from linen_lms import DECODER_TOKENS, DecoderBlock, DecoderConfig, JittedDecoder, jitted_decoder_target
+from numerics import assert_trees_close
 
 TOKENS = jax.random.randint(jax.random.key(1), DECODER_TOKENS.shape, 0, DecoderConfig.vocab_size)
 LAYERED = "0-1:nothing_saveable;2-3:dots_saveable"
@@ -66,8 +66,8 @@ def test_nn_jit_decoder_traces_each_policy_and_keeps_gradients(decoder, policy, 
   forward = jax.make_jaxpr(functools.partial(_loss, applied))(params, TOKENS)
   assert _policy_kinds(forward) == kinds  # its own trace, not the trace of an earlier policy
   assert jax.tree.structure(params) == jax.tree.structure(reference)
-  for a, b in zip(jax.tree.leaves(grad(params, TOKENS)), jax.tree.leaves(reference)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert_trees_close(grad(params, TOKENS), reference, depth=DecoderConfig().num_layers,
+                     what=f"nn.jit decoder gradients, {policy} vs the plain decoder")
 
 
 def test_nn_jit_decoder_retraces_once_per_policy():
@@ -117,8 +117,7 @@ def test_nn_jit_decoder_as_a_target_compiles_each_policy(decoder_target):
   if remat_implementation() == "remat2":  # remat3 keeps no barrier XLA:CPU honours for unrolled blocks (README)
     assert temps[1] < temps[0]  # the second policy is compiled, not the first one's trace
   reference, layered = _target_grads(target, [parse_model_policy("none"), parse_model_policy(LAYERED)])
-  for a, b in zip(jax.tree.leaves(layered), jax.tree.leaves(reference)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert_trees_close(layered, reference, depth=target.num_layers, what=f"target gradients, {LAYERED} vs none")
 
 
 @pytest.mark.slow
@@ -127,8 +126,7 @@ def test_nn_jit_decoder_budget_plan(decoder_target):
   plan = plan_policy(target, "budget:50%", max_rounds=1)
   assert plan.compiled.temp_bytes <= plan.limit_bytes < plan.none.temp_bytes
   reference, planned = _target_grads(target, [parse_model_policy("none"), plan.policy])
-  for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(reference)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert_trees_close(planned, reference, depth=target.num_layers, what=f"target gradients, {plan.policy} vs none")
 
 
 def test_a_cache_that_ignores_the_trace_context_is_named(monkeypatch):
@@ -162,8 +160,8 @@ def test_block_class_under_nn_jit_fixed_policy_works_layered_names_it():
   reference = jax.grad(functools.partial(loss, Stack()))(params)
   applied = model.with_policy("dots_saveable")
   assert _policy_kinds(jax.make_jaxpr(functools.partial(loss, applied))(params)) == ["DotsSaveable"] * 4
-  for a, b in zip(jax.tree.leaves(jax.grad(functools.partial(loss, applied))(params)), jax.tree.leaves(reference)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert_trees_close(jax.grad(functools.partial(loss, applied))(params), reference, depth=DecoderConfig().num_layers,
+                     what="gradients of nn.jit blocks, dots_saveable vs the plain stack")
   with pytest.raises(JaxckptError, match=r"DecoderBlock is wrapped in nn\.jit \(class JitDecoderBlock.*give one spec"):
     model.with_policy(LAYERED).apply({"params": params}, TOKENS[:, :-1])
 
@@ -214,8 +212,8 @@ def test_nnx_jit_and_jax_jit_inside_an_nnx_model(cls):
     jaxckpt.set_policy(model, policy)
     graphdef, state = nnx.split(model)
     assert _policy_kinds(jax.make_jaxpr(loss(graphdef))(state)) == kinds, policy
-    for a, b in zip(jax.tree.leaves(jax.grad(loss(graphdef))(state)), jax.tree.leaves(reference)):
-      np.testing.assert_allclose(a, b, atol=1e-6)
+    assert_trees_close(jax.tree.leaves(jax.grad(loss(graphdef))(state)), jax.tree.leaves(reference), depth=3,
+                       what=f"{cls.__name__} gradients, {policy} vs before apply_remat")  # three blocks
 
 
 @pytest.mark.parametrize("batch", [DECODER_TOKENS, {"ids": DECODER_TOKENS}], ids=["array", "dict"])

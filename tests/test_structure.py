@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +13,7 @@ import jaxckpt
 from jaxckpt.nnx._layers import MLPBlock, Stack
 from jaxckpt.models import MODELS
 from jaxckpt.core._structure import Structure, parse_structure
+from numerics import assert_trees_close
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -46,8 +46,11 @@ def test_group_plans_cover_every_block():
       assert sum(c * s for c, s in plan) == n and all(s >= 1 for _, s in plan)
 
 
+LAYERS = 7  # MLP blocks of the stack: the depth of the comparisons (tests/numerics.py)
+
+
 def stack_grads(structure, policy, scan, x, key):
-  stack = Stack(lambda r: MLPBlock(8, 16, dropout_rate=0.3, policy=policy, rngs=r), 7, scan=scan,
+  stack = Stack(lambda r: MLPBlock(8, 16, dropout_rate=0.3, policy=policy, rngs=r), LAYERS, scan=scan,
                 structure=structure, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(stack)
 
@@ -69,8 +72,9 @@ def reference():
 def test_gradients_equal_no_remat(reference, structure, policy, scan):
   x, key, (ref_loss, ref_grads) = reference
   loss, grads = stack_grads(structure, policy, scan, x, key)
-  chex.assert_trees_all_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
+  what = f"{structure} {policy} {'scan' if scan else 'unrolled'} vs block none scan"
+  assert_trees_close(loss, ref_loss, depth=LAYERS, what=f"loss, {what}")
+  assert_trees_close(grads, ref_grads, depth=LAYERS, what=f"gradients, {what}")
 
 
 @pytest.mark.slow  # trains two models (~20 s)
@@ -86,7 +90,7 @@ def test_vit_with_structure_trains_like_without():
     loss = lambda p: jaxckpt.models.classification_loss(  # noqa: E731
         nnx.merge(graphdef, p), data, dropout_key=jax.random.key(0), deterministic=False)[0]
     grads[structure] = jaxckpt.jit(jax.grad(loss))(params)
-  chex.assert_trees_all_close(grads["block"], grads["nested"], rtol=1e-5, atol=1e-6)
+  assert_trees_close(grads["nested"], grads["block"], depth=config.num_layers, what="ViT gradients, nested vs block")
 
 
 def train_step_temp(num_layers: int, structure: str, policy: str = "none") -> int:
