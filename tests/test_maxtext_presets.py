@@ -93,3 +93,37 @@ def test_preset_on_a_model_with_maxtexts_names_validates():
                          "mlpwi_0", "mlpwi_1", "mlpwo"}}
   for preset in MAXTEXT_PRESETS:
     jaxckpt.parse_policy(preset).validate(emitted)
+
+
+def _presets_to_compile() -> list[str]:
+  """Every preset; under JAX's next remat the offloading ones are refused (callables remat3 would ignore,
+  test_remat3.py)."""
+  from jaxckpt._remat_impl import remat_implementation
+  remat3 = remat_implementation() == "remat3"
+  return [name for name in MAXTEXT_PRESETS if not (remat3 and jaxckpt.parse_policy(name).offloads)]
+
+
+@pytest.fixture(scope="module")
+def llama_tiny():
+  """llama-tiny (float32, 2 layers) at 32 tokens, its batch, and its loss and gradients without remat."""
+  import dataclasses
+  from test_llm import _loss_and_grads, _tokens
+  from jaxckpt.models.llm import LLM_PRESETS, build_llm
+  config = dataclasses.replace(LLM_PRESETS["llama-tiny"], seq_len=32)
+  model = build_llm(config, policy="none")
+  return model, _loss_and_grads(model, _tokens()), config.num_layers
+
+
+@pytest.mark.parametrize("preset", _presets_to_compile())
+def test_preset_gradients_equal_no_remat(llama_tiny, preset):
+  """Each preset on the llm family (which emits MaxText's names): the loss and gradients of no remat, by the suite's
+  float rule (tests/numerics.py), depth the decoder layers."""
+  from test_llm import _loss_and_grads, _tokens
+  from numerics import assert_trees_close
+  model, want, depth = llama_tiny
+  jaxckpt.set_policy(model, preset)
+  try:
+    got = _loss_and_grads(model, _tokens())
+  finally:
+    jaxckpt.set_policy(model, "none")
+  assert_trees_close(got, want, depth=depth, what=f"llama-tiny loss and gradients, {preset} vs none")
