@@ -7,6 +7,7 @@ Usage (the device count must be set before JAX starts, so the test runs this fil
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_helper.py all '{"mesh": ...}'
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding_helper.py train '{"mesh": ...}'
     XLA_FLAGS=--xla_force_host_platform_device_count=16 python tests/sharding_helper.py per_layer
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding_helper.py tensor
 
 The last stdout line is the JSON result.
 """
@@ -179,6 +180,58 @@ def per_layer() -> dict:
   return out
 
 
+TENSOR_MESHES = ("tensor=4", "fsdp=2,tensor=2", "data=2,tensor=2")
+TENSOR_POLICIES = ("none", "full", "minimal")
+
+
+def tensor() -> dict:
+  """Tensor parallelism on the LLM family (4 devices): llama-tiny (4 query heads, 2 key/value heads, MLP 128, vocab
+  256, float32) on each of :data:`TENSOR_MESHES` × :data:`TENSOR_POLICIES`; the first step's loss and gradients
+  against one device without remat, and the bytes of the parameters each device holds against the whole."""
+  import jax
+  import numpy as np
+  import optax
+
+  import jaxckpt
+  import numerics
+  from jaxckpt.models.llm import LLM_PRESETS, build_llm, llm_loss
+  from jaxckpt.training import _sharding as sharding
+
+  config = LLM_PRESETS["llama-tiny"]
+  rng = np.random.default_rng(0)
+  batch = {"tokens": rng.integers(0, config.vocab_size, (BATCH, config.seq_len + 1)).astype(np.int32)}
+
+  def setup(policy, mesh):
+    model = build_llm(config, policy=policy)
+    tx = optax.chain(_record_grads(), optax.adamw(1e-2))
+    graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
+    step = jaxckpt.make_train_step(graphdef, tx, sharding.gather_params_in_loss(llm_loss, mesh))
+    return model, state, step
+
+  _, state, step = setup("none", None)
+  compiled = jaxckpt.training.compile_train_step(step, state, batch, compiler_options=FAST)
+  whole = sum(leaf.nbytes for leaf in jax.tree.leaves(state.params))
+  new_state, metrics = compiled(state, batch)  # the state is donated: read it before
+  ref = (float(metrics["loss"]), sharding.gather(new_state.opt_state[0]))
+  results = []
+  for mesh_spec in TENSOR_MESHES:
+    mesh = sharding.make_mesh(mesh_spec)
+    for policy in TENSOR_POLICIES:
+      model, state, step = setup(policy, mesh)
+      kwargs = sharding.step_shardings(state, batch, mesh, model=model)
+      state = sharding.shard_state(state, kwargs["in_shardings"][0])
+      put = sharding.shard_batch(batch, mesh, global_batch_size=BATCH)
+      compiled = jaxckpt.training.compile_train_step(step, state, put, compiler_options=FAST, **kwargs)
+      new_state, metrics = compiled(state, put)
+      got = (float(metrics["loss"]), sharding.gather(new_state.opt_state[0]))
+      per_device = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(new_state.params))
+      specs = {jax.tree_util.keystr(path): str(leaf.sharding.spec)
+               for path, leaf in jax.tree_util.tree_flatten_with_path(new_state.params)[0]}
+      results.append({"mesh": mesh_spec, "policy": policy, "mismatches": list(numerics.mismatches(
+          got, ref, depth=config.num_layers)), "param_bytes_per_device": per_device, "specs": specs})
+  return {"device_count": jax.device_count(), "param_bytes": whole, "results": results}
+
+
 if __name__ == "__main__":
   mode = sys.argv[1]
   if mode == "equivalence":
@@ -191,6 +244,8 @@ if __name__ == "__main__":
     result = train(json.loads(sys.argv[2]))
   elif mode == "per_layer":
     result = per_layer()
+  elif mode == "tensor":
+    result = tensor()
   else:
-    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all, per_layer")
+    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all, per_layer, tensor")
   print(json.dumps(result))

@@ -336,3 +336,21 @@ def test_set_policy_reaches_remat_wrappers():
   assert net.body.policy == jaxckpt.parse_policy("mlp=full")
   grad = jax.grad(lambda m, x: m(x).sum())
   assert count_remat_regions(jax.make_jaxpr(lambda x: grad(net, x))(jnp.ones((2, 4)))) == 1
+
+
+def test_a_region_that_only_gathers_parameters_is_not_a_policys_remat():
+  """Policy ``none`` under an FSDP mesh gathers each block's parameters inside a jax.checkpoint of the gather alone
+  (jaxckpt.core._remat._gathered_call): no activation is recomputed, so the report's "none has no remat region"
+  check must not count it; a checkpoint that computes is counted."""
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from jaxckpt.analysis._jaxprs import count_remat_regions, uses_remat
+
+  mesh = jax.make_mesh((1,), ("fsdp",))
+  gather = jax.checkpoint(lambda w: jax.lax.with_sharding_constraint(w, NamedSharding(mesh, PartitionSpec())))
+  compute = jax.checkpoint(jnp.sin)
+  w = jnp.ones((4, 4))
+  only_gather = jax.make_jaxpr(jax.grad(lambda w: jnp.sum(gather(w) @ w)))(w)
+  computing = jax.make_jaxpr(jax.grad(lambda w: jnp.sum(compute(gather(w)) @ w)))(w)
+  assert (count_remat_regions(only_gather), uses_remat(only_gather)) == (0, False)
+  assert (count_remat_regions(computing), uses_remat(computing)) == (1, True)

@@ -416,3 +416,20 @@ def test_the_model_on_the_splash_kernel_equals_the_model_on_xla():
   (loss, grads), (splash_loss, splash_grads) = _loss_and_grads(xla, batch), _loss_and_grads(splash, batch)
   assert_trees_close((splash_loss, splash_grads), (loss, grads), depth=config.num_layers,
                      what="gemma2-tiny on splash vs xla, minimal_with_context")
+
+
+@pytest.mark.slow  # three TPU compiles of the tiny preset on v5e:2x2 (~30 s on 2 cores)
+def test_report_rows_ok_on_a_topology_with_a_tensor_axis(tmp_path):
+  """fsdp=2 × tensor=2 on v5e:2x2 (deviceless): every row compiles; ``none`` (whose blocks gather their parameters
+  in a checkpoint of the gather alone) is not taken for a model that remats by itself; remat lowers the footprint."""
+  pytest.importorskip("libtpu")
+  import json
+  from jaxckpt.report._cli import main as report_main
+  out = tmp_path / "r.json"
+  assert report_main(["--model", "llm", "--preset", "tiny", "--topology", "v5e:2x2", "--mesh", "fsdp=2,tensor=2",
+                      "--policies", "none", "full", "minimal", "--no-progress", "--json", str(out)]) == 0
+  data = json.loads(out.read_text())
+  rows = {r["policy"]: r for r in data["rows"]}
+  assert data["mesh"] == {"fsdp": 2, "tensor": 2} and all(r["status"] == "ok" for r in rows.values()), rows
+  full = rows["nothing_saveable"]  # full is its alias
+  assert full["footprint_bytes"] < rows["minimal"]["footprint_bytes"] < rows["none"]["footprint_bytes"], rows

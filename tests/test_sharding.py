@@ -193,6 +193,24 @@ def test_fsdp_gathers_one_layer_at_a_time_so_more_chips_hold_less():
   assert sixteen["argument_bytes"] < 0.3 * four["argument_bytes"], r  # state split 16 ways, not 4
 
 
+@pytest.mark.slow  # 10 compiles of llama-tiny on 4 fake devices (~40 s)
+def test_tensor_parallel_llm_equals_one_device_and_splits_its_parameters():
+  """Tensor parallelism (Megatron-style, by the LLM family's logical axis names): llama-tiny on 4 devices under
+  tensor=4, fsdp=2,tensor=2 and data=2,tensor=2, each with none, full and minimal: the first step's loss and
+  gradients equal one device without remat (tests/numerics.py), and each device holds the parameter bytes theory
+  says. llama-tiny: 427,264 parameter bytes, of which 1,280 are RMSNorm scales (never split) and 2 × 16,384 the
+  key/value projections (K = 2 heads: not split by tensor=4, whose size does not divide them)."""
+  r = run_helper("tensor", devices=4)
+  whole, norms, kv = r["param_bytes"], 1280, 2 * 16384
+  matrices = whole - norms
+  expected = {"tensor=4": (matrices - kv) / 4 + kv + norms, "fsdp=2,tensor=2": matrices / 4 + norms,
+              "data=2,tensor=2": matrices / 2 + norms}
+  assert whole == 427264 and len(r["results"]) == 9, r
+  for row in r["results"]:
+    assert row["mismatches"] == [], row
+    assert row["param_bytes_per_device"] == expected[row["mesh"]], (row["mesh"], row["param_bytes_per_device"])
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))

@@ -193,10 +193,28 @@ def iter_eqns(jaxpr: Any, *, rules: bool = False) -> Iterator[Any]:
       yield from iter_eqns(sub, rules=rules)
 
 
+_LAYOUT_ONLY = frozenset({"sharding_constraint", "pjit", "jit", "mesh_cast", "reshard"})
+"""Primitives that move or lay out values without computing: a remat region of nothing else recomputes no FLOPs."""
+
+
+def is_gather_only(eqn: Any) -> bool:
+  """Whether a remat equation's body only lays out values (:data:`_LAYOUT_ONLY`: sharding constraints and the calls
+  around them): the ``jax.checkpoint`` in which a block without remat gathers its FSDP-sharded parameters, so the
+  backward pass gathers again (:func:`jaxckpt.core._remat._gathered_call`). It recomputes no activation, so it is
+  not a remat region of the policy's."""
+  body = remat_body(eqn)
+  return body is not None and all(e.primitive.name in _LAYOUT_ONLY for e in iter_eqns(body))
+
+
+def _policy_remat(eqn: Any) -> bool:
+  return (is_remat(eqn) and not is_gather_only(eqn)) or is_differentiated_remat3(eqn)
+
+
 def uses_remat(jaxpr: Any) -> bool:
   """Whether a (closed) jaxpr contains a ``jax.checkpoint`` (either remat implementation, :func:`is_remat`, or a
-  differentiated remat3 region, :func:`is_differentiated_remat3`)."""
-  return any(is_remat(eqn) or is_differentiated_remat3(eqn) for eqn in iter_eqns(jaxpr))
+  differentiated remat3 region, :func:`is_differentiated_remat3`); a region that only gathers FSDP-sharded
+  parameters (:func:`is_gather_only`) is not counted."""
+  return any(_policy_remat(eqn) for eqn in iter_eqns(jaxpr))
 
 
 def outermost_remats(jaxpr: Any) -> list[Any]:
@@ -249,7 +267,8 @@ def count_remat_regions(jaxpr: Any) -> int:
   remat implementation (:func:`is_remat`; in a differentiated jaxpr under remat3, the barrier each region leaves,
   :func:`is_differentiated_remat3`).
 
-  The report checks with it that a policy was applied: ``none`` must give 0, every other policy more.
+  The report checks with it that a policy was applied: ``none`` must give 0, every other policy more. A region that
+  only gathers FSDP-sharded parameters (:func:`is_gather_only`, policy ``none`` under a mesh) is not counted.
 
   Args:
     jaxpr: a ``jax.core.Jaxpr`` or ``ClosedJaxpr`` (e.g. ``jax.jit(step).trace(...).jaxpr``).
@@ -257,7 +276,7 @@ def count_remat_regions(jaxpr: Any) -> int:
   Returns:
     The number of remat equations (≥ 0).
   """
-  return sum(1 for eqn in iter_eqns(jaxpr) if is_remat(eqn) or is_differentiated_remat3(eqn))
+  return sum(1 for eqn in iter_eqns(jaxpr) if _policy_remat(eqn))
 
 
 def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS) -> Any:
