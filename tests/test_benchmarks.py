@@ -191,3 +191,25 @@ def test_fit_planner_quick(tmp_path):
   for row in record["rows"]:  # the planner's verified answer is the binary search's, in fewer compiles
     assert row["planner"] == row["search"] and row["planner_compiles"] < row["search_compiles"]
     assert row["footprint_bytes"] <= row["limit_bytes"] < row["over_bytes_at_next"]
+
+
+def test_published_rows_are_valid_llm_configurations():
+  """Every row of benchmarks/published_configs.py builds (abstractly) with its blocks and sequence, its policy validates
+  against the LLM family's checkpoint names, and its batch is per-chip × chips — no compile (the rows are 256-chip
+  TPU programs: minutes each, a benchmark)."""
+  from benchmarks import published_configs
+  from flax import nnx
+
+  import jaxckpt
+  from jaxckpt.core._names import DECODER_NAMES
+  from jaxckpt.topology import get_topology
+
+  assert [r.key for r in published_configs.ROWS] == ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T13", "T17",
+                                                      "T18", "T19", "T20"]
+  for row in published_configs.ROWS:
+    target, chips = published_configs.target(row, num_layers=2)
+    assert chips == get_topology(row.topology).chips
+    assert target.batch["tokens"].shape == (row.per_device * chips, row.seq_len + 1), row.key
+    model = nnx.eval_shape(target.make_model)
+    assert jaxckpt.parse_policy(row.policy).validate({"decoder": set(DECODER_NAMES)}) is not None, row.key
+    assert model.seq_len == row.seq_len
