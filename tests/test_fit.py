@@ -279,3 +279,36 @@ def test_max_seq_len_fits_and_next_does_not():
     return compile_policy(sized, jaxckpt.parse_policy("nothing_saveable")).memory["footprint_bytes"]
 
   assert at(length) == fit.footprint_bytes <= limit < at(length + 1) == fit.verified_over
+
+
+def test_time_model_terms_fsdp_collectives_and_host_transfers():
+  """The pod-scale terms (jaxckpt.fit._speed): under fsdp=256 a v6e chip moves 3 × 255/256 of the parameter bytes
+  per micro-step over ICI (two all-gathers and a reduce-scatter), so 4 micro-steps of 1 cost 4 × that where 1 of 4
+  costs it once; an offload policy's host bytes cross PCIe twice per micro-step. Each term is reported, the step is
+  the largest plus the overhead."""
+  from jaxckpt.fit._search import BatchFit, FitPoint  # noqa: PLC0415
+  from jaxckpt.fit._speed import collective_bytes  # noqa: PLC0415
+
+  params = 32e9  # an 8B model's float32 parameters, bytes
+  per_micro, per_step = collective_bytes(params, {"fsdp": 256})
+  assert per_micro == pytest.approx(3 * 255 / 256 * params) and per_step == 0.0
+  assert collective_bytes(params, {"data": 4, "fsdp": 2})[1] == pytest.approx(2 * 3 / 4 * params / 2)
+  assert collective_bytes(params, None) == (0.0, 0.0)
+
+  v6e = accelerator("v6e")
+  unit = 256  # the batch is split over 256 chips: micro-batches are multiples of 256
+  points = tuple(FitPoint(b, 10 * 2**30 + b * 2**20, int(1e15 * b / unit), 1e12 * b / unit, 1.0,
+                          host_bytes=int(2**30 * b / unit), param_bytes=int(params)) for b in (unit, 4 * unit))
+  fit = BatchFit("offload", 4 * unit, points[-1].footprint_bytes, 32 * 2**30, 2, AffineModel(2**20, 10 * 2**30),
+                 points, "affine", False, None, unit, 0.0)
+  table = {c.micro_batch: c for c in candidates([fit], 4 * unit, v6e, mesh_shape={"fsdp": 256})}
+  big, small = table[4 * unit], table[unit]
+  assert (big.accum, small.accum) == (1, 4)
+  assert small.terms["collectives_s"] == pytest.approx(4 * per_micro / v6e.ici_bandwidth)
+  assert big.terms["collectives_s"] == pytest.approx(per_micro / v6e.ici_bandwidth)
+  assert big.terms["host_s"] == pytest.approx(2 * 4 * 2**30 / v6e.host_bandwidth)
+  assert big.terms["compute_s"] == pytest.approx(4e15 / unit / v6e.peak_flops)
+  for cand in (big, small):
+    ceilings = [cand.terms[k] for k in ("compute_s", "hbm_s", "host_s", "collectives_s")]
+    assert cand.est_step_s == pytest.approx(max(ceilings) + cand.terms["overhead_s"])
+  assert small.est_step_s > big.est_step_s and small.dominant == "collectives"

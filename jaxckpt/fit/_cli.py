@@ -122,15 +122,20 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     rows = []
     for cand in list(c.table)[:12]:
       m = measured.get((cand.policy, cand.micro_batch))
+      terms = [f"{cand.terms.get(key, 0.0) * 1e3:.2f}" for key in ("compute_s", "hbm_s", "host_s", "collectives_s")]
       row = [("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
-             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}", f"{cand.est_step_s * 1e3:.2f} ms"]
+             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}", f"{cand.est_step_s * 1e3:.2f} ms",
+             *terms, cand.dominant]
       if c.measured:  # the measured columns only where something was measured
         row += [f"{m.measured_step_s * 1e3:.1f} ms" if m else "", f"{c.global_batch / m.measured_step_s:.0f}" if m else ""]
       rows.append(row)
     notes = ["* = the winner"]
     if c.spearman is not None:
       notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
-    headers = ["policy", "b × k", "FLOPs/step", "est. step"] + (["measured", "examples/s"] if c.measured else [])
+    notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "
+                 "step takes the largest, 'bound by', plus a fixed overhead per micro-step; docs/fit.md)")
+    headers = ["policy", "b × k", "FLOPs/step", "est. step", "compute", "HBM", "host", "collectives", "bound by"] + (
+        ["measured", "examples/s"] if c.measured else [])
     parts.append(render_table(headers, rows,
                               title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
                                     f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, len(headers))))

@@ -293,7 +293,7 @@ def plan_fit(
   fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
   choice = None
   if global_batch is not None:
-    table = candidates(fits, global_batch, device)
+    table = candidates(fits, global_batch, device, mesh_shape=None if mesh is None else dict(mesh.shape))
     compiles = 0
 
     def verify(cand: Candidate) -> int:

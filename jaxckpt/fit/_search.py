@@ -78,6 +78,9 @@ class FitPoint:
     bytes_accessed: XLA's ``cost_analysis()["bytes accessed"]`` scaled by ``flops / xla_flops`` (XLA counts a loop
       body once), or ``None`` where the backend has no cost analysis.
     compile_s: seconds to trace, lower and compile.
+    host_bytes: the compiled host footprint per device (what an offload policy keeps in ``pinned_host`` memory;
+      0 without offload), ``None`` where unknown (a refused compile).
+    param_bytes: bytes of the model's parameters (all of them, over the whole mesh; the time model's collectives).
   """
 
   batch: int
@@ -85,6 +88,8 @@ class FitPoint:
   flops: int
   bytes_accessed: float | None
   compile_s: float
+  host_bytes: int | None = None
+  param_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +256,8 @@ def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitP
     required = exhausted_bytes(err)
     if required is None:
       raise
-    return FitPoint(batch, required, int(lowered.flops), None, time.perf_counter() - started)
+    return FitPoint(batch, required, int(lowered.flops), None, time.perf_counter() - started,
+                    param_bytes=_param_bytes(lowered))
   footprint = compiled.memory.get("footprint_bytes")
   if footprint is None:
     raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; the fit planner "
@@ -260,7 +266,15 @@ def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitP
   accessed = None
   if xla_bytes is not None:
     accessed = float(xla_bytes) * (compiled.flops / xla_flops if xla_flops else 1.0)
-  return FitPoint(batch, int(footprint), int(compiled.flops), accessed, time.perf_counter() - started)
+  return FitPoint(batch, int(footprint), int(compiled.flops), accessed, time.perf_counter() - started,
+                  host_bytes=compiled.memory.get("host_footprint_bytes") or 0, param_bytes=_param_bytes(lowered))
+
+
+def _param_bytes(lowered: Any) -> int:
+  """Bytes of the step's parameters (abstract leaves: shape × itemsize), 0 where the step has none to read."""
+  params = getattr(getattr(lowered, "step", None), "params", None)
+  return sum(math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 0) for leaf in jax.tree.leaves(params)
+             if hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
 
 
 def max_batch_size(

@@ -22,6 +22,23 @@ Under a mesh (a TPU topology's too) each device computes its share of the step: 
 divided by the devices the batch is split over (:func:`candidates`); ``bytes_accessed`` then comes from the
 compiler of the mesh's platform (the TPU compiler's cost analysis for a topology), ``peak_flops`` and ``bandwidth``
 from its chip (:data:`jaxckpt.topology.CHIPS`).
+
+At pod scale two more terms decide, each reported per candidate (:attr:`Candidate.terms`) so a user sees which
+dominates:
+
+- **host transfers**: an offload policy moves its offloaded residuals to host memory in the forward pass and back
+  in the backward pass, 2 × the compiled host footprint per device per micro-step, over the chip's host link
+  (``host_bandwidth``, PCIe, per direction);
+- **collectives**: with parameters split over ``fsdp`` (size f) every micro-step all-gathers them in the forward
+  pass, again in the backward pass (FSDP per layer re-gathers) and reduce-scatters the gradients: each a ring
+  collective moving (f − 1)/f of the parameter bytes per device (Patarasuk & Yuan 2009, bandwidth-optimal ring
+  all-reduce; ZeRO stage 3's 1.5× of data parallelism's traffic, Rajbhandari et al. 2020); over ``data`` (size d)
+  the gradient shards are all-reduced, 2 (d − 1)/d of their bytes; over the chip's ICI bandwidth (``ici_bandwidth``).
+  Megatron tensor parallelism's per-layer all-reduces of activations are not modelled yet.
+
+XLA overlaps collectives and host transfers with compute (asynchronous collectives, MaxText's host-offload
+flags), so one micro-step takes the largest of its terms — compute, HBM, host, collectives — plus the overhead:
+a roofline with four ceilings. This ranks configurations; it does not promise seconds (peaks, not achieved rates).
 """
 
 from __future__ import annotations
@@ -29,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -40,7 +57,8 @@ from jaxckpt.fit._model import fit_affine
 from jaxckpt.fit._search import BatchFit
 from jaxckpt.training._topology import CHIPS, chip_for_kind
 
-__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates"]
+__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates",
+           "collective_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +74,8 @@ class Accelerator:
     bandwidth_curve: ``((working set bytes, bytes/s), ...)`` ascending, measured by :func:`calibrate` on a CPU: a
       step whose working set (its compiled footprint) stays in the caches streams faster than :attr:`bandwidth`
       (the cache-aware roofline, Ilic, Pratas & Sousa, IEEE CAL 2014). Empty: :attr:`bandwidth` at every size.
+    ici_bandwidth: bytes/s per device of a collective over the chips (ICI, NVLink); 0: unknown (not modelled).
+    host_bandwidth: bytes/s per direction between the device and host memory (PCIe); 0: unknown (not modelled).
   """
 
   name: str
@@ -64,6 +84,8 @@ class Accelerator:
   overhead_s: float = 20e-6
   memory_bytes: int | None = None
   bandwidth_curve: tuple[tuple[int, float], ...] = ()
+  ici_bandwidth: float = 0.0
+  host_bandwidth: float = 0.0
 
   def bandwidth_at(self, working_set: float | None) -> float:
     """Bytes/s for a working set of ``working_set`` bytes: :attr:`bandwidth_curve` interpolated in log size
@@ -87,18 +109,36 @@ class Accelerator:
       bytes_accessed: bytes it reads and writes (``None``: compute only).
       working_set: its compiled footprint in bytes (selects the bandwidth on :attr:`bandwidth_curve`).
     """
-    compute = flops / self.peak_flops
-    memory = (bytes_accessed or 0.0) / self.bandwidth_at(working_set)
-    return max(compute, memory) + self.overhead_s
+    return max(self.terms(flops, bytes_accessed, working_set).values()) + self.overhead_s
+
+  def terms(self, flops: float, bytes_accessed: float | None, working_set: float | None = None, *,
+            host_bytes: float = 0.0, collective_bytes: float = 0.0) -> dict[str, float]:
+    """Seconds of one micro-step per ceiling of the roofline (module docstring), without the overhead.
+
+    Args:
+      flops: FLOPs of the micro-step on this device.
+      bytes_accessed: bytes it reads and writes in device memory (``None``: 0).
+      working_set: its compiled footprint in bytes (selects the bandwidth on :attr:`bandwidth_curve`).
+      host_bytes: bytes it moves between device and host (both directions summed).
+      collective_bytes: bytes a collective moves per device (all-gathers, reduce-scatters, all-reduces).
+
+    Returns:
+      ``{"compute_s", "hbm_s", "host_s", "collectives_s"}``; a term whose bandwidth is unknown (0) is 0.
+    """
+    return {"compute_s": flops / self.peak_flops,
+            "hbm_s": (bytes_accessed or 0.0) / self.bandwidth_at(working_set),
+            "host_s": host_bytes / self.host_bandwidth if self.host_bandwidth else 0.0,
+            "collectives_s": collective_bytes / self.ici_bandwidth if self.ici_bandwidth else 0.0}
 
 
 ACCELERATORS: dict[str, Accelerator] = {
-    key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes)
+    key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes,
+                     ici_bandwidth=chip.ici_bandwidth, host_bandwidth=chip.host_bandwidth)
     for key, chip in CHIPS.items()
 }
 """The chips of :data:`jaxckpt.topology.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
-HBM bandwidth and size) as the time model's devices, each with 20 µs per micro-step of overhead. Peaks, not achieved
-rates: the model ranks, it does not promise seconds."""
+HBM bandwidth and size, ICI and host-link bandwidth) as the time model's devices, each with 20 µs per micro-step of
+overhead. Peaks, not achieved rates: the model ranks, it does not promise seconds."""
 
 
 _CALIBRATED: dict[tuple[str, int], Accelerator] = {}
@@ -233,6 +273,10 @@ class Candidate:
     est_step_s: estimated seconds of the whole step, k micro-steps (on one device of the mesh: its share of the
       FLOPs and bytes).
     measured_step_s: measured seconds per step (``--measure``), else ``None``.
+    terms: seconds of the whole step per ceiling, k × each micro-step's (:meth:`Accelerator.terms`:
+      ``compute_s``, ``hbm_s``, ``host_s``, ``collectives_s``) and ``overhead_s``; the step takes the largest
+      ceiling plus the overhead.
+    host_bytes: host footprint per device of a micro-step (offloaded residuals), ``None`` where unknown.
   """
 
   policy: str
@@ -244,19 +288,49 @@ class Candidate:
   bytes_accessed: float | None
   est_step_s: float
   measured_step_s: float | None = None
+  terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  host_bytes: int | None = None
+
+  @property
+  def dominant(self) -> str:
+    """The ceiling that sets the step time (``compute``, ``hbm``, ``host``, ``collectives``), or ``""``."""
+    ceilings = {k: v for k, v in self.terms.items() if k != "overhead_s"}
+    return max(ceilings, key=ceilings.get).removesuffix("_s") if ceilings else ""
 
   def as_row(self) -> dict[str, Any]:
     """The JSON form."""
     return dataclasses.asdict(self)
 
 
-def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator) -> list[Candidate]:
+def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None) -> tuple[float, float]:
+  """Bytes one device moves in collectives: ``(per micro-step, per step)`` (module docstring).
+
+  Args:
+    param_bytes: bytes of all parameters (unsharded).
+    mesh_shape: ``{axis: size}`` of the mesh, or ``None`` (one device: no collectives).
+
+  Returns:
+    Per micro-step: FSDP's two all-gathers and one reduce-scatter, 3 (f − 1)/f × ``param_bytes`` (f the ``fsdp``
+    size). Per step: the gradient all-reduce over ``data`` (size d), 2 (d − 1)/d × ``param_bytes`` / f (each
+    device's gradient shard), once per step (gradients accumulate locally).
+  """
+  shape = dict(mesh_shape or {})
+  f, d = shape.get("fsdp", 1), shape.get("data", 1)
+  per_micro = 3 * (f - 1) / f * param_bytes if f > 1 else 0.0
+  per_step = 2 * (d - 1) / d * param_bytes / f if d > 1 else 0.0
+  return per_micro, per_step
+
+
+def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator, *,
+               mesh_shape: Mapping[str, int] | None = None) -> list[Candidate]:
   """Every (policy, micro-batch, accumulation) reaching ``global_batch`` within memory, fastest estimate first.
 
   Args:
     fits: per-policy batch fits (:func:`jaxckpt.fit._search.fit_policies`).
     global_batch: examples per optimizer step G ≥ 1.
     device: the :class:`Accelerator` to model.
+    mesh_shape: ``{axis: size}`` of the mesh the fits were compiled for (``None``: one device), for the collective
+      term (:func:`collective_bytes`); the parameter bytes come from the fits' compiles.
 
   Returns:
     Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch). Under a mesh (a fit's
@@ -279,6 +353,11 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
     known = [p for p in pts if p.bytes_accessed is not None]
     bytes_model = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
         else None
+    hosted = [p for p in pts if p.host_bytes is not None]
+    host_model = fit_affine([(p.batch, p.host_bytes) for p in hosted]) if len({p.batch for p in hosted}) > 1 \
+        else None
+    params = max((p.param_bytes for p in pts), default=0)
+    per_micro, per_step = collective_bytes(params, mesh_shape)
     by_batch = fit.by_batch
     for b in sizes:
       k = global_batch // b
@@ -287,10 +366,18 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator)
       accessed = (point.bytes_accessed if point and point.bytes_accessed is not None
                   else (bytes_model(b) if bytes_model else None))
       foot = point.footprint_bytes if point else int(round(fit.model(b)))
+      host = (point.host_bytes if point and point.host_bytes is not None
+              else (max(0, int(round(host_model(b)))) if host_model else (hosted[0].host_bytes if hosted else None)))
       share = fit.unit  # devices the batch is split over: each computes its share of the step
-      out.append(Candidate(fit.policy, b, k, foot, point is not None, flops, accessed,
-                           k * device.micro_step_s(flops / share, None if accessed is None else accessed / share,
-                                                   foot)))
+      micro = device.terms(flops / share, None if accessed is None else accessed / share, foot,
+                           host_bytes=2.0 * (host or 0), collective_bytes=per_micro)
+      terms = {key: k * value for key, value in micro.items()}
+      step_collectives = per_step / device.ici_bandwidth if device.ici_bandwidth else 0.0
+      terms["collectives_s"] += step_collectives
+      terms["overhead_s"] = k * device.overhead_s
+      est = k * (max(micro.values()) + device.overhead_s) + step_collectives
+      out.append(Candidate(fit.policy, b, k, foot, point is not None, flops, accessed, est, terms=terms,
+                           host_bytes=host))
   if not out:
     largest = {f.policy: f.max_batch_size for f in fits}
     units = {f.unit for f in fits}
