@@ -159,10 +159,17 @@ def render(data: Mapping[str, Any]) -> str:
   lines = [f"Run: {common.header(data)}.", "",
            "| row | model | slice | seq × per chip | policy | footprint/chip | HBM | fits | host/chip | compile s |"
            " published |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for r in data["rows"]:
+  done = {r["key"]: r for r in data["rows"]}
+  for row in ROWS:  # in the source's order; a row this run did not reach says so
+    r = done.get(row.key)
+    policy = row.policy.replace("save_and_offload_only_these_names:/", "offload ")
+    if r is None:
+      lines.append(f"| {row.key} | {row.preset} | {row.topology} | {row.seq_len} × {row.per_device} | {policy} | — | — "
+                   f"| not compiled in this run | — | — | {row.published or '—'} |")
+      continue
     fits = "yes" if r["fits"] else ("no" if r["status"] == "ok" else f"error: {r['error']}")
-    policy = r["policy"].replace("save_and_offload_only_these_names:/", "offload ")
-    lines.append(f"| {r['key']} | {r['preset']} | {r['topology']} | {r['seq_len']} × {r['per_device']} | {policy} | "
+    model = r["preset"] + (f" ({r['num_layers']} layers)" if r.get("num_layers") else "")
+    lines.append(f"| {r['key']} | {model} | {r['topology']} | {r['seq_len']} × {r['per_device']} | {policy} | "
                  f"{_gib(r['footprint_bytes'])} | {_gib(r['hbm_bytes'])} | {fits} | "
                  f"{_gib(r['host_footprint_bytes'])} | {r['compile_s'] or 0:.0f} | {r['published'] or '—'} |")
   return "\n".join(lines)
@@ -181,10 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"unknown row(s) {', '.join(unknown)}; valid: {', '.join(r.key for r in ROWS)}")
   started = time.perf_counter()
   data = common.run_record(NAME, args)
-  data["rows"] = [run_row(r, num_layers=2 if args.quick else None) for r in ROWS if r.key in chosen]
-  common.finish_record(data, started)
+  data["rows"] = []
   path = common.out_path(NAME, args)
-  common.write_json(path, data)
+  for row in ROWS:
+    if row.key in chosen:  # the JSON after every row: a run stopped part-way keeps the rows it compiled
+      data["rows"].append(run_row(row, num_layers=2 if args.quick else None))
+      common.write_json(path, common.finish_record(data, started))
   print(render(data))
   return 0
 
