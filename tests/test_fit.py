@@ -312,3 +312,13 @@ def test_time_model_terms_fsdp_collectives_and_host_transfers():
     ceilings = [cand.terms[k] for k in ("compute_s", "hbm_s", "host_s", "collectives_s")]
     assert cand.est_step_s == pytest.approx(max(ceilings) + cand.terms["overhead_s"])
   assert small.est_step_s > big.est_step_s and small.dominant == "collectives"
+
+
+def test_progress_lines_in_a_log(capsys):
+  """Not at a terminal (a log, CI), the fit prints one whole line per compile on stderr, so a long search is never
+  silent; --no-progress turns them off."""
+  assert main(["--model", "mlp", "--memory", "64MiB", "--policies", "full", "--max-batch", "64"]) == 0
+  err = capsys.readouterr().err.splitlines()
+  assert err and all(line.startswith("jaxckpt-fit: compile ") and " elapsed)" in line for line in err), err
+  assert main(["--model", "mlp", "--memory", "64MiB", "--policies", "full", "--max-batch", "64", "--no-progress"]) == 0
+  assert capsys.readouterr().err == ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--html", default=None, metavar="FILE",
                       help="one HTML page: the tables and the footprint-vs-batch plot (.html)")
   parser.add_argument("--no-progress", dest="progress", action="store_false",
-                      help="no progress bar (there is none unless stdout and stderr are a terminal)")
+                      help="no progress bar at a terminal, no progress lines on stderr elsewhere (a log)")
   parser.add_argument("--wide", action="store_true",
                       help="one line per table row, whatever the terminal's width (default: fit the width)")
   return parser
@@ -198,9 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     bar = tqdm(desc="compiles", unit="compile", disable=not progress_enabled(args.progress),
                leave=False)
 
+    lines = args.progress and bar.disable  # not a terminal (a log, CI): whole progress lines instead of a bar
+    started_at, count = time.perf_counter(), [0]
+
     def on_compile(policy: str, batch: int) -> None:
       bar.set_postfix_str(f"{policy} @ {batch}")
       bar.update(1)
+      count[0] += 1
+      if lines:
+        print(f"jaxckpt-fit: compile {count[0]}: {policy} at {batch} ({time.perf_counter() - started_at:.0f} s "
+              "elapsed)", file=sys.stderr, flush=True)
 
     if args.max_seq_len is not None:
       started = time.perf_counter()
