@@ -156,7 +156,8 @@ def _gib(num_bytes: int | None) -> str:
 
 def render(data: Mapping[str, Any]) -> str:
   """The docs table: per row the footprint per chip against HBM, the host bytes per chip, the compile seconds."""
-  lines = [f"Run: {common.header(data)}.", "",
+  lines = [f"Run: {common.header(data)}; compile s is the TPU compile's when it ran (a row compiled before is read "
+           "back from the compiled-stats cache in seconds, docs/tpu.md).", "",
            "| row | model | slice | seq × per chip | policy | footprint/chip | HBM | fits | host/chip | compile s |"
            " published |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   done = {r["key"]: r for r in data["rows"]}
