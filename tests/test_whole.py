@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.models._gpt import GPT_PRESETS
 from jaxckpt.planner._tensors import PARAMETER_ONLY_WEIGHT, exhaustive_block, recompute_closure
 from jaxckpt.planner._whole import (measure_whole, remat_whole_loss, target_whole_loss, whole_graph, whole_loss,
                                    whole_plan)
@@ -166,4 +167,5 @@ def test_gpt_whole_plan_gradients_equal_no_remat(gpt_tiny):
   key = jax.random.key(3)
   want = jax.jit(jax.grad(loss.fn))(state.params, batch, key)
   got = jax.jit(jax.grad(plan.loss_fn))(state.params, batch, key)
-  assert_trees_close(got, want, depth=target.num_layers, what="GPT tiny gradients, whole plan at 20% vs no remat")
+  depth = GPT_PRESETS["tiny"].num_layers  # shipped_target("gpt", "tiny") builds that preset
+  assert_trees_close(got, want, depth=depth, what="GPT tiny gradients, whole plan at 20% vs no remat")
