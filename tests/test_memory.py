@@ -141,6 +141,25 @@ def test_on_tpu_the_temps_are_those_the_compilers_peak_holds():
   assert jaxckpt.memory_stats(compiled, backend="gpu")["temp_bytes"] == 512  # elsewhere XLA's own field
 
 
+class _TpuOffloadStats(_TpuStats):
+  """The TPU compiler's figures for a program whose layer input is offloaded: its peak is argument + output + host
+  temp bytes (the pinned_host buffers counted), its temp_size the device's working set."""
+  temp_size_in_bytes, alias_size_in_bytes, host_temp_size_in_bytes = 512, 24, 8000
+  peak_memory_in_bytes = 1000 + 24 - 24 + 8000
+
+
+def test_on_tpu_with_host_offload_the_peak_holds_the_host_bytes_so_they_leave_the_temps():
+  """With ``host_temp_size_in_bytes`` > 0 the TPU peak counts ``pinned_host`` buffers: temp_bytes = max(XLA's
+  temp_size, peak − host − (argument + output − alias)); the host bytes stay the host footprint's."""
+  compiled = type("Compiled", (), {"memory_analysis": lambda self: _TpuOffloadStats()})()
+  record = jaxckpt.memory_stats(compiled, backend="tpu")
+  assert record["temp_bytes"] == 512 and record["footprint_bytes"] == 1000 + 24 + 512 - 24
+  assert record["host_footprint_bytes"] == 8000
+  bigger = type("Stats", (_TpuOffloadStats,), {"peak_memory_in_bytes": 1000 + 8000 + 3000})
+  compiled = type("Compiled", (), {"memory_analysis": lambda self: bigger()})()
+  assert jaxckpt.memory_stats(compiled, backend="tpu")["temp_bytes"] == 3000  # the peak's device part when larger
+
+
 def test_cpu_peak_field_is_not_a_peak_so_it_is_none():
   """A real CPU compile: XLA's ``peak_memory_in_bytes`` equals argument + output bytes and leaves the temps out
   (why jaxckpt reports ``None``); the platform is read from the compiled step's devices."""

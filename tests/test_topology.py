@@ -238,6 +238,45 @@ def test_compile_step_compiles_remat_for_a_topology():
   assert stats["footprint_bytes"] == stats["peak_memory_bytes"] > stats["argument_bytes"] + stats["output_bytes"]
 
 
+@needs_libtpu
+def test_offloading_the_layer_input_lowers_the_device_footprint_below_full_remat():
+  """A scanned stack whose layer input ``x`` is offloaded to host memory: the device footprint is below full remat's
+  (which keeps every layer's input on the device, as saving ``x`` there does) by most of those inputs, and the host holds exactly
+  the layers' inputs. Before jaxckpt took the host bytes out of the TPU peak (:func:`jaxckpt.memory_stats`) the
+  offload row's footprint was argument + output + host bytes, above full remat's."""
+  from jax.ad_checkpoint import checkpoint_name
+  from jaxckpt.step import HOST_OFFLOAD_OPTIONS
+
+  layers, rows, width = 8, 4096, 512
+  policies = {"full": jax.checkpoint_policies.nothing_saveable,
+              "save": jax.checkpoint_policies.save_only_these_names("x"),
+              "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+                  names_which_can_be_saved=[], names_which_can_be_offloaded=["x"], offload_src="device",
+                  offload_dst="pinned_host")}
+
+  def stats(policy):
+    def layer(w, x):
+      x = checkpoint_name(x, "x")
+      return x + jax.numpy.tanh(jax.numpy.tanh(x @ w) @ w.T)
+
+    def loss(ws, x):
+      x, _ = jax.lax.scan(lambda x, w: (jax.checkpoint(layer, policy=policies[policy])(w, x), None), x, ws)
+      return jax.numpy.sum(x.astype(jax.numpy.float32))
+
+    ws = jax.ShapeDtypeStruct((layers, width, 4 * width), jax.numpy.bfloat16)
+    x = jax.ShapeDtypeStruct((rows, width), jax.numpy.bfloat16)
+    return jaxckpt.memory_stats(jaxckpt.compile_step(jax.grad(loss), ws, x, topology=TOPOLOGY,
+                                                     compiler_options=HOST_OFFLOAD_OPTIONS))
+
+  full, save, offload = (stats(p) for p in policies)
+  inputs = layers * rows * width * 2
+  assert offload["host_footprint_bytes"] == inputs and not full["host_footprint_bytes"]
+  # full remat in a scan keeps each layer's input on the device as saving x does; offloading moves it to the host
+  assert full["footprint_bytes"] == save["footprint_bytes"]
+  assert offload["footprint_bytes"] <= full["footprint_bytes"] - inputs // 2, (offload, full)
+  assert offload["footprint_bytes"] < offload["peak_memory_bytes"]  # the compiler's peak holds the host bytes
+
+
 @pytest.fixture(scope="module")
 def fit_on_topology(tmp_path_factory):
   """``jaxckpt-fit`` (in-process): the largest GPT tiny batch under nothing_saveable within 8 MiB per chip of v5e:2x2

@@ -21,6 +21,7 @@ from jaxckpt.step._build import (
     target_structure,
 )
 from jaxckpt.step._compile import (
+    HOST_OFFLOAD_OPTIONS,
     STATS_ONLY_OPTIONS,
     CompiledPolicy,
     LoweredPolicy,
@@ -52,6 +53,7 @@ __all__ = [
     "policy_step",
     "target_block_types",
     "target_structure",
+    "HOST_OFFLOAD_OPTIONS",
     "STATS_ONLY_OPTIONS",
     "CompiledPolicy",
     "LoweredPolicy",

@@ -33,8 +33,9 @@ __all__ = ["ENV", "CachedStats", "StatsCache", "stats_cache", "cache_key"]
 ENV = "JAXCKPT_STATS_CACHE"
 """Environment variable: the cache directory, or ``off``/``0`` to disable it."""
 
-_VERSION = 1
-"""Bumped when an entry's fields change meaning."""
+_VERSION = 2
+"""Bumped when an entry's fields change meaning (2: a host-offload compile's ``temp_bytes`` no longer holds its host
+bytes, :data:`jaxckpt.training._xla.PEAK_TEMP_BACKENDS`)."""
 
 
 @dataclasses.dataclass(frozen=True)
