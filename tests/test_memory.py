@@ -145,6 +145,7 @@ class _TpuOffloadStats(_TpuStats):
   """The TPU compiler's figures for a program whose layer input is offloaded: its peak is argument + output + host
   temp bytes (the pinned_host buffers counted), its temp_size the device's working set."""
   temp_size_in_bytes, alias_size_in_bytes, host_temp_size_in_bytes = 512, 24, 8000
+  host_argument_size_in_bytes = host_output_size_in_bytes = host_alias_size_in_bytes = 0
   peak_memory_in_bytes = 1000 + 24 - 24 + 8000
 
 
