@@ -6,6 +6,8 @@ gradient accumulation) for a global batch, from a handful of compiles, verified.
 - :func:`plan_fit` (:mod:`jaxckpt.fit._plan`): every policy, and for a global batch the configuration with the least
   estimated step time (:mod:`jaxckpt.fit._speed`: roofline + overhead per micro-step), verified by compiling it with
   its accumulation; optionally measured.
+- :func:`search_meshes` (:mod:`jaxckpt.fit._meshes`): on a TPU slice, the mesh too (``data`` × ``fsdp`` ×
+  ``tensor``), compiling only the meshes that can fit and rank best by a lower bound of their step time.
 - ``jaxckpt-fit`` / ``python -m jaxckpt.fit`` (:mod:`jaxckpt.fit._cli`).
 
 Example::
@@ -19,12 +21,14 @@ Example::
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.fit._model import AffineModel, fit_affine
 from jaxckpt.fit._plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
+from jaxckpt.fit._meshes import MeshOption, MeshSearch, mesh_shapes, search_meshes
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
                                 compile_point, exhausted_bytes, fit_policies, max_batch_size, max_seq_len, resolve_memory,
                                 with_batch, with_seq_len)
 from jaxckpt.fit._speed import ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates, measure_cpu
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
+           "MeshOption", "MeshSearch", "mesh_shapes", "search_meshes",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",

@@ -20,6 +20,7 @@ from jaxckpt.analysis._tables import render_table
 from jaxckpt._cli import CLIParser, check_output_file, progress_enabled
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
+from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
 from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
@@ -31,7 +32,7 @@ from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, 
 from jaxckpt.training._topology import compiled_for, get_topology, topology_header
 from jaxckpt._units import format_bytes
 
-__all__ = ["build_parser", "main", "to_table", "plot_fit", "to_html"]
+__all__ = ["build_parser", "main", "to_table", "mesh_table", "plot_fit", "to_html"]
 
 PROG = "jaxckpt-fit"
 
@@ -54,10 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
               f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
               "--memory 1GiB\n"
               f"  {PROG} --model gpt --preset gpt2-small --topology v5e:2x2 --global-batch-size 64  # TPU compiler, "
-              "no TPU"))
+              "no TPU\n"
+              f"  {PROG} --model llm --preset llama3.1-8b --topology v6e:16x16 --seq-len 8192 --global-batch-size "
+              "1024 --mesh auto"))
   add_target_flags(parser)
-  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
-                      help="compile sharded over a device mesh (axes data, fsdp): memory per device")
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]|auto",
+                      help="compile sharded over a device mesh (axes data, fsdp, tensor): memory per device; auto "
+                           "(with --topology and --global-batch-size): search the mesh too")
+  parser.add_argument("--max-meshes", type=int, default=DEFAULT_MAX_MESHES, metavar="N",
+                      help=f"--mesh auto: meshes compiled, the best N by a lower bound of their step time (default "
+                           f"{DEFAULT_MAX_MESHES})")
   add_topology_flags(parser)
   parser.add_argument("--memory", default="auto", metavar="SIZE|auto",
                       help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default; "
@@ -145,6 +152,32 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
   return "\n\n".join(parts) + "\n"
 
 
+def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = False) -> str:
+  """The meshes of a :class:`~jaxckpt.fit.MeshSearch` as a text table: per mesh its status, its fastest verified
+  configuration and step-time terms, or why it was not compiled.
+
+  Args:
+    search: the search.
+    width, wide: as :func:`to_table`.
+  """
+  rows, reasons = [], []
+  for o in search.options:
+    c = o.plan.choice.winner if o.plan is not None and o.plan.choice is not None else None
+    if o.reason:
+      reasons.append(f"{o.name}: {o.reason}")
+    rows.append([("* " if o is search.winner else "") + o.name, o.status, format_bytes(o.state_bytes_per_device),
+                 f"{o.bound_s * 1e3:.2f}", c.policy if c else "", f"{c.micro_batch} × {c.accum}" if c else "",
+                 f"{c.est_step_s * 1e3:.2f} ms" if c else "", c.dominant if c else "",
+                 str(o.plan.compiles) if o.plan else "0"])
+  headers = ["mesh", "status", "state/device", "bound ms", "policy", "b × k", "est. step", "bound by", "compiles"]
+  notes = ["* = the winner (its step-time terms in the tables below); bound: the collectives of one micro-step at the "
+           "global batch, known without a compile, the order meshes are fitted in; too big: the train state alone "
+           "exceeds the memory, or the global batch does not divide (not compiled)", *reasons,
+           f"{search.compiles} compiles, {search.seconds:.0f} s"]
+  return render_table(headers, rows, title=f"meshes within {format_bytes(search.limit_bytes)} per device",
+                      notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))
+
+
 def _check_args(args: argparse.Namespace) -> None:
   """Checks the flags that need no compile (output paths, flag combinations, policy specs) before any work.
 
@@ -171,6 +204,11 @@ def _check_args(args: argparse.Namespace) -> None:
     raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
   if args.measure and args.mesh:
     raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
+  if args.mesh == "auto" and (args.topology is None or args.global_batch_size is None or args.max_seq_len):
+    raise JaxckptError("--mesh auto searches the mesh of a --topology for a --global-batch-size: give both "
+                       "(and no --max-seq-len)")
+  if args.max_meshes < 1:
+    raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
   for spec in args.policies:
     parse_model_policy(spec)  # a typo exits 2 before any compile
 
@@ -184,8 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_topology_flags(args, runs=("measure",))
     _check_args(args)
     topology = get_topology(args.topology) if args.topology is not None else None
-    mesh = topology.mesh(args.mesh) if topology is not None else make_mesh(args.mesh) if args.mesh is not None else None
-    resolve_memory(args.memory, device=mesh_device(mesh))
+    search = None
+    auto = args.mesh == "auto"
+    mesh = None if auto else topology.mesh(args.mesh) if topology is not None else \
+        make_mesh(args.mesh) if args.mesh is not None else None
+    chip = mesh_device(mesh) if mesh is not None else topology.devices[0] if topology is not None else None
+    resolve_memory(args.memory, device=chip)
     target = target_from_args(args)
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
@@ -195,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "give --global-batch-size G (without it only the largest batch per policy is planned)")
     if args.global_batch_size is not None:
       device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
-                           overhead_s=args.overhead, device=mesh_device(mesh))
+                           overhead_s=args.overhead, device=chip)
     bar = tqdm(desc="compiles", unit="compile", disable=not progress_enabled(args.progress),
                leave=False)
 
@@ -210,7 +252,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jaxckpt-fit: compile {count[0]}: {policy} at {batch} ({time.perf_counter() - started_at:.0f} s "
               "elapsed)", file=sys.stderr, flush=True)
 
-    if args.max_seq_len is not None:
+    if auto:
+      def on_mesh(option) -> None:
+        message = (f"jaxckpt-fit: mesh {option.name}: {option.status} ({time.perf_counter() - started_at:.0f} s "
+                   "elapsed)")
+        if lines:
+          print(message, file=sys.stderr, flush=True)
+        else:
+          bar.write(message, file=sys.stderr)
+
+      search = search_meshes(target, args.policies, args.memory, topology=topology,
+                             global_batch=args.global_batch_size, device=device, max_meshes=args.max_meshes,
+                             on_compile=on_compile, on_mesh=on_mesh if args.progress else None,
+                             min_batch=args.min_batch, jobs=args.jobs)
+      plan = search.winner.plan
+      mesh = topology.mesh(dict(search.winner.shape))
+    elif args.max_seq_len is not None:
       started = time.perf_counter()
       limit, source = resolve_memory(args.memory, device=mesh_device(mesh))
       fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
@@ -230,10 +287,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   bar.close()
   if topology is not None:
     print(topology_header(topology.name, sharding.mesh_shape(mesh)))
+  if search is not None:
+    print(mesh_table(search, wide=args.wide), end="\n\n")
+    print(f"the winner's mesh, {search.winner.name}:")
   print(to_table(plan, wide=args.wide), end="")
   if args.json:
     with open(args.json, "w") as fh:
-      json.dump(plan.as_json(), fh, indent=1)
+      json.dump(search.as_json() if search is not None else plan.as_json(), fh, indent=1)
     print(f"wrote {os.path.abspath(args.json)}")
   if args.plot:
     plot_fit(plan, args.plot)

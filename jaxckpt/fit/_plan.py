@@ -23,7 +23,7 @@ from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
 from jaxckpt._units import format_bytes
 
-__all__ = ["GlobalChoice", "FitPlan", "plan_fit", "measure_candidates", "spread"]
+__all__ = ["GlobalChoice", "FitPlan", "plan_fit", "measure_candidates", "spread", "tensor_bytes_per_example"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +213,18 @@ def measure_candidates(target: Target, table: Sequence[Candidate], global_batch:
   return [dataclasses.replace(cand, measured_step_s=t) for (cand, *_), t in zip(runs, best)]
 
 
+def tensor_bytes_per_example(target: Target) -> float | None:
+  """Activation bytes a ``tensor`` axis all-reduces per example per step for ``target``: its model's
+  ``tensor_allreduce_bytes_per_example()`` (e.g. :meth:`jaxckpt.models.llm.LLM.tensor_allreduce_bytes_per_example`,
+  read from the abstract model, nothing allocated), or ``None`` for a model without it or a loss target."""
+  if not isinstance(target, ModelTarget):
+    return None
+  from flax import nnx
+
+  method = getattr(nnx.eval_shape(target.make_model), "tensor_allreduce_bytes_per_example", None)
+  return float(method()) if callable(method) else None
+
+
 def _on_topology(topology: Any, mesh: Any, *, measure: int, device: Accelerator | None, timed: bool
                  ) -> tuple[Topology | None, Any, Accelerator | None]:
   """``(topology, mesh, device)`` of a fit: with a topology its mesh and, for a timed fit without ``device``, its
@@ -293,7 +305,9 @@ def plan_fit(
   fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
   choice = None
   if global_batch is not None:
-    table = candidates(fits, global_batch, device, mesh_shape=None if mesh is None else dict(mesh.shape))
+    shape = None if mesh is None else dict(mesh.shape)
+    table = candidates(fits, global_batch, device, mesh_shape=shape,
+                       tensor_bytes_per_example=tensor_bytes_per_example(target) if shape else None)
     compiles = 0
 
     def verify(cand: Candidate) -> int:

@@ -33,8 +33,12 @@ dominates:
   pass, again in the backward pass (FSDP per layer re-gathers) and reduce-scatters the gradients: each a ring
   collective moving (f − 1)/f of the parameter bytes per device (Patarasuk & Yuan 2009, bandwidth-optimal ring
   all-reduce; ZeRO stage 3's 1.5× of data parallelism's traffic, Rajbhandari et al. 2020); over ``data`` (size d)
-  the gradient shards are all-reduced, 2 (d − 1)/d of their bytes; over the chip's ICI bandwidth (``ici_bandwidth``).
-  Megatron tensor parallelism's per-layer all-reduces of activations are not modelled yet.
+  the gradient shards are all-reduced, 2 (d − 1)/d of their bytes; over ``tensor`` (size t, Megatron-style tensor
+  parallelism, Shoeybi et al. 2019) each layer's attention and MLP outputs are all-reduced in the forward pass and
+  their gradients in the backward pass, 2 (t − 1)/t of the target's activation bytes per example
+  (``tensor_allreduce_bytes_per_example`` of the model, e.g. :class:`jaxckpt.models.llm.LLM`; a model without it
+  has no tensor term) × the examples per device; all over the chip's ICI bandwidth (``ici_bandwidth``). With
+  ``tensor`` the FSDP and data terms move 1/t of the parameters per device (each tensor rank holds its slice).
 
 XLA overlaps collectives and host transfers with compute (asynchronous collectives, MaxText's host-offload
 flags), so one micro-step takes the largest of its terms — compute, HBM, host, collectives — plus the overhead:
@@ -277,6 +281,7 @@ class Candidate:
       ``compute_s``, ``hbm_s``, ``host_s``, ``collectives_s``) and ``overhead_s``; the step takes the largest
       ceiling plus the overhead.
     host_bytes: host footprint per device of a micro-step (offloaded residuals), ``None`` where unknown.
+    mesh: ``{axis: size}`` of the mesh it was compiled on, ``None`` for one device.
   """
 
   policy: str
@@ -290,6 +295,7 @@ class Candidate:
   measured_step_s: float | None = None
   terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
   host_bytes: int | None = None
+  mesh: Mapping[str, int] | None = None
 
   @property
   def dominant(self) -> str:
@@ -302,27 +308,34 @@ class Candidate:
     return dataclasses.asdict(self)
 
 
-def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None) -> tuple[float, float]:
+def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
+                     tensor_bytes: float = 0.0) -> tuple[float, float]:
   """Bytes one device moves in collectives: ``(per micro-step, per step)`` (module docstring).
 
   Args:
     param_bytes: bytes of all parameters (unsharded).
     mesh_shape: ``{axis: size}`` of the mesh, or ``None`` (one device: no collectives).
+    tensor_bytes: activation bytes a ``tensor`` axis all-reduces per device per micro-step, before the ring factor
+      (the model's ``tensor_allreduce_bytes_per_example`` × examples per device); 0 when unknown.
 
   Returns:
-    Per micro-step: FSDP's two all-gathers and one reduce-scatter, 3 (f − 1)/f × ``param_bytes`` (f the ``fsdp``
-    size). Per step: the gradient all-reduce over ``data`` (size d), 2 (d − 1)/d × ``param_bytes`` / f (each
-    device's gradient shard), once per step (gradients accumulate locally).
+    Per micro-step: FSDP's two all-gathers and one reduce-scatter, 3 (f − 1)/f × ``param_bytes`` / t (f the
+    ``fsdp`` size, t the ``tensor`` size), and the tensor all-reduces, 2 (t − 1)/t × ``tensor_bytes``. Per step: the
+    gradient all-reduce over ``data`` (size d), 2 (d − 1)/d × ``param_bytes`` / (f·t) (each device's gradient
+    shard), once per step (gradients accumulate locally).
   """
   shape = dict(mesh_shape or {})
-  f, d = shape.get("fsdp", 1), shape.get("data", 1)
-  per_micro = 3 * (f - 1) / f * param_bytes if f > 1 else 0.0
-  per_step = 2 * (d - 1) / d * param_bytes / f if d > 1 else 0.0
+  f, d, t = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1)
+  per_micro = 3 * (f - 1) / f * param_bytes / t if f > 1 else 0.0
+  if t > 1:
+    per_micro += 2 * (t - 1) / t * tensor_bytes
+  per_step = 2 * (d - 1) / d * param_bytes / (f * t) if d > 1 else 0.0
   return per_micro, per_step
 
 
 def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator, *,
-               mesh_shape: Mapping[str, int] | None = None) -> list[Candidate]:
+               mesh_shape: Mapping[str, int] | None = None,
+               tensor_bytes_per_example: float | None = None) -> list[Candidate]:
   """Every (policy, micro-batch, accumulation) reaching ``global_batch`` within memory, fastest estimate first.
 
   Args:
@@ -331,11 +344,14 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     device: the :class:`Accelerator` to model.
     mesh_shape: ``{axis: size}`` of the mesh the fits were compiled for (``None``: one device), for the collective
       term (:func:`collective_bytes`); the parameter bytes come from the fits' compiles.
+    tensor_bytes_per_example: activation bytes a ``tensor`` axis all-reduces per example per step (the model's
+      ``tensor_allreduce_bytes_per_example``), or ``None``: no tensor term.
 
   Returns:
     Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch). Under a mesh (a fit's
     :attr:`~jaxckpt.fit.BatchFit.unit` > 1) each device computes 1/unit of the step's FLOPs and bytes: the batch is
-    split over that many devices (the optimizer's update of replicated parameters, O(parameters), is neglected).
+    split over that many devices, and a ``tensor`` axis splits each example's work over its t devices too (the
+    optimizer's update of replicated parameters, O(parameters), is neglected). Each candidate carries the mesh.
 
   Raises:
     JaxckptError: ``global_batch`` < 1, or no fitting micro-batch divides it (the message lists the largest
@@ -357,9 +373,11 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     host_model = fit_affine([(p.batch, p.host_bytes) for p in hosted]) if len({p.batch for p in hosted}) > 1 \
         else None
     params = max((p.param_bytes for p in pts), default=0)
-    per_micro, per_step = collective_bytes(params, mesh_shape)
+    tensor = dict(mesh_shape or {}).get("tensor", 1)
     by_batch = fit.by_batch
     for b in sizes:
+      per_micro, per_step = collective_bytes(params, mesh_shape,
+                                             tensor_bytes=(tensor_bytes_per_example or 0.0) * b / fit.unit)
       k = global_batch // b
       point = by_batch.get(b)
       flops = float(point.flops) if point else flops_model(b)
@@ -368,7 +386,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
       foot = point.footprint_bytes if point else int(round(fit.model(b)))
       host = (point.host_bytes if point and point.host_bytes is not None
               else (max(0, int(round(host_model(b)))) if host_model else (hosted[0].host_bytes if hosted else None)))
-      share = fit.unit  # devices the batch is split over: each computes its share of the step
+      share = fit.unit * tensor  # devices the batch is split over, × tensor: each computes its share of the step
       micro = device.terms(flops / share, None if accessed is None else accessed / share, foot,
                            host_bytes=2.0 * (host or 0), collective_bytes=per_micro)
       terms = {key: k * value for key, value in micro.items()}
@@ -377,7 +395,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
       terms["overhead_s"] = k * device.overhead_s
       est = k * (max(micro.values()) + device.overhead_s) + step_collectives
       out.append(Candidate(fit.policy, b, k, foot, point is not None, flops, accessed, est, terms=terms,
-                           host_bytes=host))
+                           host_bytes=host, mesh=dict(mesh_shape) if mesh_shape else None))
   if not out:
     largest = {f.policy: f.max_batch_size for f in fits}
     units = {f.unit for f in fits}

@@ -99,6 +99,15 @@ class LLM(nnx.Module):
                                                              param_dtype))
     self.seq_len, self.scale_embeddings = config.seq_len, config.scale_embeddings
     self.final_logit_softcap, self.vocab_tiles = config.final_logit_softcap, config.vocab_tiles
+    self.num_layers, self.dim, self.num_heads = config.num_layers, config.dim, config.num_heads
+
+  def tensor_allreduce_bytes_per_example(self) -> int:
+    """Bytes a ``tensor`` mesh axis all-reduces per sequence in one train step (before the all-reduce's own
+    2 (t − 1)/t factor): Megatron-style tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", §3) sums the
+    attention output and the MLP output of every layer over the axis in the forward pass, and their input gradients in
+    the backward pass: 4 × L × S × E values in the compute dtype. Read by the fit planner's time model
+    (:func:`jaxckpt.fit.candidates`)."""
+    return 4 * self.num_layers * self.seq_len * self.dim * jnp.dtype(self.dtype).itemsize
 
   def hidden(self, tokens: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True
              ) -> jax.Array:

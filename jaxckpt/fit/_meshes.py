@@ -1,0 +1,261 @@
+"""The mesh in the fit search: which ``data`` × ``fsdp`` × ``tensor`` factorization of a slice's chips, with which
+policy, micro-batch and accumulation, trains a global batch fastest.
+
+A mesh changes two things the fit planner measures: the bytes per device (FSDP and tensor parallelism divide the
+parameters and optimizer state, ``data`` replicates them; ``tensor`` divides each example's activations, the
+batch axes divide the batch) and the collectives per step (:func:`jaxckpt.fit._speed.collective_bytes`). Compiles
+are what cost, so the search spends them where they decide (issue 40):
+
+1. **Enumerate** every factorization ``data × fsdp × tensor`` of the chips with ``tensor`` ≤ ``max_tensor`` (8 by
+   default: tensor parallelism all-reduces activations every layer, so it stays within the fastest links, as
+   Megatron-LM keeps it within a node and MaxText's recipes use ``tensor`` ≤ 8) and ``tensor`` dividing the
+   model's attention heads when it says how many it has (``num_heads``) (a model without ``tensor`` axis names gets ``tensor=1``).
+2. **Drop without compiling** the meshes whose train state alone — parameters, gradients and optimizer state,
+   divided by ``fsdp × tensor`` — exceeds the memory per device: no batch can fit.
+3. **Rank the rest by a lower bound of their step time** that needs no compile: compute (the same on every mesh of
+   the same chips) is left out, and the collectives of one micro-step at the whole global batch (no accumulation,
+   the least FSDP traffic; the tensor all-reduces of the model's activations) are counted
+   (:func:`jaxckpt.fit._speed.collective_bytes`, the ICI bandwidth of the chip).
+4. **Fit the best ``max_meshes``** (default 3) with :func:`jaxckpt.fit.plan_fit` — per policy the largest
+   micro-batch, verified by a compile that fits beside one that does not — and answer the fastest verified
+   configuration over them.
+
+This is a search heuristic, not an optimum: a mesh ranked below ``max_meshes`` by the lower bound is not compiled
+(the result lists it, with its bound, so a user can ask for it with ``--mesh``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxckpt.errors import JaxckptError, MeshSpecError
+from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
+from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
+from jaxckpt.fit._speed import Accelerator, accelerator, collective_bytes
+from jaxckpt.step._targets import ModelTarget, Target
+from jaxckpt.training._sharding import format_mesh
+from jaxckpt.training._topology import Topology, get_topology
+from jaxckpt._units import format_bytes
+
+__all__ = ["MeshOption", "MeshSearch", "mesh_shapes", "search_meshes", "state_bytes"]
+
+DEFAULT_MAX_MESHES = 3
+"""Meshes fitted (compiled) by default, the best by the lower bound of their step time."""
+
+DEFAULT_MAX_TENSOR = 8
+"""Largest ``tensor`` axis enumerated (module docstring)."""
+
+STATE_COPIES = 4
+"""Train-state bytes per parameter byte: parameters, gradients and Adam's two moments in the weight dtype (the
+default optimizer, :func:`jaxckpt.step.default_optimizer`; a step's own optimizer may keep less or more)."""
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def mesh_shapes(chips: int, *, max_tensor: int = DEFAULT_MAX_TENSOR, tensor_divides: int | None = None,
+                tensor: bool = True) -> list[dict[str, int]]:
+  """Every ``{"data": d, "fsdp": f, "tensor": t}`` with d·f·t = ``chips`` (axes of size 1 left out).
+
+  Args:
+    chips: devices of the slice (≥ 1).
+    max_tensor: the largest ``tensor`` size enumerated.
+    tensor_divides: a count the ``tensor`` size must divide (the model's attention heads), or ``None``.
+    tensor: whether the model can use a ``tensor`` axis at all (parameters with logical axis names).
+
+  Returns:
+    The shapes, ``tensor`` ascending, then ``data`` ascending (``{"fsdp": chips}`` first).
+
+  Raises:
+    JaxckptError: ``chips`` < 1 or ``max_tensor`` < 1.
+  """
+  if chips < 1 or max_tensor < 1:
+    raise JaxckptError(f"chips={chips} and max_tensor={max_tensor} must be ≥ 1")
+  out = []
+  for t in _divisors(chips):
+    if t > 1 and (not tensor or t > max_tensor or (tensor_divides is not None and tensor_divides % t)):
+      continue
+    for d in _divisors(chips // t):
+      f = chips // t // d
+      out.append({k: v for k, v in (("data", d), ("fsdp", f), ("tensor", t)) if v > 1} or {"fsdp": 1})
+  return out
+
+
+def state_bytes(target: Target) -> tuple[int, int, int | None, bool]:
+  """``(parameter bytes, train-state bytes, attention heads or None, uses tensor)`` of a model target, from its
+  abstract model (``nnx.eval_shape``, nothing allocated): state = :data:`STATE_COPIES` × parameter bytes.
+
+  Raises:
+    JaxckptError: a loss target (it has no model to read).
+  """
+  if not isinstance(target, ModelTarget):
+    raise JaxckptError(f"mesh search needs a model target; {target.name!r} is a loss target: give --mesh")
+  from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
+
+  model = nnx.eval_shape(target.make_model)
+  leaves = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+  params = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in leaves)
+  names = {n for v in leaves for n in (param_logical_axes(v) or ()) if n is not None}
+  uses_tensor = any("tensor" in LOGICAL_RULES[n] for n in names)
+  heads = getattr(model, "num_heads", None)
+  return params, STATE_COPIES * params, heads, uses_tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshOption:
+  """One mesh of the search.
+
+  Attributes:
+    shape: ``{axis: size}``.
+    state_bytes_per_device: train state ÷ (fsdp × tensor), bytes.
+    bound_s: the lower bound of its step time (collectives of one micro-step at the global batch), seconds.
+    status: ``"fitted"`` (compiled: :attr:`plan`), ``"too big"`` (state over the memory: not compiled),
+      ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
+      :attr:`reason` says why).
+    plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
+    reason: why it has no plan.
+  """
+
+  shape: Mapping[str, int]
+  state_bytes_per_device: int
+  bound_s: float
+  status: str
+  plan: FitPlan | None = None
+  reason: str = ""
+
+  @property
+  def name(self) -> str:
+    """``"data=2,fsdp=64,tensor=2"``."""
+    return format_mesh(self.shape)
+
+  def as_row(self) -> dict[str, Any]:
+    """The JSON form (the plan's own JSON under ``plan``)."""
+    return {"mesh": dict(self.shape), "status": self.status, "state_bytes_per_device": self.state_bytes_per_device,
+            "bound_s": self.bound_s, "reason": self.reason, "plan": self.plan.as_json() if self.plan else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSearch:
+  """The answer of :func:`search_meshes`.
+
+  Attributes:
+    options: every mesh enumerated, best bound first.
+    winner: the fitted mesh whose verified choice has the least estimated step time.
+    limit_bytes: memory per device.
+    seconds: wall seconds of the search.
+  """
+
+  options: tuple[MeshOption, ...]
+  winner: MeshOption
+  limit_bytes: int
+  seconds: float
+
+  @property
+  def compiles(self) -> int:
+    """Compiles in all (every fitted mesh's)."""
+    return sum(o.plan.compiles for o in self.options if o.plan is not None)
+
+  def as_json(self) -> dict[str, Any]:
+    """``{"mesh_search": {"winner": mesh, "meshes": [...], "compiles", "seconds"}}`` plus the winner's plan."""
+    return {**self.winner.plan.as_json(), "mesh_search": {
+        "winner": dict(self.winner.shape), "compiles": self.compiles, "seconds": round(self.seconds, 3),
+        "limit_bytes": self.limit_bytes, "meshes": [o.as_row() for o in self.options]}}
+
+
+def search_meshes(
+    target: Target,
+    policies: Sequence[Any] = DEFAULT_POLICIES,
+    memory: int | str = "auto",
+    *,
+    topology: "str | Topology",
+    global_batch: int,
+    device: Accelerator | None = None,
+    max_meshes: int = DEFAULT_MAX_MESHES,
+    max_tensor: int = DEFAULT_MAX_TENSOR,
+    on_compile: Callable[[str, int], None] | None = None,
+    on_mesh: Callable[[MeshOption], None] | None = None,
+    **kwargs: Any,
+) -> MeshSearch:
+  """The fastest (mesh, policy, micro-batch, accumulation) for ``global_batch`` on a TPU slice (module docstring).
+
+  Args:
+    target: a model target (its parameters and logical axis names decide the meshes).
+    policies: policy specs, as :func:`jaxckpt.fit.plan_fit`.
+    memory: bytes per device (``"auto"``: the chip's HBM less the margin).
+    topology: the slice (``"v6e:16x16"``), compiled for without a TPU.
+    global_batch: examples per optimizer step G (a multiple of every fitted mesh's ``data × fsdp``; a mesh it is
+      not is dropped with the reason).
+    device: the time model's accelerator (default: the topology's chip).
+    max_meshes: meshes fitted (compiled), ≥ 1.
+    max_tensor: largest ``tensor`` size enumerated.
+    on_compile: progress callback ``(policy, batch)``; on_mesh: called with each mesh as it is settled.
+    **kwargs: passed to :func:`jaxckpt.fit.plan_fit` (``min_batch``, ``jobs``...).
+
+  Returns:
+    The :class:`MeshSearch`.
+
+  Raises:
+    NothingFitsError: no fitted mesh fits any policy (each mesh's reason in the message).
+    JaxckptError: ``max_meshes`` < 1, ``global_batch`` < 1, a loss target.
+    TopologyError: a bad topology, libtpu missing.
+  """
+  started = time.perf_counter()
+  if max_meshes < 1:
+    raise JaxckptError(f"max_meshes={max_meshes} must be ≥ 1")
+  if global_batch < 1:
+    raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
+  topo = get_topology(topology)
+  limit, _ = resolve_memory(memory, device=topo.devices[0])
+  device = device or accelerator(device=topo.devices[0])
+  params, state, heads, uses_tensor = state_bytes(target)
+  per_example = tensor_bytes_per_example(target) or 0.0
+  options: list[MeshOption] = []
+  for shape in mesh_shapes(topo.chips, max_tensor=max_tensor, tensor_divides=heads, tensor=uses_tensor):
+    shards = shape.get("fsdp", 1) * shape.get("tensor", 1)
+    per_device = state // shards
+    units = shape.get("data", 1) * shape.get("fsdp", 1)
+    per_micro, per_step = collective_bytes(params, shape, tensor_bytes=per_example * global_batch / units)
+    bound = (per_micro + per_step) / device.ici_bandwidth if device.ici_bandwidth else 0.0
+    if per_device > limit:
+      options.append(MeshOption(shape, per_device, bound, "too big",
+                                reason=f"train state {format_bytes(per_device)} per device > {format_bytes(limit)}"))
+    elif global_batch % units:
+      options.append(MeshOption(shape, per_device, bound, "too big",
+                                reason=f"global batch {global_batch} is not a multiple of data × fsdp = {units}"))
+    else:
+      options.append(MeshOption(shape, per_device, bound, "not fitted"))
+  order = sorted(range(len(options)), key=lambda i: (options[i].status != "not fitted", options[i].bound_s,
+                                                     options[i].state_bytes_per_device))
+  options = [options[i] for i in order]
+  fitted = 0
+  for i, option in enumerate(options):
+    if option.status != "not fitted" or fitted >= max_meshes:
+      continue
+    fitted += 1
+    try:
+      plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device, topology=topo,
+                      mesh=dict(option.shape), on_compile=on_compile, **kwargs)
+      options[i] = dataclasses.replace(option, status="fitted", plan=plan)
+    except NothingFitsError as err:
+      options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))
+    except (MeshSpecError, JaxckptError) as err:
+      options[i] = dataclasses.replace(option, status="refused", reason=str(err))
+    if on_mesh is not None:
+      on_mesh(options[i])
+  done = [o for o in options if o.plan is not None and o.plan.choice is not None]
+  if not done:
+    tried = "; ".join(f"{o.name}: {o.status}" + (f" ({o.reason})" if o.reason else "") for o in options
+                      if o.status != "not fitted")
+    raise NothingFitsError(f"no mesh of {topo.name}'s {topo.chips} chips fits global_batch_size={global_batch} "
+                           f"within {format_bytes(limit)} per device: {tried}")
+  winner = min(done, key=lambda o: o.plan.choice.winner.est_step_s)
+  return MeshSearch(tuple(options), winner, limit, time.perf_counter() - started)

@@ -1,0 +1,106 @@
+"""The mesh in the fit search (issue 40): factorizations of a slice's chips into data × fsdp × tensor, meshes whose
+train state cannot fit dropped without a compile, the rest ranked by a lower bound and fitted, the fastest verified
+configuration answered; the tensor all-reduce term of the time model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from jaxckpt.fit import AffineModel, BatchFit, FitPoint, accelerator, candidates, mesh_shapes
+from jaxckpt.fit._cli import main
+from jaxckpt.fit._meshes import STATE_COPIES, state_bytes
+from jaxckpt.fit._plan import tensor_bytes_per_example
+from jaxckpt.fit._speed import collective_bytes
+from jaxckpt.step import shipped_target
+from tests.test_topology import TOPOLOGY, needs_libtpu
+
+
+def test_mesh_shapes_are_every_factorization_with_tensor_bounded():
+  """8 chips, heads divisible by 4: every data·fsdp·tensor = 8 with tensor ∈ {1, 2, 4}; a model that cannot use
+  tensor gets only data × fsdp; tensor never above max_tensor nor a size that does not divide the heads."""
+  shapes = mesh_shapes(8, tensor_divides=4)
+  assert all(math.prod(s.values()) == 8 for s in shapes)
+  assert {s.get("tensor", 1) for s in shapes} == {1, 2, 4}
+  assert len(shapes) == 4 + 3 + 2 == len({tuple(sorted(s.items())) for s in shapes})
+  assert shapes[0] == {"fsdp": 8}
+  assert {s.get("tensor", 1) for s in mesh_shapes(8, tensor=False)} == {1}
+  assert {s.get("tensor", 1) for s in mesh_shapes(256, tensor_divides=64, max_tensor=8)} == {1, 2, 4, 8}
+  assert {s.get("tensor", 1) for s in mesh_shapes(12, tensor_divides=6)} == {1, 2, 3, 6}
+  with pytest.raises(Exception, match="chips=0"):
+    mesh_shapes(0)
+
+
+def test_the_llm_states_its_bytes_and_tensor_all_reduces():
+  """Llama 3.1 8B from its abstract model: 8.03B float32 parameters (32.1 GB), the train state 4× that; its tensor
+  all-reduces are 4 × L × S × E bfloat16 values per sequence (Megatron: two per layer forward, two backward)."""
+  target = shipped_target("llm", "llama3.1-8b")
+  params, state, heads, uses_tensor = state_bytes(target)
+  assert params == pytest.approx(4 * 8.03e9, rel=2e-3) and state == STATE_COPIES * params
+  assert heads == 32 and uses_tensor
+  assert tensor_bytes_per_example(target) == 4 * 32 * 8192 * 4096 * 2
+  assert not state_bytes(shipped_target("gpt", "tiny"))[3]  # no logical axis names: no tensor axis
+
+
+def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
+  """With tensor t each device gathers 1/t of the parameters over fsdp and all-reduces 2 (t − 1)/t of its
+  activation bytes; the compute of a candidate is split over data × fsdp × tensor devices."""
+  params, acts = 32e9, 8e9
+  assert collective_bytes(params, {"fsdp": 128, "tensor": 2}, tensor_bytes=acts) == pytest.approx(
+      (3 * 127 / 128 * params / 2 + 2 * 1 / 2 * acts, 0.0))
+  assert collective_bytes(params, {"data": 2, "fsdp": 64, "tensor": 2})[1] == pytest.approx(
+      2 * 1 / 2 * params / 128)
+  v6e, unit = accelerator("v6e"), 128
+  points = tuple(FitPoint(b, 10 * 2**30 + b * 2**20, int(1e15 * b / unit), 1e12 * b / unit, 1.0,
+                          param_bytes=int(params)) for b in (unit, 2 * unit))
+  fit = BatchFit("full", 2 * unit, points[-1].footprint_bytes, 32 * 2**30, 2, AffineModel(2**20, 10 * 2**30),
+                 points, "affine", False, None, unit, 0.0)
+  (cand,) = [c for c in candidates([fit], 2 * unit, v6e, mesh_shape={"fsdp": 128, "tensor": 2},
+                                   tensor_bytes_per_example=acts) if c.accum == 1]
+  assert cand.terms["compute_s"] == pytest.approx(2e15 / (unit * 2) / v6e.peak_flops)
+  per_micro = 3 * 127 / 128 * params / 2 + acts * 2 * unit / unit  # 2 sequences per tensor pair
+  assert cand.terms["collectives_s"] == pytest.approx(per_micro / v6e.ici_bandwidth)
+  assert cand.mesh == {"fsdp": 128, "tensor": 2}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--mesh", "auto", "--global-batch-size", "16"], "--mesh auto searches the mesh of a --topology"),
+    (["--mesh", "auto", "--topology", TOPOLOGY], "--mesh auto searches the mesh of a --topology"),
+    (["--mesh", "fsdp=4", "--topology", TOPOLOGY, "--global-batch-size", "16", "--max-meshes", "0"],
+     "--max-meshes 0 must be ≥ 1"),
+])
+def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys):
+  assert main(["--model", "llm", "--preset", "tiny", *argv]) == 2
+  err = capsys.readouterr().err
+  assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_mesh_auto_on_a_topology_answers_the_fastest_verified_mesh(tmp_path, capsys):
+  """llama tiny on v5e:2x2 (4 chips), 64 MiB per chip: the state-heavy meshes are dropped without a compile, the
+  best two by the bound are fitted, the winner is the fastest verified choice among them and its footprint fits."""
+  path = tmp_path / "m.json"
+  assert main(["--model", "llm", "--preset", "tiny", "--topology", TOPOLOGY, "--seq-len", "64", "--global-batch-size",
+               "16", "--mesh", "auto", "--max-meshes", "2", "--memory", "1MiB", "--policies", "nothing_saveable",
+               "--no-progress", "--json", str(path)]) == 2  # 1 MiB: no mesh's batch fits, each says why
+  err = capsys.readouterr().err
+  assert "no mesh of v5e:2x2's 4 chips fits" in err and "too big (train state" in err, err
+  assert main(["--model", "llm", "--preset", "tiny", "--topology", TOPOLOGY, "--seq-len", "64", "--global-batch-size",
+               "16", "--mesh", "auto", "--max-meshes", "2", "--memory", "64MiB", "--policies", "nothing_saveable",
+               "minimal", "--no-progress", "--json", str(path)]) == 0
+  out = capsys.readouterr().out
+  data = json.loads(path.read_text())
+  search = data["mesh_search"]
+  rows = search["meshes"]
+  assert len(rows) == len(mesh_shapes(4, tensor_divides=4))
+  fitted = [r for r in rows if r["status"] == "fitted"]
+  assert len(fitted) == 2 and sum(r["plan"]["compiles"] for r in fitted) == search["compiles"]
+  assert [r["bound_s"] for r in rows if r["status"] in ("fitted", "not fitted")] == sorted(
+      r["bound_s"] for r in rows if r["status"] in ("fitted", "not fitted"))
+  best = min(fitted, key=lambda r: r["plan"]["global_batch"]["est_step_s"])
+  assert search["winner"] == best["mesh"] and data["global_batch"] == best["plan"]["global_batch"]
+  assert data["global_batch"]["footprint_bytes"] <= search["limit_bytes"]
+  assert "meshes within 64.00 MiB per device" in out and "the winner's mesh" in out
