@@ -80,8 +80,9 @@ def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys):
 @needs_libtpu
 @pytest.mark.slow
 def test_mesh_auto_on_a_topology_answers_the_fastest_verified_mesh(tmp_path, capsys):
-  """llama tiny on v5e:2x2 (4 chips), 64 MiB per chip: the state-heavy meshes are dropped without a compile, the
-  best two by the bound are fitted, the winner is the fastest verified choice among them and its footprint fits."""
+  """llama tiny on v5e:2x2 (4 chips), 64 MiB per chip: the mesh with the least state per chip is fitted first (the
+  calibration), then the best by the bound up to two; the winner is the fastest verified choice among them and its
+  footprint fits. At 1 MiB the state-heavy meshes are dropped without a compile and the error names each."""
   path = tmp_path / "m.json"
   assert main(["--model", "llm", "--preset", "tiny", "--topology", TOPOLOGY, "--seq-len", "64", "--global-batch-size",
                "16", "--mesh", "auto", "--max-meshes", "2", "--memory", "1MiB", "--policies", "nothing_saveable",
@@ -98,8 +99,11 @@ def test_mesh_auto_on_a_topology_answers_the_fastest_verified_mesh(tmp_path, cap
   assert len(rows) == len(mesh_shapes(4, tensor_divides=4))
   fitted = [r for r in rows if r["status"] == "fitted"]
   assert len(fitted) == 2 and sum(r["plan"]["compiles"] for r in fitted) == search["compiles"]
-  assert [r["bound_s"] for r in rows if r["status"] in ("fitted", "not fitted")] == sorted(
-      r["bound_s"] for r in rows if r["status"] in ("fitted", "not fitted"))
+  least_state = min(r["state_bytes_per_device"] for r in rows)
+  assert rows[0]["status"] == "fitted" and rows[0]["state_bytes_per_device"] == least_state  # the calibration
+  assert rows[0]["mesh"] == {"fsdp": 4}  # least state, no tensor axis
+  others = [r["bound_s"] for r in rows[1:] if r["status"] == "fitted"]
+  assert all(r["bound_s"] >= max(others) for r in rows if r["status"] == "not fitted")  # fitted by the bound
   best = min(fitted, key=lambda r: r["plan"]["global_batch"]["est_step_s"])
   assert search["winner"] == best["mesh"] and data["global_batch"] == best["plan"]["global_batch"]
   assert data["global_batch"]["footprint_bytes"] <= search["limit_bytes"]

@@ -166,13 +166,14 @@ def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = Fal
     if o.reason:
       reasons.append(f"{o.name}: {o.reason}")
     rows.append([("* " if o is search.winner else "") + o.name, o.status, format_bytes(o.state_bytes_per_device),
-                 f"{o.bound_s * 1e3:.2f}", c.policy if c else "", f"{c.micro_batch} × {c.accum}" if c else "",
+                 f"{o.bound_s * 1e3:.3g}", c.policy if c else "", f"{c.micro_batch} × {c.accum}" if c else "",
                  f"{c.est_step_s * 1e3:.2f} ms" if c else "", c.dominant if c else "",
                  str(o.plan.compiles) if o.plan else "0"])
   headers = ["mesh", "status", "state/device", "bound ms", "policy", "b × k", "est. step", "bound by", "compiles"]
-  notes = ["* = the winner (its step-time terms in the tables below); bound: the collectives of one micro-step at the "
-           "global batch, known without a compile, the order meshes are fitted in; too big: the train state alone "
-           "exceeds the memory, or the global batch does not divide (not compiled)", *reasons,
+  notes = ["* = the winner (its step-time terms in the tables below); bound: a lower bound of the step time "
+           "(collectives at the least accumulation predicted from the first mesh's compiles), the order meshes are "
+           "fitted in; too big: not compiled (the train state alone exceeds the memory, the global batch does not "
+           "divide, or no example is predicted to fit)", *reasons,
            f"{search.compiles} compiles, {search.seconds:.0f} s"]
   return render_table(headers, rows, title=f"meshes within {format_bytes(search.limit_bytes)} per device",
                       notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))

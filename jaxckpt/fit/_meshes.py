@@ -12,13 +12,16 @@ are what cost, so the search spends them where they decide (issue 40):
    model's attention heads when it says how many it has (``num_heads``) (a model without ``tensor`` axis names gets ``tensor=1``).
 2. **Drop without compiling** the meshes whose train state alone — parameters, gradients and optimizer state,
    divided by ``fsdp × tensor`` — exceeds the memory per device: no batch can fit.
-3. **Rank the rest by a lower bound of their step time** that needs no compile: compute (the same on every mesh of
-   the same chips) is left out, and the collectives of one micro-step at the whole global batch (no accumulation,
-   the least FSDP traffic; the tensor all-reduces of the model's activations) are counted
-   (:func:`jaxckpt.fit._speed.collective_bytes`, the ICI bandwidth of the chip).
-4. **Fit the best ``max_meshes``** (default 3) with :func:`jaxckpt.fit.plan_fit` — per policy the largest
-   micro-batch, verified by a compile that fits beside one that does not — and answer the fastest verified
-   configuration over them.
+3. **Calibrate on one mesh**: the mesh with the least state per device (``fsdp`` = all chips) is fitted first; each
+   policy's line (bytes = fixed + slope × batch) gives its activation bytes per example of a ``data × fsdp`` group
+   and its fixed bytes beside the train state. For every other mesh that predicts, without a compile, the largest
+   micro-batch (activations ÷ ``tensor``, an upper bound), hence the least accumulation k, and a **lower bound of
+   its step time**: the collectives of k micro-steps (FSDP gathers repeat per micro-step) plus the tensor and data
+   traffic of the step (:func:`jaxckpt.fit._speed.collective_bytes`, the ICI bandwidth of the chip); compute is the
+   same on every mesh of the same chips and left out. A mesh where not one example fits beside its state is dropped.
+4. **Fit the best** until ``max_meshes`` (default 3, the calibration included) are fitted with
+   :func:`jaxckpt.fit.plan_fit` — per policy the largest micro-batch, verified by a compile that fits beside one that
+   does not — and answer the fastest verified configuration over them.
 
 This is a search heuristic, not an optimum: a mesh ranked below ``max_meshes`` by the lower bound is not compiled
 (the result lists it, with its bound, so a user can ask for it with ``--mesh``).
@@ -117,8 +120,9 @@ class MeshOption:
   Attributes:
     shape: ``{axis: size}``.
     state_bytes_per_device: train state ÷ (fsdp × tensor), bytes.
-    bound_s: the lower bound of its step time (collectives of one micro-step at the global batch), seconds.
-    status: ``"fitted"`` (compiled: :attr:`plan`), ``"too big"`` (state over the memory: not compiled),
+    bound_s: the lower bound of its step time (collectives of the least accumulation predicted to fit), seconds.
+    status: ``"fitted"`` (compiled: :attr:`plan`), ``"too big"`` (state over the memory, a global batch it cannot
+      split, or no example predicted to fit: not compiled),
       ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
       :attr:`reason` says why).
     plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
@@ -218,29 +222,29 @@ def search_meshes(
   device = device or accelerator(device=topo.devices[0])
   params, state, heads, uses_tensor = state_bytes(target)
   per_example = tensor_bytes_per_example(target) or 0.0
+  ici = device.ici_bandwidth or math.inf
+
+  def bound(shape: Mapping[str, int], accum: int = 1) -> float:
+    """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute)."""
+    units = shape.get("data", 1) * shape.get("fsdp", 1)
+    fsdp_micro, per_step = collective_bytes(params, shape)
+    tensor_step = collective_bytes(0.0, shape, tensor_bytes=per_example * global_batch / units)[0]
+    return (accum * fsdp_micro + tensor_step + per_step) / ici
+
   options: list[MeshOption] = []
   for shape in mesh_shapes(topo.chips, max_tensor=max_tensor, tensor_divides=heads, tensor=uses_tensor):
-    shards = shape.get("fsdp", 1) * shape.get("tensor", 1)
-    per_device = state // shards
+    per_device = state // (shape.get("fsdp", 1) * shape.get("tensor", 1))
     units = shape.get("data", 1) * shape.get("fsdp", 1)
-    per_micro, per_step = collective_bytes(params, shape, tensor_bytes=per_example * global_batch / units)
-    bound = (per_micro + per_step) / device.ici_bandwidth if device.ici_bandwidth else 0.0
     if per_device > limit:
-      options.append(MeshOption(shape, per_device, bound, "too big",
-                                reason=f"train state {format_bytes(per_device)} per device > {format_bytes(limit)}"))
+      reason = f"train state {format_bytes(per_device)} per device > {format_bytes(limit)}"
     elif global_batch % units:
-      options.append(MeshOption(shape, per_device, bound, "too big",
-                                reason=f"global batch {global_batch} is not a multiple of data × fsdp = {units}"))
+      reason = f"global batch {global_batch} is not a multiple of data × fsdp = {units}"
     else:
-      options.append(MeshOption(shape, per_device, bound, "not fitted"))
-  order = sorted(range(len(options)), key=lambda i: (options[i].status != "not fitted", options[i].bound_s,
-                                                     options[i].state_bytes_per_device))
-  options = [options[i] for i in order]
-  fitted = 0
-  for i, option in enumerate(options):
-    if option.status != "not fitted" or fitted >= max_meshes:
-      continue
-    fitted += 1
+      reason = ""
+    options.append(MeshOption(shape, per_device, bound(shape), "too big" if reason else "not fitted", reason=reason))
+
+  def fit(i: int) -> None:
+    option = options[i]
     try:
       plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device, topology=topo,
                       mesh=dict(option.shape), on_compile=on_compile, **kwargs)
@@ -251,6 +255,44 @@ def search_meshes(
       options[i] = dataclasses.replace(option, status="refused", reason=str(err))
     if on_mesh is not None:
       on_mesh(options[i])
+
+  # 1. calibrate on the mesh with the least state per device (no tensor axis when one ties): its fits give each
+  #    policy's bytes per example per data×fsdp group and its fixed bytes beside the train state
+  open_ = [i for i, o in enumerate(options) if o.status == "not fitted"]
+  if open_:
+    first = min(open_, key=lambda i: (options[i].state_bytes_per_device, options[i].shape.get("tensor", 1),
+                                      options[i].bound_s))
+    fit(first)
+    calibration = options[first]
+    lines = []
+    if calibration.plan is not None:
+      for f in calibration.plan.fits:
+        if f.model.slope > 0:
+          lines.append((f.model.intercept - calibration.state_bytes_per_device, f.model.slope * f.unit))
+    # 2. per other mesh, the largest micro-batch the calibrated lines allow (activations ÷ tensor: an upper bound of
+    #    the batch, so the accumulation and the bound stay lower bounds), its accumulation, the bound at it
+    for i in open_:
+      o = options[i]
+      if i == first or not lines:
+        continue
+      units = o.shape.get("data", 1) * o.shape.get("fsdp", 1)
+      per_group = max((limit - fixed - o.state_bytes_per_device) / (slope / o.shape.get("tensor", 1))
+                      for fixed, slope in lines)
+      if per_group < 1:
+        options[i] = dataclasses.replace(o, status="too big", reason=(
+            f"predicted from {calibration.name}'s compiles: not one example per data × fsdp group fits beside "
+            f"{format_bytes(o.state_bytes_per_device)} of train state"))
+        continue
+      accum = math.ceil(global_batch / (units * math.floor(per_group)))
+      options[i] = dataclasses.replace(o, bound_s=bound(o.shape, accum))
+  order = sorted(range(len(options)), key=lambda i: (options[i].status in ("too big", "not fitted"),
+                                                     options[i].bound_s, options[i].state_bytes_per_device))
+  options = [options[i] for i in order]
+  fitted = sum(o.status != "too big" and o.status != "not fitted" for o in options)
+  for i, option in enumerate(options):
+    if option.status == "not fitted" and fitted < max_meshes:
+      fitted += 1
+      fit(i)
   done = [o for o in options if o.plan is not None and o.plan.choice is not None]
   if not done:
     tried = "; ".join(f"{o.name}: {o.status}" + (f" ({o.reason})" if o.reason else "") for o in options
