@@ -108,3 +108,22 @@ def test_mesh_auto_on_a_topology_answers_the_fastest_verified_mesh(tmp_path, cap
   assert search["winner"] == best["mesh"] and data["global_batch"] == best["plan"]["global_batch"]
   assert data["global_batch"]["footprint_bytes"] <= search["limit_bytes"]
   assert "meshes within 64.00 MiB per device" in out and "the winner's mesh" in out
+
+
+def test_a_candidate_over_the_host_memory_does_not_fit():
+  """The chip table's host memory per chip bounds offload: a candidate whose host bytes exceed it is left out, and
+  when every one does the error names the host memory and the flag; v6e's table figure is 1536 GiB ÷ 8 chips."""
+  assert accelerator("v6e").host_memory_bytes == 192 * 2**30
+  unit = 4
+  points = tuple(FitPoint(b, 2**30 + b * 2**20, int(1e12 * b), 1e9 * b, 1.0, host_bytes=b * 2**30 // unit,
+                          param_bytes=2**20) for b in (unit, 4 * unit))
+  fit = BatchFit("offload", 4 * unit, points[-1].footprint_bytes, 32 * 2**30, 2, AffineModel(2**20, 2**30),
+                 points, "affine", False, None, unit, 0.0)
+  small_host = accelerator("v6e", host_memory_bytes=2 * 2**30)  # 1 GiB per example on the host: b ≤ 2 per device
+  table = candidates([fit], 4 * unit, small_host, mesh_shape={"fsdp": unit})
+  assert {c.micro_batch for c in table} == {unit, 2 * unit} and all(c.host_bytes <= 2 * 2**30 for c in table)
+  with pytest.raises(Exception, match=r"offloads more than the host memory per device \(0\.50 GiB on TPU v6e.*"
+                                      r"--host-memory"):
+    candidates([fit], 4 * unit, accelerator("v6e", host_memory_bytes=2**29), mesh_shape={"fsdp": unit})
+  with pytest.raises(Exception, match="host_memory_bytes=0 must be > 0"):
+    accelerator("v6e", host_memory_bytes=0)

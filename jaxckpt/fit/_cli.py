@@ -30,7 +30,7 @@ from jaxckpt.training import _sharding as sharding
 from jaxckpt.training._sharding import make_mesh
 from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
 from jaxckpt.training._topology import compiled_for, get_topology, topology_header
-from jaxckpt._units import format_bytes
+from jaxckpt._units import format_bytes, parse_bytes
 
 __all__ = ["build_parser", "main", "to_table", "mesh_table", "plot_fit", "to_html"]
 
@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the time model's device")
   parser.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s of the time model's device")
   parser.add_argument("--overhead", type=float, default=None, help="seconds per micro-step (default 20e-6)")
+  parser.add_argument("--host-memory", default=None, metavar="SIZE",
+                      help="host memory per device that offloaded residuals may fill, binary units (default: the "
+                           "chip table's DRAM per chip; a candidate over it does not fit)")
   parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
                       help="time N (default 6) configurations on this device, spanning policies and micro-batches "
                            "(the fastest estimate first), and rank by measurement")
@@ -179,6 +182,21 @@ def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = Fal
                       notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))
 
 
+def _host_memory(text: str) -> int:
+  """``--host-memory``'s bytes (> 0).
+
+  Raises:
+    JaxckptError: not a size in binary units, or 0.
+  """
+  try:
+    value = parse_bytes(text)
+  except ValueError as err:
+    raise JaxckptError(f"--host-memory: {err}") from None
+  if value <= 0:
+    raise JaxckptError(f"--host-memory {text} must be > 0")
+  return value
+
+
 def _check_args(args: argparse.Namespace) -> None:
   """Checks the flags that need no compile (output paths, flag combinations, policy specs) before any work.
 
@@ -232,13 +250,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = target_from_args(args)
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
-                             ("--bandwidth", args.bandwidth), ("--overhead", args.overhead)) if v is not None]
+                             ("--bandwidth", args.bandwidth), ("--overhead", args.overhead),
+                             ("--host-memory", args.host_memory)) if v is not None]
     if timing and args.global_batch_size is None:
       raise JaxckptError(f"{', '.join(timing)} set the time model that ranks configurations of a global batch; "
                          "give --global-batch-size G (without it only the largest batch per policy is planned)")
     if args.global_batch_size is not None:
       device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
-                           overhead_s=args.overhead, device=chip)
+                           overhead_s=args.overhead, device=chip,
+                           host_memory_bytes=None if args.host_memory is None else _host_memory(args.host_memory))
     bar = tqdm(desc="compiles", unit="compile", disable=not progress_enabled(args.progress),
                leave=False)
 

@@ -80,6 +80,8 @@ class Accelerator:
       (the cache-aware roofline, Ilic, Pratas & Sousa, IEEE CAL 2014). Empty: :attr:`bandwidth` at every size.
     ici_bandwidth: bytes/s per device of a collective over the chips (ICI, NVLink); 0: unknown (not modelled).
     host_bandwidth: bytes/s per direction between the device and host memory (PCIe); 0: unknown (not modelled).
+    host_memory_bytes: host memory per device that offloaded residuals may fill (the chip table's DRAM per chip),
+      ``None``: unbounded (unknown). A candidate whose host bytes exceed it does not fit (:func:`candidates`).
   """
 
   name: str
@@ -90,6 +92,7 @@ class Accelerator:
   bandwidth_curve: tuple[tuple[int, float], ...] = ()
   ici_bandwidth: float = 0.0
   host_bandwidth: float = 0.0
+  host_memory_bytes: int | None = None
 
   def bandwidth_at(self, working_set: float | None) -> float:
     """Bytes/s for a working set of ``working_set`` bytes: :attr:`bandwidth_curve` interpolated in log size
@@ -137,7 +140,8 @@ class Accelerator:
 
 ACCELERATORS: dict[str, Accelerator] = {
     key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes,
-                     ici_bandwidth=chip.ici_bandwidth, host_bandwidth=chip.host_bandwidth)
+                     ici_bandwidth=chip.ici_bandwidth, host_bandwidth=chip.host_bandwidth,
+                     host_memory_bytes=chip.host_memory_bytes or None)
     for key, chip in CHIPS.items()
 }
 """The chips of :data:`jaxckpt.topology.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
@@ -208,7 +212,8 @@ def measure_cpu(*, repeats: int = 7) -> Accelerator:
 
 
 def accelerator(name: str | None = None, *, peak_flops: float | None = None, bandwidth: float | None = None,
-                overhead_s: float | None = None, device: Any = None) -> Accelerator:
+                overhead_s: float | None = None, device: Any = None,
+                host_memory_bytes: int | None = None) -> Accelerator:
   """The accelerator to model: a table entry, this device, or the given figures.
 
   Args:
@@ -218,6 +223,7 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
     peak_flops, bandwidth, overhead_s: override the figures (FLOP/s, bytes/s, seconds).
     device: the device planned for when ``name`` is ``None``: a TPU topology's chip
       (:mod:`jaxckpt.topology`), default ``jax.devices()[0]``.
+    host_memory_bytes: override the host memory per device offload may fill (bytes; the chip table's otherwise).
 
   Returns:
     The :class:`Accelerator`.
@@ -225,7 +231,8 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
   Raises:
     JaxckptError: an unknown name, or a figure ≤ 0 (or an unknown device without ``peak_flops`` and ``bandwidth``).
   """
-  for arg, value in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s)):
+  for arg, value in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s),
+                     ("host_memory_bytes", host_memory_bytes)):
     if value is not None and value <= 0 and not (arg == "overhead_s" and value == 0):
       raise JaxckptError(f"{arg}={value} must be > 0")
   base: Accelerator | None = None
@@ -252,8 +259,8 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
         raise JaxckptError(f"device {device.device_kind!r} is not in the table ({', '.join(ACCELERATORS)}); give "
                            "peak_flops=FLOPS and bandwidth=BYTES_PER_S")
       base = base or Accelerator(device.device_kind, 1.0, 1.0)
-  changes = {k: v for k, v in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s))
-             if v is not None}
+  changes = {k: v for k, v in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("overhead_s", overhead_s),
+                                ("host_memory_bytes", host_memory_bytes)) if v is not None}
   if changes and name is None and base.name.startswith("cpu"):
     changes["name"] = "cpu (given)"
   if "bandwidth" in changes:
@@ -348,7 +355,8 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
       ``tensor_allreduce_bytes_per_example``), or ``None``: no tensor term.
 
   Returns:
-    Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch). Under a mesh (a fit's
+    Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch); a candidate whose host
+    bytes per device exceed ``device.host_memory_bytes`` is left out (it does not fit the host). Under a mesh (a fit's
     :attr:`~jaxckpt.fit.BatchFit.unit` > 1) each device computes 1/unit of the step's FLOPs and bytes: the batch is
     split over that many devices, and a ``tensor`` axis splits each example's work over its t devices too (the
     optimizer's update of replicated parameters, O(parameters), is neglected). Each candidate carries the mesh.
@@ -360,6 +368,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
   if global_batch < 1:
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
   out: list[Candidate] = []
+  over_host: list[str] = []
   for fit in fits:
     sizes = [b for b in range(fit.unit, (fit.max_batch_size or 0) + 1, fit.unit) if global_batch % b == 0]
     if not sizes:
@@ -394,8 +403,16 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
       terms["collectives_s"] += step_collectives
       terms["overhead_s"] = k * device.overhead_s
       est = k * (max(micro.values()) + device.overhead_s) + step_collectives
+      if host and device.host_memory_bytes is not None and host > device.host_memory_bytes:
+        over_host.append(f"{fit.policy} at {b}: {host / 2**30:.2f} GiB")
+        continue  # its offloaded residuals do not fit the host's memory
       out.append(Candidate(fit.policy, b, k, foot, point is not None, flops, accessed, est, terms=terms,
                            host_bytes=host, mesh=dict(mesh_shape) if mesh_shape else None))
+  if not out and over_host:
+    raise JaxckptError(f"global_batch_size={global_batch}: every candidate that fits the device offloads more than "
+                       f"the host memory per device ({device.host_memory_bytes / 2**30:.2f} GiB on {device.name}; "
+                       f"{', '.join(over_host[:4])}): give more host memory (--host-memory) or a policy that offloads "
+                       "less")
   if not out:
     largest = {f.policy: f.max_batch_size for f in fits}
     units = {f.unit for f in fits}
