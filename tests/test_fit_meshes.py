@@ -127,3 +127,16 @@ def test_a_candidate_over_the_host_memory_does_not_fit():
     candidates([fit], 4 * unit, accelerator("v6e", host_memory_bytes=2**29), mesh_shape={"fsdp": unit})
   with pytest.raises(Exception, match="host_memory_bytes=0 must be > 0"):
     accelerator("v6e", host_memory_bytes=0)
+
+
+def test_the_plan_counts_the_compiles_the_compiler_refused():
+  """A refused compile (the TPU compiler's out-of-memory at compile time) is a point over the limit: the plan counts
+  it and its table's title says so, beside the compiles and the seconds."""
+  from jaxckpt.fit import FitPlan
+  from jaxckpt.fit._cli import to_table
+
+  points = (FitPoint(4, 2**20, 10, None, 1.0), FitPoint(8, 2**30, 20, None, 0.5, refused=True))
+  fit = BatchFit("full", 4, 2**20, 2**24, 2, AffineModel(2**18, 0), points, "affine", False, 2**30, 1, 0.0)
+  plan = FitPlan((fit,), 2**24, "given", None, None, 12.0)
+  assert plan.refusals == 1 and plan.as_json()["refusals"] == 1
+  assert "2 compiles (1 refused for memory), 12 s" in to_table(plan, wide=True)

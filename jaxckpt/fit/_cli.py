@@ -124,8 +124,10 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
     rows.append([f.policy, "none fits" if f.max_batch_size is None else str(f.max_batch_size),
                  format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope))])
+  refused = f" ({plan.refusals} refused for memory)" if plan.refusals else ""
   parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
-                                          f"({plan.memory_source}), {plan.compiles} compiles",
+                                          f"({plan.memory_source}), {plan.compiles} compiles{refused}, "
+                                          f"{plan.seconds:.0f} s",
                         width=width, wide=wide, right=range(1, len(cols)))]
   if plan.choice is not None:
     c = plan.choice

@@ -103,12 +103,18 @@ class FitPlan:
     """Compiles in all (batch fits and verification of the choice)."""
     return sum(f.compiles for f in self.fits) + (self.choice.compiles if self.choice else 0)
 
+  @property
+  def refusals(self) -> int:
+    """Compiles of the batch fits the compiler refused for memory (:attr:`FitPoint.refused`)."""
+    return sum(p.refused for f in self.fits for p in f.points)
+
   def as_json(self) -> dict[str, Any]:
     """``{"backend", "device_kind", "topology", "device_count", "mesh" (what compiled it), "rows": [one per policy],
     "global_batch": {...} | None, "limit_bytes", ...}``."""
     out: dict[str, Any] = {**(self.compiled_for or {}), "rows": [f.as_row() for f in self.fits],
                            "limit_bytes": self.limit_bytes, "memory_source": self.memory_source,
-                           "compiles": self.compiles, "seconds": round(self.seconds, 3), "global_batch": None,
+                           "compiles": self.compiles, "refusals": self.refusals, "seconds": round(self.seconds, 3),
+                           "global_batch": None,
                            "axis": self.axis}
     if self.device is not None:
       out["device"] = dataclasses.asdict(self.device)

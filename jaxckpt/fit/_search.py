@@ -81,6 +81,8 @@ class FitPoint:
     host_bytes: the compiled host footprint per device (what an offload policy keeps in ``pinned_host`` memory;
       0 without offload), ``None`` where unknown (a refused compile).
     param_bytes: bytes of the model's parameters (all of them, over the whole mesh; the time model's collectives).
+    refused: the compiler refused the program for the device's memory (``footprint_bytes`` is the memory its
+      message names, :func:`exhausted_bytes`): a point over any limit, usually seconds rather than a whole compile.
   """
 
   batch: int
@@ -90,6 +92,7 @@ class FitPoint:
   compile_s: float
   host_bytes: int | None = None
   param_bytes: int = 0
+  refused: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +260,7 @@ def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitP
     if required is None:
       raise
     return FitPoint(batch, required, int(lowered.flops), None, time.perf_counter() - started,
-                    param_bytes=_param_bytes(lowered))
+                    param_bytes=_param_bytes(lowered), refused=True)
   footprint = compiled.memory.get("footprint_bytes")
   if footprint is None:
     raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; the fit planner "
