@@ -123,7 +123,7 @@ def test_a_candidate_over_the_host_memory_does_not_fit():
   table = candidates([fit], 4 * unit, small_host, mesh_shape={"fsdp": unit})
   assert {c.micro_batch for c in table} == {unit, 2 * unit} and all(c.host_bytes <= 2 * 2**30 for c in table)
   with pytest.raises(Exception, match=r"offloads more than the host memory per device \(0\.50 GiB on TPU v6e.*"
-                                      r"--host-memory"):
+                                      r"host_memory_bytes"):
     candidates([fit], 4 * unit, accelerator("v6e", host_memory_bytes=2**29), mesh_shape={"fsdp": unit})
   with pytest.raises(Exception, match="host_memory_bytes=0 must be > 0"):
     accelerator("v6e", host_memory_bytes=0)

@@ -199,6 +199,21 @@ def _host_memory(text: str) -> int:
   return value
 
 
+def _search(args: argparse.Namespace, target, topology, device, on_compile, bar, started_at: float) -> MeshSearch:
+  """``--mesh auto``: :func:`jaxckpt.fit.search_meshes` with a progress line per mesh settled (stderr; through the
+  bar at a terminal)."""
+  def on_mesh(option) -> None:
+    message = f"jaxckpt-fit: mesh {option.name}: {option.status} ({time.perf_counter() - started_at:.0f} s elapsed)"
+    if bar.disable:
+      print(message, file=sys.stderr, flush=True)
+    else:
+      bar.write(message, file=sys.stderr)
+
+  return search_meshes(target, args.policies, args.memory, topology=topology, global_batch=args.global_batch_size,
+                       device=device, max_meshes=args.max_meshes, on_compile=on_compile,
+                       on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs)
+
+
 def _check_args(args: argparse.Namespace) -> None:
   """Checks the flags that need no compile (output paths, flag combinations, policy specs) before any work.
 
@@ -276,18 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "elapsed)", file=sys.stderr, flush=True)
 
     if auto:
-      def on_mesh(option) -> None:
-        message = (f"jaxckpt-fit: mesh {option.name}: {option.status} ({time.perf_counter() - started_at:.0f} s "
-                   "elapsed)")
-        if lines:
-          print(message, file=sys.stderr, flush=True)
-        else:
-          bar.write(message, file=sys.stderr)
-
-      search = search_meshes(target, args.policies, args.memory, topology=topology,
-                             global_batch=args.global_batch_size, device=device, max_meshes=args.max_meshes,
-                             on_compile=on_compile, on_mesh=on_mesh if args.progress else None,
-                             min_batch=args.min_batch, jobs=args.jobs)
+      search = _search(args, target, topology, device, on_compile, bar, started_at)
       plan = search.winner.plan
       mesh = topology.mesh(dict(search.winner.shape))
     elif args.max_seq_len is not None:

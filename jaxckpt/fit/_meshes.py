@@ -39,6 +39,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
@@ -101,9 +102,7 @@ def state_bytes(target: Target) -> tuple[int, int, int | None, bool]:
     JaxckptError: a loss target (it has no model to read).
   """
   if not isinstance(target, ModelTarget):
-    raise JaxckptError(f"mesh search needs a model target; {target.name!r} is a loss target: give --mesh")
-  from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
-
+    raise JaxckptError(f"mesh search needs a model target; {target.name!r} is a loss target: give its mesh")
   model = nnx.eval_shape(target.make_model)
   leaves = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
   params = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in leaves)
@@ -220,28 +219,8 @@ def search_meshes(
   topo = get_topology(topology)
   limit, _ = resolve_memory(memory, device=topo.devices[0])
   device = device or accelerator(device=topo.devices[0])
-  params, state, heads, uses_tensor = state_bytes(target)
-  per_example = tensor_bytes_per_example(target) or 0.0
-  ici = device.ici_bandwidth or math.inf
-
-  def bound(shape: Mapping[str, int], accum: int = 1) -> float:
-    """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute)."""
-    units = shape.get("data", 1) * shape.get("fsdp", 1)
-    fsdp_micro, per_step = collective_bytes(params, shape)
-    tensor_step = collective_bytes(0.0, shape, tensor_bytes=per_example * global_batch / units)[0]
-    return (accum * fsdp_micro + tensor_step + per_step) / ici
-
-  options: list[MeshOption] = []
-  for shape in mesh_shapes(topo.chips, max_tensor=max_tensor, tensor_divides=heads, tensor=uses_tensor):
-    per_device = state // (shape.get("fsdp", 1) * shape.get("tensor", 1))
-    units = shape.get("data", 1) * shape.get("fsdp", 1)
-    if per_device > limit:
-      reason = f"train state {format_bytes(per_device)} per device > {format_bytes(limit)}"
-    elif global_batch % units:
-      reason = f"global batch {global_batch} is not a multiple of data × fsdp = {units}"
-    else:
-      reason = ""
-    options.append(MeshOption(shape, per_device, bound(shape), "too big" if reason else "not fitted", reason=reason))
+  bounds = _Bounds(target, global_batch, device)
+  options = bounds.options(topo.chips, limit, max_tensor)
 
   def fit(i: int) -> None:
     option = options[i]
@@ -256,39 +235,14 @@ def search_meshes(
     if on_mesh is not None:
       on_mesh(options[i])
 
-  # 1. calibrate on the mesh with the least state per device (no tensor axis when one ties): its fits give each
-  #    policy's bytes per example per data×fsdp group and its fixed bytes beside the train state
   open_ = [i for i, o in enumerate(options) if o.status == "not fitted"]
-  if open_:
+  if open_:  # calibrate on the least state per device (no tensor axis when one ties), then bound the others
     first = min(open_, key=lambda i: (options[i].state_bytes_per_device, options[i].shape.get("tensor", 1),
                                       options[i].bound_s))
     fit(first)
-    calibration = options[first]
-    lines = []
-    if calibration.plan is not None:
-      for f in calibration.plan.fits:
-        if f.model.slope > 0:
-          lines.append((f.model.intercept - calibration.state_bytes_per_device, f.model.slope * f.unit))
-    # 2. per other mesh, the largest micro-batch the calibrated lines allow (activations ÷ tensor: an upper bound of
-    #    the batch, so the accumulation and the bound stay lower bounds), its accumulation, the bound at it
-    for i in open_:
-      o = options[i]
-      if i == first or not lines:
-        continue
-      units = o.shape.get("data", 1) * o.shape.get("fsdp", 1)
-      per_group = max((limit - fixed - o.state_bytes_per_device) / (slope / o.shape.get("tensor", 1))
-                      for fixed, slope in lines)
-      if per_group < 1:
-        options[i] = dataclasses.replace(o, status="too big", reason=(
-            f"predicted from {calibration.name}'s compiles: not one example per data × fsdp group fits beside "
-            f"{format_bytes(o.state_bytes_per_device)} of train state"))
-        continue
-      accum = math.ceil(global_batch / (units * math.floor(per_group)))
-      options[i] = dataclasses.replace(o, bound_s=bound(o.shape, accum))
-  order = sorted(range(len(options)), key=lambda i: (options[i].status in ("too big", "not fitted"),
-                                                     options[i].bound_s, options[i].state_bytes_per_device))
-  options = [options[i] for i in order]
-  fitted = sum(o.status != "too big" and o.status != "not fitted" for o in options)
+    options = bounds.calibrated(options, first, limit)
+  options.sort(key=lambda o: (o.status in ("too big", "not fitted"), o.bound_s, o.state_bytes_per_device))
+  fitted = sum(o.status not in ("too big", "not fitted") for o in options)
   for i, option in enumerate(options):
     if option.status == "not fitted" and fitted < max_meshes:
       fitted += 1
@@ -301,3 +255,67 @@ def search_meshes(
                            f"within {format_bytes(limit)} per device: {tried}")
   winner = min(done, key=lambda o: o.plan.choice.winner.est_step_s)
   return MeshSearch(tuple(options), winner, limit, time.perf_counter() - started)
+
+
+class _Bounds:
+  """The search's compile-free figures for one target and global batch: meshes, state per device, step-time bounds.
+
+  Args:
+    target: the model target; global_batch: examples per step; device: the time model's accelerator.
+  """
+
+  def __init__(self, target: Target, global_batch: int, device: Accelerator):
+    self.params, self.state, self.heads, self.uses_tensor = state_bytes(target)
+    self.per_example = tensor_bytes_per_example(target) or 0.0
+    self.global_batch = global_batch
+    self.ici = device.ici_bandwidth or math.inf
+
+  def bound(self, shape: Mapping[str, int], accum: int = 1) -> float:
+    """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute)."""
+    units = shape.get("data", 1) * shape.get("fsdp", 1)
+    fsdp_micro, per_step = collective_bytes(self.params, shape)
+    tensor_step = collective_bytes(0.0, shape, tensor_bytes=self.per_example * self.global_batch / units)[0]
+    return (accum * fsdp_micro + tensor_step + per_step) / self.ici
+
+  def options(self, chips: int, limit: int, max_tensor: int) -> list[MeshOption]:
+    """Every mesh of ``chips`` with its state per device and bound; ``too big`` where the state exceeds ``limit``
+    bytes or ``data × fsdp`` does not divide the global batch."""
+    out = []
+    for shape in mesh_shapes(chips, max_tensor=max_tensor, tensor_divides=self.heads, tensor=self.uses_tensor):
+      per_device = self.state // (shape.get("fsdp", 1) * shape.get("tensor", 1))
+      units = shape.get("data", 1) * shape.get("fsdp", 1)
+      if per_device > limit:
+        reason = f"train state {format_bytes(per_device)} per device > {format_bytes(limit)}"
+      elif self.global_batch % units:
+        reason = f"global batch {self.global_batch} is not a multiple of data × fsdp = {units}"
+      else:
+        reason = ""
+      out.append(MeshOption(shape, per_device, self.bound(shape), "too big" if reason else "not fitted",
+                            reason=reason))
+    return out
+
+  def calibrated(self, options: list[MeshOption], first: int, limit: int) -> list[MeshOption]:
+    """``options`` with each unfitted mesh's bound at its least accumulation, predicted from ``options[first]``'s
+    fits (per policy: fixed bytes beside the train state, bytes per example of a data × fsdp group; activations ÷
+    tensor, an upper bound of the batch, so the accumulation and the bound stay lower bounds); a mesh where not one
+    example fits is ``too big``."""
+    calibration = options[first]
+    lines = [(f.model.intercept - calibration.state_bytes_per_device, f.model.slope * f.unit)
+             for f in (calibration.plan.fits if calibration.plan is not None else ()) if f.model.slope > 0]
+    if not lines:
+      return options
+    out = list(options)
+    for i, o in enumerate(options):
+      if o.status != "not fitted":
+        continue
+      units = o.shape.get("data", 1) * o.shape.get("fsdp", 1)
+      per_group = max((limit - fixed - o.state_bytes_per_device) / (slope / o.shape.get("tensor", 1))
+                      for fixed, slope in lines)
+      if per_group < 1:
+        out[i] = dataclasses.replace(o, status="too big", reason=(
+            f"predicted from {calibration.name}'s compiles: not one example per data × fsdp group fits beside "
+            f"{format_bytes(o.state_bytes_per_device)} of train state"))
+      else:
+        out[i] = dataclasses.replace(o, bound_s=self.bound(o.shape, math.ceil(
+            self.global_batch / (units * math.floor(per_group)))))
+    return out

@@ -411,8 +411,8 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
   if not out and over_host:
     raise JaxckptError(f"global_batch_size={global_batch}: every candidate that fits the device offloads more than "
                        f"the host memory per device ({device.host_memory_bytes / 2**30:.2f} GiB on {device.name}; "
-                       f"{', '.join(over_host[:4])}): give more host memory (--host-memory) or a policy that offloads "
-                       "less")
+                       f"{', '.join(over_host[:4])}): give more host memory per device (host_memory_bytes) or a "
+                       "policy that offloads less")
   if not out:
     largest = {f.policy: f.max_batch_size for f in fits}
     units = {f.unit for f in fits}
