@@ -291,6 +291,7 @@ def test_parameter_tree_and_classes_unchanged_split_merge_eval_shape():
   assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, LinenGPT2().init(jax.random.key(0), tokens))
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_gradients_equal_no_remat():
   batch = {"tokens": jax.random.randint(jax.random.key(1), (B, T + 1), 0, VOCAB)}
   grads = {}

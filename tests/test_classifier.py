@@ -29,12 +29,14 @@ def tiny_run():
   return train(configure(TINY, epochs=8, policy="attn=dots_saveable,mlp=full"), log=quiet)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_tiny_vit_learns_the_digits(tiny_run):
   metrics = tiny_run.metrics
   assert metrics["test_accuracy"] >= 0.85, metrics["test_accuracy"]
   assert len(metrics["train_loss"]) == 8 and metrics["train_loss"][-1] < metrics["train_loss"][0] / 3
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_metrics_schema(tiny_run, tmp_path):
   metrics = tiny_run.metrics
   assert set(METRICS_KEYS) <= set(metrics)
@@ -49,6 +51,7 @@ def test_metrics_schema(tiny_run, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_other_models_learn(model):
   result = train(configure(TINY, model=model, epochs=10, policy="full"), log=quiet)
   assert result.metrics["test_accuracy"] >= 0.85, result.metrics["test_accuracy"]
@@ -186,6 +189,7 @@ def test_num_classes_allows_empty_classes(tmp_path):
   assert result.metrics["config"]["num_classes"] == 110
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_cli_smoke(tmp_path):
   out = tmp_path / "out"
   env = {**os.environ, "PYTHONPATH": os.getcwd()}
@@ -229,6 +233,7 @@ def test_offload_policy_on_cpu_says_it_saves_nothing():
   assert any("offloading saves no memory here" in w for w in result.metrics["warnings"])
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_profile_traces_warm_steps_and_changes_no_number(tmp_path):
   """--profile DIR writes one XProf run for the policy (the files XProf reads) and the run's results are those of a
   run without it."""

@@ -120,6 +120,7 @@ def test_foreign_directory_is_refused(tmp_path, capsys):
   assert (tmp_path / "notes.txt").read_text() == "my thesis"  # nothing touched
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_config_change_needs_to_be_allowed(tmp_path):
   ckpt = str(tmp_path / "ckpt")
   train(configure(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)
@@ -207,6 +208,7 @@ def straight():
   return train(TINY, log=quiet)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_save_after_rollback_lands_and_the_next_resume_continues_from_it(tmp_path, straight):
   """Steps 20, 30 and an unreadable 40: the resume falls back to 30, moves 40 aside (kept), and its own save of step
   40 is written, so the next resume continues from 40 and ends bit-identical to a straight run."""
@@ -244,6 +246,7 @@ def test_a_save_that_would_write_nothing_fails_loudly(tmp_path):
   assert jaxckpt.TrainStateSaver is jaxckpt.TrainStateSaver  # the old name still imports
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_resume_of_a_finished_run_says_nothing_left_to_train(tmp_path, capsys):
   ckpt = str(tmp_path / "ckpt")
   argv = ["--preset", "tiny", "--epochs", "1", "--no-progress", "--ckpt-dir", ckpt]
@@ -302,6 +305,7 @@ def test_a_second_run_into_the_same_directories_is_refused_before_compiling(tmp_
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_a_signal_stops_cleanly_with_one_line_and_the_resume_is_bit_identical(tmp_path, capsys, monkeypatch, signum,
                                                                                code, straight):
   real = classifier.train_batch

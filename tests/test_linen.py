@@ -353,6 +353,7 @@ def block_structure_grads():
 @pytest.mark.parametrize(
     "structure,scan,policies", GROUPED, ids=[f"{s}-{'scan' if sc else 'unrolled'}" for s, sc, _ in GROUPED]
 )
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_structure_gradients_equal_block_structure_and_nnx(block_structure_grads, structure, scan, policies):
   params, x, key, ref = block_structure_grads
   linens, nnx_losses, nnx_params = [], [], []

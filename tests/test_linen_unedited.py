@@ -110,6 +110,7 @@ def _target_grads(target, policies):
   return [jax.grad(lambda q, p=p: target.loss(q, batch, policy=p))(params) for p in policies]
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_nn_jit_decoder_as_a_target_compiles_each_policy(decoder_target):
   target = decoder_target
   assert target.num_layers == 4 and "mlp.wi" in target.block_types["block"]

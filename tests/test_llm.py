@@ -252,6 +252,7 @@ def test_vocab_tiling_equals_the_plain_loss(preset):
   assert_trees_close(metrics[1], metrics[0], depth=config.num_layers, what="metrics, vocab tiles 4 vs 1")
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_vocab_tiling_never_holds_the_whole_logits():
   """A wide vocabulary: the compiled gradient's temporaries shrink with 8 tiles (one [B, S/8, V] chunk at a time)."""
   config = dataclasses.replace(LLM_PRESETS["llama-tiny"], vocab_size=16384, seq_len=64, num_layers=1)

@@ -66,6 +66,7 @@ def short_run():
   return train(configure(SHORT, policy="attn=dots_saveable,mlp=full"), log=quiet)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_eval_loss_below_unigram_entropy(short_run):
   metrics = short_run.metrics
   assert metrics["eval_loss"] < metrics["unigram_entropy"] - 0.2, (metrics["eval_loss"], metrics["unigram_entropy"])
@@ -73,6 +74,7 @@ def test_eval_loss_below_unigram_entropy(short_run):
   assert len(metrics["eval_loss_history"]) == 2 and metrics["eval_loss_history"][-1] < metrics["eval_loss_history"][0]
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_metrics_schema(short_run):
   metrics = short_run.metrics
   assert set(METRICS_KEYS) <= set(metrics) and set(metrics["memory"]) == set(MEMORY_KEYS)

@@ -85,6 +85,7 @@ class _Pooled(nn.Module):
 
 
 @REMAT3_TEMP
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_a_pooled_classifier_is_cut_between_its_blocks_not_only_at_its_pooled_features():
   model, x = _Pooled(), jax.random.normal(jax.random.key(0), (B, 16, D))
   labels = jax.random.randint(jax.random.key(1), (B,), 0, 10)
@@ -221,6 +222,7 @@ def test_mincut_policy_parses_and_refuses_bad_caps():
       parse_model_policy(bad)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_mincut_in_the_report_saves_at_most_its_cap_and_steps_like_none():
   target = shipped_target("gpt", "tiny")
   report = build_report(target, ["none", "mincut:30%", "mincut:1KiB"], progress=False)

@@ -143,6 +143,7 @@ def _grads(policy, scan=True):
   return jax.jit(jax.value_and_grad(lambda p: loss(p)[0]))(params)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_min_saved_resolves_to_save_tensors_and_gradients_equal_no_remat(gpt):
   target, _, graphs = gpt
   spec, plan = resolve_policy(target, "min_saved")

@@ -391,6 +391,7 @@ def test_plans_need_a_model_target_with_one_block_stack():
 # CLI, report, experiments
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_plan_cli(tmp_path, capsys):
   path = tmp_path / "plan.json"
   assert plan_main(["--model", "mlp", "--budget", "90%", "--explain", "--export", "--json", str(path)]) == 0

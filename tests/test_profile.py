@@ -118,6 +118,7 @@ def _gpt_tiny_grad():
   return grad, state, tokens
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_blocks_are_named_in_the_hlo_and_the_profile_of_gpt_tiny(tmp_path, monkeypatch):
   """``jax.named_scope`` per layer and block: the compiled HLO's op names and the XProf trace file of GPT tiny hold
   ``layer_0..1`` (the scanned stack) and the block types ``attn``/``mlp``; the names are metadata only (gradients

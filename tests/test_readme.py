@@ -117,6 +117,8 @@ SLOW: tuple[tuple[str, str], ...] = (
      "sizes per policy, not shrunk"),
     (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
     (r"--topology", "compiles with the TPU compiler: seconds to minutes per compile on 2 cores"),
+    (r"jaxckpt-report --model (gpt|llm) --preset (small|gemma2-tiny) --policies",
+     "a report of several policies, one compile each: 20–35 s for the block on 2 cores"),
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""
 

@@ -335,6 +335,7 @@ def test_measured_peak_matches_compiled_footprint():
   check_report_schema(report.data)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_policy_killed_while_measuring_is_an_error_row(tmp_path, monkeypatch):
   """A measuring child killed by SIGKILL, as the kernel's OOM killer does, is an error row with the reason; the other
   policy is measured and every file is still written."""

@@ -181,6 +181,7 @@ def test_fsdp_shards_parameters_and_optimizer_state(eight_devices):
 
 # --- two processes × 4 CPU devices on localhost ---
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_fsdp_gathers_one_layer_at_a_time_so_more_chips_hold_less():
   """FSDP per layer (docs/sharding.md): a 24-layer stack under full remat, one sequence per chip. Each block gathers
   its own layer inside its jax.checkpoint, so no chip holds the gathered stack (the old whole-model gather kept all

@@ -199,6 +199,7 @@ def test_a_mesh_the_topology_cannot_take_is_one_line(argv, expected, capsys):
 
 
 @needs_libtpu
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_topology_report_rows_are_tpu_compiles_per_chip(topology_report):
   data = topology_report
   assert (data["backend"], data["device_kind"], data["topology"], data["device_count"], data["mesh"]) == \
@@ -216,6 +217,7 @@ def test_topology_report_rows_are_tpu_compiles_per_chip(topology_report):
 
 
 @needs_libtpu
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_the_cpu_comparison_is_xla_cpu_at_the_per_chip_batch(topology_report):
   """``--compare-cpu``'s numbers are exactly the one-device XLA:CPU report of the per-chip batch (2 of 8)."""
   row = next(r for r in topology_report["rows"] if r["policy"] == "nothing_saveable")
@@ -239,6 +241,7 @@ def test_compile_step_compiles_remat_for_a_topology():
 
 
 @needs_libtpu
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_offloading_the_layer_input_lowers_the_device_footprint_below_full_remat():
   """A scanned stack whose layer input ``x`` is offloaded to host memory: the device footprint is below full remat's
   (which keeps every layer's input on the device, as saving ``x`` there does) by most of those inputs, and the host holds exactly
