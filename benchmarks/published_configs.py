@@ -150,6 +150,28 @@ def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
   return out
 
 
+def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
+  """The fit planner's time model (:mod:`jaxckpt.fit._speed`) for a compiled row: one micro-step per chip of the
+  row's FLOPs (jaxpr count, recompute included) ÷ chips at v6e's peak, its host bytes moved out and back over the host
+  link, and FSDP's gathers and reduce-scatter over ICI (:func:`jaxckpt.fit._speed.collective_bytes`, the preset's
+  parameter bytes from its abstract model); no HBM term (the rows do not keep XLA's bytes accessed). Returns
+  ``{"step_s", "bound", "tokens_per_s_chip", terms...}``, or ``None`` for a row without FLOPs."""
+  from jaxckpt.fit._meshes import state_bytes
+  from jaxckpt.fit._speed import accelerator, collective_bytes
+
+  if not r.get("flops") or r.get("status") != "ok":
+    return None
+  row = next(x for x in ROWS if x.key == r["key"])
+  params = state_bytes(target(row, num_layers=r.get("num_layers"))[0])[0]
+  chip = accelerator(r["topology"].split(":")[0])
+  terms = chip.terms(r["flops"] / r["chips"], None, host_bytes=2.0 * (r["host_footprint_bytes"] or 0),
+                     collective_bytes=collective_bytes(params, {"fsdp": r["chips"]})[0])
+  terms.pop("hbm_s")
+  step = max(terms.values()) + chip.overhead_s
+  return {"step_s": step, "bound": max(terms, key=terms.get).removesuffix("_s"),
+          "tokens_per_s_chip": r["per_device"] * r["seq_len"] / step, **terms}
+
+
 def _gib(num_bytes: int | None) -> str:
   return "—" if num_bytes is None else format_bytes(num_bytes)
 
@@ -159,20 +181,25 @@ def render(data: Mapping[str, Any]) -> str:
   lines = [f"Run: {common.header(data)}; compile s is the TPU compile's when it ran (a row compiled before is read "
            "back from the compiled-stats cache in seconds, docs/tpu.md).", "",
            "| row | model | slice | seq × per chip | policy | footprint/chip | HBM | fits | host/chip | compile s |"
-           " published |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           " predicted step (bound by) | predicted tok/s/chip | published |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   done = {r["key"]: r for r in data["rows"]}
   for row in ROWS:  # in the source's order; a row this run did not reach says so
     r = done.get(row.key)
     policy = row.policy.replace("save_and_offload_only_these_names:/", "offload ")
     if r is None:
       lines.append(f"| {row.key} | {row.preset} | {row.topology} | {row.seq_len} × {row.per_device} | {policy} | — | — "
-                   f"| not compiled in this run | — | — | {row.published or '—'} |")
+                   f"| not compiled in this run | — | — | — | — | {row.published or '—'} |")
       continue
     fits = "yes" if r["fits"] else ("no" if r["status"] == "ok" else f"error: {r['error']}")
     model = r["preset"] + (f" ({r['num_layers']} layers)" if r.get("num_layers") else "")
+    guess = predict(r)
+    step = f"{guess['step_s']:.2f} s ({guess['bound']})" if guess else "—"
+    rate = f"{guess['tokens_per_s_chip']:,.0f}" if guess else "—"
     lines.append(f"| {r['key']} | {model} | {r['topology']} | {r['seq_len']} × {r['per_device']} | {policy} | "
                  f"{_gib(r['footprint_bytes'])} | {_gib(r['hbm_bytes'])} | {fits} | "
-                 f"{_gib(r['host_footprint_bytes'])} | {r['compile_s'] or 0:.0f} | {r['published'] or '—'} |")
+                 f"{_gib(r['host_footprint_bytes'])} | {r['compile_s'] or 0:.0f} | {step} | {rate} | "
+                 f"{r['published'] or '—'} |")
   return "\n".join(lines)
 
 
