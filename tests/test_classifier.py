@@ -83,6 +83,7 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
   assert resumed.metrics["train_loss"] == straight.metrics["train_loss"]
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_existing_run_is_never_overwritten(tmp_path, capsys):
   ckpt = str(tmp_path / "ckpt")
   train(configure(TINY, epochs=1, ckpt_dir=ckpt), log=quiet)

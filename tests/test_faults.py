@@ -173,6 +173,7 @@ def jax_leaves(tree):
   return jax.tree.leaves(tree)
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_nan_stop_exit_code(capsys, nan_at_step_30):
   assert main(["--preset", "tiny", "--epochs", "2"]) == 1  # progress on, but no terminal: no bar fragment before it
   err = capsys.readouterr().err

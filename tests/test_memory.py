@@ -42,6 +42,7 @@ def test_default_vit_full_remat_halves_temp(temps):
     assert temp["nothing_saveable"] <= 0.5 * temp["none"], temp
 
 
+@pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_unrolled_remat_needs_the_cpu_fix_and_warns_without_it(monkeypatch):
   if jax.default_backend() != "cpu":
     pytest.skip("the cse_barrier_expander problem is XLA:CPU's")
