@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
   if args.quick:
-    args.kills, args.signals, args.pairs = 2, 2, 1
+    args.kills, args.signals, args.pairs = 1, 1, 1
   common.check_out(p, NAME, args)
   started = time.perf_counter()
   record = common.run_record(NAME, args)

@@ -146,7 +146,7 @@ def test_every_mesh_and_policy_matches_single_device_no_remat(eight_devices):
   results = eight_devices["results"]
   assert eight_devices["device_count"] == 8
   assert {(r["mesh"], r["policy"]) for r in results} == {(m, p) for m in ("data=8", "fsdp=8", "data=4,fsdp=2")
-                                                       for p in ("none", "nothing_saveable", "dots_saveable",
+                                                       for p in ("none", "nothing_saveable",
                                                                  "attn=dots_saveable,mlp=nothing_saveable")}
   for r in results:
     where = f"{r['mesh']} {r['policy']}"
