@@ -99,6 +99,12 @@ OVERRIDES: tuple[Override, ...] = (
              "TPU compiles of GPT small at the batches 2 GiB holds take minutes each; GPT tiny under one policy in a "
              "memory scaled to it runs the same search on the topology (the four default policies took 214 s of CI's "
              "slow tier; tests/test_topology.py checks the answer at b and b + 4)"),
+    Override(r"jaxckpt-fit .*--preset llama3\.1-8b", "--preset tiny --topology v5e:2x2 --seq-len 64 "
+             "--global-batch-size 16 --memory 64MiB --policies nothing_saveable "
+             "save_and_offload_only_these_names:/decoder_layer_input+query_proj+key_proj+value_proj+out_proj",
+             "Llama 3.1 8B on 256 chips compiles 2-4 min per program on 2 cores (7.6 min for docs/fit.md's search); "
+             "llama tiny on v5e:2x2 runs the same mesh search with both policies, offload included (after the "
+             "--topology override above, so its memory and policies win)"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",
