@@ -140,3 +140,19 @@ def test_the_plan_counts_the_compiles_the_compiler_refused():
   plan = FitPlan((fit,), 2**24, "given", None, None, 12.0)
   assert plan.refusals == 1 and plan.as_json()["refusals"] == 1
   assert "2 compiles (1 refused for memory), 12 s" in to_table(plan, wide=True)
+
+
+@needs_libtpu
+def test_a_mesh_the_torus_cannot_take_is_one_line_and_not_a_candidate(capsys):
+  """An axis of 8 on v6e's 16x16 torus would split a physical dimension (jax.make_mesh refuses): one line on the
+  CLI, and the mesh search marks such meshes unmappable instead of failing (Llama 3.1 8B's search hit it)."""
+  from jaxckpt.errors import MeshSpecError
+  from jaxckpt.topology import get_topology
+
+  with pytest.raises(MeshSpecError, match=r"mesh='data=32,fsdp=8' cannot be laid over topology v6e:16x16's torus "
+                                          r"16x16: each axis size must be a product of whole torus dimensions"):
+    get_topology("v6e:16x16").mesh("data=32,fsdp=8")
+  assert main(["--model", "llm", "--preset", "tiny", "--topology", "v6e:16x16", "--mesh", "data=32,fsdp=8",
+               "--memory", "1GiB"]) == 2
+  err = capsys.readouterr().err
+  assert "cannot be laid over topology v6e:16x16" in err and len(err.strip().splitlines()) == 1, err

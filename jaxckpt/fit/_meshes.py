@@ -122,7 +122,8 @@ class MeshOption:
     bound_s: the lower bound of its step time (collectives of the least accumulation predicted to fit), seconds.
     status: ``"fitted"`` (compiled: :attr:`plan`), ``"too big"`` (state over the memory, a global batch it cannot
       split, or no example predicted to fit: not compiled),
-      ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
+      ``"unmappable"`` (``jax.make_mesh`` cannot lay its axes over the torus without splitting a physical
+      dimension), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
       :attr:`reason` says why).
     plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
     reason: why it has no plan.
@@ -221,6 +222,11 @@ def search_meshes(
   device = device or accelerator(device=topo.devices[0])
   bounds = _Bounds(target, global_batch, device)
   options = bounds.options(topo.chips, limit, max_tensor)
+  for i, option in enumerate(options):  # a mesh jax.make_mesh cannot lay over the torus is not a candidate
+    try:
+      topo.mesh(dict(option.shape))
+    except MeshSpecError as err:
+      options[i] = dataclasses.replace(option, status="unmappable", reason=str(err))
 
   def fit(i: int) -> None:
     option = options[i]
@@ -241,8 +247,9 @@ def search_meshes(
                                       options[i].bound_s))
     fit(first)
     options = bounds.calibrated(options, first, limit)
-  options.sort(key=lambda o: (o.status in ("too big", "not fitted"), o.bound_s, o.state_bytes_per_device))
-  fitted = sum(o.status not in ("too big", "not fitted") for o in options)
+  options.sort(key=lambda o: (o.status in ("too big", "unmappable", "not fitted"), o.status == "unmappable",
+                              o.bound_s, o.state_bytes_per_device))
+  fitted = sum(o.status not in ("too big", "unmappable", "not fitted") for o in options)
   for i, option in enumerate(options):
     if option.status == "not fitted" and fitted < max_meshes:
       fitted += 1

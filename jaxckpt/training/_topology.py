@@ -274,8 +274,9 @@ class Topology:
       The ``jax.sharding.Mesh`` (``jax.make_mesh`` orders the chips by the torus).
 
     Raises:
-      MeshSpecError: a bad spec, a mesh whose sizes do not multiply to the chip count (one line naming both), or a
-        ``Mesh`` over other devices.
+      MeshSpecError: a bad spec, a mesh whose sizes do not multiply to the chip count (one line naming both), a
+        ``Mesh`` over other devices, or axis sizes ``jax.make_mesh`` cannot lay over the torus (e.g. an axis of 8 on
+        16x16: it would split a physical dimension).
     """
     if isinstance(spec, Mesh):
       if set(spec.devices.flat) != set(self.devices):
@@ -288,7 +289,12 @@ class Topology:
       raise MeshSpecError(f"mesh={text!r} covers {math.prod(shape.values())} device(s) but topology {self.name} has "
                           f"{self.chips} chips: the product of the sizes must be {self.chips} "
                           f"(mesh='data={self.chips}' fits)")
-    return sharding.make_mesh(shape, devices=self.devices)
+    try:
+      return sharding.make_mesh(shape, devices=self.devices)
+    except NotImplementedError as err:  # jax.make_mesh: an axis that is no product of whole torus dimensions
+      raise MeshSpecError(f"mesh={text!r} cannot be laid over topology {self.name}'s torus "
+                          f"{'x'.join(map(str, self.shape))}: each axis size must be a product of whole torus "
+                          f"dimensions (jax.make_mesh: {str(err).split('.')[0]})") from None
 
 
 _COMPILE_ONLY: set[Any] = set()
