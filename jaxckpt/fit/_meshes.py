@@ -122,8 +122,8 @@ class MeshOption:
     bound_s: the lower bound of its step time (collectives of the least accumulation predicted to fit), seconds.
     status: ``"fitted"`` (compiled: :attr:`plan`), ``"too big"`` (state over the memory, a global batch it cannot
       split, or no example predicted to fit: not compiled),
-      ``"unmappable"`` (``jax.make_mesh`` cannot lay its axes over the torus without splitting a physical
-      dimension), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
+      ``"unmappable"`` (its axes cannot be laid over the torus even splitting a physical dimension,
+      :meth:`jaxckpt.topology.Topology.mesh`), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
       :attr:`reason` says why).
     plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
     reason: why it has no plan.
@@ -222,7 +222,7 @@ def search_meshes(
   device = device or accelerator(device=topo.devices[0])
   bounds = _Bounds(target, global_batch, device)
   options = bounds.options(topo.chips, limit, max_tensor)
-  for i, option in enumerate(options):  # a mesh jax.make_mesh cannot lay over the torus is not a candidate
+  for i, option in enumerate(options):  # a mesh that cannot be laid over the torus is not a candidate
     try:
       topo.mesh(dict(option.shape))
     except MeshSpecError as err:

@@ -48,7 +48,8 @@ from collections.abc import Iterable, Mapping
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from jax.experimental import topologies
+import jax
+from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh
 from packaging.requirements import Requirement
 
@@ -275,8 +276,8 @@ class Topology:
 
     Raises:
       MeshSpecError: a bad spec, a mesh whose sizes do not multiply to the chip count (one line naming both), a
-        ``Mesh`` over other devices, or axis sizes ``jax.make_mesh`` cannot lay over the torus (e.g. an axis of 8 on
-        16x16: it would split a physical dimension).
+        ``Mesh`` over other devices, or axis sizes that cannot be laid over the torus even splitting its dimensions
+        (an axis of 8 on 16x16 is laid by splitting one, as MaxText's ``allow_split_physical_axes``).
     """
     if isinstance(spec, Mesh):
       if set(spec.devices.flat) != set(self.devices):
@@ -291,10 +292,18 @@ class Topology:
                           f"(mesh='data={self.chips}' fits)")
     try:
       return sharding.make_mesh(shape, devices=self.devices)
-    except NotImplementedError as err:  # jax.make_mesh: an axis that is no product of whole torus dimensions
+    except NotImplementedError:  # an axis that is no product of whole torus dimensions (8 on 16x16)
+      pass
+    # as MaxText's allow_split_physical_axes: lay the axes over the torus splitting a physical dimension (per-chip
+    # memory does not depend on the layout; a split axis's collectives run on part of a ring)
+    try:
+      grid = mesh_utils.create_device_mesh(tuple(shape.values()), devices=list(self.devices),
+                                           allow_split_physical_axes=True)
+    except (NotImplementedError, ValueError, AssertionError) as err:
       raise MeshSpecError(f"mesh={text!r} cannot be laid over topology {self.name}'s torus "
-                          f"{'x'.join(map(str, self.shape))}: each axis size must be a product of whole torus "
-                          f"dimensions (jax.make_mesh: {str(err).split('.')[0]})") from None
+                          f"{'x'.join(map(str, self.shape))}, even splitting its dimensions "
+                          f"({str(err).split('.')[0]})") from None
+    return Mesh(grid, tuple(shape), axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
 _COMPILE_ONLY: set[Any] = set()
