@@ -8,6 +8,8 @@ gradient accumulation) for a global batch, from a handful of compiles, verified.
   its accumulation; optionally measured.
 - :func:`search_meshes` (:mod:`jaxckpt.fit._meshes`): on a TPU slice, the mesh too (``data`` × ``fsdp`` ×
   ``tensor``), compiling only the meshes that can fit and rank best by a lower bound of their step time.
+- ``custom:search`` (:mod:`jaxckpt.fit._names`): MaxText's ``custom`` lists — per checkpoint name device, host
+  offload or recompute — chosen by the time model from the names' bytes and FLOPs, then fitted like any policy.
 - ``jaxckpt-fit`` / ``python -m jaxckpt.fit`` (:mod:`jaxckpt.fit._cli`).
 
 Example::
@@ -21,17 +23,21 @@ Example::
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.fit._model import AffineModel, fit_affine
 from jaxckpt.fit._plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
+from jaxckpt.fit._names import (CUSTOM_SEARCH, CustomPlan, CustomSearch, NameCost, custom_plans, custom_policy,
+                               name_costs)
 from jaxckpt.fit._meshes import MeshOption, MeshSearch, mesh_shapes, search_meshes
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
                                 compile_point, exhausted_bytes, fit_policies, max_batch_size, max_seq_len, resolve_memory,
                                 with_batch, with_seq_len)
-from jaxckpt.fit._speed import ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates, measure_cpu
+from jaxckpt.fit._speed import (ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates,
+                               estimate_step, measure_cpu)
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
            "MeshOption", "MeshSearch", "mesh_shapes", "search_meshes",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
-           "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu"]
+           "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu", "estimate_step",
+           "CUSTOM_SEARCH", "CustomPlan", "CustomSearch", "NameCost", "custom_plans", "custom_policy", "name_costs"]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.fit.<module>) as attributes, with a warning

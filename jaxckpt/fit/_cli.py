@@ -21,6 +21,7 @@ from jaxckpt._cli import CLIParser, check_output_file, progress_enabled
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
+from jaxckpt.fit._names import CUSTOM_SEARCH, CustomSearch
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
 from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
@@ -32,7 +33,7 @@ from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, 
 from jaxckpt.training._topology import compiled_for, get_topology, topology_header
 from jaxckpt._units import format_bytes, parse_bytes
 
-__all__ = ["build_parser", "main", "to_table", "mesh_table", "plot_fit", "to_html"]
+__all__ = ["build_parser", "main", "to_table", "mesh_table", "custom_table", "plot_fit", "to_html"]
 
 PROG = "jaxckpt-fit"
 
@@ -70,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default; "
                            "--topology: the chip's HBM less 10%%)")
   parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), metavar="SPEC",
-                      help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too)")
+                      help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too; "
+                           f"{CUSTOM_SEARCH}: MaxText's custom lists, device/offload/recompute per checkpoint name, "
+                           "chosen by the time model, with --global-batch-size)")
+  parser.add_argument("--custom-top", type=int, default=1, metavar="N",
+                      help=f"{CUSTOM_SEARCH}: the N fastest predicted name lists are fitted (default 1; each about "
+                           "3 compiles)")
   parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
   parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                       help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size)")
@@ -122,13 +128,22 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
   rows = []
   for f in plan.fits:
     nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
-    rows.append([f.policy, "none fits" if f.max_batch_size is None else str(f.max_batch_size),
+    largest = "none fits" if f.max_batch_size is None else str(f.max_batch_size)
+    if f.capped and f.estimated_max_batch is not None and f.estimated_max_batch > (f.max_batch_size or 0):
+      largest = f"{f.max_batch_size} (est. {f.estimated_max_batch})"
+    rows.append([f.policy, largest,
                  format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope))])
   refused = f" ({plan.refusals} refused for memory)" if plan.refusals else ""
+  notes = []
+  if any(f.capped for f in plan.fits):
+    notes.append("capped: the search stops at the global batch (or --max-batch); est. N: the largest batch within "
+                 "the memory by the line through its two largest compiles, not compiled")
   parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
                                           f"({plan.memory_source}), {plan.compiles} compiles{refused}, "
                                           f"{plan.seconds:.0f} s",
-                        width=width, wide=wide, right=range(1, len(cols)))]
+                        notes=notes, width=width, wide=wide, right=range(1, len(cols)))]
+  if plan.custom is not None:
+    parts.append(custom_table(plan.custom, width=width, wide=wide))
   if plan.choice is not None:
     c = plan.choice
     measured = {(m.policy, m.micro_batch): m for m in c.measured}
@@ -155,6 +170,36 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
     parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
   return "\n\n".join(parts) + "\n"
+
+
+def custom_table(custom: CustomSearch, *, width: int | None = None, wide: bool = False) -> str:
+  """What ``custom:search`` read per checkpoint name and where its best list puts each (:mod:`jaxckpt.fit._names`).
+
+  Args:
+    custom: the :class:`~jaxckpt.fit.CustomSearch`.
+    width, wide: as :func:`to_table`.
+  """
+  best = custom.plans[0] if custom.plans else None
+  rows = []
+  for c in custom.costs:
+    place = "" if best is None else ("offload" if c.name in best.offload else "device"
+                                     if c.name in best.save or c.boundary else "recompute")
+    rows.append([c.name, format_bytes(int(c.bytes_per_example)), f"{c.flops_per_example:.3g}",
+                 "yes" if c.boundary else "", place])
+  notes = [f"bytes and FLOPs per example on one device (all layers); FLOPs saved: {custom.full_policy}'s less "
+           "those with the name kept; boundary: the remat region's input, saved anyway (only offloading it frees "
+           "device memory)"]
+  if abs(custom.additivity_error) > 0.01:
+    notes.append(f"the names' FLOPs do not add up: every name kept at once saves {custom.additivity_error:+.1%} "
+                 "less than their sum (lists of several are scored as saving more than they do; the compiles decide)")
+  if best is None:
+    notes.append("no list fits the device at any micro-batch the full-remat fit allows: nothing to fit")
+  for p in custom.plans:
+    notes.append(f"{p.policy}: predicted {format_bytes(p.footprint_bytes)} device + {format_bytes(p.host_bytes)} "
+                 f"host at {p.micro_batch} × {p.accum}, est. {p.est_step_s * 1e3:.2f} ms")
+  return render_table(["name", "bytes/example", "FLOPs saved/example", "boundary", "best list"], rows,
+                      title=f"{CUSTOM_SEARCH}: per checkpoint name, {custom.seconds:.0f} s", notes=notes,
+                      width=width, wide=wide, right=(1, 2))
 
 
 def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = False) -> str:
@@ -211,7 +256,8 @@ def _search(args: argparse.Namespace, target, topology, device, on_compile, bar,
 
   return search_meshes(target, args.policies, args.memory, topology=topology, global_batch=args.global_batch_size,
                        device=device, max_meshes=args.max_meshes, on_compile=on_compile,
-                       on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs)
+                       on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,
+                       custom_top=args.custom_top)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -246,7 +292,14 @@ def _check_args(args: argparse.Namespace) -> None:
   if args.max_meshes < 1:
     raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
   for spec in args.policies:
+    if spec.strip() == CUSTOM_SEARCH:
+      if args.global_batch_size is None:
+        raise JaxckptError(f"--policies {CUSTOM_SEARCH} chooses by the step-time model of a --global-batch-size; "
+                           "give one")
+      continue
     parse_model_policy(spec)  # a typo exits 2 before any compile
+  if args.custom_top < 1:
+    raise JaxckptError(f"--custom-top {args.custom_top} must be ≥ 1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       kwargs = {"min_batch": args.min_batch, "jobs": args.jobs}
       if args.global_batch_size is None:
         kwargs["max_batch"] = args.max_batch
+      if args.global_batch_size is not None:
+        kwargs["custom_top"] = args.custom_top
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
   except JaxckptError as err:

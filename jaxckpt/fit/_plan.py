@@ -12,8 +12,10 @@ from typing import Any
 import jax
 
 from jaxckpt.errors import JaxckptError, TopologyError
-from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, mesh_device,
-                                resolve_memory, with_batch)
+from jaxckpt.fit._model import fit_affine
+from jaxckpt.fit._names import CUSTOM_SEARCH, FULL_REMAT_POLICIES, CustomSearch, custom_plans, name_costs
+from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, max_batch_size,
+                                mesh_device, resolve_memory, with_batch)
 from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.training._sharding import check_batch_size
@@ -87,6 +89,7 @@ class FitPlan:
     axis: what was searched: ``"batch"`` (micro-batch size) or ``"seq_len"`` (tokens per example at a batch).
     compiled_for: what compiled it (:func:`jaxckpt.topology.compiled_for`: backend, device_kind,
       topology, device_count, mesh); ``None``: not recorded.
+    custom: what ``custom:search`` read and chose (:class:`jaxckpt.fit.CustomSearch`), ``None`` without it.
   """
 
   fits: tuple[BatchFit, ...]
@@ -97,6 +100,7 @@ class FitPlan:
   seconds: float
   axis: str = "batch"
   compiled_for: Mapping[str, Any] | None = None
+  custom: CustomSearch | None = None
 
   @property
   def compiles(self) -> int:
@@ -120,6 +124,8 @@ class FitPlan:
       out["device"] = dataclasses.asdict(self.device)
     if self.choice is not None:
       out["global_batch"] = self.choice.as_json()
+    if self.custom is not None:
+      out["custom_search"] = self.custom.as_json()
     return out
 
 
@@ -262,13 +268,19 @@ def plan_fit(
     mesh: Any = None,
     on_compile: Callable[[str, int], None] | None = None,
     topology: "str | Topology | None" = None,
+    custom_top: int = 1,
     **kwargs: Any,
 ) -> FitPlan:
   """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
 
   Args:
     target: a model or loss target.
-    policies: policy specs (default :data:`~jaxckpt.fit._search.DEFAULT_POLICIES`).
+    policies: policy specs (default :data:`~jaxckpt.fit._search.DEFAULT_POLICIES`), and ``"custom:search"``
+      (:data:`jaxckpt.fit.CUSTOM_SEARCH`, with ``global_batch``, a model whose layers emit checkpoint names):
+      MaxText's ``custom`` lists — per name device, offload or recompute — chosen by the time model from a
+      full-remat fit (``nothing_saveable`` is added when no full-remat policy is given) and fitted as policies
+      (:mod:`jaxckpt.fit._names`).
+    custom_top: how many ``custom:search`` assignments to fit (≥ 1; each about three compiles).
     memory: bytes per device: ``"auto"``, a size string or int (:func:`~jaxckpt.fit._search.resolve_memory`).
     global_batch: examples per optimizer step G, or ``None`` (no speed ranking).
     device: the accelerator of the time model (required with ``global_batch``; :func:`jaxckpt.fit._speed.accelerator`).
@@ -288,7 +300,8 @@ def plan_fit(
   Raises:
     NothingFitsError: no policy fits the smallest batch.
     JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
-      range; a footprint that does not grow with the batch; ``global_batch`` without ``device``.
+      range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
+      without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_top`` < 1.
     TopologyError: ``measure`` with a topology, a bad topology, libtpu missing.
   """
   started = time.perf_counter()
@@ -308,7 +321,35 @@ def plan_fit(
                          + (f" and a multiple of {unit} (the mesh's batch axes)" if unit > 1 else "")
                          + f" divides it; use a multiple of {lo}")
     kwargs.setdefault("max_batch", global_batch)
+  searched = any(isinstance(p, str) and p.strip() == CUSTOM_SEARCH for p in policies)
+  policies = [p for p in policies if not (isinstance(p, str) and p.strip() == CUSTOM_SEARCH)]
+  if searched:
+    if global_batch is None:
+      raise JaxckptError(f"{CUSTOM_SEARCH} chooses names by the step-time model of a global batch: give "
+                         "global_batch (--global-batch-size)")
+    if custom_top < 1:
+      raise JaxckptError(f"custom_top={custom_top} must be ≥ 1")
+    if not any(str(p).strip() in FULL_REMAT_POLICIES for p in policies):
+      policies.append(FULL_REMAT_POLICIES[0])
+    custom_started = time.perf_counter()  # the names first: a model without any is one line before a compile
+    costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
+    costing_s = time.perf_counter() - custom_started
   fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
+  custom = None
+  if searched:
+    custom_started = time.perf_counter() - costing_s
+    full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
+    shape = None if mesh is None else dict(mesh.shape)
+    plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, top=custom_top,
+                         tensor_bytes_per_example=tensor_bytes_per_example(target) if shape else None)
+    custom = CustomSearch(costs, tuple(plans), full.policy, time.perf_counter() - custom_started, additivity)
+    hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
+        if len({p.batch for p in full.points}) > 1 else None
+    known = {f.policy for f in fits}
+    for plan in plans:
+      if plan.policy not in known:
+        fits.append(max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile,
+                                   intercept_hint=hint, **kwargs))
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)
@@ -356,4 +397,4 @@ def plan_fit(
           break
     choice = GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, compiles)
   return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started,
-                 compiled_for=compiled_for(mesh, topo))
+                 compiled_for=compiled_for(mesh, topo), custom=custom)

@@ -110,10 +110,14 @@ class BatchFit:
     points: every compile, in order.
     method: ``"affine"`` (the prediction, or a secant correction, was verified) or ``"search"`` (bisection, after
       ``max_rounds`` misses: the footprint is not affine over that range).
-    capped: the largest batch searched (``max_batch``) fit; the true largest may be larger.
+    capped: the largest batch searched (``max_batch``) fit; the true largest may be larger
+      (:attr:`estimated_max_batch`).
     verified_over: footprint at the successor batch (over the limit), ``None`` when capped or nothing fits.
     unit: the batch step (the mesh's batch-axis size, 1 on one device).
     seconds: wall seconds.
+    estimated_max_batch: when :attr:`capped`, the largest batch within the limit by the line through the two
+      compiled (not refused) points of the largest batches, uncapped, not compiled (the fit planner caps the search
+      at the global batch, so beyond it the answer is a prediction: compile it with ``max_batch``); else ``None``.
   """
 
   policy: str
@@ -128,6 +132,7 @@ class BatchFit:
   verified_over: int | None
   unit: int
   seconds: float
+  estimated_max_batch: int | None = None
 
   @property
   def by_batch(self) -> dict[int, FitPoint]:
@@ -138,7 +143,7 @@ class BatchFit:
     """The JSON row: policy, max_batch_size, footprint_bytes, compiles, the model and the compiled points."""
     return {"policy": self.policy, "max_batch_size": self.max_batch_size, "footprint_bytes": self.footprint_bytes,
             "limit_bytes": self.limit_bytes, "compiles": self.compiles, "method": self.method, "capped": self.capped,
-            "over_bytes_at_next": self.verified_over,
+            "estimated_max_batch": self.estimated_max_batch, "over_bytes_at_next": self.verified_over,
             "model": {"intercept_bytes": round(self.model.intercept), "slope_bytes": round(self.model.slope)},
             "points": [dataclasses.asdict(p) for p in self.points], "seconds": round(self.seconds, 3)}
 
@@ -280,6 +285,15 @@ def _param_bytes(lowered: Any) -> int:
              if hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
 
 
+def _beyond(points: Mapping[int, FitPoint], limit: int, unit: int) -> int | None:
+  """The largest batch within ``limit`` by the line through the two largest compiled batches (not refused), or
+  ``None`` with fewer than two or a line that does not grow."""
+  top = sorted((p for p in points.values() if not p.refused), key=lambda p: p.batch)[-2:]
+  if len(top) < 2 or top[1].footprint_bytes <= top[0].footprint_bytes:
+    return None
+  return fit_affine([(p.batch, p.footprint_bytes) for p in top]).largest_within(limit, step=unit)
+
+
 def max_batch_size(
     target: Target,
     policy: Any,
@@ -408,7 +422,8 @@ def max_batch_size(
       over = points[best + unit].footprint_bytes
     foot = points[best if best is not None else lo_b].footprint_bytes
     return BatchFit(text, best, foot, limit, len(points), model, tuple(points.values()), method,
-                    best == hi_b, over, unit, time.perf_counter() - started)
+                    best == hi_b, over, unit, time.perf_counter() - started,
+                    _beyond(points, limit, unit) if best == hi_b else None)
 
   probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
   if intercept_hint is not None and len(probe_batches) > 1:

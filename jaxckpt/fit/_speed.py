@@ -62,7 +62,7 @@ from jaxckpt.fit._search import BatchFit
 from jaxckpt.training._topology import CHIPS, chip_for_kind
 
 __all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates",
-           "collective_bytes"]
+           "collective_bytes", "estimate_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,6 +340,33 @@ def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None, *
   return per_micro, per_step
 
 
+def estimate_step(device: Accelerator, *, flops: float, bytes_accessed: float | None, working_set: float | None,
+                  host_bytes: float, per_micro: float, per_step: float, accum: int) -> tuple[dict[str, float], float]:
+  """The time model of one training step of ``accum`` micro-steps on one device (module docstring).
+
+  Args:
+    device: the :class:`Accelerator`.
+    flops: FLOPs of one micro-step on this device (its share of the mesh's).
+    bytes_accessed: bytes one micro-step reads and writes in device memory on this device (``None``: 0).
+    working_set: the micro-step's footprint per device, bytes (the bandwidth on a calibrated curve).
+    host_bytes: the micro-step's host footprint per device (offloaded residuals), bytes: moved out in the forward
+      pass and back in the backward pass (2 × over the host link).
+    per_micro, per_step: collective bytes per device per micro-step and per step (:func:`collective_bytes`).
+    accum: micro-steps per step k ≥ 1.
+
+  Returns:
+    ``(terms, seconds)``: the step's seconds per ceiling (``compute_s``, ``hbm_s``, ``host_s``, ``collectives_s``,
+    k × each micro-step's, the per-step collectives added) and ``overhead_s``; the step's estimate, k × (the largest
+    ceiling of a micro-step + the overhead) + the per-step collectives.
+  """
+  micro = device.terms(flops, bytes_accessed, working_set, host_bytes=2.0 * host_bytes, collective_bytes=per_micro)
+  terms = {key: accum * value for key, value in micro.items()}
+  step_collectives = per_step / device.ici_bandwidth if device.ici_bandwidth else 0.0
+  terms["collectives_s"] += step_collectives
+  terms["overhead_s"] = accum * device.overhead_s
+  return terms, accum * (max(micro.values()) + device.overhead_s) + step_collectives
+
+
 def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator, *,
                mesh_shape: Mapping[str, int] | None = None,
                tensor_bytes_per_example: float | None = None) -> list[Candidate]:
@@ -396,13 +423,9 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
       host = (point.host_bytes if point and point.host_bytes is not None
               else (max(0, int(round(host_model(b)))) if host_model else (hosted[0].host_bytes if hosted else None)))
       share = fit.unit * tensor  # devices the batch is split over, × tensor: each computes its share of the step
-      micro = device.terms(flops / share, None if accessed is None else accessed / share, foot,
-                           host_bytes=2.0 * (host or 0), collective_bytes=per_micro)
-      terms = {key: k * value for key, value in micro.items()}
-      step_collectives = per_step / device.ici_bandwidth if device.ici_bandwidth else 0.0
-      terms["collectives_s"] += step_collectives
-      terms["overhead_s"] = k * device.overhead_s
-      est = k * (max(micro.values()) + device.overhead_s) + step_collectives
+      terms, est = estimate_step(device, flops=flops / share, bytes_accessed=None if accessed is None else accessed / share,
+                                 working_set=foot, host_bytes=host or 0, per_micro=per_micro, per_step=per_step,
+                                 accum=k)
       if host and device.host_memory_bytes is not None and host > device.host_memory_bytes:
         over_host.append(f"{fit.policy} at {b}: {host / 2**30:.2f} GiB")
         continue  # its offloaded residuals do not fit the host's memory

@@ -1,0 +1,317 @@
+"""MaxText's ``custom`` remat chosen per checkpoint name: keep each named value on the device, offload it to host
+memory, or recompute it, by the fit planner's time model — then verified by compiles like any other policy.
+
+MaxText's ``remat_policy: custom`` lets a user say, per checkpoint name (``decoder_layer_input``, ``query_proj``,
+``context``, ``mlpwi_0``…), ``device``, ``offload`` or ``remat``; its published configurations are such lists, hand
+written. MaxText's memory estimator (PRs #2504/#2891) automates one direction: it promotes tensors remat → offload →
+device one at a time, one ahead-of-time compile per step, and stops at the first that fits. Here the choice is
+made from a model instead, and only the chosen lists are compiled:
+
+- **what a name costs**, read from the target's own jaxprs without compiling (:func:`name_costs`): its bytes per
+  example (the ``checkpoint_name`` values of the forward pass, every layer, in their dtype) and the FLOPs its
+  keeping saves per example (the step's jaxpr FLOPs under full remat less those under ``save_only_these_names`` of
+  that name alone: JAX's own partial evaluation decides what is then not recomputed). The search assumes those
+  savings add up; one more lowering, every name kept at once, checks it (:attr:`CustomSearch.additivity_error`,
+  shown with the table): on the LLM family they add up exactly (``llama-tiny`` on CPU, tests/test_fit_names.py;
+  ``llama3.1-8b`` with splash on v6e-256, where keeping ``context``, the splash kernel's residuals, saves no FLOPs
+  alone or with ``out_proj``: the kernel's forward pass still runs in the backward).
+  A name whose value is the input of the remat region itself (``decoder_layer_input`` under per-layer remat) is a
+  *boundary*: it is saved anyway, so only offloading it changes anything (it leaves the device);
+- **the footprint of an assignment** at micro-batch b: the compiled full-remat line of the same fit (``a + s·b``)
+  plus the bytes of every name kept on the device, less the boundary names offloaded; its **host bytes** the
+  offloaded names'; its **FLOPs** full remat's less what every kept name saves;
+- **its step time**: the fit planner's roofline (:func:`jaxckpt.fit.estimate_step`): compute, HBM, host transfers
+  (offloaded bytes out and back over the host link) and collectives, per micro-step × accumulation.
+
+Every assignment of every name (3 options each; 2 for a boundary; a name whose keeping saves no FLOPs is always
+recomputed) is scored at every micro-batch dividing the global batch (beyond full remat's largest batch too: an
+offloaded boundary frees device memory, so such a list may fit more than full remat does); the fastest
+lists that fit the device (and the host's memory) become ``save_and_offload_only_these_names:SAVE/OFFLOAD``
+policies, which the fit planner then fits and verifies by compiles as it does every policy
+(:func:`jaxckpt.fit.plan_fit`, ``policies=[..., "custom:search"]``).
+
+The model ranks; compiles decide. Per-device bytes are the global bytes ÷ the devices the batch is split over
+(a ``tensor`` axis is not credited: an overestimate, so the lists keep less than they could).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from jaxckpt.analysis._jaxprs import _LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit._model import fit_affine
+from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
+from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
+from jaxckpt.policies._model import parse_model_policy
+from jaxckpt.step._build import dropout_key_struct
+from jaxckpt.step._compile import lower_policy, step_builder
+from jaxckpt.step._targets import ModelTarget, Target
+
+__all__ = ["CUSTOM_SEARCH", "NameCost", "CustomPlan", "CustomSearch", "name_costs", "custom_plans", "custom_policy",
+           "FULL_REMAT_POLICIES", "MAX_SEARCHED_NAMES"]
+
+CUSTOM_SEARCH = "custom:search"
+"""The fit planner's policy token for MaxText's ``custom`` lists chosen by the time model (module docstring)."""
+
+FULL_REMAT_POLICIES = ("nothing_saveable", "full")
+"""Policies whose fit is the full-remat line the search adds names to (one must be fitted beside ``custom:search``;
+the planner adds ``nothing_saveable`` when none is)."""
+
+MAX_SEARCHED_NAMES = 12
+"""Names searched exhaustively (3^12 ≈ 531k assignments per micro-batch at most); more names: one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NameCost:
+  """What keeping one checkpoint name costs and saves, per example of the step (all layers).
+
+  Attributes:
+    name: the checkpoint name (``jax.ad_checkpoint.checkpoint_name``).
+    bytes_per_example: bytes of its values in the forward pass per example, summed over every layer (global: not
+      divided over a mesh), in their dtype.
+    flops_per_example: FLOPs per example the step no longer recomputes when this name alone is kept (saved or
+      offloaded): full remat's jaxpr FLOPs less ``save_only_these_names:<name>``'s; 0 when keeping it saves nothing.
+    boundary: the value is the remat region's own input (through layout-only operations): saved under full remat
+      anyway, so keeping it on the device changes nothing and offloading it frees its bytes on the device.
+  """
+
+  name: str
+  bytes_per_example: float
+  flops_per_example: float
+  boundary: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomPlan:
+  """One assignment of names, scored at its best micro-batch.
+
+  Attributes:
+    save: names kept on the device; offload: names moved to host memory (the rest are recomputed).
+    micro_batch: examples per micro-step b (its best); accum: micro-steps per step.
+    footprint_bytes: predicted device footprint per device at b; host_bytes: predicted host bytes per device.
+    est_step_s: predicted seconds per step (:func:`jaxckpt.fit.estimate_step`).
+  """
+
+  save: tuple[str, ...]
+  offload: tuple[str, ...]
+  micro_batch: int
+  accum: int
+  footprint_bytes: int
+  host_bytes: int
+  est_step_s: float
+
+  @property
+  def policy(self) -> str:
+    """The policy spec: ``save_and_offload_only_these_names:SAVE/OFFLOAD``."""
+    return custom_policy(self.save, self.offload)
+
+
+def custom_policy(save: Sequence[str], offload: Sequence[str]) -> str:
+  """``save_and_offload_only_these_names:a+b/c+d`` (MaxText's ``custom``: ``save`` on the device, ``offload`` to
+  host memory, every other name recomputed).
+
+  Raises:
+    JaxckptError: a name in both lists.
+  """
+  both = sorted(set(save) & set(offload))
+  if both:
+    raise JaxckptError(f"checkpoint name(s) {', '.join(both)} both saved and offloaded: give each name one place")
+  return f"save_and_offload_only_these_names:{'+'.join(save)}/{'+'.join(offload)}"
+
+
+def _boundary_names(jaxpr: Any) -> set[str]:
+  """Names whose value is an input of its remat region (through layout-only equations)."""
+  found: set[str] = set()
+  for eqn in outermost_remats(jaxpr):
+    body = remat_body(eqn)
+    body = getattr(body, "jaxpr", body)
+    inputs = set(map(id, body.invars))
+    producer = {id(v): e for e in body.eqns for v in e.outvars}
+    for e in body.eqns:
+      name = checkpoint_name_of(e)
+      if name is None:
+        continue
+      v = e.invars[0]
+      while id(v) in producer and producer[id(v)].primitive.name in _LAYOUT_ONLY and producer[id(v)].invars:
+        v = producer[id(v)].invars[0]
+      if id(v) in inputs:
+        found.add(name)
+  return found
+
+
+def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Mapping[str, Any] | None = None,
+               names: Sequence[str] | None = None) -> tuple[tuple[NameCost, ...], float]:
+  """Each checkpoint name's bytes and saved FLOPs per example (module docstring), from jaxprs: no compile (one
+  lowering per name, two more).
+
+  Args:
+    target: a model target whose layers emit checkpoint names (the LLM family: MaxText's names).
+    mesh: the mesh the fit compiles on (the step is traced for it: a TPU topology's kernels need it).
+    tx: the optimizer (default ``optax.adamw(1e-3)``).
+    options: XLA options of the lowering.
+    names: the names to cost (default: every name the model emits).
+
+  Returns:
+    ``(costs, additivity_error)``: one :class:`NameCost` per name, in the model's order of first emission; and how
+    far the FLOPs saved by keeping every name at once are from the sum of each name's, ``(Σ each − all) / all``
+    (0: additive, as the search assumes; > 0: the names overlap, so lists of several are scored as saving more
+    than they do; 0 when keeping every name saves nothing).
+
+  Raises:
+    JaxckptError: a loss target; a model that emits no checkpoint name; a name it does not emit.
+  """
+  if not isinstance(target, ModelTarget):
+    raise JaxckptError("custom:search chooses per checkpoint name of a model's layers: give a model target "
+                       "(--model or --target returning a ModelTarget)")
+  unit = batch_unit(mesh)
+  sized = with_batch(target, unit)
+  builder = step_builder(sized, tx=tx, mesh=mesh)
+  step = builder.step(parse_model_policy("nothing_saveable"))
+  forward = jax.make_jaxpr(step.loss_of_params)(step.params, step.batch, dropout_key_struct())
+  by_name: dict[str, float] = {}
+  for eqn in iter_eqns(forward, rules=True):
+    name = checkpoint_name_of(eqn)
+    if name is not None:
+      by_name[name] = by_name.get(name, 0.0) + sum(math.prod(v.aval.shape) * v.aval.dtype.itemsize
+                                                   for v in eqn.outvars)
+  if not by_name:
+    raise JaxckptError("custom:search chooses per checkpoint name, but this model emits none "
+                       "(jax.ad_checkpoint.checkpoint_name): give fixed policies")
+  chosen = list(by_name) if names is None else list(names)
+  unknown = [n for n in chosen if n not in by_name]
+  if unknown:
+    raise JaxckptError(f"checkpoint name(s) {', '.join(unknown)} are not emitted by this model; it emits "
+                       f"{', '.join(by_name)}")
+  if len(chosen) > MAX_SEARCHED_NAMES:
+    raise JaxckptError(f"custom:search tries every assignment of up to {MAX_SEARCHED_NAMES} checkpoint names; this "
+                       f"model emits {len(chosen)} ({', '.join(chosen)})")
+
+  def lowered(policy: str) -> Any:
+    return lower_policy(sized, parse_model_policy(policy), tx=tx, mesh=mesh, options=options, builder=builder)
+
+  full = lowered("nothing_saveable")
+  boundary = _boundary_names(full.traced.jaxpr)
+  out = []
+  for name in chosen:
+    saved = full.flops - lowered(f"save_only_these_names:{name}").flops
+    out.append(NameCost(name, by_name[name] / unit, max(0.0, saved / unit), name in boundary))
+  together = (full.flops - lowered(f"save_only_these_names:{'+'.join(chosen)}").flops) / unit
+  each = sum(c.flops_per_example for c in out)
+  return tuple(out), ((each - together) / together if together > 0 else 0.0)
+
+
+def _options(cost: NameCost, offload: bool) -> tuple[str, ...]:
+  """Where a name may go: a boundary is on the device anyway (or offloaded); a name whose keeping saves nothing is
+  recomputed (keeping it would cost bytes for nothing); ``offload`` only where the device has a host link."""
+  if cost.boundary:
+    return ("device", "offload") if offload else ("device",)
+  if cost.flops_per_example <= 0:
+    return ("recompute",)
+  return ("recompute", "device", "offload") if offload else ("recompute", "device")
+
+
+def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, device: Accelerator, *,
+                 mesh_shape: Mapping[str, int] | None = None, tensor_bytes_per_example: float | None = None,
+                 top: int = 1) -> list[CustomPlan]:
+  """The fastest name assignments that fit, each at its best micro-batch (module docstring).
+
+  Args:
+    costs: :func:`name_costs` of the target, on the fit's mesh.
+    full: the fit of a full-remat policy (:data:`FULL_REMAT_POLICIES`) on that mesh: its compiled footprint line,
+      FLOPs and bytes per micro-batch.
+    global_batch: examples per optimizer step G.
+    device: the time model's accelerator (its host bandwidth prices offload, and without one — a CPU, whose host
+      and device memory are the same RAM — nothing is offloaded; its ``host_memory_bytes`` bounds it).
+    mesh_shape: ``{axis: size}`` of the mesh (collectives), ``None`` for one device.
+    tensor_bytes_per_example: as :func:`jaxckpt.fit.candidates`.
+    top: how many distinct assignments to return.
+
+  Returns:
+    Up to ``top`` plans, fastest first, each keeping at least one name (full remat itself is ``full``'s row);
+    empty when no assignment fits at any micro-batch.
+  """
+  unit = full.unit
+  sizes = [b for b in range(unit, global_batch + 1, unit) if global_batch % b == 0]
+  if not sizes or not costs:
+    return []
+  pts = full.points
+  flops_line = fit_affine([(p.batch, p.flops) for p in pts])
+  known = [p for p in pts if p.bytes_accessed is not None]
+  bytes_line = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
+      else None
+  foot_line = fit_affine([(p.batch, p.footprint_bytes) for p in pts if not p.refused] or
+                         [(p.batch, p.footprint_bytes) for p in pts]) \
+      if len({p.batch for p in pts if not p.refused}) > 1 else full.model
+  params = max((p.param_bytes for p in pts), default=0)
+  tensor = dict(mesh_shape or {}).get("tensor", 1)
+  share = unit * tensor
+  choices = [_options(c, device.host_bandwidth > 0) for c in costs]
+  best: dict[str, CustomPlan] = {}
+  for b in sizes:
+    k = global_batch // b
+    per_device = b / unit  # examples per device of the batch split
+    per_micro, per_step = collective_bytes(params, mesh_shape,
+                                           tensor_bytes=(tensor_bytes_per_example or 0.0) * per_device)
+    base_foot = foot_line(b)
+    base_flops = flops_line(b)
+    accessed = bytes_line(b) if bytes_line else None
+    for assignment in itertools.product(*choices):
+      foot, host, saved = base_foot, 0.0, 0.0
+      for cost, where in zip(costs, assignment):
+        size = cost.bytes_per_example * per_device
+        if where == "device" and not cost.boundary:
+          foot += size
+        elif where == "offload":
+          host += size
+          if cost.boundary:
+            foot -= size
+        if where != "recompute":
+          saved += cost.flops_per_example * b
+      if foot > full.limit_bytes or (device.host_memory_bytes is not None and host > device.host_memory_bytes):
+        continue
+      save = tuple(c.name for c, w in zip(costs, assignment) if w == "device" and not c.boundary)
+      offload = tuple(c.name for c, w in zip(costs, assignment) if w == "offload")
+      if not save and not offload:
+        continue
+      _, est = estimate_step(device, flops=(base_flops - saved) / share,
+                             bytes_accessed=None if accessed is None else accessed / share, working_set=foot,
+                             host_bytes=host, per_micro=per_micro, per_step=per_step, accum=k)
+      plan = CustomPlan(save, offload, b, k, int(foot), int(host), est)
+      key = plan.policy
+      if key not in best or est < best[key].est_step_s:
+        best[key] = plan
+  ranked = sorted(best.values(), key=lambda p: (p.est_step_s, p.host_bytes, len(p.save) + len(p.offload)))
+  return ranked[:top]
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomSearch:
+  """What ``custom:search`` read and chose on one mesh.
+
+  Attributes:
+    costs: every name's :class:`NameCost`.
+    plans: the chosen assignments, fastest predicted first (each then fitted as a policy).
+    full_policy: the full-remat fit the assignments were built on.
+    seconds: wall seconds of the search (jaxprs traced, assignments scored; not the compiles that verify them).
+    additivity_error: :func:`name_costs`' check of its FLOPs model (0: additive).
+  """
+
+  costs: tuple[NameCost, ...]
+  plans: tuple[CustomPlan, ...]
+  full_policy: str
+  seconds: float
+  additivity_error: float = 0.0
+
+  def as_json(self) -> dict[str, Any]:
+    """``{"names": [...], "plans": [...], "full_policy", "seconds"}``."""
+    return {"names": [dataclasses.asdict(c) for c in self.costs],
+            "plans": [{**dataclasses.asdict(p), "policy": p.policy} for p in self.plans],
+            "full_policy": self.full_policy, "seconds": round(self.seconds, 3),
+            "additivity_error": self.additivity_error}

@@ -1,0 +1,133 @@
+"""``custom:search`` (issue 40): MaxText's ``custom`` lists — per checkpoint name device, offload or recompute —
+chosen by the fit planner's time model from each name's bytes and saved FLOPs, then fitted and verified by compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jaxckpt.fit import (AffineModel, BatchFit, FitPoint, NameCost, accelerator, custom_plans, custom_policy,
+                         name_costs, plan_fit)
+from jaxckpt.fit._cli import main
+from jaxckpt.models.llm import LLM_PRESETS
+from jaxckpt.step import shipped_target
+
+SEQ = 256
+
+
+def test_name_costs_are_the_named_values_bytes_and_the_flops_their_keeping_saves():
+  """llama-tiny (2 layers, float32) at 256 tokens: each name's bytes are its values' (L × S × channels × 4 bytes per
+  example); the layer input is the remat boundary and saves no FLOPs; mlpwo saves none either (the backward reads no
+  output of the last matmul); q/k/v/out_proj and the MLP inputs save their matmuls' 2·S·E·channels FLOPs per layer
+  and the attention context its kernel's; the FLOPs add up exactly (the check every search makes)."""
+  c = LLM_PRESETS["llama-tiny"]
+  costs, additivity = name_costs(shipped_target("llm", "llama-tiny", seq_len=SEQ))
+  by = {x.name: x for x in costs}
+  assert list(by) == ["decoder_layer_input", "query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
+                      "mlpwi_1", "mlpwo"]
+  per_token = {"decoder_layer_input": c.dim, "query_proj": c.num_heads * c.head_dim, "key_proj": c.num_kv_heads *
+               c.head_dim, "value_proj": c.num_kv_heads * c.head_dim, "context": c.num_heads * c.head_dim,
+               "out_proj": c.dim, "mlpwi_0": c.mlp_dim, "mlpwi_1": c.mlp_dim, "mlpwo": c.dim}
+  for name, channels in per_token.items():
+    assert by[name].bytes_per_example == c.num_layers * SEQ * channels * 4, name
+  assert [n for n, x in by.items() if x.boundary] == ["decoder_layer_input"]
+  assert by["decoder_layer_input"].flops_per_example == by["mlpwo"].flops_per_example == 0
+  matmul = 2 * SEQ * c.num_layers * c.dim
+  assert by["value_proj"].flops_per_example == matmul * c.num_kv_heads * c.head_dim
+  assert by["out_proj"].flops_per_example == matmul * c.num_heads * c.head_dim
+  assert by["mlpwi_0"].flops_per_example == by["mlpwi_1"].flops_per_example == matmul * c.mlp_dim
+  assert by["query_proj"].flops_per_example > matmul * c.num_heads * c.head_dim  # the matmul and RoPE
+  assert by["context"].flops_per_example > 2 * by["out_proj"].flops_per_example  # scores and their weighted sum
+  assert additivity == 0.0
+
+
+def _full_fit(unit: int = 4, limit: int = 2**30) -> BatchFit:
+  """A full-remat fit on ``unit`` devices: 256 MiB fixed + 8 MiB per example on a device, 1 TFLOP and 1 GB per
+  example, fitting 64 per device (256 examples)."""
+  points = tuple(FitPoint(b, 2**28 + b // unit * 2**23, int(1e12 * b), 1e9 * b, 1.0, param_bytes=2**30)
+                 for b in (16 * unit, 64 * unit))
+  return BatchFit("nothing_saveable", 96 * unit, points[-1].footprint_bytes, limit, 2, AffineModel(2**28, 2**21),
+                  points, "affine", False, None, unit, 0.0)
+
+
+COSTS = (NameCost("layer_in", 2**22, 0.0, True), NameCost("proj", 2**22, 2e11, False),
+         NameCost("big", 2**24, 3e11, False), NameCost("useless", 2**22, 0.0, False))
+
+
+def test_the_search_keeps_what_saves_most_per_byte_and_offloads_only_with_a_host_link():
+  """With memory for one name: on a TPU chip (a host link) the plan offloads what the device cannot hold while the
+  host transfers stay under the compute; on a device without a host link nothing is offloaded; a name whose
+  keeping saves no FLOPs is never kept; the prediction is the full-remat line plus the names on the device."""
+  unit, g = 4, 64 * 4
+  full = _full_fit(unit, limit=2**28 + 64 * (2**23 + 2**22) + 2**20)  # at 64 per device: full + 4 MiB per example
+  v6e = accelerator("v6e")
+  plans = custom_plans(COSTS, full, g, v6e, mesh_shape={"fsdp": unit}, top=3)
+  assert plans and all("useless" not in p.save + p.offload for p in plans)
+  best = plans[0]
+  assert best.est_step_s <= min(p.est_step_s for p in plans)
+  kept = {n: 2**22 if n != "big" else 2**24 for n in best.save}
+  per_device = best.micro_batch // unit
+  assert best.footprint_bytes == pytest.approx(2**28 + per_device * (2**23 + sum(kept.values()))
+                                               - (per_device * 2**22 if "layer_in" in best.offload else 0), abs=2)
+  assert best.footprint_bytes <= full.limit_bytes
+  no_link = dataclasses.replace(v6e, host_bandwidth=0.0)
+  local = custom_plans(COSTS, full, g, no_link, mesh_shape={"fsdp": unit}, top=5)
+  assert local and all(not p.offload for p in local)
+  assert custom_policy(("proj",), ("layer_in",)) == "save_and_offload_only_these_names:proj/layer_in"
+  with pytest.raises(Exception, match="proj both saved and offloaded"):
+    custom_policy(("proj",), ("proj",))
+
+
+def test_the_host_memory_bounds_what_the_search_offloads():
+  """A host of 1 MiB per device holds none of the names at any micro-batch: no plan offloads."""
+  full = _full_fit()
+  small = accelerator("v6e", host_memory_bytes=2**20)
+  assert all(not p.offload for p in custom_plans(COSTS, full, 256, small, mesh_shape={"fsdp": 4}, top=10))
+
+
+@pytest.mark.slow
+def test_custom_search_on_cpu_fits_and_verifies_its_list():
+  """llama-tiny on this CPU in 12 MiB (full remat fits 2 sequences): the search's list is fitted like any policy
+  (its largest batch compiled beside one over the memory), its predicted footprint within 10% of the compile,
+  nothing offloaded (a CPU has no host link), and the JSON says what it read."""
+  target = shipped_target("llm", "llama-tiny", seq_len=SEQ)
+  plan = plan_fit(target, ["nothing_saveable", "custom:search"], "12MiB", global_batch=16,
+                  device=accelerator("h100"))
+  assert plan.custom is not None and plan.custom.plans
+  best = plan.custom.plans[0]
+  assert not best.offload and best.save
+  fits = {f.policy: f for f in plan.fits}
+  fit = fits[best.policy]
+  assert fit.max_batch_size is not None and fit.footprint_bytes <= plan.limit_bytes
+  compiled = fit.by_batch.get(best.micro_batch)
+  if compiled is not None:
+    assert compiled.footprint_bytes == pytest.approx(best.footprint_bytes, rel=0.1)
+  data = plan.as_json()["custom_search"]
+  assert [n["name"] for n in data["names"]][0] == "decoder_layer_input" and data["plans"][0]["policy"] == best.policy
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "llm", "--policies", "custom:search"], "--global-batch-size"),
+    (["--model", "llm", "--policies", "custom:search", "--global-batch-size", "8", "--custom-top", "0"],
+     "--custom-top 0 must be ≥ 1"),
+])
+def test_custom_search_bad_input_is_one_line(argv, expected, capsys):
+  assert main(argv) == 2
+  err = capsys.readouterr().err
+  assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_custom_search_needs_a_model_with_checkpoint_names():
+  """A loss target (no model to read names from) is one line; a name the model does not emit is named with the
+  ones it does."""
+  import jax
+  import jax.numpy as jnp
+  from jaxckpt.step import LossTarget
+
+  loss = LossTarget(lambda p, b, *, policy: jnp.sum(p["w"] * b["x"]), {"w": jax.ShapeDtypeStruct((4,), jnp.float32)},
+                    {"x": jax.ShapeDtypeStruct((4,), jnp.float32)})
+  with pytest.raises(Exception, match="give a model target"):
+    name_costs(loss)
+  with pytest.raises(Exception, match="qkv_proj are not emitted by this model; it emits decoder_layer_input"):
+    name_costs(shipped_target("llm", "llama-tiny", seq_len=SEQ), names=["qkv_proj"])
