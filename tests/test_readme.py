@@ -67,6 +67,9 @@ SKIP = (
     (re.compile(r"^python -m pytest\b"), "the test command: it runs this suite, which includes this test"),
     (re.compile(r"^(xprof|tensorboard) "),
      "viewer line: starts a web server for a person to browse (the traces it reads are tested in test_profile.py)"),
+    (re.compile(r"^jaxckpt-fit --model gpt --preset gpt2-small --topology v5e:2x2$"),
+     "run by tests/test_topology.py's fit_on_topology fixture: the same command after this file's overrides (GPT "
+     "tiny, 8 MiB, nothing_saveable on v5e:2x2), whose answer that test checks; running it twice cost 87 s of CI"),
 )
 """``(pattern, reason)``: commands not run."""
 
@@ -92,6 +95,10 @@ OVERRIDES: tuple[Override, ...] = (
              "Llama 3.1 8B on 256 chips compiles for 5-8 min per policy on 2 cores (13 min for docs/llm.md's command);"
              " the tiny preset on 4 chips runs the same policies, offload included, through the splash kernel on a "
              "topology"),
+    Override(r"jaxckpt-report .*--policies all budget:30% budget:50% budget:75%",
+             "--policies none nothing_saveable dots_saveable budget:50%",
+             "every policy and three budgets on the tiny preset took 90 s of the block's 238 s in CI; three fixed "
+             "policies and one budget draw the same Pareto plot through the same code"),
     Override(r"jaxckpt-fit .*--preset gpt2-small", "--preset tiny --memory 48MiB",
              "GPT-2 small compiles for ~20 s each, 17 times; the tiny preset in a memory scaled to it runs the same "
              "search"),
