@@ -131,3 +131,23 @@ def test_custom_search_needs_a_model_with_checkpoint_names():
     name_costs(loss)
   with pytest.raises(Exception, match="qkv_proj are not emitted by this model; it emits decoder_layer_input"):
     name_costs(shipped_target("llm", "llama-tiny", seq_len=SEQ), names=["qkv_proj"])
+
+
+def test_a_capped_fit_states_the_largest_batch_its_line_predicts():
+  """The fit planner stops at the global batch; a capped row then gives the largest batch within the memory by the
+  line through its two largest compiles (not a refused one), shown as ``est.`` in the table and in the JSON."""
+  from jaxckpt.fit import FitPlan
+  from jaxckpt.fit._cli import to_table
+  from jaxckpt.fit._search import _beyond
+
+  gib = 2**30
+  points = {256: FitPoint(256, int(6.29 * gib), 1, None, 1.0), 1024: FitPoint(1024, int(17.74 * gib), 4, None, 1.0),
+            2048: FitPoint(2048, 40 * gib, 8, None, 1.0, refused=True)}
+  slope = (17.74 - 6.29) * gib / 768
+  expected = int((28.8 * gib - (17.74 * gib - slope * 1024)) / slope) // 256 * 256
+  assert _beyond(points, int(28.8 * gib), 256) == expected == 1536
+  fit = BatchFit("nothing_saveable", 1024, int(17.74 * gib), int(28.8 * gib), 2, AffineModel(0, slope),
+                 tuple(points.values())[:2], "affine", True, None, 256, 0.0, estimated_max_batch=expected)
+  text = to_table(FitPlan((fit,), int(28.8 * gib), "given", None, None, 1.0), wide=True)
+  assert "1024 (est. 1536)" in text and "est. N: the largest batch within the memory" in text
+  assert fit.as_row()["estimated_max_batch"] == 1536
