@@ -109,8 +109,8 @@ def test_custom_search_on_cpu_fits_and_verifies_its_list():
 
 @pytest.mark.parametrize("argv, expected", [
     (["--model", "llm", "--policies", "custom:search"], "--global-batch-size"),
-    (["--model", "llm", "--policies", "custom:search", "--global-batch-size", "8", "--custom-top", "0"],
-     "--custom-top 0 must be ≥ 1"),
+    (["--model", "llm", "--policies", "custom:search", "--global-batch-size", "8", "--custom-lists", "0"],
+     "--custom-lists 0 must be ≥ 1"),
 ])
 def test_custom_search_bad_input_is_one_line(argv, expected, capsys):
   assert main(argv) == 2
@@ -151,3 +151,34 @@ def test_a_capped_fit_states_the_largest_batch_its_line_predicts():
   text = to_table(FitPlan((fit,), int(28.8 * gib), "given", None, None, 1.0), wide=True)
   assert "1024 (est. 1536)" in text and "est. N: the largest batch within the memory" in text
   assert fit.as_row()["estimated_max_batch"] == 1536
+
+
+def test_a_compile_over_the_prediction_teaches_what_offload_left_on_the_device():
+  """A list whose compile exceeds its prediction by half of what it offloads: that half is the share of the
+  offloaded names' bytes the compiler kept on the device (boundary excluded); with it learnt the search no longer
+  predicts the same list to fit, and a compile within 5% of its prediction teaches nothing."""
+  from jaxckpt.fit import CustomPlan
+  from jaxckpt.fit._names import offload_excess, predicted_footprint
+
+  unit = 4
+  full = _full_fit(unit)
+  plan = CustomPlan((), ("layer_in", "big"), 64, 4, 0, 0, 1.0)
+  predicted = predicted_footprint(plan, COSTS, full, 64)
+  assert predicted == 2**28 + 16 * 2**23 - 16 * 2**22  # full remat's line, the boundary off the device
+  moved = 16 * 2**24  # "big" at 16 examples per device
+  over = FitPoint(64, int(predicted + moved / 2), 1, None, 1.0)
+  fit = BatchFit(plan.policy, 64, over.footprint_bytes, full.limit_bytes, 1, AffineModel(0, 1), (over,), "affine",
+                 False, None, unit, 0.0)
+  learnt = offload_excess(plan, COSTS, full, fit)
+  assert learnt == {"big": pytest.approx(0.5)}
+  assert predicted_footprint(plan, COSTS, full, 64, offload_device=learnt) == pytest.approx(over.footprint_bytes)
+  close = dataclasses.replace(fit, points=(FitPoint(64, int(predicted * 1.04), 1, None, 1.0),))
+  assert offload_excess(plan, COSTS, full, close) == {}
+  v6e = accelerator("v6e")
+  tight = _full_fit(unit, limit=2**28 + 64 * 2**23 + 2**24)
+  before = custom_plans(COSTS, tight, 256, v6e, mesh_shape={"fsdp": unit}, top=50)
+  after = custom_plans(COSTS, tight, 256, v6e, mesh_shape={"fsdp": unit}, top=50, offload_device={"big": 1.0},
+                       exclude=[before[0].policy])
+  assert before[0].policy not in {p.policy for p in after}
+  assert all(p.footprint_bytes <= tight.limit_bytes for p in after)
+  assert all(p.micro_batch < 256 or "big" not in p.offload for p in after)

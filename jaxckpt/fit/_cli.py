@@ -21,7 +21,7 @@ from jaxckpt._cli import CLIParser, check_output_file, progress_enabled
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
-from jaxckpt.fit._names import CUSTOM_SEARCH, CustomSearch
+from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, CustomSearch
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
 from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
@@ -74,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too; "
                            f"{CUSTOM_SEARCH}: MaxText's custom lists, device/offload/recompute per checkpoint name, "
                            "chosen by the time model, with --global-batch-size)")
-  parser.add_argument("--custom-top", type=int, default=1, metavar="N",
-                      help=f"{CUSTOM_SEARCH}: the N fastest predicted name lists are fitted (default 1; each about "
-                           "3 compiles)")
+  parser.add_argument("--custom-lists", type=int, default=DEFAULT_CUSTOM_LISTS, metavar="N",
+                      help=f"{CUSTOM_SEARCH}: name lists fitted at most (default {DEFAULT_CUSTOM_LISTS}; each about 3 "
+                           "compiles): the best predicted, and after a compile over its prediction the next best "
+                           "with what it taught")
   parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
   parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                       help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size)")
@@ -179,7 +180,7 @@ def custom_table(custom: CustomSearch, *, width: int | None = None, wide: bool =
     custom: the :class:`~jaxckpt.fit.CustomSearch`.
     width, wide: as :func:`to_table`.
   """
-  best = custom.plans[0] if custom.plans else None
+  best = custom.plans[-1] if custom.plans else None
   rows = []
   for c in custom.costs:
     place = "" if best is None else ("offload" if c.name in best.offload else "device"
@@ -194,10 +195,18 @@ def custom_table(custom: CustomSearch, *, width: int | None = None, wide: bool =
                  "less than their sum (lists of several are scored as saving more than they do; the compiles decide)")
   if best is None:
     notes.append("no list fits the device at any micro-batch the full-remat fit allows: nothing to fit")
-  for p in custom.plans:
-    notes.append(f"{p.policy}: predicted {format_bytes(p.footprint_bytes)} device + {format_bytes(p.host_bytes)} "
-                 f"host at {p.micro_batch} × {p.accum}, est. {p.est_step_s * 1e3:.2f} ms")
-  return render_table(["name", "bytes/example", "FLOPs saved/example", "boundary", "best list"], rows,
+  compiled = {policy: (batch, predicted, actual) for policy, batch, predicted, actual in custom.compiled}
+  for i, p in enumerate(custom.plans, 1):
+    line = (f"list {i}: {p.policy}: predicted {format_bytes(p.footprint_bytes)} device + "
+            f"{format_bytes(p.host_bytes)} host at {p.micro_batch} × {p.accum}, est. {p.est_step_s * 1e3:.2f} ms")
+    if p.policy in compiled:
+      batch, predicted, actual = compiled[p.policy]
+      line += f"; compiled at {batch}: {format_bytes(actual)} (predicted {format_bytes(int(predicted))})"
+    notes.append(line)
+  if custom.offload_device:
+    notes.append("learnt from the compiles, share of an offloaded name's bytes left on the device: " + ", ".join(
+        f"{name} {share:.0%}" for name, share in custom.offload_device.items()))
+  return render_table(["name", "bytes/example", "FLOPs saved/example", "boundary", "last list"], rows,
                       title=f"{CUSTOM_SEARCH}: per checkpoint name, {custom.seconds:.0f} s", notes=notes,
                       width=width, wide=wide, right=(1, 2))
 
@@ -257,7 +266,7 @@ def _search(args: argparse.Namespace, target, topology, device, on_compile, bar,
   return search_meshes(target, args.policies, args.memory, topology=topology, global_batch=args.global_batch_size,
                        device=device, max_meshes=args.max_meshes, on_compile=on_compile,
                        on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,
-                       custom_top=args.custom_top)
+                       custom_lists=args.custom_lists)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -298,8 +307,8 @@ def _check_args(args: argparse.Namespace) -> None:
                            "give one")
       continue
     parse_model_policy(spec)  # a typo exits 2 before any compile
-  if args.custom_top < 1:
-    raise JaxckptError(f"--custom-top {args.custom_top} must be ≥ 1")
+  if args.custom_lists < 1:
+    raise JaxckptError(f"--custom-lists {args.custom_lists} must be ≥ 1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -359,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       if args.global_batch_size is None:
         kwargs["max_batch"] = args.max_batch
       if args.global_batch_size is not None:
-        kwargs["custom_top"] = args.custom_top
+        kwargs["custom_lists"] = args.custom_lists
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
   except JaxckptError as err:

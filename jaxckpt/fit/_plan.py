@@ -13,7 +13,8 @@ import jax
 
 from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.fit._model import fit_affine
-from jaxckpt.fit._names import CUSTOM_SEARCH, FULL_REMAT_POLICIES, CustomSearch, custom_plans, name_costs
+from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomSearch, custom_plans,
+                               name_costs, offload_excess, predicted_footprint)
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, max_batch_size,
                                 mesh_device, resolve_memory, with_batch)
 from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
@@ -268,7 +269,7 @@ def plan_fit(
     mesh: Any = None,
     on_compile: Callable[[str, int], None] | None = None,
     topology: "str | Topology | None" = None,
-    custom_top: int = 1,
+    custom_lists: int = DEFAULT_CUSTOM_LISTS,
     **kwargs: Any,
 ) -> FitPlan:
   """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
@@ -280,7 +281,9 @@ def plan_fit(
       MaxText's ``custom`` lists — per name device, offload or recompute — chosen by the time model from a
       full-remat fit (``nothing_saveable`` is added when no full-remat policy is given) and fitted as policies
       (:mod:`jaxckpt.fit._names`).
-    custom_top: how many ``custom:search`` assignments to fit (≥ 1; each about three compiles).
+    custom_lists: ``custom:search`` lists fitted at most (≥ 1; each about three compiles): the best predicted, then,
+      after a compile over its prediction (offloaded values the compiler kept on the device), the best predicted
+      with that learnt (:func:`jaxckpt.fit._names.offload_excess`), and so on; a list within its prediction ends it.
     memory: bytes per device: ``"auto"``, a size string or int (:func:`~jaxckpt.fit._search.resolve_memory`).
     global_batch: examples per optimizer step G, or ``None`` (no speed ranking).
     device: the accelerator of the time model (required with ``global_batch``; :func:`jaxckpt.fit._speed.accelerator`).
@@ -301,7 +304,7 @@ def plan_fit(
     NothingFitsError: no policy fits the smallest batch.
     JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
-      without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_top`` < 1.
+      without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_lists`` < 1.
     TopologyError: ``measure`` with a topology, a bad topology, libtpu missing.
   """
   started = time.perf_counter()
@@ -327,8 +330,8 @@ def plan_fit(
     if global_batch is None:
       raise JaxckptError(f"{CUSTOM_SEARCH} chooses names by the step-time model of a global batch: give "
                          "global_batch (--global-batch-size)")
-    if custom_top < 1:
-      raise JaxckptError(f"custom_top={custom_top} must be ≥ 1")
+    if custom_lists < 1:
+      raise JaxckptError(f"custom_lists={custom_lists} must be ≥ 1")
     if not any(str(p).strip() in FULL_REMAT_POLICIES for p in policies):
       policies.append(FULL_REMAT_POLICIES[0])
     custom_started = time.perf_counter()  # the names first: a model without any is one line before a compile
@@ -340,16 +343,34 @@ def plan_fit(
     custom_started = time.perf_counter() - costing_s
     full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
     shape = None if mesh is None else dict(mesh.shape)
-    plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, top=custom_top,
-                         tensor_bytes_per_example=tensor_bytes_per_example(target) if shape else None)
-    custom = CustomSearch(costs, tuple(plans), full.policy, time.perf_counter() - custom_started, additivity)
+    tensor = tensor_bytes_per_example(target) if shape else None
     hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
         if len({p.batch for p in full.points}) > 1 else None
-    known = {f.policy for f in fits}
-    for plan in plans:
-      if plan.policy not in known:
-        fits.append(max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile,
-                                   intercept_hint=hint, **kwargs))
+    fitted = [f.policy for f in fits]
+    learnt: dict[str, float] = {}
+    chosen, compiled = [], []
+    for _ in range(custom_lists):
+      plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, tensor_bytes_per_example=tensor,
+                           offload_device=learnt, exclude=fitted)
+      if not plans:
+        break
+      plan = plans[0]
+      fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
+                           **kwargs)
+      chosen.append(plan)
+      fits.append(fit)
+      fitted += [plan.policy, fit.policy]
+      kept = [p for p in fit.points if not p.refused]
+      if kept:
+        top = max(kept, key=lambda p: p.batch)
+        compiled.append((plan.policy, top.batch, predicted_footprint(plan, costs, full, top.batch,
+                                                                     offload_device=learnt), top.footprint_bytes))
+      more = offload_excess(plan, costs, full, fit, offload_device=learnt)
+      if not more:
+        break  # the compile held the prediction: the model stands
+      learnt.update(more)
+    custom = CustomSearch(costs, tuple(chosen), full.policy, time.perf_counter() - custom_started, additivity,
+                          tuple(compiled), learnt)
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)
