@@ -172,6 +172,8 @@ def test_a_compile_over_the_prediction_teaches_what_offload_left_on_the_device()
   learnt = offload_excess(plan, COSTS, full, fit)
   assert learnt == {"big": pytest.approx(0.5)}
   assert predicted_footprint(plan, COSTS, full, 64, offload_device=learnt) == pytest.approx(over.footprint_bytes)
+  both = CustomPlan((), ("proj", "big"), 64, 4, 0, 0, 1.0)  # "big" known: the excess is put on "proj" alone
+  assert set(offload_excess(both, COSTS, full, fit, offload_device={"big": 0.1})) == {"proj"}
   close = dataclasses.replace(fit, points=(FitPoint(64, int(predicted * 1.04), 1, None, 1.0),))
   assert offload_excess(plan, COSTS, full, close) == {}
   v6e = accelerator("v6e")

@@ -55,7 +55,7 @@ from jaxckpt.step._compile import lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
 
 __all__ = ["CUSTOM_SEARCH", "NameCost", "CustomPlan", "CustomSearch", "name_costs", "custom_plans", "custom_policy",
-           "predicted_footprint", "offload_excess", "DEFAULT_CUSTOM_LISTS",
+           "predicted_footprint", "offload_excess", "name_lists", "DEFAULT_CUSTOM_LISTS",
            "FULL_REMAT_POLICIES", "MAX_SEARCHED_NAMES"]
 
 CUSTOM_SEARCH = "custom:search"
@@ -336,10 +336,21 @@ def offload_excess(plan: CustomPlan, costs: Sequence[NameCost], full: BatchFit, 
   excess = point.footprint_bytes - predicted
   if excess <= 0.05 * predicted:
     return {}
-  moved = sum(c.bytes_per_example for c in offloaded) * point.batch / full.unit
-  share = excess / moved
   known = dict(offload_device or {})
-  return {c.name: min(1.0, known.get(c.name, 0.0) + share) for c in offloaded}
+  unknown = [c for c in offloaded if c.name not in known]
+  blamed = unknown or offloaded  # names already learnt are blamed only when every offloaded one is
+  moved = sum(c.bytes_per_example for c in blamed) * point.batch / full.unit
+  share = excess / moved
+  return {c.name: min(1.0, known.get(c.name, 0.0) + share) for c in blamed}
+
+
+def name_lists(policy: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+  """``(save, offload)`` of a ``save_and_offload_only_these_names:SAVE/OFFLOAD`` policy text, else ``None``."""
+  head, _, body = policy.strip().partition(":")
+  if head != "save_and_offload_only_these_names" or "/" not in body:
+    return None
+  save, offload = body.split("/", 1)
+  return tuple(n for n in save.split("+") if n), tuple(n for n in offload.split("+") if n)
 
 
 @dataclasses.dataclass(frozen=True)

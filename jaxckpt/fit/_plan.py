@@ -13,8 +13,8 @@ import jax
 
 from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.fit._model import fit_affine
-from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomSearch, custom_plans,
-                               name_costs, offload_excess, predicted_footprint)
+from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomPlan, CustomSearch,
+                               custom_plans, name_costs, name_lists, offload_excess, predicted_footprint)
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, max_batch_size,
                                 mesh_device, resolve_memory, with_batch)
 from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
@@ -348,6 +348,11 @@ def plan_fit(
         if len({p.batch for p in full.points}) > 1 else None
     fitted = [f.policy for f in fits]
     learnt: dict[str, float] = {}
+    emitted = {c.name for c in costs}
+    for f in fits:  # a name list given beside custom:search (a published one) already tells what offload costs
+      lists = name_lists(f.policy)
+      if lists is not None and set(lists[0] + lists[1]) <= emitted:
+        learnt.update(offload_excess(CustomPlan(*lists, 0, 0, 0, 0, 0.0), costs, full, f, offload_device=learnt))
     chosen, compiled = [], []
     for _ in range(custom_lists):
       plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, tensor_bytes_per_example=tensor,
