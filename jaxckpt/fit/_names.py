@@ -202,7 +202,7 @@ def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Map
     return lower_policy(sized, parse_model_policy(policy), tx=tx, mesh=mesh, options=options, builder=builder)
 
   full = lowered("nothing_saveable")
-  boundary = _boundary_names(full.traced.jaxpr)
+  boundary = _boundary_names(forward)  # the forward pass's remat regions (remat2 and remat3 alike)
   out = []
   for name in chosen:
     saved = full.flops - lowered(f"save_only_these_names:{name}").flops
