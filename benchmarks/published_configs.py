@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -172,6 +173,10 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
           "tokens_per_s_chip": r["per_device"] * r["seq_len"] / step, **terms}
 
 
+_REFUSED = re.compile(r"RESOURCE_EXHAUSTED.*?\(([0-9.]+[KMGT]?)\) exceeds available HBM \(([0-9.]+[KMGT]?)\)", re.S)
+"""The TPU compiler's refusal of a program over the chip's HBM (:func:`jaxckpt.fit.exhausted_bytes`' pattern)."""
+
+
 def _gib(num_bytes: int | None) -> str:
   return "—" if num_bytes is None else format_bytes(num_bytes)
 
@@ -192,6 +197,9 @@ def render(data: Mapping[str, Any]) -> str:
                    f"| not compiled in this run | — | — | — | — | {row.published or '—'} |")
       continue
     fits = "yes" if r["fits"] else ("no" if r["status"] == "ok" else f"error: {r['error']}")
+    refused = _REFUSED.search(r.get("error") or "")
+    if refused:
+      fits = f"no: refused by the compiler, {refused.group(1)} of temporaries > {refused.group(2)} available"
     model = r["preset"] + (f" ({r['num_layers']} layers)" if r.get("num_layers") else "")
     guess = predict(r)
     step = f"{guess['step_s']:.2f} s ({guess['bound']})" if guess else "—"

@@ -88,12 +88,13 @@ def test_the_host_memory_bounds_what_the_search_offloads():
 
 @pytest.mark.slow
 def test_custom_search_on_cpu_fits_and_verifies_its_list():
-  """llama-tiny on this CPU in 12 MiB (full remat fits 2 sequences): the search's list is fitted like any policy
-  (its largest batch compiled beside one over the memory), its predicted footprint within 10% of the compile,
-  nothing offloaded (a CPU has no host link), and the JSON says what it read."""
+  """docs/fit.md's example: llama-tiny on this CPU in 12 MiB (full remat fits 2 sequences), a compute-bound device:
+  each list is fitted like any policy (its largest batch compiled beside one over the memory), its predicted
+  footprint within 10% of the compile, nothing offloaded (a CPU has no host link); a list that missed its planned
+  batch is followed by one that leaves the excess free, which fits where it was planned; the JSON says it all."""
   target = shipped_target("llm", "llama-tiny", seq_len=SEQ)
   plan = plan_fit(target, ["nothing_saveable", "custom:search"], "12MiB", global_batch=16,
-                  device=accelerator("h100"))
+                  device=accelerator("h100", bandwidth=1e15))  # compute-bound, as docs/fit.md's example
   assert plan.custom is not None and plan.custom.plans
   best = plan.custom.plans[0]
   assert not best.offload and best.save
@@ -103,6 +104,8 @@ def test_custom_search_on_cpu_fits_and_verifies_its_list():
   compiled = fit.by_batch.get(best.micro_batch)
   if compiled is not None:
     assert compiled.footprint_bytes == pytest.approx(best.footprint_bytes, rel=0.1)
+  last = plan.custom.plans[-1]
+  assert fits[last.policy].max_batch_size >= last.micro_batch, plan.custom
   data = plan.as_json()["custom_search"]
   assert [n["name"] for n in data["names"]][0] == "decoder_layer_input" and data["plans"][0]["policy"] == best.policy
 
@@ -111,6 +114,11 @@ def test_custom_search_on_cpu_fits_and_verifies_its_list():
     (["--model", "llm", "--policies", "custom:search"], "--global-batch-size"),
     (["--model", "llm", "--policies", "custom:search", "--global-batch-size", "8", "--custom-lists", "0"],
      "--custom-lists 0 must be ≥ 1"),
+    (["--model", "llm", "--policies", "nothing_saveable", "--global-batch-size", "8", "--custom-lists", "3"],
+     "--custom-lists 3 goes with --policies custom:search"),
+    (["--model", "llm", "--policies", "custom:search", "--max-seq-len", "512", "--batch-size", "1"],
+     "it does not go with --max-seq-len"),
+    (["--model", "llm", "--policies", "custom:serch", "--global-batch-size", "8"], "did you mean custom:search"),
 ])
 def test_custom_search_bad_input_is_one_line(argv, expected, capsys):
   assert main(argv) == 2
@@ -184,3 +192,46 @@ def test_a_compile_over_the_prediction_teaches_what_offload_left_on_the_device()
   assert before[0].policy not in {p.policy for p in after}
   assert all(p.footprint_bytes <= tight.limit_bytes for p in after)
   assert all(p.micro_batch < 256 or "big" not in p.offload for p in after)
+
+
+def test_custom_search_api_bad_input_names_the_value():
+  """The API's bad arguments: one JaxckptError naming the value (no internal spec error, no silent empty answer)."""
+  full = _full_fit()
+  v6e = accelerator("v6e")
+  cases = [
+      (lambda: custom_policy([], []), "nothing kept is full remat"),
+      (lambda: custom_policy("abc", ()), "one string"),
+      (lambda: custom_plans(COSTS, full, 0, v6e), "global_batch=0 and top=1 must be ≥ 1"),
+      (lambda: custom_plans(COSTS, full, 256, v6e, top=0), "top=0 must be ≥ 1"),
+      (lambda: custom_plans(COSTS, full, 7, v6e), "global_batch=7: no micro-batch ≥ 4 and a multiple of 4"),
+      (lambda: custom_plans(COSTS, full, 256, v6e, offload_device={"bigg": 0.5}), r"offload_device\['bigg'\]"),
+      (lambda: custom_plans(COSTS, full, 256, v6e, offload_device={"big": 2.0}), r"a share in \[0, 1\]"),
+  ]
+  for call, message in cases:
+    with pytest.raises(Exception, match=message):
+      call()
+  target = shipped_target("llm", "llama-tiny", seq_len=SEQ)
+  with pytest.raises(Exception, match=r"names=\[\] is empty"):
+    name_costs(target, names=[])
+  with pytest.raises(Exception, match="one string"):
+    name_costs(target, names="query_proj")
+
+
+def test_no_list_is_fitted_when_none_is_predicted_faster_than_full_remat():
+  """Names whose keeping saves no FLOPs (and a device without a host link): every list is at best full remat's
+  time, so none is returned (a compile would buy nothing)."""
+  idle = (NameCost("layer_in", 2**22, 0.0, True), NameCost("useless", 2**22, 0.0, False))
+  no_link = dataclasses.replace(accelerator("v6e"), host_bandwidth=0.0)
+  assert custom_plans(idle, _full_fit(), 256, no_link, mesh_shape={"fsdp": 4}, top=5) == []
+  assert custom_plans(COSTS, _full_fit(), 256, no_link, mesh_shape={"fsdp": 4}, top=1)  # "proj" and "big" do save
+
+
+def test_a_global_batch_of_one_is_planned():
+  """One compiled batch size (G = 1): FLOPs scale through the origin instead of an affine fit that needs two."""
+  from jaxckpt.fit import candidates
+
+  point = FitPoint(1, 2**20, 10**9, None, 1.0)
+  fit = BatchFit("nothing_saveable", 1, 2**20, 2**30, 1, AffineModel(2**20, 0.0), (point,), "affine", True, None, 1,
+                 0.0)
+  (only,) = candidates([fit], 1, accelerator("h100"))
+  assert (only.micro_batch, only.accum, only.flops) == (1, 1, 10**9)

@@ -21,7 +21,7 @@ from jaxckpt._cli import CLIParser, check_output_file, progress_enabled
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
-from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, CustomSearch
+from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, custom_table
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
 from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too; "
                            f"{CUSTOM_SEARCH}: MaxText's custom lists, device/offload/recompute per checkpoint name, "
                            "chosen by the time model, with --global-batch-size)")
-  parser.add_argument("--custom-lists", type=int, default=DEFAULT_CUSTOM_LISTS, metavar="N",
+  parser.add_argument("--custom-lists", type=int, default=None, metavar="N",
                       help=f"{CUSTOM_SEARCH}: name lists fitted at most (default {DEFAULT_CUSTOM_LISTS}; each about 3 "
                            "compiles): the best predicted, and after a compile over its prediction the next best "
                            "with what it taught")
@@ -136,7 +136,7 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
                  format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope))])
   refused = f" ({plan.refusals} refused for memory)" if plan.refusals else ""
   notes = []
-  if any(f.capped for f in plan.fits):
+  if any(f.capped and (f.estimated_max_batch or 0) > (f.max_batch_size or 0) for f in plan.fits):
     notes.append("capped: the search stops at the global batch (or --max-batch); est. N: the largest batch within "
                  "the memory by the line through its two largest compiles, not compiled")
   parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
@@ -171,44 +171,6 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
     parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
   return "\n\n".join(parts) + "\n"
-
-
-def custom_table(custom: CustomSearch, *, width: int | None = None, wide: bool = False) -> str:
-  """What ``custom:search`` read per checkpoint name and where its best list puts each (:mod:`jaxckpt.fit._names`).
-
-  Args:
-    custom: the :class:`~jaxckpt.fit.CustomSearch`.
-    width, wide: as :func:`to_table`.
-  """
-  best = custom.plans[-1] if custom.plans else None
-  rows = []
-  for c in custom.costs:
-    place = "" if best is None else ("offload" if c.name in best.offload else "device"
-                                     if c.name in best.save or c.boundary else "recompute")
-    rows.append([c.name, format_bytes(int(c.bytes_per_example)), f"{c.flops_per_example:.3g}",
-                 "yes" if c.boundary else "", place])
-  notes = [f"bytes and FLOPs per example on one device (all layers); FLOPs saved: {custom.full_policy}'s less "
-           "those with the name kept; boundary: the remat region's input, saved anyway (only offloading it frees "
-           "device memory)"]
-  if abs(custom.additivity_error) > 0.01:
-    notes.append(f"the names' FLOPs do not add up: every name kept at once saves {custom.additivity_error:+.1%} "
-                 "less than their sum (lists of several are scored as saving more than they do; the compiles decide)")
-  if best is None:
-    notes.append("no list fits the device at any micro-batch the full-remat fit allows: nothing to fit")
-  compiled = {policy: (batch, predicted, actual) for policy, batch, predicted, actual in custom.compiled}
-  for i, p in enumerate(custom.plans, 1):
-    line = (f"list {i}: {p.policy}: predicted {format_bytes(p.footprint_bytes)} device + "
-            f"{format_bytes(p.host_bytes)} host at {p.micro_batch} × {p.accum}, est. {p.est_step_s * 1e3:.2f} ms")
-    if p.policy in compiled:
-      batch, predicted, actual = compiled[p.policy]
-      line += f"; compiled at {batch}: {format_bytes(actual)} (predicted {format_bytes(int(predicted))})"
-    notes.append(line)
-  if custom.offload_device:
-    notes.append("learnt from the compiles, share of an offloaded name's bytes left on the device: " + ", ".join(
-        f"{name} {share:.0%}" for name, share in custom.offload_device.items()))
-  return render_table(["name", "bytes/example", "FLOPs saved/example", "boundary", "last list"], rows,
-                      title=f"{CUSTOM_SEARCH}: per checkpoint name, {custom.seconds:.0f} s", notes=notes,
-                      width=width, wide=wide, right=(1, 2))
 
 
 def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = False) -> str:
@@ -300,13 +262,26 @@ def _check_args(args: argparse.Namespace) -> None:
                        "(and no --max-seq-len)")
   if args.max_meshes < 1:
     raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
+  searched = False
   for spec in args.policies:
     if spec.strip() == CUSTOM_SEARCH:
+      searched = True
+      if args.max_seq_len is not None:
+        raise JaxckptError(f"--policies {CUSTOM_SEARCH} chooses name lists for a --global-batch-size; it does not "
+                           "go with --max-seq-len (drop one of them)")
       if args.global_batch_size is None:
         raise JaxckptError(f"--policies {CUSTOM_SEARCH} chooses by the step-time model of a --global-batch-size; "
                            "give one")
       continue
+    if spec.strip().lower().startswith("custom"):
+      raise JaxckptError(f"--policies {spec}: unknown; did you mean {CUSTOM_SEARCH} (MaxText's custom lists chosen "
+                         "by the time model), or save_and_offload_only_these_names:SAVE/OFFLOAD (a list you give)?")
     parse_model_policy(spec)  # a typo exits 2 before any compile
+  if args.custom_lists is not None and not searched:
+    raise JaxckptError(f"--custom-lists {args.custom_lists} goes with --policies {CUSTOM_SEARCH}; add it or drop "
+                       "--custom-lists")
+  if args.custom_lists is None:
+    args.custom_lists = DEFAULT_CUSTOM_LISTS
   if args.custom_lists < 1:
     raise JaxckptError(f"--custom-lists {args.custom_lists} must be ≥ 1")
 

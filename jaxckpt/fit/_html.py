@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxckpt.fit._names import custom_table
 from jaxckpt.fit._plan import FitPlan
 from jaxckpt.fit._plot import fit_svg
 from jaxckpt.report._pages import SORT_JS, table_data, template_env
@@ -26,8 +27,10 @@ def _fits_table(plan: FitPlan) -> dict[str, Any]:
   for f in plan.fits:
     nxt = ("capped", None) if f.capped else (format_bytes(f.verified_over), f.verified_over) if f.verified_over \
         else ("-", None)
-    rows.append([(f.policy, f.policy),
-                 ("none fits" if f.max_batch_size is None else str(f.max_batch_size), f.max_batch_size),
+    largest = "none fits" if f.max_batch_size is None else str(f.max_batch_size)
+    if f.capped and (f.estimated_max_batch or 0) > (f.max_batch_size or 0):
+      largest += f" (est. {f.estimated_max_batch})"
+    rows.append([(f.policy, f.policy), (largest, f.max_batch_size),
                  (format_bytes(f.footprint_bytes), f.footprint_bytes), nxt, (str(f.compiles), f.compiles),
                  (f.method, f.method), (format_bytes(int(f.model.slope)), f.model.slope)])
   return table_data(["policy", what, "footprint", "next", "compiles", "method", "bytes per unit (line)"], rows,
@@ -71,4 +74,5 @@ def to_html(plan: FitPlan, *, plot: bool = True) -> str:
   return _ENV.get_template("fit.html.j2").render(
       title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device ({plan.memory_source})",
       compiles=plan.compiles, seconds=f"{plan.seconds:.0f}", fits=_fits_table(plan), choice=choice,
-      svg=fit_svg(plan) if plot else None, sort_js=SORT_JS)
+      svg=fit_svg(plan) if plot else None, sort_js=SORT_JS,
+      custom=None if plan.custom is None else custom_table(plan.custom, wide=True))

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["AffineModel", "fit_affine", "tangent_at_crossing"]
+__all__ = ["AffineModel", "fit_affine", "line_through", "tangent_at_crossing"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,21 @@ def fit_affine(points: Sequence[tuple[int, int]]) -> AffineModel:
   sxy = sum((b - mx) * (v - my) for b, v in points)
   slope = sxy / sxx
   return AffineModel(my - slope * mx, slope, tuple(points))
+
+
+def line_through(points: Sequence[tuple[int, int]]) -> AffineModel:
+  """:func:`fit_affine` over two or more distinct batch sizes; through the origin for one (a value proportional to
+  the batch, as FLOPs are: a global batch of 1 compiles one batch size only).
+
+  Raises:
+    JaxckptError: no point, or one at batch 0.
+  """
+  if len({b for b, _ in points}) > 1:
+    return fit_affine(points)
+  if not points or points[0][0] <= 0:
+    raise JaxckptError(f"a line needs a point at a batch size ≥ 1, got {list(points)}")
+  batch, value = points[0]
+  return AffineModel(0.0, value / batch, tuple(points))
 
 
 def tangent_at_crossing(points: Sequence[tuple[int, int]], limit: float, lo: int, hi: int | None) -> AffineModel | None:

@@ -44,9 +44,11 @@ from typing import Any
 
 import jax
 
+from jaxckpt._units import format_bytes
+from jaxckpt.analysis._tables import render_table
 from jaxckpt.analysis._jaxprs import _LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit._model import fit_affine
+from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
 from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
 from jaxckpt.policies._model import parse_model_policy
@@ -55,7 +57,7 @@ from jaxckpt.step._compile import lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
 
 __all__ = ["CUSTOM_SEARCH", "NameCost", "CustomPlan", "CustomSearch", "name_costs", "custom_plans", "custom_policy",
-           "predicted_footprint", "offload_excess", "name_lists", "DEFAULT_CUSTOM_LISTS",
+           "predicted_footprint", "offload_excess", "name_lists", "DEFAULT_CUSTOM_LISTS", "custom_table",
            "FULL_REMAT_POLICIES", "MAX_SEARCHED_NAMES"]
 
 CUSTOM_SEARCH = "custom:search"
@@ -123,8 +125,13 @@ def custom_policy(save: Sequence[str], offload: Sequence[str]) -> str:
   host memory, every other name recomputed).
 
   Raises:
-    JaxckptError: a name in both lists.
+    JaxckptError: a name in both lists; both lists empty; a list given as one string.
   """
+  for what, names in (("save", save), ("offload", offload)):
+    if isinstance(names, str):
+      raise JaxckptError(f"{what}={names!r} is one string: give a list of checkpoint names")
+  if not save and not offload:
+    raise JaxckptError("save=[] and offload=[]: nothing kept is full remat (nothing_saveable), not a name list")
   both = sorted(set(save) & set(offload))
   if both:
     raise JaxckptError(f"checkpoint name(s) {', '.join(both)} both saved and offloaded: give each name one place")
@@ -170,7 +177,8 @@ def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Map
     than they do; 0 when keeping every name saves nothing).
 
   Raises:
-    JaxckptError: a loss target; a model that emits no checkpoint name; a name it does not emit.
+    JaxckptError: a loss target; a model that emits no checkpoint name; a name it does not emit; ``names`` empty or
+      one string.
   """
   if not isinstance(target, ModelTarget):
     raise JaxckptError("custom:search chooses per checkpoint name of a model's layers: give a model target "
@@ -189,7 +197,12 @@ def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Map
   if not by_name:
     raise JaxckptError("custom:search chooses per checkpoint name, but this model emits none "
                        "(jax.ad_checkpoint.checkpoint_name): give fixed policies")
-  chosen = list(by_name) if names is None else list(names)
+  if isinstance(names, str):
+    raise JaxckptError(f"names={names!r} is one string: give a list of checkpoint names")
+  chosen = list(by_name) if names is None else list(dict.fromkeys(names))
+  if not chosen:
+    raise JaxckptError(f"names=[] is empty: give checkpoint names this model emits ({', '.join(by_name)}), or None "
+                       "for all")
   unknown = [n for n in chosen if n not in by_name]
   if unknown:
     raise JaxckptError(f"checkpoint name(s) {', '.join(unknown)} are not emitted by this model; it emits "
@@ -225,7 +238,7 @@ def _options(cost: NameCost, offload: bool) -> tuple[str, ...]:
 def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, device: Accelerator, *,
                  mesh_shape: Mapping[str, int] | None = None, tensor_bytes_per_example: float | None = None,
                  top: int = 1, offload_device: Mapping[str, float] | None = None,
-                 exclude: Sequence[str] = ()) -> list[CustomPlan]:
+                 exclude: Sequence[str] = (), min_batch: int = 1, margin_bytes: float = 0.0) -> list[CustomPlan]:
   """The fastest name assignments that fit, each at its best micro-batch (module docstring).
 
   Args:
@@ -241,17 +254,34 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
     offload_device: per name, the share of its bytes that stays on the device when it is offloaded (0 when not
       given: the values leave the device), learnt from a compile (:func:`offload_excess`).
     exclude: policies not to return (lists already fitted).
+    min_batch: the smallest micro-batch considered (the fit's ``min_batch``).
+    margin_bytes: bytes per device a list must leave free beside its prediction (what an earlier list's compile
+      exceeded its prediction by, beyond what offloading explains).
 
   Returns:
-    Up to ``top`` plans, fastest first, each keeping at least one name (full remat itself is ``full``'s row);
-    empty when no assignment fits at any micro-batch.
+    Up to ``top`` plans, fastest first, each keeping at least one name and predicted faster than full remat at its
+    fastest micro-batch (full remat itself is ``full``'s row); empty when none fits or none is faster.
+
+  Raises:
+    JaxckptError: ``global_batch`` or ``top`` < 1; no micro-batch divides ``global_batch``; an ``offload_device``
+      share outside [0, 1] or of a name not in ``costs``.
   """
+  if global_batch < 1 or top < 1:
+    raise JaxckptError(f"global_batch={global_batch} and top={top} must be ≥ 1")
+  emitted = {c.name for c in costs}
+  for name, value in (offload_device or {}).items():
+    if name not in emitted or not 0.0 <= value <= 1.0:
+      raise JaxckptError(f"offload_device[{name!r}]={value}: a share in [0, 1] of a costed name "
+                         f"({', '.join(sorted(emitted))})")
   unit = full.unit
-  sizes = [b for b in range(unit, global_batch + 1, unit) if global_batch % b == 0]
-  if not sizes or not costs:
+  sizes = [b for b in range(max(unit, min_batch), global_batch + 1, unit) if global_batch % b == 0]
+  if not sizes:
+    raise JaxckptError(f"global_batch={global_batch}: no micro-batch ≥ {max(unit, min_batch)} and a multiple of "
+                       f"{unit} divides it")
+  if not costs:
     return []
   pts = full.points
-  flops_line = fit_affine([(p.batch, p.flops) for p in pts])
+  flops_line = line_through([(p.batch, p.flops) for p in pts])
   known = [p for p in pts if p.bytes_accessed is not None]
   bytes_line = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
       else None
@@ -263,6 +293,7 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   share = unit * tensor
   choices = [_options(c, device.host_bandwidth > 0) for c in costs]
   best: dict[str, CustomPlan] = {}
+  baseline = math.inf
   for b in sizes:
     k = global_batch // b
     per_device = b / unit  # examples per device of the batch split
@@ -282,22 +313,24 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
           foot += size * (offload_device or {}).get(cost.name, 0.0) - (size if cost.boundary else 0.0)
         if where != "recompute":
           saved += cost.flops_per_example * b
-      if foot > full.limit_bytes or (device.host_memory_bytes is not None and host > device.host_memory_bytes):
+      if foot + margin_bytes > full.limit_bytes or (device.host_memory_bytes is not None and host > device.host_memory_bytes):
         continue
       save = tuple(c.name for c, w in zip(costs, assignment) if w == "device" and not c.boundary)
       offload = tuple(c.name for c, w in zip(costs, assignment) if w == "offload")
-      if not save and not offload:
-        continue
       _, est = estimate_step(device, flops=(base_flops - saved) / share,
                              bytes_accessed=None if accessed is None else accessed / share, working_set=foot,
                              host_bytes=host, per_micro=per_micro, per_step=per_step, accum=k)
+      if not save and not offload:
+        baseline = min(baseline, est)  # full remat on this model: what a list must beat
+        continue
       plan = CustomPlan(save, offload, b, k, int(foot), int(host), est)
       key = plan.policy
       if key in exclude:
         continue
       if key not in best or est < best[key].est_step_s:
         best[key] = plan
-  ranked = sorted(best.values(), key=lambda p: (p.est_step_s, p.host_bytes, len(p.save) + len(p.offload)))
+  ranked = sorted((p for p in best.values() if p.est_step_s < baseline * (1 - 1e-6)),
+                  key=lambda p: (p.est_step_s, p.host_bytes, len(p.save) + len(p.offload)))
   return ranked[:top]
 
 
@@ -334,7 +367,8 @@ def offload_excess(plan: CustomPlan, costs: Sequence[NameCost], full: BatchFit, 
   point = points[-1]
   predicted = predicted_footprint(plan, costs, full, point.batch, offload_device=offload_device)
   excess = point.footprint_bytes - predicted
-  if excess <= 0.05 * predicted:
+  missed = fit.max_batch_size is None or (plan.micro_batch > 0 and fit.max_batch_size < plan.micro_batch)
+  if excess <= 0 or (excess <= 0.05 * predicted and not missed):
     return {}
   known = dict(offload_device or {})
   unknown = [c for c in offloaded if c.name not in known]
@@ -367,6 +401,8 @@ class CustomSearch:
       that was not refused: the model against the compiler.
     offload_device: the shares learnt by :func:`offload_excess` (name → share of its offloaded bytes left on the
       device).
+    stopped: why the search fitted no further list (none predicted faster than full remat, a list within its
+      prediction, ``custom_lists`` reached).
   """
 
   costs: tuple[NameCost, ...]
@@ -376,6 +412,7 @@ class CustomSearch:
   additivity_error: float = 0.0
   compiled: tuple[tuple[str, int, float, int], ...] = ()
   offload_device: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  stopped: str = ""
 
   def as_json(self) -> dict[str, Any]:
     """``{"names": [...], "plans": [...], "full_policy", "seconds"}``."""
@@ -385,4 +422,42 @@ class CustomSearch:
             "additivity_error": self.additivity_error,
             "compiled": [{"policy": p, "batch": b, "predicted_bytes": round(pr), "compiled_bytes": c}
                          for p, b, pr, c in self.compiled],
-            "offload_device": dict(self.offload_device)}
+            "offload_device": dict(self.offload_device), "stopped": self.stopped}
+
+
+def custom_table(custom: CustomSearch, *, width: int | None = None, wide: bool = False) -> str:
+  """What ``custom:search`` read per checkpoint name and where its best list puts each (:mod:`jaxckpt.fit._names`).
+
+  Args:
+    custom: the :class:`~jaxckpt.fit.CustomSearch`.
+    width, wide: characters per line (``None``: the terminal's), or one line per row (:func:`jaxckpt.fit._cli.to_table`).
+  """
+  best = custom.plans[-1] if custom.plans else None
+  rows = []
+  for c in custom.costs:
+    place = "" if best is None else ("offload" if c.name in best.offload else "device"
+                                     if c.name in best.save or c.boundary else "recompute")
+    rows.append([c.name, format_bytes(int(c.bytes_per_example)), f"{c.flops_per_example:.3g}",
+                 "yes" if c.boundary else "", place])
+  notes = [f"bytes and FLOPs per example (all layers, before a mesh splits the batch); FLOPs saved: "
+           f"{custom.full_policy}'s less those with the name kept; boundary: the remat region's input, saved anyway "
+           "(only offloading it frees device memory)"]
+  if abs(custom.additivity_error) > 0.01:
+    notes.append(f"the names' FLOPs do not add up: every name kept at once saves {custom.additivity_error:+.1%} "
+                 "less than their sum (lists of several are scored as saving more than they do; the compiles decide)")
+  if custom.stopped:
+    notes.append(f"lists fitted: {len(custom.plans)}; stopped: {custom.stopped}")
+  compiled = {policy: (batch, predicted, actual) for policy, batch, predicted, actual in custom.compiled}
+  for i, p in enumerate(custom.plans, 1):
+    line = (f"list {i}: {p.policy}: predicted {format_bytes(p.footprint_bytes)} device + "
+            f"{format_bytes(p.host_bytes)} host at {p.micro_batch} × {p.accum}, est. {p.est_step_s * 1e3:.2f} ms")
+    if p.policy in compiled:
+      batch, predicted, actual = compiled[p.policy]
+      line += f"; compiled at {batch}: {format_bytes(actual)} (predicted {format_bytes(int(predicted))})"
+    notes.append(line)
+  if custom.offload_device:
+    notes.append("learnt from the compiles, share of an offloaded name's bytes left on the device: " + ", ".join(
+        f"{name} {share:.0%}" for name, share in custom.offload_device.items()))
+  return render_table(["name", "bytes/example", "FLOPs saved/example", "boundary", "last list"], rows,
+                      title=f"{CUSTOM_SEARCH}: per checkpoint name, {custom.seconds:.0f} s", notes=notes,
+                      width=width, wide=wide, right=(1, 2))

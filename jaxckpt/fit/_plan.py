@@ -330,8 +330,8 @@ def plan_fit(
     if global_batch is None:
       raise JaxckptError(f"{CUSTOM_SEARCH} chooses names by the step-time model of a global batch: give "
                          "global_batch (--global-batch-size)")
-    if custom_lists < 1:
-      raise JaxckptError(f"custom_lists={custom_lists} must be ≥ 1")
+    if not isinstance(custom_lists, int) or custom_lists < 1:
+      raise JaxckptError(f"custom_lists={custom_lists!r} must be an int ≥ 1")
     if not any(str(p).strip() in FULL_REMAT_POLICIES for p in policies):
       policies.append(FULL_REMAT_POLICIES[0])
     custom_started = time.perf_counter()  # the names first: a model without any is one line before a compile
@@ -354,10 +354,15 @@ def plan_fit(
       if lists is not None and set(lists[0] + lists[1]) <= emitted:
         learnt.update(offload_excess(CustomPlan(*lists, 0, 0, 0, 0, 0.0), costs, full, f, offload_device=learnt))
     chosen, compiled = [], []
+    stopped = f"custom_lists={custom_lists} reached"
+    margin = 0.0
     for _ in range(custom_lists):
       plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, tensor_bytes_per_example=tensor,
-                           offload_device=learnt, exclude=fitted)
+                           offload_device=learnt, exclude=fitted, min_batch=kwargs.get("min_batch") or 1,
+                           margin_bytes=margin)
       if not plans:
+        stopped = ("no list that fits is predicted faster than full remat" + (" with what the compiles taught"
+                                                                               if chosen else ""))
         break
       plan = plans[0]
       fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
@@ -366,21 +371,33 @@ def plan_fit(
       fits.append(fit)
       fitted += [plan.policy, fit.policy]
       kept = [p for p in fit.points if not p.refused]
-      if kept:
-        top = max(kept, key=lambda p: p.batch)
+      if kept:  # at the batch it was planned for when compiled there, else the largest compiled
+        top = fit.by_batch.get(plan.micro_batch) or max(kept, key=lambda p: p.batch)
         compiled.append((plan.policy, top.batch, predicted_footprint(plan, costs, full, top.batch,
                                                                      offload_device=learnt), top.footprint_bytes))
       more = offload_excess(plan, costs, full, fit, offload_device=learnt)
-      if not more:
-        break  # the compile held the prediction: the model stands
+      missed = fit.max_batch_size is None or fit.max_batch_size < plan.micro_batch
+      if not more and missed and kept:  # over at its batch, and no offload to blame: keep that much free next
+        at = fit.by_batch.get(plan.micro_batch) or top
+        margin = max(margin, at.footprint_bytes - predicted_footprint(plan, costs, full, at.batch,
+                                                                      offload_device=learnt))
+      elif not more:  # the compile held the prediction: the model stands
+        stopped = "the last list compiled within its prediction"
+        break
       learnt.update(more)
     custom = CustomSearch(costs, tuple(chosen), full.policy, time.perf_counter() - custom_started, additivity,
-                          tuple(compiled), learnt)
+                          tuple(compiled), learnt, stopped)
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)
     table = candidates(fits, global_batch, device, mesh_shape=shape,
                        tensor_bytes_per_example=tensor_bytes_per_example(target) if shape else None)
+    smallest = kwargs.get("min_batch") or 1
+    if any(c.micro_batch < smallest for c in table):  # the fits' compiles may sit below it; the answer may not
+      table = [c for c in table if c.micro_batch >= smallest]
+      if not table:
+        raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={smallest} that fits "
+                           "divides it")
     compiles = 0
 
     def verify(cand: Candidate) -> int:

@@ -115,7 +115,8 @@ class BatchFit:
     verified_over: footprint at the successor batch (over the limit), ``None`` when capped or nothing fits.
     unit: the batch step (the mesh's batch-axis size, 1 on one device).
     seconds: wall seconds.
-    estimated_max_batch: when :attr:`capped`, the largest batch within the limit by the line through the two
+    estimated_max_batch: when :attr:`capped` (a batch search; a sequence length's footprint is not affine), the
+      largest batch within the limit by the line through the two
       compiled (not refused) points of the largest batches, uncapped, not compiled (the fit planner caps the search
       at the global batch, so beyond it the answer is a prediction: compile it with ``max_batch``); else ``None``.
   """
@@ -423,7 +424,7 @@ def max_batch_size(
     foot = points[best if best is not None else lo_b].footprint_bytes
     return BatchFit(text, best, foot, limit, len(points), model, tuple(points.values()), method,
                     best == hi_b, over, unit, time.perf_counter() - started,
-                    _beyond(points, limit, unit) if best == hi_b else None)
+                    _beyond(points, limit, unit) if best == hi_b and axis == "batch" else None)
 
   probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
   if intercept_hint is not None and len(probe_batches) > 1:

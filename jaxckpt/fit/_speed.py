@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit._model import fit_affine
+from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
 from jaxckpt.training._topology import CHIPS, chip_for_kind
 
@@ -401,7 +401,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     if not sizes:
       continue
     pts = fit.points
-    flops_model = fit_affine([(p.batch, p.flops) for p in pts])
+    flops_model = line_through([(p.batch, p.flops) for p in pts])
     known = [p for p in pts if p.bytes_accessed is not None]
     bytes_model = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
         else None
