@@ -20,7 +20,7 @@ import jax.extend.core as jex_core
 
 from jaxckpt.analysis._internals import internal
 
-__all__ = ["CUSTOM_CALLS", "iter_eqns", "sub_jaxprs", "rule_jaxprs", "uses_remat", "outermost_remats",
+__all__ = ["CUSTOM_CALLS", "LAYOUT_ONLY", "iter_eqns", "sub_jaxprs", "rule_jaxprs", "uses_remat", "outermost_remats",
            "emitted_checkpoint_names", "is_remat", "remat_body", "remat_policy", "checkpoint_name_of",
            "REMAT_FORMS", "is_differentiated_remat3", "count_remat_regions", "SHARED_CALLS", "inline_calls"]
 
@@ -193,17 +193,17 @@ def iter_eqns(jaxpr: Any, *, rules: bool = False) -> Iterator[Any]:
       yield from iter_eqns(sub, rules=rules)
 
 
-_LAYOUT_ONLY = frozenset({"sharding_constraint", "pjit", "jit", "mesh_cast", "reshard"})
+LAYOUT_ONLY = frozenset({"sharding_constraint", "pjit", "jit", "mesh_cast", "reshard"})
 """Primitives that move or lay out values without computing: a remat region of nothing else recomputes no FLOPs."""
 
 
 def is_gather_only(eqn: Any) -> bool:
-  """Whether a remat equation's body only lays out values (:data:`_LAYOUT_ONLY`: sharding constraints and the calls
+  """Whether a remat equation's body only lays out values (:data:`LAYOUT_ONLY`: sharding constraints and the calls
   around them): the ``jax.checkpoint`` in which a block without remat gathers its FSDP-sharded parameters, so the
   backward pass gathers again (:func:`jaxckpt.core._remat._gathered_call`). It recomputes no activation, so it is
   not a remat region of the policy's."""
   body = remat_body(eqn)
-  return body is not None and all(e.primitive.name in _LAYOUT_ONLY for e in iter_eqns(body))
+  return body is not None and all(e.primitive.name in LAYOUT_ONLY for e in iter_eqns(body))
 
 
 def _policy_remat(eqn: Any) -> bool:

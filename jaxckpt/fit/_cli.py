@@ -339,11 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
                      compiled_for=compiled_for(mesh, topology))
     else:
-      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs}
-      if args.global_batch_size is None:
-        kwargs["max_batch"] = args.max_batch
-      if args.global_batch_size is not None:
-        kwargs["custom_lists"] = args.custom_lists
+      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **(
+          {"max_batch": args.max_batch} if args.global_batch_size is None else {"custom_lists": args.custom_lists})}
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
   except JaxckptError as err:

@@ -46,7 +46,7 @@ import jax
 
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._tables import render_table
-from jaxckpt.analysis._jaxprs import _LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
+from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
@@ -151,7 +151,7 @@ def _boundary_names(jaxpr: Any) -> set[str]:
       if name is None:
         continue
       v = e.invars[0]
-      while id(v) in producer and producer[id(v)].primitive.name in _LAYOUT_ONLY and producer[id(v)].invars:
+      while id(v) in producer and producer[id(v)].primitive.name in LAYOUT_ONLY and producer[id(v)].invars:
         v = producer[id(v)].invars[0]
       if id(v) in inputs:
         found.add(name)
@@ -182,7 +182,7 @@ def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Map
   """
   if not isinstance(target, ModelTarget):
     raise JaxckptError("custom:search chooses per checkpoint name of a model's layers: give a model target "
-                       "(--model or --target returning a ModelTarget)")
+                       "(a ModelTarget)")
   unit = batch_unit(mesh)
   sized = with_batch(target, unit)
   builder = step_builder(sized, tx=tx, mesh=mesh)

@@ -258,6 +258,111 @@ def _on_topology(topology: Any, mesh: Any, *, measure: int, device: Accelerator 
   return topo, mesh, device
 
 
+def _check_global_batch(global_batch: int, device: Accelerator | None, mesh: Any, min_batch: int | None) -> None:
+  """Raises JaxckptError for a global batch the fit cannot plan: no time model's device, < 1, one the mesh's batch
+  axes do not divide, or one no micro-batch ≥ ``min_batch`` (a multiple of the mesh's batch unit) divides."""
+  if device is None:
+    raise JaxckptError("global_batch= needs device= (an Accelerator: jaxckpt.fit.accelerator())")
+  if global_batch < 1:
+    raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
+  if mesh is not None:
+    check_batch_size(global_batch, mesh, flag="global_batch_size")
+  unit = batch_unit(mesh)
+  lo = min_batch or unit
+  if not any(global_batch % b == 0 for b in range(lo, global_batch + 1, unit) if b % unit == 0):
+    raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={lo}"
+                       + (f" and a multiple of {unit} (the mesh's batch axes)" if unit > 1 else "")
+                       + f" divides it; use a multiple of {lo}")
+
+
+def _without_search(policies: Sequence[Any], global_batch: int | None, custom_lists: Any) -> tuple[list[Any], bool]:
+  """``(policies without the custom:search token, whether it was there)``; with it, a full-remat policy is added
+  when none is given (the line the names are added to).
+
+  Raises:
+    JaxckptError: custom:search without ``global_batch``, or ``custom_lists`` not an int ≥ 1.
+  """
+  searched = any(isinstance(p, str) and p.strip() == CUSTOM_SEARCH for p in policies)
+  policies = [p for p in policies if not (isinstance(p, str) and p.strip() == CUSTOM_SEARCH)]
+  if searched:
+    if global_batch is None:
+      raise JaxckptError(f"{CUSTOM_SEARCH} chooses names by the step-time model of a global batch: give "
+                         "global_batch")
+    if not isinstance(custom_lists, int) or custom_lists < 1:
+      raise JaxckptError(f"custom_lists={custom_lists!r} must be an int ≥ 1")
+    if not any(str(p).strip() in FULL_REMAT_POLICIES for p in policies):
+      policies.append(FULL_REMAT_POLICIES[0])
+  return policies, searched
+
+
+def _at_least(table: Sequence[Candidate], smallest: int, global_batch: int) -> list[Candidate]:
+  """The candidates whose micro-batch is ≥ ``smallest`` (``min_batch``: the fits' compiles may sit below it, the
+  answer may not).
+
+  Raises:
+    JaxckptError: none is.
+  """
+  kept = [c for c in table if c.micro_batch >= smallest]
+  if not kept:
+    raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={smallest} that fits divides it")
+  return kept
+
+
+def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any], additivity: float, *, limit: int,
+                      mesh: Any,
+                      global_batch: int, device: Accelerator, custom_lists: int,
+                      on_compile: Callable[[str, int], None] | None, started: float, **kwargs: Any) -> CustomSearch:
+  """``custom:search``'s lists (:mod:`jaxckpt.fit._names`): the best predicted list is fitted (appended to ``fits``),
+  what its compile teaches is learnt, and the next best is fitted, up to ``custom_lists``; returns the record
+  (``started``: when the names' costing began, for its seconds)."""
+  full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
+  shape = None if mesh is None else dict(mesh.shape)
+  tensor = tensor_bytes_per_example(target) if shape else None
+  hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
+      if len({p.batch for p in full.points}) > 1 else None
+  fitted = [f.policy for f in fits]
+  learnt: dict[str, float] = {}
+  emitted = {c.name for c in costs}
+  for f in fits:  # a name list given beside custom:search (a published one) already tells what offload costs
+    lists = name_lists(f.policy)
+    if lists is not None and set(lists[0] + lists[1]) <= emitted:
+      learnt.update(offload_excess(CustomPlan(*lists, 0, 0, 0, 0, 0.0), costs, full, f, offload_device=learnt))
+  chosen, compiled = [], []
+  stopped = f"custom_lists={custom_lists} reached"
+  margin = 0.0
+  for _ in range(custom_lists):
+    plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, tensor_bytes_per_example=tensor,
+                         offload_device=learnt, exclude=fitted, min_batch=kwargs.get("min_batch") or 1,
+                         margin_bytes=margin)
+    if not plans:
+      stopped = ("no list that fits is predicted faster than full remat" + (" with what the compiles taught"
+                                                                             if chosen else ""))
+      break
+    plan = plans[0]
+    fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
+                         **kwargs)
+    chosen.append(plan)
+    fits.append(fit)
+    fitted += [plan.policy, fit.policy]
+    kept = [p for p in fit.points if not p.refused]
+    if kept:  # at the batch it was planned for when compiled there, else the largest compiled
+      top = fit.by_batch.get(plan.micro_batch) or max(kept, key=lambda p: p.batch)
+      compiled.append((plan.policy, top.batch, predicted_footprint(plan, costs, full, top.batch,
+                                                                   offload_device=learnt), top.footprint_bytes))
+    more = offload_excess(plan, costs, full, fit, offload_device=learnt)
+    missed = fit.max_batch_size is None or fit.max_batch_size < plan.micro_batch
+    if not more and missed and kept:  # over at its batch, and no offload to blame: keep that much free next
+      at = fit.by_batch.get(plan.micro_batch) or top
+      margin = max(margin, at.footprint_bytes - predicted_footprint(plan, costs, full, at.batch,
+                                                                    offload_device=learnt))
+    elif not more:  # the compile held the prediction: the model stands
+      stopped = "the last list compiled within its prediction"
+      break
+    learnt.update(more)
+  return CustomSearch(costs, tuple(chosen), full.policy, time.perf_counter() - started, additivity, tuple(compiled),
+                      learnt, stopped)
+
+
 def plan_fit(
     target: Target,
     policies: Sequence[Any] = DEFAULT_POLICIES,
@@ -311,93 +416,24 @@ def plan_fit(
   topo, mesh, device = _on_topology(topology, mesh, measure=measure, device=device, timed=global_batch is not None)
   limit, source = resolve_memory(memory, device=mesh_device(mesh))
   if global_batch is not None:
-    if device is None:
-      raise JaxckptError("global_batch= needs device= (an Accelerator: jaxckpt.fit.accelerator())")
-    if global_batch < 1:
-      raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
-    if mesh is not None:
-      check_batch_size(global_batch, mesh, flag="global_batch_size")
-    unit = batch_unit(mesh)
-    lo = kwargs.get("min_batch") or unit
-    if not any(global_batch % b == 0 for b in range(lo, global_batch + 1, unit) if b % unit == 0):
-      raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={lo}"
-                         + (f" and a multiple of {unit} (the mesh's batch axes)" if unit > 1 else "")
-                         + f" divides it; use a multiple of {lo}")
+    _check_global_batch(global_batch, device, mesh, kwargs.get("min_batch"))
     kwargs.setdefault("max_batch", global_batch)
-  searched = any(isinstance(p, str) and p.strip() == CUSTOM_SEARCH for p in policies)
-  policies = [p for p in policies if not (isinstance(p, str) and p.strip() == CUSTOM_SEARCH)]
-  if searched:
-    if global_batch is None:
-      raise JaxckptError(f"{CUSTOM_SEARCH} chooses names by the step-time model of a global batch: give "
-                         "global_batch (--global-batch-size)")
-    if not isinstance(custom_lists, int) or custom_lists < 1:
-      raise JaxckptError(f"custom_lists={custom_lists!r} must be an int ≥ 1")
-    if not any(str(p).strip() in FULL_REMAT_POLICIES for p in policies):
-      policies.append(FULL_REMAT_POLICIES[0])
-    custom_started = time.perf_counter()  # the names first: a model without any is one line before a compile
+  policies, searched = _without_search(policies, global_batch, custom_lists)
+  if searched:  # the names first: a model without any is one line before a compile
+    costing = time.perf_counter()
     costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
-    costing_s = time.perf_counter() - custom_started
   fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
   custom = None
   if searched:
-    custom_started = time.perf_counter() - costing_s
-    full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
-    shape = None if mesh is None else dict(mesh.shape)
-    tensor = tensor_bytes_per_example(target) if shape else None
-    hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
-        if len({p.batch for p in full.points}) > 1 else None
-    fitted = [f.policy for f in fits]
-    learnt: dict[str, float] = {}
-    emitted = {c.name for c in costs}
-    for f in fits:  # a name list given beside custom:search (a published one) already tells what offload costs
-      lists = name_lists(f.policy)
-      if lists is not None and set(lists[0] + lists[1]) <= emitted:
-        learnt.update(offload_excess(CustomPlan(*lists, 0, 0, 0, 0, 0.0), costs, full, f, offload_device=learnt))
-    chosen, compiled = [], []
-    stopped = f"custom_lists={custom_lists} reached"
-    margin = 0.0
-    for _ in range(custom_lists):
-      plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, tensor_bytes_per_example=tensor,
-                           offload_device=learnt, exclude=fitted, min_batch=kwargs.get("min_batch") or 1,
-                           margin_bytes=margin)
-      if not plans:
-        stopped = ("no list that fits is predicted faster than full remat" + (" with what the compiles taught"
-                                                                               if chosen else ""))
-        break
-      plan = plans[0]
-      fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
-                           **kwargs)
-      chosen.append(plan)
-      fits.append(fit)
-      fitted += [plan.policy, fit.policy]
-      kept = [p for p in fit.points if not p.refused]
-      if kept:  # at the batch it was planned for when compiled there, else the largest compiled
-        top = fit.by_batch.get(plan.micro_batch) or max(kept, key=lambda p: p.batch)
-        compiled.append((plan.policy, top.batch, predicted_footprint(plan, costs, full, top.batch,
-                                                                     offload_device=learnt), top.footprint_bytes))
-      more = offload_excess(plan, costs, full, fit, offload_device=learnt)
-      missed = fit.max_batch_size is None or fit.max_batch_size < plan.micro_batch
-      if not more and missed and kept:  # over at its batch, and no offload to blame: keep that much free next
-        at = fit.by_batch.get(plan.micro_batch) or top
-        margin = max(margin, at.footprint_bytes - predicted_footprint(plan, costs, full, at.batch,
-                                                                      offload_device=learnt))
-      elif not more:  # the compile held the prediction: the model stands
-        stopped = "the last list compiled within its prediction"
-        break
-      learnt.update(more)
-    custom = CustomSearch(costs, tuple(chosen), full.policy, time.perf_counter() - custom_started, additivity,
-                          tuple(compiled), learnt, stopped)
+    custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, mesh=mesh, global_batch=global_batch,
+                               device=device, custom_lists=custom_lists, on_compile=on_compile, started=costing,
+                               **kwargs)
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)
     table = candidates(fits, global_batch, device, mesh_shape=shape,
                        tensor_bytes_per_example=tensor_bytes_per_example(target) if shape else None)
-    smallest = kwargs.get("min_batch") or 1
-    if any(c.micro_batch < smallest for c in table):  # the fits' compiles may sit below it; the answer may not
-      table = [c for c in table if c.micro_batch >= smallest]
-      if not table:
-        raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={smallest} that fits "
-                           "divides it")
+    table = _at_least(table, kwargs.get("min_batch") or 1, global_batch)
     compiles = 0
 
     def verify(cand: Candidate) -> int:
