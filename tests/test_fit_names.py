@@ -235,3 +235,24 @@ def test_a_global_batch_of_one_is_planned():
                  0.0)
   (only,) = candidates([fit], 1, accelerator("h100"))
   assert (only.micro_batch, only.accum, only.flops) == (1, 1, 10**9)
+
+
+def test_probes_the_compiler_refused_are_bisected_below_not_a_bad_line(monkeypatch):
+  """A TPU compile over the chip is refused with the bytes its message names; when every probe is refused those
+  bytes need not grow with the batch (v6e-256's data=32,fsdp=8 mesh for Llama 3.1 8B: 'slope −941042 bytes per
+  example'), so the search bisects below the smallest probe instead of calling the footprint flat."""
+  from jaxckpt.fit import _search
+
+  limit = 2**30
+  monkeypatch.setattr(_search, "_lowered_point", lambda target, policy, batch, **kw: (batch, None, None, 0.0))
+
+  def compiled(batch, lowered, mesh, started):
+    foot = 2**29 + batch * 2**24  # fits up to 32
+    if foot > limit:  # refused: the message names bytes that shrink with the batch here
+      return FitPoint(batch, 2 * limit - batch * 2**20, 0, None, 1.0, refused=True)
+    return FitPoint(batch, foot, batch, None, 1.0)
+
+  monkeypatch.setattr(_search, "_compiled_point", compiled)
+  fit = _search.max_batch_size(shipped_target("llm", "llama-tiny"), "nothing_saveable", limit, probes=(64, 256),
+                               max_batch=1024, jobs=1)
+  assert fit.max_batch_size == 32 and fit.method == "search" and fit.verified_over == 2 * limit - 33 * 2**20

@@ -445,8 +445,11 @@ def max_batch_size(
   first = list(points.values())[:2]  # the line through the first two compiles (a speculative third left out)
   model = fit_affine([(p.batch, p.footprint_bytes) for p in first]) if len(points) > 1 \
       else AffineModel(float(points[lo_b].footprint_bytes), 0.0, ((lo_b, points[lo_b].footprint_bytes),))
-  if len(points) > 1 and model.slope <= 0:
+  refused_only = all(p.refused for p in points.values())
+  if len(points) > 1 and model.slope <= 0 and not refused_only:
     model.largest_within(limit)  # raises: the footprint does not grow with the batch
+  # every probe refused by the compiler: the bytes its messages name (temporaries of differently scheduled
+  # programs) make no line, so the search goes straight to bisecting below the smallest probe
 
   def bracket() -> tuple[int, int | None]:
     """(largest batch that fit, or min_batch − unit when none did; smallest batch over the limit, or None)."""
@@ -465,7 +468,7 @@ def max_batch_size(
     return done(lo if lo >= lo_b else None, method, model)
 
   current = model
-  for _ in range(max_rounds):
+  for _ in range(0 if refused_only and model.slope <= 0 else max_rounds):
     if settled():
       return answer("affine")
     lo, hi = bracket()
