@@ -48,7 +48,7 @@ from jaxckpt._units import format_bytes
 from jaxckpt.analysis._tables import render_table
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit._model import fit_affine, line_through
+from jaxckpt.fit._model import AffineModel, fit_affine, line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
 from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
 from jaxckpt.policies._model import parse_model_policy
@@ -285,9 +285,7 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   known = [p for p in pts if p.bytes_accessed is not None]
   bytes_line = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
       else None
-  foot_line = fit_affine([(p.batch, p.footprint_bytes) for p in pts if not p.refused] or
-                         [(p.batch, p.footprint_bytes) for p in pts]) \
-      if len({p.batch for p in pts if not p.refused}) > 1 else full.model
+  foot_line = _footprint_line(full)
   params = max((p.param_bytes for p in pts), default=0)
   tensor = dict(mesh_shape or {}).get("tensor", 1)
   share = unit * tensor
@@ -334,12 +332,17 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   return ranked[:top]
 
 
+def _footprint_line(full: BatchFit) -> AffineModel:
+  """Full remat's footprint per device against the batch: the line through its compiles the compiler did not
+  refuse (a refusal names other bytes), or the fit's own model with fewer than two."""
+  pts = [(p.batch, p.footprint_bytes) for p in full.points if not p.refused]
+  return fit_affine(pts) if len({b for b, _ in pts}) > 1 else full.model
+
+
 def predicted_footprint(plan: CustomPlan, costs: Sequence[NameCost], full: BatchFit, batch: int, *,
                         offload_device: Mapping[str, float] | None = None) -> float:
   """The footprint per device :func:`custom_plans` predicts for ``plan``'s lists at ``batch`` (bytes)."""
-  pts = [(p.batch, p.footprint_bytes) for p in full.points if not p.refused]
-  line = fit_affine(pts) if len({b for b, _ in pts}) > 1 else full.model
-  foot = line(batch)
+  foot = _footprint_line(full)(batch)
   for cost in costs:
     size = cost.bytes_per_example * batch / full.unit
     if cost.name in plan.save and not cost.boundary:
