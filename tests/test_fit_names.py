@@ -4,14 +4,18 @@ chosen by the fit planner's time model from each name's bytes and saved FLOPs, t
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 import pytest
 
 from jaxckpt.fit import (AffineModel, BatchFit, FitPoint, NameCost, accelerator, custom_plans, custom_policy,
                          name_costs, plan_fit)
 from jaxckpt.fit._cli import main
+from jaxckpt.fit._names import name_lists
 from jaxckpt.models.llm import LLM_PRESETS
 from jaxckpt.step import shipped_target
+from tests.test_topology import needs_libtpu
 
 SEQ = 256
 
@@ -256,3 +260,38 @@ def test_probes_the_compiler_refused_are_bisected_below_not_a_bad_line(monkeypat
   fit = _search.max_batch_size(shipped_target("llm", "llama-tiny"), "nothing_saveable", limit, probes=(64, 256),
                                max_batch=1024, jobs=1)
   assert fit.max_batch_size == 32 and fit.method == "search" and fit.verified_over == 2 * limit - 33 * 2**20
+
+
+OFFLOAD_BELOW_FIXED = ("--model llm --preset llama-tiny --layers 8 --seq-len 1024 --topology v5e:2x2 --mesh fsdp=4 "
+                       "--global-batch-size 16 --min-batch 16 --max-batch 16 --memory 85MiB --policies none "
+                       "nothing_saveable dots_saveable dots_with_no_batch_dims_saveable custom:search")
+"""docs/fit.md's "When no fixed policy fits the batch" command (tests/test_readme.py skips it: run here)."""
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_an_offload_list_fits_below_every_fixed_policy_on_a_topology(tmp_path, capsys):
+  """llama-tiny (8 layers, 1024 tokens) on v5e:2x2 at fsdp=4 and a fixed batch of 16 (4 per chip) in 85 MiB: no
+  fixed policy fits (full remat compiles to ≈ 92 MiB: the layer inputs stay on the device), so the fit planner does
+  not stop there; custom:search offloads the layer input and its list, compiled, fits below every fixed policy's
+  footprint at that batch, with host bytes within the chip table's host memory per chip (issue 40's done-when)."""
+  path = tmp_path / "fit.json"
+  assert main([*OFFLOAD_BELOW_FIXED.split(), "--no-progress", "--json", str(path)]) == 0
+  out = capsys.readouterr().out
+  data = json.loads(path.read_text())
+  rows = {r["policy"]: r for r in data["rows"]}
+  fixed = ["none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"]
+  assert all(rows[p]["max_batch_size"] is None for p in fixed), [rows[p] for p in fixed]
+  winner = data["global_batch"]["policy"]
+  assert "decoder_layer_input" in name_lists(winner)[1], winner
+  point = next(q for q in rows[winner]["points"] if q["batch"] == 16)
+  assert point["footprint_bytes"] <= 85 * 2**20 == data["limit_bytes"]
+  assert point["footprint_bytes"] < min(q["footprint_bytes"] for p in fixed for q in rows[p]["points"])
+  assert 0 < point["host_bytes"] <= data["device"]["host_memory_bytes"]
+  assert "none fits" in out and "custom:search: per checkpoint name" in out
+
+
+def test_the_offload_below_fixed_command_is_the_documented_one():
+  """The slow test above runs docs/fit.md's command (test_readme.py skips it for that reason): the two stay one."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "fit.md").read_text()
+  assert f"jaxckpt-fit {OFFLOAD_BELOW_FIXED}" in " ".join(text.replace("\\\n", " ").split())

@@ -312,7 +312,8 @@ def test_fit_on_a_topology_answers_a_batch_that_fits_next_to_one_that_does_not(f
 @pytest.mark.slow
 def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
   """``jaxckpt-plan --topology`` (in-process) on GPT tiny at 8 sequences per chip: the verified plan fits 40% of
-  none's temp as the TPU compiler assigns it."""
+  none's temp as the TPU compiler assigns it; a budget below full remat's footprint is one line that points to the
+  fit planner's per-name offload (custom:search), which can go below it."""
   path = tmp_path / "p.json"
   assert plan_main(["--model", "gpt", "--preset", "tiny", "--batch-size", "32", "--topology", TOPOLOGY,
                     "--budget", "40%", "--max-rounds", "1", "--json", str(path)]) == 0
@@ -322,3 +323,12 @@ def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
   compiled = plan["compiled"]
   assert plan["key"] == "temp_bytes" and compiled["temp_bytes"] <= plan["limit_bytes"] and plan["policy"] != "none"
   assert compiled["footprint_bytes"] == compiled["peak_memory_bytes"]  # a TPU compile's
+  # a budget below full remat's footprint: on a chip with host memory the error points to per-name offload
+  assert plan_main(["--model", "llm", "--preset", "llama-tiny", "--batch-size", "16", "--topology", TOPOLOGY,
+                    "--budget", "1MiB", "--max-rounds", "1"]) == 2
+  err = capsys.readouterr().err
+  assert "no plan fits budget:1MiB" in err and "'custom:search'" in err and len(err.strip().splitlines()) == 1, err
+  assert plan_main(["--model", "gpt", "--preset", "tiny", "--batch-size", "32", "--topology", TOPOLOGY,
+                    "--budget", "1MiB", "--max-rounds", "1"]) == 2  # GPT tags no checkpoint name: no such pointer
+  err = capsys.readouterr().err
+  assert "no plan fits budget:1MiB" in err and "custom:search" not in err, err

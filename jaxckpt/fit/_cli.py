@@ -132,8 +132,9 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     largest = "none fits" if f.max_batch_size is None else str(f.max_batch_size)
     if f.capped and f.estimated_max_batch is not None and f.estimated_max_batch > (f.max_batch_size or 0):
       largest = f"{f.max_batch_size} (est. {f.estimated_max_batch})"
-    rows.append([f.policy, largest,
-                 format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method, format_bytes(int(f.model.slope))])
+    one_size = len({p.batch for p in f.points}) < 2  # no line: its slope is unknown, not 0
+    rows.append([f.policy, largest, format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method,
+                 "-" if one_size else format_bytes(int(f.model.slope))])
   refused = f" ({plan.refusals} refused for memory)" if plan.refusals else ""
   notes = []
   if any(f.capped and (f.estimated_max_batch or 0) > (f.max_batch_size or 0) for f in plan.fits):

@@ -42,18 +42,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
-
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._tables import render_table
-from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
+from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, outermost_remats, remat_body
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import AffineModel, fit_affine, line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
 from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
 from jaxckpt.policies._model import parse_model_policy
-from jaxckpt.step._build import dropout_key_struct
-from jaxckpt.step._compile import lower_policy, step_builder
+from jaxckpt.step._compile import checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
 
 __all__ = ["CUSTOM_SEARCH", "NameCost", "CustomPlan", "CustomSearch", "name_costs", "custom_plans", "custom_policy",
@@ -186,14 +183,8 @@ def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Map
   unit = batch_unit(mesh)
   sized = with_batch(target, unit)
   builder = step_builder(sized, tx=tx, mesh=mesh)
-  step = builder.step(parse_model_policy("nothing_saveable"))
-  forward = jax.make_jaxpr(step.loss_of_params)(step.params, step.batch, dropout_key_struct())
-  by_name: dict[str, float] = {}
-  for eqn in iter_eqns(forward, rules=True):
-    name = checkpoint_name_of(eqn)
-    if name is not None:
-      by_name[name] = by_name.get(name, 0.0) + sum(math.prod(v.aval.shape) * v.aval.dtype.itemsize
-                                                   for v in eqn.outvars)
+  forward = forward_jaxpr(builder)
+  by_name = checkpoint_name_bytes(forward)
   if not by_name:
     raise JaxckptError("custom:search chooses per checkpoint name, but this model emits none "
                        "(jax.ad_checkpoint.checkpoint_name): give fixed policies")
@@ -283,8 +274,8 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   pts = full.points
   flops_line = line_through([(p.batch, p.flops) for p in pts])
   known = [p for p in pts if p.bytes_accessed is not None]
-  bytes_line = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
-      else None
+  # one batch size (a pinned batch): through the origin, exact at that batch, the only one scored
+  bytes_line = line_through([(p.batch, int(p.bytes_accessed)) for p in known]) if known else None
   foot_line = _footprint_line(full)
   params = max((p.param_bytes for p in pts), default=0)
   tensor = dict(mesh_shape or {}).get("tensor", 1)

@@ -16,7 +16,7 @@ from jaxckpt.fit._model import fit_affine
 from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomPlan, CustomSearch,
                                custom_plans, name_costs, name_lists, offload_excess, predicted_footprint)
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, max_batch_size,
-                                mesh_device, resolve_memory, with_batch)
+                                mesh_device, nothing_fits_error, resolve_memory, with_batch)
 from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.training._sharding import check_batch_size
@@ -375,6 +375,7 @@ def plan_fit(
     on_compile: Callable[[str, int], None] | None = None,
     topology: "str | Topology | None" = None,
     custom_lists: int = DEFAULT_CUSTOM_LISTS,
+    guesses: Mapping[str, int] | None = None,
     **kwargs: Any,
 ) -> FitPlan:
   """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
@@ -389,6 +390,8 @@ def plan_fit(
     custom_lists: ``custom:search`` lists fitted at most (≥ 1; each about three compiles): the best predicted, then,
       after a compile over its prediction (offloaded values the compiler kept on the device), the best predicted
       with that learnt (:func:`jaxckpt.fit._names.offload_excess`), and so on; a list within its prediction ends it.
+    guesses: per fixed policy text, a predicted largest micro-batch to compile first with its successor
+      (:func:`~jaxckpt.fit._search.fit_policies`; :func:`jaxckpt.fit.search_meshes` passes another mesh's).
     memory: bytes per device: ``"auto"``, a size string or int (:func:`~jaxckpt.fit._search.resolve_memory`).
     global_batch: examples per optimizer step G, or ``None`` (no speed ranking).
     device: the accelerator of the time model (required with ``global_batch``; :func:`jaxckpt.fit._speed.accelerator`).
@@ -406,7 +409,8 @@ def plan_fit(
     The :class:`FitPlan`.
 
   Raises:
-    NothingFitsError: no policy fits the smallest batch.
+    NothingFitsError: no policy fits the smallest batch (with ``custom:search``: nor any list it fitted; fixed
+      policies that fit nothing do not stop the search, since offloading the layer input goes below full remat).
     JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
       without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_lists`` < 1.
@@ -422,12 +426,16 @@ def plan_fit(
   if searched:  # the names first: a model without any is one line before a compile
     costing = time.perf_counter()
     costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
-  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, **kwargs)
+  # with custom:search, fixed policies that fit nothing are not the end: offloading may go below all of them
+  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, require_fit=not searched,
+                      guesses=guesses, **kwargs)
   custom = None
   if searched:
     custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, mesh=mesh, global_batch=global_batch,
                                device=device, custom_lists=custom_lists, on_compile=on_compile, started=costing,
                                **kwargs)
+    if all(f.max_batch_size is None for f in fits):
+      raise nothing_fits_error(fits)
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)

@@ -45,9 +45,9 @@ from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_ta
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
 
-__all__ = ["FitPoint", "BatchFit", "NothingFitsError", "DEFAULT_POLICIES", "batch_size_of", "with_batch",
-           "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory", "max_batch_size",
-           "max_seq_len", "with_seq_len", "fit_policies"]
+__all__ = ["FitPoint", "BatchFit", "NothingFitsError", "nothing_fits_error", "DEFAULT_POLICIES", "batch_size_of",
+           "with_batch", "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory",
+           "max_batch_size", "max_seq_len", "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —
@@ -312,6 +312,7 @@ def max_batch_size(
     intercept_hint: float | None = None,
     topology: "str | Topology | None" = None,
     jobs: int | None = None,
+    guess: int | None = None,
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -337,7 +338,8 @@ def max_batch_size(
       state do not depend on the policy; :func:`fit_policies` passes the previous policy's). With it, only the
       largest probe is compiled and the second point of the line is the batch that the hint and that probe predict:
       a compile next to the crossing, so the verification often needs one more compile instead of two (three in
-      all). A wrong hint costs compiles, never exactness.
+      all). A wrong hint costs compiles, never exactness. Not used when the probes meet at ``max_batch`` (a
+      global batch below them): that batch and ``min_batch`` are compiled together instead.
     topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.topology`): ``mesh`` (a
       ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips, compiled by the TPU compiler;
       ``memory="auto"`` is the chip's HBM less the margin.
@@ -345,6 +347,10 @@ def max_batch_size(
       are compiled together (the successor speculatively: when the prediction does not fit, it was one compile too
       many, still a point of the search). ``None``: 2 for a topology (TPU compiles take seconds to minutes, growing
       with the batch), else 1.
+    guess: a predicted largest batch (another mesh's line, :func:`jaxckpt.fit.search_meshes`): it and its
+      successor, the pair that verifies an answer, are compiled first (together with ``jobs`` ≥ 2) and make the
+      first line, instead of the probes and ``intercept_hint``; clipped to the range. A wrong guess costs
+      compiles, never exactness.
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -427,7 +433,12 @@ def max_batch_size(
                     _beyond(points, limit, unit) if best == hi_b and axis == "batch" else None)
 
   probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
-  if intercept_hint is not None and len(probe_batches) > 1:
+  if guess is not None:  # the verification pair, whatever the jobs: on a right guess, the whole search
+    guessed = min(hi_b, max(lo_b, guess - guess % unit))
+    at(guessed, guessed + unit if guessed < hi_b else lo_b)  # at the cap: the smallest batch makes the line
+  elif len(probe_batches) == 1 and lo_b < probe_batches[0]:  # the probes meet at the cap (a global batch below
+    at(probe_batches[0], lo_b)  # them): the cap and the smallest batch make the line, compiled together
+  elif intercept_hint is not None and len(probe_batches) > 1:
     far = at(probe_batches[-1])
     hinted = AffineModel(float(intercept_hint), (far.footprint_bytes - intercept_hint) / far.batch,
                          ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
@@ -445,11 +456,10 @@ def max_batch_size(
   first = list(points.values())[:2]  # the line through the first two compiles (a speculative third left out)
   model = fit_affine([(p.batch, p.footprint_bytes) for p in first]) if len(points) > 1 \
       else AffineModel(float(points[lo_b].footprint_bytes), 0.0, ((lo_b, points[lo_b].footprint_bytes),))
-  refused_only = all(p.refused for p in points.values())
-  if len(points) > 1 and model.slope <= 0 and not refused_only:
+  if len(points) > 1 and model.slope <= 0 and not any(p.refused for p in first):
     model.largest_within(limit)  # raises: the footprint does not grow with the batch
-  # every probe refused by the compiler: the bytes its messages name (temporaries of differently scheduled
-  # programs) make no line, so the search goes straight to bisecting below the smallest probe
+  # a probe refused by the compiler names the bytes of a differently scheduled program: with such a point the line
+  # may not grow, and the search goes straight to bisecting (below the smallest probe when every one was refused)
 
   def bracket() -> tuple[int, int | None]:
     """(largest batch that fit, or min_batch − unit when none did; smallest batch over the limit, or None)."""
@@ -468,7 +478,7 @@ def max_batch_size(
     return done(lo if lo >= lo_b else None, method, model)
 
   current = model
-  for _ in range(0 if refused_only and model.slope <= 0 else max_rounds):
+  for _ in range(0 if model.slope <= 0 else max_rounds):
     if settled():
       return answer("affine")
     lo, hi = bracket()
@@ -538,6 +548,9 @@ def fit_policies(
     target: Target,
     policies: Sequence[Any] = DEFAULT_POLICIES,
     memory: int | str = "auto",
+    *,
+    require_fit: bool = True,
+    guesses: Mapping[str, int] | None = None,
     **kwargs: Any,
 ) -> list[BatchFit]:
   """:func:`max_batch_size` for each policy; raises when no policy fits even the smallest batch.
@@ -545,6 +558,10 @@ def fit_policies(
   Args:
     target, memory: as :func:`max_batch_size`.
     policies: policy specs (default :data:`DEFAULT_POLICIES`).
+    require_fit: raise when no policy fits (``False``: return the fits, every ``max_batch_size`` ``None``; the fit
+      planner's ``custom:search`` may still offload below them, then raises :func:`nothing_fits_error` itself).
+    guesses: per policy text (as the fit names it: ``str(parse_model_policy(spec))``), a predicted largest batch
+      (:func:`max_batch_size`'s ``guess``; a policy without one starts from the probes).
     **kwargs: passed to :func:`max_batch_size`.
 
   The first policy's line comes from two probes; each later one starts from the previous policy's intercept
@@ -554,7 +571,8 @@ def fit_policies(
     One :class:`BatchFit` per policy, in order.
 
   Raises:
-    NothingFitsError: no policy fits the smallest batch; the message names the least footprint and its policy.
+    NothingFitsError: no policy fits the smallest batch (with ``require_fit``); the message names the least
+      footprint and its policy.
     JaxckptError: as :func:`max_batch_size`; an empty ``policies``.
   """
   if not policies:
@@ -562,15 +580,21 @@ def fit_policies(
   fits: list[BatchFit] = []
   hint = None
   for p in policies:
-    fits.append(max_batch_size(target, p, memory, intercept_hint=hint, **kwargs))
+    guess = (guesses or {}).get(str(parse_model_policy(p)))
+    fits.append(max_batch_size(target, p, memory, intercept_hint=None if guess else hint, guess=guess, **kwargs))
     pts = [(q.batch, q.footprint_bytes) for q in fits[-1].points]
     if len({b for b, _ in pts}) > 1:
       hint = fit_affine(pts).intercept  # batch-independent bytes: the next policy's first point of its line
-  if all(f.max_batch_size is None for f in fits):
-    least = min(fits, key=lambda f: f.footprint_bytes)
-    smallest = min(p.batch for f in fits for p in f.points)
-    raise NothingFitsError(
-        f"memory={format_bytes(least.limit_bytes)} fits no policy even at batch size {smallest}: the least footprint "
-        f"is {format_bytes(least.footprint_bytes)} with policy {least.policy}; give more memory, a smaller model or "
-        f"a sharded mesh")
+  if require_fit and all(f.max_batch_size is None for f in fits):
+    raise nothing_fits_error(fits)
   return fits
+
+
+def nothing_fits_error(fits: Sequence[BatchFit]) -> NothingFitsError:
+  """The error of fits none of which fits its smallest batch: the least footprint and its policy."""
+  least = min(fits, key=lambda f: f.footprint_bytes)
+  smallest = min(p.batch for f in fits for p in f.points)
+  return NothingFitsError(
+      f"memory={format_bytes(least.limit_bytes)} fits no policy even at batch size {smallest}: the least footprint "
+      f"is {format_bytes(least.footprint_bytes)} with policy {least.policy}; give more memory, a smaller model or "
+      f"a sharded mesh")

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -36,17 +37,18 @@ from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.step._stats_cache import CachedStats, cache_key, stats_cache
 from jaxckpt.training import _sharding as sharding
 from jaxckpt.analysis._flops import jaxpr_flops
+from jaxckpt.analysis._jaxprs import checkpoint_name_of, iter_eqns
 from jaxckpt.analysis._internals import compilation_cache_switch
-from jaxckpt.policies._model import LayeredPolicy
+from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
 from jaxckpt.policies._spec import PolicySpec
-from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer
+from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer, dropout_key_struct
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.training._topology import compiles_only
 from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "xla_cost", "check_mesh_use",
-           "is_memory_refusal", "CachedRefusal"]
+           "is_memory_refusal", "CachedRefusal", "forward_jaxpr", "checkpoint_name_bytes"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
@@ -311,6 +313,25 @@ def step_builder(target: Target, *, tx: optax.GradientTransformation | None = No
     One builder to pass to every :func:`lower_policy` / :func:`compile_policy` call of this target.
   """
   return StepBuilder(target if mesh is None else sharded_target(target, mesh), tx or default_optimizer())
+
+
+def forward_jaxpr(builder: StepBuilder) -> jax.core.ClosedJaxpr:
+  """The jaxpr of the step's forward pass (its loss of the parameters) under full remat (``nothing_saveable``), as
+  :func:`step_builder` builds it: where its ``checkpoint_name`` values and remat regions are read from."""
+  step = builder.step(parse_model_policy("nothing_saveable"))
+  return jax.make_jaxpr(step.loss_of_params)(step.params, step.batch, dropout_key_struct())
+
+
+def checkpoint_name_bytes(jaxpr: jax.core.ClosedJaxpr) -> dict[str, int]:
+  """Bytes of the values each ``jax.ad_checkpoint.checkpoint_name`` tags in ``jaxpr`` (every layer of a scan, by
+  its trip count: :func:`~jaxckpt.analysis._jaxprs.iter_eqns`), by name in order of first emission; empty for a model
+  that tags none."""
+  by_name: dict[str, int] = {}
+  for eqn in iter_eqns(jaxpr, rules=True):
+    name = checkpoint_name_of(eqn)
+    if name is not None:
+      by_name[name] = by_name.get(name, 0) + sum(math.prod(v.aval.shape) * v.aval.dtype.itemsize for v in eqn.outvars)
+  return by_name
 
 
 def lower_policy(
