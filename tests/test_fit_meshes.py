@@ -154,3 +154,34 @@ def test_an_axis_that_splits_a_torus_dimension_is_laid_as_maxtext_allows():
     mesh = topo.mesh(spec)
     assert ",".join(f"{k}={v}" for k, v in mesh.shape.items()) == spec
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in topo.devices)
+
+
+def test_later_meshes_start_where_the_calibration_line_predicts(monkeypatch):
+  """After the calibration mesh, each fixed policy's first compiles on another mesh are the batch its line predicts
+  there and the successor (the pair that verifies an answer): a right guess answers in those two compiles, a wrong
+  one costs compiles, never the answer. The guess on the calibration mesh itself is its own answer; a tensor axis
+  of 2 with the same state per device doubles the examples per data × fsdp group."""
+  import types
+
+  from jaxckpt.fit import _search
+  from jaxckpt.fit._meshes import MeshOption, _Bounds
+
+  limit = 2**30
+  monkeypatch.setattr(_search, "_lowered_point", lambda target, policy, batch, **kw: (batch, None, None, 0.0))
+  monkeypatch.setattr(_search, "_compiled_point",  # fits up to 32
+                      lambda batch, lowered, mesh, started: FitPoint(batch, 2**29 + batch * 2**24, batch, None, 1.0))
+  target = shipped_target("llm", "llama-tiny")
+  right = _search.max_batch_size(target, "nothing_saveable", limit, max_batch=1024, jobs=1, guess=32)
+  assert (right.max_batch_size, right.compiles, [p.batch for p in right.points]) == (32, 2, [32, 33])
+  wrong = _search.max_batch_size(target, "nothing_saveable", limit, max_batch=1024, jobs=1, guess=8)
+  assert wrong.max_batch_size == 32 and wrong.compiles == 4 and wrong.verified_over is not None
+
+  state = 2**28
+  fit = BatchFit("nothing_saveable", 32, right.footprint_bytes, limit, 2,
+                 AffineModel(2**29, 2**24), right.points, "affine", False, None, 4, 0.0)
+  calibration = MeshOption({"fsdp": 4}, state, 0.0, "fitted", plan=types.SimpleNamespace(fits=(fit,)))
+  bounds = _Bounds(target, 1024, accelerator("v5e"))
+  assert bounds.guesses(calibration, calibration, limit) == {"nothing_saveable": 32}
+  tensor = MeshOption({"fsdp": 2, "tensor": 2}, state, 0.0, "not fitted")
+  assert bounds.guesses(calibration, tensor, limit) == {"nothing_saveable": 2 * 32 // 4 * 2}
+  assert bounds.guesses(calibration, MeshOption({"fsdp": 4}, limit, 0.0, "not fitted"), limit) == {}

@@ -41,6 +41,7 @@ from flax import nnx
 
 from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
+from jaxckpt.fit._model import AffineModel, fit_affine
 from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
 from jaxckpt.fit._speed import Accelerator, accelerator, collective_bytes
@@ -228,11 +229,11 @@ def search_meshes(
     except MeshSpecError as err:
       options[i] = dataclasses.replace(option, status="unmappable", reason=str(err))
 
-  def fit(i: int) -> None:
+  def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
     option = options[i]
     try:
       plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device, topology=topo,
-                      mesh=dict(option.shape), on_compile=on_compile, **kwargs)
+                      mesh=dict(option.shape), on_compile=on_compile, guesses=guesses, **kwargs)
       options[i] = dataclasses.replace(option, status="fitted", plan=plan)
     except NothingFitsError as err:
       options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))
@@ -246,6 +247,7 @@ def search_meshes(
     first = min(open_, key=lambda i: (options[i].state_bytes_per_device, options[i].shape.get("tensor", 1),
                                       options[i].bound_s))
     fit(first)
+    calibration = options[first]
     options = bounds.calibrated(options, first, limit)
   options.sort(key=lambda o: (o.status in ("too big", "unmappable", "not fitted"), o.status == "unmappable",
                               o.bound_s, o.state_bytes_per_device))
@@ -253,7 +255,7 @@ def search_meshes(
   for i, option in enumerate(options):
     if option.status == "not fitted" and fitted < max_meshes:
       fitted += 1
-      fit(i)
+      fit(i, bounds.guesses(calibration, option, limit))  # each policy's first compiles where its line says
   done = [o for o in options if o.plan is not None and o.plan.choice is not None]
   if not done:
     tried = "; ".join(f"{o.name}: {o.status}" + (f" ({o.reason})" if o.reason else "") for o in options
@@ -301,14 +303,32 @@ class _Bounds:
                             reason=reason))
     return out
 
+  def guesses(self, calibration: MeshOption, option: MeshOption, limit: int) -> dict[str, int]:
+    """Per fixed policy of ``calibration``'s plan, the largest micro-batch of ``option`` its line predicts (fixed
+    bytes beside the train state, bytes per example of a data × fsdp group ÷ tensor; the line through its compiles
+    the compiler did not refuse, else its first two), at most the global batch; none where not one example fits.
+    The fit compiles that batch and its successor first (:func:`jaxckpt.fit.max_batch_size`'s ``guess``)."""
+    units = option.shape.get("data", 1) * option.shape.get("fsdp", 1)
+    out: dict[str, int] = {}
+    for f in calibration.plan.fits if calibration.plan is not None else ():
+      line = _compiled_line(f)
+      if line.slope <= 0:
+        continue
+      per_group = ((limit - (line.intercept - calibration.state_bytes_per_device) - option.state_bytes_per_device)
+                   / (line.slope * f.unit / option.shape.get("tensor", 1)))
+      if per_group >= 1:
+        out[f.policy] = min(self.global_batch, math.floor(per_group) * units)
+    return out
+
   def calibrated(self, options: list[MeshOption], first: int, limit: int) -> list[MeshOption]:
     """``options`` with each unfitted mesh's bound at its least accumulation, predicted from ``options[first]``'s
     fits (per policy: fixed bytes beside the train state, bytes per example of a data × fsdp group; activations ÷
     tensor, an upper bound of the batch, so the accumulation and the bound stay lower bounds); a mesh where not one
     example fits is ``too big``."""
     calibration = options[first]
-    lines = [(f.model.intercept - calibration.state_bytes_per_device, f.model.slope * f.unit)
-             for f in (calibration.plan.fits if calibration.plan is not None else ()) if f.model.slope > 0]
+    fitted = [(f, _compiled_line(f)) for f in (calibration.plan.fits if calibration.plan is not None else ())]
+    lines = [(line.intercept - calibration.state_bytes_per_device, line.slope * f.unit) for f, line in fitted
+             if line.slope > 0]
     if not lines:
       return options
     out = list(options)
@@ -326,3 +346,10 @@ class _Bounds:
         out[i] = dataclasses.replace(o, bound_s=self.bound(o.shape, math.ceil(
             self.global_batch / (units * math.floor(per_group)))))
     return out
+
+
+def _compiled_line(fit: Any) -> AffineModel:
+  """A fit's footprint against the batch: the line through its compiles the compiler did not refuse (a refusal names
+  the temporaries of another schedule, not a footprint), else its first two compiles' line."""
+  kept = [(p.batch, p.footprint_bytes) for p in fit.points if not p.refused]
+  return fit_affine(kept) if len({b for b, _ in kept}) > 1 else fit.model
