@@ -159,8 +159,9 @@ def test_an_axis_that_splits_a_torus_dimension_is_laid_as_maxtext_allows():
 def test_later_meshes_start_where_the_calibration_line_predicts(monkeypatch):
   """After the calibration mesh, each fixed policy's first compiles on another mesh are the batch its line predicts
   there and the successor (the pair that verifies an answer): a right guess answers in those two compiles, a wrong
-  one costs compiles, never the answer. The guess on the calibration mesh itself is its own answer; a tensor axis
-  of 2 with the same state per device doubles the examples per data × fsdp group."""
+  one costs compiles, never the answer; a guess at the cap (the global batch) that fits is the answer in one
+  compile, one that is over goes on searching. The guess on the calibration mesh itself is its own answer; a tensor
+  axis of 2 with the same state per device doubles the examples per data × fsdp group."""
   import types
 
   from jaxckpt.fit import _search
@@ -185,3 +186,24 @@ def test_later_meshes_start_where_the_calibration_line_predicts(monkeypatch):
   tensor = MeshOption({"fsdp": 2, "tensor": 2}, state, 0.0, "not fitted")
   assert bounds.guesses(calibration, tensor, limit) == {"nothing_saveable": 2 * 32 // 4 * 2}
   assert bounds.guesses(calibration, MeshOption({"fsdp": 4}, limit, 0.0, "not fitted"), limit) == {}
+  capped = _search.max_batch_size(target, "nothing_saveable", limit, max_batch=16, jobs=1, guess=64)
+  assert (capped.max_batch_size, capped.compiles, capped.capped, capped.estimated_max_batch) == (16, 1, True, None)
+  over = _search.max_batch_size(target, "nothing_saveable", limit, max_batch=64, jobs=1, guess=64)
+  assert over.max_batch_size == 32 and over.points[0].batch == 64  # a guess at the cap that is over: the search goes on
+
+
+def test_a_footprint_that_shrinks_between_two_compiles_is_no_error_when_the_cap_fits(monkeypatch):
+  """Two compiles of nearly the same bytes can come out in either order (Llama 3.1 8B's offload list on v6e-256's
+  data=32,fsdp=8: 0.72 GB less at 4 per chip than at 1, which once made the whole mesh 'refused'): when the cap fits,
+  that is the answer; a footprint that truly does not grow and leaves the answer open is still one line."""
+  from jaxckpt.errors import JaxckptError
+  from jaxckpt.fit import _search
+
+  monkeypatch.setattr(_search, "_lowered_point", lambda target, policy, batch, **kw: (batch, None, None, 0.0))
+  monkeypatch.setattr(_search, "_compiled_point",
+                      lambda batch, lowered, mesh, started: FitPoint(batch, 2**30 - batch * 2**10, batch, None, 1.0))
+  target = shipped_target("llm", "llama-tiny")
+  fit = _search.max_batch_size(target, "nothing_saveable", 2**30, max_batch=64, jobs=1)  # probes 16 and the cap
+  assert fit.max_batch_size == 64 and fit.capped and fit.compiles == 2
+  with pytest.raises(JaxckptError, match="does not grow with the batch"):  # both under, the cap not compiled
+    _search.max_batch_size(target, "nothing_saveable", 2**30, max_batch=1024, jobs=1)
