@@ -122,7 +122,7 @@ def test_a_candidate_over_the_host_memory_does_not_fit():
   small_host = accelerator("v6e", host_memory_bytes=2 * 2**30)  # 1 GiB per example on the host: b ≤ 2 per device
   table = candidates([fit], 4 * unit, small_host, mesh_shape={"fsdp": unit})
   assert {c.micro_batch for c in table} == {unit, 2 * unit} and all(c.host_bytes <= 2 * 2**30 for c in table)
-  with pytest.raises(Exception, match=r"offloads more than the host memory per device \(0\.50 GiB on TPU v6e.*"
+  with pytest.raises(Exception, match=r"offloads more than the host memory per device \(512\.00 MiB on TPU v6e.*"
                                       r"host_memory_bytes"):
     candidates([fit], 4 * unit, accelerator("v6e", host_memory_bytes=2**29), mesh_shape={"fsdp": unit})
   with pytest.raises(Exception, match="host_memory_bytes=0 must be > 0"):
@@ -207,3 +207,45 @@ def test_a_footprint_that_shrinks_between_two_compiles_is_no_error_when_the_cap_
   assert fit.max_batch_size == 64 and fit.capped and fit.compiles == 2
   with pytest.raises(JaxckptError, match="does not grow with the batch"):  # both under, the cap not compiled
     _search.max_batch_size(target, "nothing_saveable", 2**30, max_batch=1024, jobs=1)
+
+
+def test_a_fit_of_one_compile_still_prices_the_hbm_of_smaller_micro_batches():
+  """A fit answered by one compile (a pinned batch, a guess at the cap) has no line of its own: the smaller
+  micro-batches with accumulation still move the step's bytes (in proportion to the batch), so accumulation is not
+  credited with an HBM term of 0 (found by a helper: data=4 won on a tiny model for that reason alone)."""
+  unit = 4
+  point = FitPoint(16, 2**30, int(1e12 * 16), 1e9 * 16, 1.0, host_bytes=0, param_bytes=2**20)
+  fit = BatchFit("nothing_saveable", 16, 2**30, 32 * 2**30, 1, AffineModel(2**30, 0.0), (point,), "affine", True,
+                 None, unit, 0.0)
+  table = candidates([fit], 16, accelerator("v6e"), mesh_shape={"fsdp": unit})
+  assert {c.micro_batch for c in table} == {4, 8, 16}
+  hbm = {c.micro_batch: c.terms["hbm_s"] for c in table}
+  assert all(v > 0 for v in hbm.values()) and hbm[4] == pytest.approx(hbm[16], rel=1e-6), hbm
+
+
+@needs_libtpu
+def test_a_min_batch_the_mesh_cannot_split_is_named_as_such():
+  """``min_batch=6`` on fsdp=4: the error says it must be a multiple of 4 (micro-batches 8 and 16 divide 16, so "no
+  micro-batch divides it; use a multiple of 6" was wrong advice)."""
+  from jaxckpt.errors import JaxckptError
+  from jaxckpt.fit._plan import _check_global_batch
+  from jaxckpt.training._topology import topology_mesh
+
+  mesh = topology_mesh(TOPOLOGY, "fsdp=4")
+  with pytest.raises(JaxckptError, match=r"^min_batch=6 must be a multiple of 4 \(the mesh's batch axes\)$"):
+    _check_global_batch(16, accelerator("v5e"), mesh, 6)
+  _check_global_batch(16, accelerator("v5e"), mesh, 8)  # 8 and 16 divide it
+
+
+def test_max_batch_caps_the_micro_batch_beside_a_global_batch(tmp_path):
+  """``--max-batch 4`` with ``--global-batch-size 16`` (found ignored by a helper): the search stops at 4 and the
+  answer accumulates (4 × 4), where without it 16 × 1 fits the same memory."""
+  path = tmp_path / "f.json"
+  argv = ["--model", "gpt", "--preset", "tiny", "--memory", "64MiB", "--global-batch-size", "16", "--policies",
+          "nothing_saveable", "--device", "h100", "--no-progress", "--json", str(path)]
+  assert main([*argv, "--max-batch", "4"]) == 0
+  data = json.loads(path.read_text())
+  assert (data["global_batch"]["micro_batch_size"], data["global_batch"]["grad_accum_steps"]) == (4, 4)
+  assert data["rows"][0]["max_batch_size"] == 4 and data["rows"][0]["capped"]
+  assert main(argv) == 0
+  assert json.loads(path.read_text())["global_batch"]["micro_batch_size"] == 16

@@ -313,7 +313,7 @@ def test_fit_on_a_topology_answers_a_batch_that_fits_next_to_one_that_does_not(f
 def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
   """``jaxckpt-plan --topology`` (in-process) on GPT tiny at 8 sequences per chip: the verified plan fits 40% of
   none's temp as the TPU compiler assigns it; a budget below full remat's footprint is one line that points to the
-  fit planner's per-name offload (custom:search), which can go below it."""
+  fit planner's per-name offload (custom:search), which can go below it, for a model whose layer input is tagged."""
   path = tmp_path / "p.json"
   assert plan_main(["--model", "gpt", "--preset", "tiny", "--batch-size", "32", "--topology", TOPOLOGY,
                     "--budget", "40%", "--max-rounds", "1", "--json", str(path)]) == 0
@@ -327,4 +327,9 @@ def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
   assert plan_main(["--model", "llm", "--preset", "llama-tiny", "--batch-size", "16", "--topology", TOPOLOGY,
                     "--budget", "1MiB", "--max-rounds", "1"]) == 2
   err = capsys.readouterr().err
-  assert "no plan fits budget:1.00MiB" in err and "'custom:search'" in err and len(err.strip().splitlines()) == 1, err
+  assert "no plan fits budget:1.00MiB" in err and "offload decoder_layer_input to host memory" in err, err
+  assert "custom:search with the batch pinned at 16" in err and len(err.strip().splitlines()) == 1, err
+  assert plan_main(["--model", "gpt", "--preset", "tiny", "--batch-size", "32", "--topology", TOPOLOGY,
+                    "--budget", "1MiB", "--max-rounds", "1"]) == 2  # GPT's names tag no layer input: nothing to offload
+  err = capsys.readouterr().err
+  assert "no plan fits budget:1.00MiB" in err and "custom:search" not in err, err

@@ -79,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "compiles): the best predicted, and after a compile over its prediction the next best "
                            "with what it taught")
   parser.add_argument("--min-batch", type=int, default=None, help="smallest micro-batch (default 1 mesh unit)")
-  parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
-                      help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size)")
+  parser.add_argument("--max-batch", type=int, default=None,
+                      help=f"largest micro-batch searched (default {DEFAULT_MAX_BATCH}; G with --global-batch-size, "
+                           "and at most G)")
   parser.add_argument("--max-seq-len", type=int, default=None, metavar="T",
                       help="instead of the batch: the largest sequence length ≤ T at --batch-size (sequence models)")
   parser.add_argument("--global-batch-size", type=int, default=None, metavar="G",
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the time model's device")
   parser.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s of the time model's device")
   parser.add_argument("--overhead", type=float, default=None, help="seconds per micro-step (default 20e-6)")
-  parser.add_argument("--host-memory", default=None, metavar="SIZE",
+  parser.add_argument("--host-memory", dest="host_memory_bytes", default=None, metavar="SIZE",
                       help="host memory per device that offloaded residuals may fill, binary units (default: the "
                            "chip table's DRAM per chip; a candidate over it does not fit)")
   parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
@@ -141,7 +142,7 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     notes.append("capped: the search stops at the global batch (or --max-batch); est. N: the largest batch within "
                  "the memory by the line through its two largest compiles, not compiled")
   parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
-                                          f"({plan.memory_source}), {plan.compiles} compiles{refused}, "
+                                          f"({plan.memory_source}), {plan.compiles} compile{'s' * (plan.compiles != 1)}{refused}, "
                                           f"{plan.seconds:.0f} s",
                         notes=notes, width=width, wide=wide, right=range(1, len(cols)))]
   if plan.custom is not None:
@@ -196,17 +197,19 @@ def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = Fal
            "(collectives at the least accumulation predicted from the first mesh's compiles), the order meshes are "
            "fitted in; too big: not compiled (the train state alone exceeds the memory, the global batch does not "
            "divide, or no example is predicted to fit)", *reasons,
-           f"{search.compiles} compiles, {search.seconds:.0f} s"]
+           f"{search.compiles} compile{'s' * (search.compiles != 1)}, {search.seconds:.0f} s"]
   return render_table(headers, rows, title=f"meshes within {format_bytes(search.limit_bytes)} per device",
                       notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))
 
 
-def _host_memory(text: str) -> int:
-  """``--host-memory``'s bytes (> 0).
+def _host_memory(text: str | None) -> int | None:
+  """``--host-memory``'s bytes (> 0); ``None`` when not given (the chip table's).
 
   Raises:
     JaxckptError: not a size in binary units, or 0.
   """
+  if text is None:
+    return None
   try:
     value = parse_bytes(text)
   except ValueError as err:
@@ -229,7 +232,8 @@ def _search(args: argparse.Namespace, target, topology, device, on_compile, bar,
   return search_meshes(target, args.policies, args.memory, topology=topology, global_batch=args.global_batch_size,
                        device=device, max_meshes=args.max_meshes, on_compile=on_compile,
                        on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,
-                       custom_lists=args.custom_lists)
+                       custom_lists=args.custom_lists,
+                       **({} if args.max_batch is None else {"max_batch": args.max_batch}))
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -306,14 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
                              ("--bandwidth", args.bandwidth), ("--overhead", args.overhead),
-                             ("--host-memory", args.host_memory)) if v is not None]
+                             ("--host-memory", args.host_memory_bytes)) if v is not None]
     if timing and args.global_batch_size is None:
       raise JaxckptError(f"{', '.join(timing)} set the time model that ranks configurations of a global batch; "
                          "give --global-batch-size G (without it only the largest batch per policy is planned)")
     if args.global_batch_size is not None:
       device = accelerator(args.device, peak_flops=args.peak_flops, bandwidth=args.bandwidth,
                            overhead_s=args.overhead, device=chip,
-                           host_memory_bytes=None if args.host_memory is None else _host_memory(args.host_memory))
+                           host_memory_bytes=_host_memory(args.host_memory_bytes))
     bar = tqdm(desc="compiles", unit="compile", disable=not progress_enabled(args.progress),
                leave=False)
 
@@ -341,7 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      compiled_for=compiled_for(mesh, topology))
     else:
       kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **(
-          {"max_batch": args.max_batch} if args.global_batch_size is None else {"custom_lists": args.custom_lists})}
+          {"max_batch": args.max_batch or DEFAULT_MAX_BATCH} if args.global_batch_size is None
+          else {"custom_lists": args.custom_lists, **({} if args.max_batch is None else {"max_batch": args.max_batch})})}
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
   except JaxckptError as err:

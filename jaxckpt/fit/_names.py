@@ -44,13 +44,12 @@ from typing import Any
 
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._tables import render_table
-from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, outermost_remats, remat_body
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import AffineModel, fit_affine, line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
 from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
 from jaxckpt.policies._model import parse_model_policy
-from jaxckpt.step._compile import checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
+from jaxckpt.step._compile import boundary_names, checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
 
 __all__ = ["CUSTOM_SEARCH", "NameCost", "CustomPlan", "CustomSearch", "name_costs", "custom_plans", "custom_policy",
@@ -135,26 +134,6 @@ def custom_policy(save: Sequence[str], offload: Sequence[str]) -> str:
   return f"save_and_offload_only_these_names:{'+'.join(save)}/{'+'.join(offload)}"
 
 
-def _boundary_names(jaxpr: Any) -> set[str]:
-  """Names whose value is an input of its remat region (through layout-only equations)."""
-  found: set[str] = set()
-  for eqn in outermost_remats(jaxpr):
-    body = remat_body(eqn)
-    body = getattr(body, "jaxpr", body)
-    inputs = set(map(id, body.invars))
-    producer = {id(v): e for e in body.eqns for v in e.outvars}
-    for e in body.eqns:
-      name = checkpoint_name_of(e)
-      if name is None:
-        continue
-      v = e.invars[0]
-      while id(v) in producer and producer[id(v)].primitive.name in LAYOUT_ONLY and producer[id(v)].invars:
-        v = producer[id(v)].invars[0]
-      if id(v) in inputs:
-        found.add(name)
-  return found
-
-
 def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Mapping[str, Any] | None = None,
                names: Sequence[str] | None = None) -> tuple[tuple[NameCost, ...], float]:
   """Each checkpoint name's bytes and saved FLOPs per example (module docstring), from jaxprs: no compile (one
@@ -206,7 +185,7 @@ def name_costs(target: Target, *, mesh: Any = None, tx: Any = None, options: Map
     return lower_policy(sized, parse_model_policy(policy), tx=tx, mesh=mesh, options=options, builder=builder)
 
   full = lowered("nothing_saveable")
-  boundary = _boundary_names(forward)  # the forward pass's remat regions (remat2 and remat3 alike)
+  boundary = boundary_names(forward)  # the forward pass's remat regions (remat2 and remat3 alike)
   out = []
   for name in chosen:
     saved = full.flops - lowered(f"save_only_these_names:{name}").flops

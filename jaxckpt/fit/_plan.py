@@ -269,7 +269,9 @@ def _check_global_batch(global_batch: int, device: Accelerator | None, mesh: Any
     check_batch_size(global_batch, mesh, flag="global_batch_size")
   unit = batch_unit(mesh)
   lo = min_batch or unit
-  if not any(global_batch % b == 0 for b in range(lo, global_batch + 1, unit) if b % unit == 0):
+  if lo % unit:
+    raise JaxckptError(f"min_batch={lo} must be a multiple of {unit} (the mesh's batch axes)")
+  if not any(global_batch % b == 0 for b in range(lo, global_batch + 1, unit)):
     raise JaxckptError(f"global_batch_size={global_batch}: no micro-batch ≥ min_batch={lo}"
                        + (f" and a multiple of {unit} (the mesh's batch axes)" if unit > 1 else "")
                        + f" divides it; use a multiple of {lo}")
@@ -335,8 +337,9 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
                          offload_device=learnt, exclude=fitted, min_batch=kwargs.get("min_batch") or 1,
                          margin_bytes=margin)
     if not plans:
-      stopped = ("no list that fits is predicted faster than full remat" + (" with what the compiles taught"
-                                                                             if chosen else ""))
+      stopped = ("no list that fits is predicted faster than full remat" if full.max_batch_size is not None else
+                 "no list is predicted to fit the memory with its host bytes within the host memory per device")
+      stopped += " with what the compiles taught" if chosen else ""
       break
     plan = plans[0]
     fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
@@ -361,6 +364,32 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
     learnt.update(more)
   return CustomSearch(costs, tuple(chosen), full.policy, time.perf_counter() - started, additivity, tuple(compiled),
                       learnt, stopped)
+
+
+def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, searched: bool, mesh: Any,
+                    global_batch: int | None, device: Accelerator | None, custom_lists: int,
+                    guesses: Mapping[str, int] | None, on_compile: Callable[[str, int], None] | None,
+                    **kwargs: Any) -> tuple[list[BatchFit], CustomSearch | None]:
+  """The policies' fits and, with ``custom:search`` (``searched``), its lists, fitted after them.
+
+  Raises:
+    NothingFitsError: nothing fits the smallest batch — with the search, not even its lists (fixed policies that fit
+      nothing do not stop it: offloading the layer input goes below full remat); the message says why it stopped.
+    JaxckptError: a model that emits no checkpoint name (before any compile).
+  """
+  if searched:  # the names first: a model without any is one line before a compile
+    costing = time.perf_counter()
+    costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
+  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, require_fit=not searched,
+                      guesses=guesses, **kwargs)
+  if not searched:
+    return fits, None
+  custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, mesh=mesh, global_batch=global_batch,
+                             device=device, custom_lists=custom_lists, on_compile=on_compile, started=costing,
+                             **kwargs)
+  if all(f.max_batch_size is None for f in fits):
+    raise nothing_fits_error(fits, f"{CUSTOM_SEARCH} fitted {len(custom.plans)} list(s) and stopped: {custom.stopped}")
+  return fits, custom
 
 
 def plan_fit(
@@ -421,21 +450,11 @@ def plan_fit(
   limit, source = resolve_memory(memory, device=mesh_device(mesh))
   if global_batch is not None:
     _check_global_batch(global_batch, device, mesh, kwargs.get("min_batch"))
-    kwargs.setdefault("max_batch", global_batch)
+    kwargs["max_batch"] = min(kwargs.get("max_batch", global_batch), global_batch)  # no micro-batch beyond G
   policies, searched = _without_search(policies, global_batch, custom_lists)
-  if searched:  # the names first: a model without any is one line before a compile
-    costing = time.perf_counter()
-    costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
-  # with custom:search, fixed policies that fit nothing are not the end: offloading may go below all of them
-  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, require_fit=not searched,
-                      guesses=guesses, **kwargs)
-  custom = None
-  if searched:
-    custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, mesh=mesh, global_batch=global_batch,
-                               device=device, custom_lists=custom_lists, on_compile=on_compile, started=costing,
-                               **kwargs)
-    if all(f.max_batch_size is None for f in fits):
-      raise nothing_fits_error(fits)
+  fits, custom = _fits_and_lists(target, policies, limit, searched=searched, mesh=mesh, global_batch=global_batch,
+                                 device=device, custom_lists=custom_lists, guesses=guesses, on_compile=on_compile,
+                                 **kwargs)
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)

@@ -485,6 +485,8 @@ def max_batch_size(
   # a probe refused by the compiler names the bytes of a differently scheduled program, and compiles of nearly the
   # same bytes may come out in either order (Llama 3.1 8B on v6e-256's data=32,fsdp=8: 0.72 GB less at 4 per chip
   # than at 1): a line that does not grow is then no error; the answer is settled already, or bisected
+  if settled():  # the first compiles answer already (a guess or a pinned batch verified): no search
+    return answer("affine")
   current = model
   for _ in range(0 if model.slope <= 0 else max_rounds):
     if settled():
@@ -598,11 +600,12 @@ def fit_policies(
   return fits
 
 
-def nothing_fits_error(fits: Sequence[BatchFit]) -> NothingFitsError:
-  """The error of fits none of which fits its smallest batch: the least footprint and its policy."""
+def nothing_fits_error(fits: Sequence[BatchFit], note: str = "") -> NothingFitsError:
+  """The error of fits none of which fits its smallest batch: the least footprint and its policy (and ``note``,
+  e.g. why ``custom:search`` stopped)."""
   least = min(fits, key=lambda f: f.footprint_bytes)
   smallest = min(p.batch for f in fits for p in f.points)
   return NothingFitsError(
       f"memory={format_bytes(least.limit_bytes)} fits no policy even at batch size {smallest}: the least footprint "
-      f"is {format_bytes(least.footprint_bytes)} with policy {least.policy}; give more memory, a smaller model or "
-      f"a sharded mesh")
+      f"is {format_bytes(least.footprint_bytes)} with policy {least.policy}" + (f" ({note})" if note else "")
+      + "; give more memory, a smaller model or a sharded mesh")

@@ -56,6 +56,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxckpt._units import format_bytes
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
@@ -403,8 +404,10 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     pts = fit.points
     flops_model = line_through([(p.batch, p.flops) for p in pts])
     known = [p for p in pts if p.bytes_accessed is not None]
-    bytes_model = fit_affine([(p.batch, int(p.bytes_accessed)) for p in known]) if len({p.batch for p in known}) > 1 \
-        else None
+    # one compiled batch (a pinned batch, a guess at the cap): the bytes in proportion to the batch, so a smaller
+    # micro-batch is not credited with moving nothing (with accumulation the step moves as much; its FSDP gathers
+    # repeat per micro-step in the collectives term)
+    bytes_model = line_through([(p.batch, int(p.bytes_accessed)) for p in known]) if known else None
     hosted = [p for p in pts if p.host_bytes is not None]
     host_model = fit_affine([(p.batch, p.host_bytes) for p in hosted]) if len({p.batch for p in hosted}) > 1 \
         else None
@@ -427,13 +430,13 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
                                  working_set=foot, host_bytes=host or 0, per_micro=per_micro, per_step=per_step,
                                  accum=k)
       if host and device.host_memory_bytes is not None and host > device.host_memory_bytes:
-        over_host.append(f"{fit.policy} at {b}: {host / 2**30:.2f} GiB")
+        over_host.append(f"{fit.policy} at {b}: {format_bytes(host)}")
         continue  # its offloaded residuals do not fit the host's memory
       out.append(Candidate(fit.policy, b, k, foot, point is not None, flops, accessed, est, terms=terms,
                            host_bytes=host, mesh=dict(mesh_shape) if mesh_shape else None))
   if not out and over_host:
     raise JaxckptError(f"global_batch_size={global_batch}: every candidate that fits the device offloads more than "
-                       f"the host memory per device ({device.host_memory_bytes / 2**30:.2f} GiB on {device.name}; "
+                       f"the host memory per device ({format_bytes(device.host_memory_bytes)} on {device.name}; "
                        f"{', '.join(over_host[:4])}): give more host memory per device (host_memory_bytes) or a "
                        "policy that offloads less")
   if not out:

@@ -49,7 +49,7 @@ from jaxckpt.policies._model import (
     parse_model_policy,
 )
 from jaxckpt.step._targets import ModelTarget, Target
-from jaxckpt.step._compile import checkpoint_name_bytes, compile_policy, forward_jaxpr, step_builder
+from jaxckpt.step._compile import boundary_names, compile_policy, forward_jaxpr, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
 from jaxckpt.training._sharding import check_batch_size, make_mesh, mesh_platform
 from jaxckpt.training._topology import CHIPS, Topology, chip_for_kind, topology_mesh
@@ -418,17 +418,20 @@ def _choose(predictor: _Predictor, candidates: Sequence[LayerCandidate], num_lay
   return min(choices, key=lambda a: (a.recompute_flops, a.saved_bytes)) if choices else None
 
 
-_OFFLOAD_HINT = ("; or offload to host memory per checkpoint name, which goes below full remat's device footprint: "
-                 "jaxckpt.fit.plan_fit(target, ['nothing_saveable', 'custom:search'], memory, global_batch=B, "
-                 "min_batch=B, max_batch=B) at this batch B (MaxText's custom lists, docs/fit.md)")
-"""Where a budget below full remat's footprint can still be met on a device with host memory (a TPU, a GPU)."""
-
-
-def _offloads_by_name(target: Any, builder: Any, mesh: Any) -> bool:
-  """Whether the fit planner's per-name offload (``custom:search``) applies: a model target that tags checkpoint
-  names, on a device with host memory to offload to (a TPU topology's chip, a GPU)."""
-  return (mesh_platform(mesh) in ("tpu", "gpu") and isinstance(target, ModelTarget)
-          and bool(checkpoint_name_bytes(forward_jaxpr(builder))))
+def _offload_hint(target: Any, builder: Any, mesh: Any, limit: int) -> str:
+  """The tail of the error of a footprint budget below full remat's, where the fit planner's per-name offload can
+  go lower: a model target whose remat regions take a tagged input (the layer input, ``decoder_layer_input``: full
+  remat keeps it on the device, offloading it does not), on a device with host memory (a TPU topology's chip, a
+  GPU); else ``""``."""
+  if mesh_platform(mesh) not in ("tpu", "gpu") or not isinstance(target, ModelTarget):
+    return ""
+  inputs = boundary_names(forward_jaxpr(builder))
+  if not inputs:
+    return ""
+  batch = max((a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)), default=1)
+  return (f"; or offload {', '.join(sorted(inputs))} to host memory, below full remat: the fit planner's "
+          f"custom:search with the batch pinned at {batch} in {format_bytes(limit)} (docs/fit.md, \"When no fixed "
+          "policy fits the batch\")")
 
 
 def plan_policy(
@@ -571,7 +574,7 @@ def plan_policy(
         f"{format_bytes(least.memory['footprint_bytes'])}); to go lower "
         + ("use a smaller batch or grad_accum_steps > 1 (or a fixed policy with structure='nested', which plans do not "
            "take)" if isinstance(target, ModelTarget) else f"give {target.name}'s target a smaller batch")
-        + (_OFFLOAD_HINT if key == "footprint_bytes" and _offloads_by_name(target, builder, mesh) else ""),
+        + (_offload_hint(target, builder, mesh, limit) if key == "footprint_bytes" else ""),
         budget=parsed, limit_bytes=limit, key=key, minimum_bytes=least.memory[key], policy=str(least.policy))
 
   params = nnx.state(stack.layers, nnx.Param) if stack is not None else {}  # own layers: no slicing of a stack

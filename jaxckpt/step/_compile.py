@@ -37,7 +37,7 @@ from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.step._stats_cache import CachedStats, cache_key, stats_cache
 from jaxckpt.training import _sharding as sharding
 from jaxckpt.analysis._flops import jaxpr_flops
-from jaxckpt.analysis._jaxprs import checkpoint_name_of, iter_eqns
+from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.analysis._internals import compilation_cache_switch
 from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
 from jaxckpt.policies._spec import PolicySpec
@@ -48,7 +48,7 @@ from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fi
 
 __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "xla_cost", "check_mesh_use",
-           "is_memory_refusal", "CachedRefusal", "forward_jaxpr", "checkpoint_name_bytes"]
+           "is_memory_refusal", "CachedRefusal", "forward_jaxpr", "checkpoint_name_bytes", "boundary_names"]
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
@@ -332,6 +332,28 @@ def checkpoint_name_bytes(jaxpr: jax.core.ClosedJaxpr) -> dict[str, int]:
     if name is not None:
       by_name[name] = by_name.get(name, 0) + sum(math.prod(v.aval.shape) * v.aval.dtype.itemsize for v in eqn.outvars)
   return by_name
+
+
+def boundary_names(jaxpr: Any) -> set[str]:
+  """The checkpoint names whose value is an input of its remat region (through layout-only equations): under
+  per-layer remat the layer input (MaxText's ``decoder_layer_input``), saved anyway, so only offloading it frees
+  device memory (:mod:`jaxckpt.fit._names`)."""
+  found: set[str] = set()
+  for eqn in outermost_remats(jaxpr):
+    body = remat_body(eqn)
+    body = getattr(body, "jaxpr", body)
+    inputs = set(map(id, body.invars))
+    producer = {id(v): e for e in body.eqns for v in e.outvars}
+    for e in body.eqns:
+      name = checkpoint_name_of(e)
+      if name is None:
+        continue
+      v = e.invars[0]
+      while id(v) in producer and producer[id(v)].primitive.name in LAYOUT_ONLY and producer[id(v)].invars:
+        v = producer[id(v)].invars[0]
+      if id(v) in inputs:
+        found.add(name)
+  return found
 
 
 def lower_policy(
