@@ -70,6 +70,8 @@ def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
     (["--mesh", "auto", "--topology", TOPOLOGY], "--mesh auto searches the mesh of a --topology"),
     (["--mesh", "fsdp=4", "--topology", TOPOLOGY, "--global-batch-size", "16", "--max-meshes", "0"],
      "--max-meshes 0 must be ≥ 1"),
+    (["--mesh", "auto", "--topology", TOPOLOGY, "--global-batch-size", "16", "--min-batch", "32"],
+     "--min-batch 32 > --global-batch-size 16: no micro-batch between"),
 ])
 def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys):
   assert main(["--model", "llm", "--preset", "tiny", *argv]) == 2

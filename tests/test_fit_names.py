@@ -219,6 +219,19 @@ def test_custom_search_api_bad_input_names_the_value():
     name_costs(target, names=[])
   with pytest.raises(Exception, match="one string"):
     name_costs(target, names="query_proj")
+  h100 = accelerator("h100")
+  plans = [  # plan_fit's (found by a helper): each refused before any compile
+      (dict(policies="custom:search"), "is one string: give a list"),
+      (dict(policies=["nothing_saveable", "Custom:Search"]), "the search's token is 'custom:search', in lower case"),
+      (dict(policies=["nothing_saveable"], custom_lists=0), r"custom_lists=0 must be an int ≥ 1"),
+      (dict(policies=["nothing_saveable", "custom:search"], custom_lists=True), r"custom_lists=True must be an int"),
+      (dict(policies=["nothing_saveable"], custom_lists=3), "applies to 'custom:search' only"),
+      (dict(policies=["nothing_saveable"], global_batch=16.0), r"global_batch_size=16\.0 must be an int ≥ 1"),
+  ]
+  for extra, message in plans:
+    kwargs = {"global_batch": 16, "device": h100, **extra}
+    with pytest.raises(Exception, match=message):
+      plan_fit(target, kwargs.pop("policies"), "64MiB", **kwargs)
 
 
 def test_no_list_is_fitted_when_none_is_predicted_faster_than_full_remat():

@@ -210,7 +210,7 @@ def search_meshes(
 
   Raises:
     NothingFitsError: no fitted mesh fits any policy (each mesh's reason in the message).
-    JaxckptError: ``max_meshes`` < 1, ``global_batch`` < 1, a loss target.
+    JaxckptError: ``max_meshes`` < 1, ``global_batch`` < 1, a ``min_batch`` above it, a loss target.
     TopologyError: a bad topology, libtpu missing.
   """
   started = time.perf_counter()
@@ -218,6 +218,8 @@ def search_meshes(
     raise JaxckptError(f"max_meshes={max_meshes} must be ≥ 1")
   if global_batch < 1:
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
+  if (kwargs.get("min_batch") or 1) > global_batch:  # bad input, not a reason of every mesh
+    raise JaxckptError(f"min_batch={kwargs['min_batch']} > global_batch_size={global_batch}: no micro-batch between")
   topo = get_topology(topology)
   limit, _ = resolve_memory(memory, device=topo.devices[0])
   device = device or accelerator(device=topo.devices[0])

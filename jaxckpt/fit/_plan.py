@@ -263,8 +263,8 @@ def _check_global_batch(global_batch: int, device: Accelerator | None, mesh: Any
   axes do not divide, or one no micro-batch ≥ ``min_batch`` (a multiple of the mesh's batch unit) divides."""
   if device is None:
     raise JaxckptError("global_batch= needs device= (an Accelerator: jaxckpt.fit.accelerator())")
-  if global_batch < 1:
-    raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
+  if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+    raise JaxckptError(f"global_batch_size={global_batch!r} must be an int ≥ 1")
   if mesh is not None:
     check_batch_size(global_batch, mesh, flag="global_batch_size")
   unit = batch_unit(mesh)
@@ -282,16 +282,25 @@ def _without_search(policies: Sequence[Any], global_batch: int | None, custom_li
   when none is given (the line the names are added to).
 
   Raises:
-    JaxckptError: custom:search without ``global_batch``, or ``custom_lists`` not an int ≥ 1.
+    JaxckptError: ``policies`` one string; custom:search without ``global_batch``, spelt in other letter cases;
+      ``custom_lists`` not an int ≥ 1, or other than the default without custom:search.
   """
+  if isinstance(policies, str):
+    raise JaxckptError(f"policies={policies!r} is one string: give a list, e.g. ['nothing_saveable', "
+                       f"'{CUSTOM_SEARCH}']")
+  for p in policies:
+    if isinstance(p, str) and p.strip() != CUSTOM_SEARCH and p.strip().lower() == CUSTOM_SEARCH:
+      raise JaxckptError(f"policy {p!r}: the search's token is {CUSTOM_SEARCH!r}, in lower case")
+  if isinstance(custom_lists, bool) or not isinstance(custom_lists, int) or custom_lists < 1:
+    raise JaxckptError(f"custom_lists={custom_lists!r} must be an int ≥ 1")
   searched = any(isinstance(p, str) and p.strip() == CUSTOM_SEARCH for p in policies)
+  if not searched and custom_lists != DEFAULT_CUSTOM_LISTS:
+    raise JaxckptError(f"custom_lists={custom_lists} applies to '{CUSTOM_SEARCH}' only, which policies does not hold")
   policies = [p for p in policies if not (isinstance(p, str) and p.strip() == CUSTOM_SEARCH)]
   if searched:
     if global_batch is None:
       raise JaxckptError(f"{CUSTOM_SEARCH} chooses names by the step-time model of a global batch: give "
                          "global_batch")
-    if not isinstance(custom_lists, int) or custom_lists < 1:
-      raise JaxckptError(f"custom_lists={custom_lists!r} must be an int ≥ 1")
     if not any(str(p).strip() in FULL_REMAT_POLICIES for p in policies):
       policies.append(FULL_REMAT_POLICIES[0])
   return policies, searched
