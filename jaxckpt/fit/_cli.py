@@ -141,9 +141,9 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
   if any(f.capped and (f.estimated_max_batch or 0) > (f.max_batch_size or 0) for f in plan.fits):
     notes.append("capped: the search stops at the global batch (or --max-batch); est. N: the largest batch within "
                  "the memory by the line through its two largest compiles, not compiled")
+  compiles = f"{plan.compiles} compile{'s' * (plan.compiles != 1)}"
   parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
-                                          f"({plan.memory_source}), {plan.compiles} compile{'s' * (plan.compiles != 1)}{refused}, "
-                                          f"{plan.seconds:.0f} s",
+                                          f"({plan.memory_source}), {compiles}{refused}, {plan.seconds:.0f} s",
                         notes=notes, width=width, wide=wide, right=range(1, len(cols)))]
   if plan.custom is not None:
     parts.append(custom_table(plan.custom, width=width, wide=wide))
@@ -289,6 +289,8 @@ def _check_args(args: argparse.Namespace) -> None:
     args.custom_lists = DEFAULT_CUSTOM_LISTS
   if args.custom_lists < 1:
     raise JaxckptError(f"--custom-lists {args.custom_lists} must be ≥ 1")
+  if args.max_batch is None and args.global_batch_size is None:
+    args.max_batch = DEFAULT_MAX_BATCH  # with a global batch: G, or the one given (at most G)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -344,9 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
                      compiled_for=compiled_for(mesh, topology))
     else:
-      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **(
-          {"max_batch": args.max_batch or DEFAULT_MAX_BATCH} if args.global_batch_size is None
-          else {"custom_lists": args.custom_lists, **({} if args.max_batch is None else {"max_batch": args.max_batch})})}
+      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **({} if args.max_batch is None else {
+          "max_batch": args.max_batch}), **({} if args.global_batch_size is None else {
+              "custom_lists": args.custom_lists})}
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
   except JaxckptError as err:
