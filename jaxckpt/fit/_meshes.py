@@ -41,7 +41,6 @@ from flax import nnx
 
 from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.fit._model import AffineModel, fit_affine
 from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
 from jaxckpt.fit._speed import Accelerator, accelerator, collective_bytes
@@ -313,7 +312,7 @@ class _Bounds:
     units = option.shape.get("data", 1) * option.shape.get("fsdp", 1)
     out: dict[str, int] = {}
     for f in calibration.plan.fits if calibration.plan is not None else ():
-      line = _compiled_line(f)
+      line = f.compiled_line()
       if line.slope <= 0:
         continue
       per_group = ((limit - (line.intercept - calibration.state_bytes_per_device) - option.state_bytes_per_device)
@@ -328,7 +327,7 @@ class _Bounds:
     tensor, an upper bound of the batch, so the accumulation and the bound stay lower bounds); a mesh where not one
     example fits is ``too big``."""
     calibration = options[first]
-    fitted = [(f, _compiled_line(f)) for f in (calibration.plan.fits if calibration.plan is not None else ())]
+    fitted = [(f, f.compiled_line()) for f in (calibration.plan.fits if calibration.plan is not None else ())]
     lines = [(line.intercept - calibration.state_bytes_per_device, line.slope * f.unit) for f, line in fitted
              if line.slope > 0]
     if not lines:
@@ -348,10 +347,3 @@ class _Bounds:
         out[i] = dataclasses.replace(o, bound_s=self.bound(o.shape, math.ceil(
             self.global_batch / (units * math.floor(per_group)))))
     return out
-
-
-def _compiled_line(fit: Any) -> AffineModel:
-  """A fit's footprint against the batch: the line through its compiles the compiler did not refuse (a refusal names
-  the temporaries of another schedule, not a footprint), else its first two compiles' line."""
-  kept = [(p.batch, p.footprint_bytes) for p in fit.points if not p.refused]
-  return fit_affine(kept) if len({b for b, _ in kept}) > 1 else fit.model

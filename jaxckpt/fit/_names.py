@@ -45,7 +45,7 @@ from typing import Any
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._tables import render_table
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit._model import AffineModel, fit_affine, line_through
+from jaxckpt.fit._model import line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
 from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
 from jaxckpt.policies._model import parse_model_policy
@@ -255,7 +255,7 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   known = [p for p in pts if p.bytes_accessed is not None]
   # one batch size (a pinned batch): through the origin, exact at that batch, the only one scored
   bytes_line = line_through([(p.batch, int(p.bytes_accessed)) for p in known]) if known else None
-  foot_line = _footprint_line(full)
+  foot_line = full.compiled_line()
   params = max((p.param_bytes for p in pts), default=0)
   tensor = dict(mesh_shape or {}).get("tensor", 1)
   share = unit * tensor
@@ -302,17 +302,10 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   return ranked[:top]
 
 
-def _footprint_line(full: BatchFit) -> AffineModel:
-  """Full remat's footprint per device against the batch: the line through its compiles the compiler did not
-  refuse (a refusal names other bytes), or the fit's own model with fewer than two."""
-  pts = [(p.batch, p.footprint_bytes) for p in full.points if not p.refused]
-  return fit_affine(pts) if len({b for b, _ in pts}) > 1 else full.model
-
-
 def predicted_footprint(plan: CustomPlan, costs: Sequence[NameCost], full: BatchFit, batch: int, *,
                         offload_device: Mapping[str, float] | None = None) -> float:
   """The footprint per device :func:`custom_plans` predicts for ``plan``'s lists at ``batch`` (bytes)."""
-  foot = _footprint_line(full)(batch)
+  foot = full.compiled_line()(batch)
   for cost in costs:
     size = cost.bytes_per_example * batch / full.unit
     if cost.name in plan.save and not cost.boundary:

@@ -135,6 +135,12 @@ class BatchFit:
   seconds: float
   estimated_max_batch: int | None = None
 
+  def compiled_line(self) -> AffineModel:
+    """Footprint per device against the batch: the line through the compiles the compiler did not refuse (a refusal
+    names the temporaries of another schedule, not a footprint), else :attr:`model` with fewer than two batches."""
+    kept = [(p.batch, p.footprint_bytes) for p in self.points if not p.refused]
+    return fit_affine(kept) if len({b for b, _ in kept}) > 1 else self.model
+
   @property
   def by_batch(self) -> dict[int, FitPoint]:
     """The compiled points by batch size."""
