@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt._cli import CLIParser, check_output_file  # noqa: F401 - CLIParser re-exported for readme.py
+from jaxckpt.cli import CLIParser, check_output_file  # noqa: F401 - CLIParser re-exported for readme.py
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["RESULTS_DIR", "MIN_ROUNDS", "run_record", "finish_record", "interleaved", "write_json", "markdown_table",

@@ -3,7 +3,7 @@ issue 17 holds the report's time to.
 
 Same shapes and math as :class:`jaxckpt.models._gpt.GPT` (pre-LN decoder, fused QKV projection, tied embeddings, learned
 positions, dropout on the attention weights and on each sublayer's output, tanh-GELU MLP, the same checkpoint names
-as :mod:`jaxckpt.core._names`), built from ``nnx.Linear`` / ``nnx.LayerNorm`` / ``nnx.Embed``; the layers are created
+as :mod:`jaxckpt.names`), built from ``nnx.Linear`` / ``nnx.LayerNorm`` / ``nnx.Embed``; the layers are created
 with ``nnx.vmap`` and run with ``nnx.scan`` (Flax's "scan over layers" pattern), each sublayer under ``nnx.remat``
 with a ``jax.checkpoint_policies`` policy (``none``: no remat); one ``optax.adamw(1e-3)`` update in a functional
 step over ``nnx.split`` state (NNX's performance guide), compiled with the same XLA options as the report. No

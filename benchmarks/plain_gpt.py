@@ -3,7 +3,7 @@
 Same shapes as :data:`jaxckpt.models._gpt.GPT_PRESETS` (pre-LN decoder, tied embeddings, learned positions, dropout on the
 attention weights and on each sublayer's output, tanh-GELU MLP), layers stacked on a leading axis and run with
 ``jax.lax.scan``; each sublayer under ``jax.checkpoint`` with a ``jax.checkpoint_policies`` policy (none: no
-checkpoint), the same checkpoint names as :mod:`jaxckpt.core._names`; one ``optax.adamw(1e-3)`` update. No jaxckpt code:
+checkpoint), the same checkpoint names as :mod:`jaxckpt.names`; one ``optax.adamw(1e-3)`` update. No jaxckpt code:
 this is what a user would write to get the same program (benchmarks/report_speed.py compares the two).
 """
 

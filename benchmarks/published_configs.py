@@ -1,7 +1,7 @@
 """The published MaxText configurations on Trillium (v6e), compiled deviceless by the TPU compiler: do they fit?
 
 Every row of ../shared/published-configs.md §2 that names a dense model (T1–T8, T13, T17–T20) is compiled with
-jaxckpt's LLM family (:mod:`jaxckpt.models.llm`) on its topology, without a TPU (:mod:`jaxckpt.topology`): its
+jaxckpt's LLM family (:mod:`jaxckpt.models.llm`) on its topology, without a TPU (:mod:`jaxckpt.sharding`): its
 per-device batch × chips sequences of its length, its remat policy (MaxText's ``custom`` tensors as
 ``save_and_offload_only_these_names``, its presets by name), bfloat16 activations and its weight dtype, the splash
 kernel with its block sizes, and FSDP over every chip. The table gives the footprint per chip against the chip's HBM,
@@ -44,7 +44,7 @@ from jaxckpt.models import model_entry
 from jaxckpt.models.llm import SplashBlockSizes
 from jaxckpt.report import build_report
 from jaxckpt.step import ModelTarget
-from jaxckpt.topology import get_topology
+from jaxckpt.sharding import get_topology
 from jaxckpt import format_bytes
 
 NAME = "published_configs"

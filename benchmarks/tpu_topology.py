@@ -1,7 +1,7 @@
 """Planning for a TPU without a TPU: GPT-2 small compiled by the TPU compiler (v5e:2x2, v4:2x2x1) beside XLA:CPU.
 
 Per topology, the train step of GPT-2 small (``gpt2-small``: 12 layers, d=768, T=1024, V=50257, float32), sharded over
-every chip on the ``data`` axis, compiled deviceless by libtpu's TPU compiler (:mod:`jaxckpt.topology`) and
+every chip on the ``data`` axis, compiled deviceless by libtpu's TPU compiler (:mod:`jaxckpt.sharding`) and
 by XLA:CPU on one device at the per-chip batch (the report's ``--compare-cpu``):
 
 1. the footprint per chip of each policy at 2 sequences per chip (``jaxckpt-report --topology T --compare-cpu``; on
@@ -29,7 +29,7 @@ from benchmarks import common
 from jaxckpt.fit import fit_policies, resolve_memory
 from jaxckpt.report import build_report
 from jaxckpt.step import shipped_target
-from jaxckpt.topology import get_topology
+from jaxckpt.sharding import get_topology
 
 NAME = "tpu_topology"
 POLICIES = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")

@@ -21,7 +21,7 @@ from experiments.options import configure
 from experiments.policy import resolve_policy
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit import DEFAULT_POLICIES, accelerator, fit_policies, plan_fit
-from jaxckpt.fit._cli import to_table
+from jaxckpt.fit import to_table
 from jaxckpt.fit._plan import FitPlan
 from jaxckpt.fit._search import resolve_memory
 from jaxckpt.policies import AUTO

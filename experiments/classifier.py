@@ -23,7 +23,7 @@ import jaxckpt
 from experiments.autofit import autofit, batch_size_flag
 from experiments.data import eval_batches, load_dataset, train_batch
 from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
-from experiments.options import RunOptions, configure, run_identity
+from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
           f"{jaxckpt.policies.POLICY_FORMS}\n"
           f"policy names: {', '.join(jaxckpt.policies.POLICY_NAMES)}\n"
           f"block types per model: {blocks}\n"
-          f"checkpoint names: {', '.join(jaxckpt.core._names.ALL_NAMES)}\n"
+          f"checkpoint names: {', '.join(jaxckpt.names.ALL_NAMES)}\n"
           "examples:\n"
           "  python -m experiments.classifier --policy dots_saveable\n"
           "  python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan\n"

@@ -12,7 +12,7 @@ import jax
 import jaxckpt
 from jaxckpt.analysis._render import memory_table, policy_summary
 from jaxckpt.step import ModelTarget, compile_policy
-from jaxckpt.training import _sharding as sharding
+from jaxckpt import sharding
 
 __all__ = ["CompiledStep", "compile_and_describe"]
 

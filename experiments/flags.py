@@ -11,8 +11,8 @@ from typing import Any
 
 from experiments.loop import RunInterrupted
 from experiments.options import NAN_POLICIES, RESUME_AUTO, RunOptions, configure
-from jaxckpt.training import _sharding as sharding
-from jaxckpt._cli import CLIParser, progress_enabled
+from jaxckpt import sharding
+from jaxckpt.cli import CLIParser, progress_enabled
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
 
 __all__ = ["CLIParser", "add_policy_flags", "add_run_flags", "run_cli", "command", "interrupted_line"]

@@ -34,7 +34,7 @@ from experiments.flags import CLIParser, add_policy_flags, add_run_flags, comman
 from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
-from jaxckpt.core._names import DECODER_NAMES
+from jaxckpt.names import DECODER_NAMES
 from jaxckpt.models._registry import MODEL_REGISTRY, LanguageModelEntry, model_entry
 from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
 from jaxckpt.nnx._layers import ATTENTION_IMPLEMENTATIONS

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from jaxckpt._cli import check_output_dir
+from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.training._profile import check_profile_dir
 
@@ -40,7 +40,7 @@ class RunOptions:
   # On a NaN/Inf loss, gradient or updated parameter: "stop" (keep the last good checkpoint) or "skip" that update.
   nan_policy: str = "stop"
   progress: bool = True  # Show a progress bar (the CLIs: only where stdout and stderr are a terminal).
-  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.training._sharding); None = one device, unsharded.
+  mesh: str | None = None  # Device mesh "data=4,fsdp=2" (jaxckpt.sharding); None = one device, unsharded.
   coordinator: str | None = None  # HOST:PORT of process 0 for jax.distributed; None = one process.
   num_processes: int = 1  # Processes of a multi-process run (with --coordinator).
   process_id: int = 0  # This process, 0..num_processes-1.

@@ -13,7 +13,7 @@ import numpy as np
 
 import jaxckpt
 from experiments.policy import policy_per_block
-from jaxckpt.training import _sharding as sharding
+from jaxckpt import sharding
 
 if TYPE_CHECKING:
   from experiments.loop import LoopResult

@@ -10,7 +10,7 @@ import jax
 
 import jaxckpt
 from experiments.options import RunOptions
-from jaxckpt.training import _sharding as sharding
+from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["Placement", "setup_placement"]
@@ -18,7 +18,7 @@ __all__ = ["Placement", "setup_placement"]
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """Where a run's arrays live: one device (``mesh`` is ``None``), or sharded over a mesh (:mod:`jaxckpt.training._sharding`).
+  """Where a run's arrays live: one device (``mesh`` is ``None``), or sharded over a mesh (:mod:`jaxckpt.sharding`).
 
   Attributes:
     mesh: the device mesh, or ``None``.

@@ -18,8 +18,9 @@ them are private, ``_name.py``, as optax keeps ``optax._src``):
   :func:`parse_bytes`.
 - Namespaces: :mod:`jaxckpt.models` (the shipped models), :mod:`jaxckpt.step` (targets, the train step every tool
   compiles), :mod:`jaxckpt.planner` (budget plans), :mod:`jaxckpt.report`, :mod:`jaxckpt.fit`,
-  :mod:`jaxckpt.sharding`, :mod:`jaxckpt.topology` (TPU topologies to compile for without a TPU: ``--topology
-  v5e:2x2``), :mod:`jaxckpt.names` (checkpoint name constants), :mod:`jaxckpt.analysis`,
+  :mod:`jaxckpt.sharding` (meshes, logical axis rules, state shardings, and the TPU slices and GPU clusters to
+  compile for without the hardware: ``--topology v5e:2x2``), :mod:`jaxckpt.names` (checkpoint name constants),
+  :mod:`jaxckpt.analysis`,
   :mod:`jaxckpt.schema`.
 
 The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules → analysis →
@@ -31,19 +32,23 @@ left this face (``jaxckpt.Stack`` is ``jaxckpt.nnx.Stack``).
 """
 
 from jaxckpt.errors import EnvSettingError as _EnvSettingError
-from jaxckpt._remat_impl import check_env as _check_env
+from jaxckpt._remat_impl import check_env as _check_env, running_console_script as _running_console_script
 
 if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on import (a ValueError traceback there)
-  raise _EnvSettingError(_problem)  # a library raises; the CLIs turn it into one line and exit 2 (jaxckpt._cli)
+  if _running_console_script():  # jaxckpt-report/-plan/-fit: a program's bad input is one line and exit 2
+    import sys as _sys
+
+    _sys.stderr.write(f"jaxckpt: {_problem}\n")
+    raise SystemExit(2)
+  raise _EnvSettingError(_problem)  # a library raises
 
 from jaxckpt import _deprecations
 from jaxckpt import errors, schema
+from jaxckpt import names, sharding
 from jaxckpt import nnx, linen  # the two front-ends (each registers itself for the verbs below)
 from jaxckpt import analysis, core, policies, training
 from jaxckpt import models, step, planner, report, fit
-from jaxckpt.core import _names as names
-from jaxckpt.training import _sharding as sharding
-from jaxckpt.training import _topology as topology
+from jaxckpt import cli
 from jaxckpt.core._diagnostics import RematPolicyWarning, policy_warnings
 from jaxckpt.core._frontends import apply_remat, block_types, set_policy, with_policy
 from jaxckpt.core._remat import Remat, checkpoint, remat
@@ -62,7 +67,7 @@ MOVED_MODULES = _deprecations.MOVED_MODULES
 
 __all__ = [
     # namespaces
-    "errors", "nnx", "linen", "models", "policies", "step", "planner", "report", "fit", "sharding", "topology", "names",
+    "errors", "nnx", "linen", "models", "policies", "step", "planner", "report", "fit", "sharding", "names", "cli",
     # policies
     "parse_policy", "parse_model_policy", "Policy", "PolicySpec", "LayeredPolicy", "Budget",
     # remat
@@ -95,15 +100,8 @@ _MOVED_NAMES: dict[str, tuple[str, str]] = {
     "warn_policy": ("jaxckpt.core._diagnostics", "warn_policy"),
     "checkpoint_names": ("jaxckpt.nnx", "checkpoint_names"),
 }
-"""Names this face offered before it shrank (session 9) -> where they are now."""
+"""Names this face offered in jaxckpt 0.0 -> where they are now."""
 
 __getattr__ = _deprecations.forward_names(__name__, _MOVED_NAMES)
 
 _deprecations.install_moved_modules()
-sys_modules = None  # (no module-level imports of sys here: the ground module installs the aliases)
-del sys_modules
-import sys as _sys
-
-_sys.modules.setdefault("jaxckpt.names", names)
-_sys.modules.setdefault("jaxckpt.sharding", sharding)
-_sys.modules.setdefault("jaxckpt.topology", topology)

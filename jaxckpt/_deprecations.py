@@ -27,7 +27,7 @@ __all__ = ["PUBLIC_FACES", "MOVED_MODULES", "MovedModule", "forward_names", "pub
 
 PUBLIC_FACES: tuple[str, ...] = (
     "jaxckpt", "jaxckpt.nnx", "jaxckpt.linen", "jaxckpt.models", "jaxckpt.models.llm", "jaxckpt.policies",
-    "jaxckpt.step", "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.topology",
+    "jaxckpt.step", "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.cli",
     "jaxckpt.training", "jaxckpt.analysis", "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
 )
 """The modules whose ``__all__`` names are public; every public name is on exactly one of them
@@ -46,35 +46,41 @@ _OLD_TOP_LEVEL = {
     "jaxckpt.xla": "jaxckpt.training._xla", "jaxckpt.saving": "jaxckpt.training._saving",
     "jaxckpt.profile": "jaxckpt.training._profile",
 }
-"""Module paths of the flat layout before the folders (session 7)."""
+"""Module paths of jaxckpt 0.0's flat layout (before the folders)."""
 
 _PACKAGE_MODULES = {
     "analysis": ("activations", "effect", "flops", "internals", "jaxprs", "policy_meaning", "render", "residuals",
                  "tables"),
     "core": ("arguments", "autonames", "blocks", "diagnostics", "matching", "names", "remat", "structure", "tagging"),
-    "fit": ("cli", "html", "model", "plan", "plot", "search", "speed"),
+    "fit": ("html", "model", "plan", "plot", "search", "speed"),
     "linen": ("apply", "layers"),
     "models": ("classifiers", "configs", "gpt", "multitask", "registry"),
     "nnx": ("apply", "layers"),
-    "planner": ("cache", "candidates", "cli", "export", "own", "plan", "segmented", "segments", "solve", "tensors",
-                "whole"),
+    "planner": ("cache", "candidates", "export", "own", "plan", "segmented", "segments", "solve", "tensors", "whole"),
     "policies": ("model", "spec"),
-    "report": ("build", "cli", "compile", "formats", "html", "keys", "measure", "outputs", "plot", "policies",
-               "residuals", "xla_dump"),
+    "report": ("build", "compile", "formats", "html", "keys", "measure", "outputs", "plot", "policies", "residuals",
+               "xla_dump"),
     "step": ("build", "compile", "targets"),
-    "training": ("profile", "saving", "sharding", "train", "xla"),
+    "training": ("profile", "saving", "train", "xla"),
 }
-"""Modules that were public before the faces (session 9) and are private (``_name``) now."""
+"""Modules that were public in jaxckpt 0.0 and are private (``_name``) behind the faces now."""
 
 MOVED_MODULES: dict[str, str] = {
     **_OLD_TOP_LEVEL,
     **{f"jaxckpt.{package}.{module}": f"jaxckpt.{package}._{module}"
        for package, modules in _PACKAGE_MODULES.items() for module in modules},
-    "jaxckpt.units": "jaxckpt._units", "jaxckpt.cli": "jaxckpt._cli", "jaxckpt.remat_impl": "jaxckpt._remat_impl",
-    "jaxckpt.step.flags": "jaxckpt.planner._target_flags",  # argparse left the step core (session 9)
+    "jaxckpt.units": "jaxckpt._units", "jaxckpt.remat_impl": "jaxckpt._remat_impl",
+    # jaxckpt 0.2: the CLI room (jaxckpt.cli: the three tools' mains, their shared flags and parser)
+    "jaxckpt.step.flags": "jaxckpt.cli._flags", "jaxckpt.fit.cli": "jaxckpt.cli._fit",
+    "jaxckpt.planner.cli": "jaxckpt.cli._plan", "jaxckpt.report.cli": "jaxckpt.cli._report",
+    # jaxckpt 0.2: the sharding room (meshes, logical rules, state shardings, chips and topologies in one package)
+    "jaxckpt.topology": "jaxckpt.sharding", "jaxckpt.training.sharding": "jaxckpt.sharding",
+    "jaxckpt.core.names": "jaxckpt.names",
 }
-"""Old module path -> the private module behind it now (``jaxckpt.core._names`` and ``jaxckpt.training._sharding``
-are served by the public faces ``jaxckpt.names`` and ``jaxckpt.sharding``)."""
+"""Old module path -> the module behind it now (a private module, or the public face that replaced it)."""
+
+REMOVED_IN = "0.3.0"
+"""The jaxckpt release that removes every old path of :data:`MOVED_MODULES` and every name a face forwards."""
 
 def public_path(name: str, default: str) -> str:
   """Where ``name`` is public now: ``"<face>.<name>"`` for the first face of :data:`PUBLIC_FACES` whose ``__all__``
@@ -109,8 +115,8 @@ class MovedModule(types.ModuleType):
       raise AttributeError(name)
     new = self.__moved_to__
     value = getattr(importlib.import_module(new), name)
-    warnings.warn(f"{self.__name__} is not a public module any more (moved to {new}): use {public_path(name, new)}",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(f"{self.__name__} is not a public module any more (moved to {new}): use {public_path(name, new)} "
+                  f"(the old path is removed in jaxckpt {REMOVED_IN})", DeprecationWarning, stacklevel=2)
     return value
 
 
@@ -146,7 +152,8 @@ def forward_names(face: str, moved: Mapping[str, tuple[str, str]]) -> Callable[[
     value = getattr(importlib.import_module(module), new_name)
     where = (f"{module}.{new_name}" if not module.rpartition(".")[2].startswith("_")
              else public_path(new_name, module))
-    warnings.warn(f"{face}.{name} moved: use {where}", DeprecationWarning, stacklevel=2)
+    warnings.warn(f"{face}.{name} moved: use {where} (the old name is removed in jaxckpt {REMOVED_IN})",
+                  DeprecationWarning, stacklevel=2)
     return value
 
   return __getattr__

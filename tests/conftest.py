@@ -13,7 +13,7 @@ With libtpu installed (the ``tpu`` extra, for ``tests/test_topology.py``'s devic
 would probe for a TPU when its backend starts: about 0.1 s and eight lines of libtpu warnings on stderr per process
 (measured), which the one-line error checks of CLI subprocesses would read. The suite runs on CPU, so it sets
 ``JAX_PLATFORMS=cpu`` (unless the tester set it) for itself and every subprocess: the probe is skipped, and TPU
-topologies still load (libtpu is loaded on demand, :mod:`jaxckpt.topology`).
+topologies still load (libtpu is loaded on demand, :mod:`jaxckpt.sharding`).
 
 The cache lives in a fresh temporary directory made by the controlling pytest process and handed to the workers
 and to every subprocess through the environment (``JAX_COMPILATION_CACHE_DIR``); it is removed when the run ends.

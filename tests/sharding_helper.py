@@ -51,7 +51,7 @@ def _multitask_setup(policy: str, mesh=None):
   model = jaxckpt.models.MultiTaskClassifier(backbone, "parity", rngs=nnx.Rngs(1))
   tx = optax.chain(_record_grads(), optax.adamw(1e-2))
   graphdef, state = jaxckpt.create_train_state(model, tx, seed=0)
-  loss_fn = jaxckpt.training._sharding.gather_params_in_loss(jaxckpt.models.multitask_loss("parity", 0.5), mesh)  # as the experiments
+  loss_fn = jaxckpt.sharding.gather_params_in_loss(jaxckpt.models.multitask_loss("parity", 0.5), mesh)  # as the experiments
   step = jaxckpt.make_train_step(graphdef, tx, loss_fn)
   return model, state, step
 
@@ -65,7 +65,7 @@ def equivalence() -> dict:
   import jaxckpt
   import numerics
   from jaxckpt.models import MODELS
-  from jaxckpt.training import _sharding as sharding
+  from jaxckpt import sharding
 
   layers = MODELS["vit"].presets["tiny"].num_layers  # the depth of the gradient comparison (tests/numerics.py)
   rng = np.random.default_rng(0)
@@ -166,7 +166,7 @@ def per_layer() -> dict:
   import math
   import jaxckpt
   from jaxckpt.step import compile_policy, shipped_target
-  from jaxckpt.training._sharding import make_mesh
+  from jaxckpt.sharding import make_mesh
 
   out = {}
   for chips in (4, 16):
@@ -195,7 +195,7 @@ def tensor() -> dict:
   import jaxckpt
   import numerics
   from jaxckpt.models.llm import LLM_PRESETS, build_llm, llm_loss
-  from jaxckpt.training import _sharding as sharding
+  from jaxckpt import sharding
 
   config = LLM_PRESETS["llama-tiny"]
   rng = np.random.default_rng(0)

@@ -21,7 +21,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.linen import _apply as linen_apply
 from jaxckpt.step import ModelTarget, linen_target
 from jaxckpt.report import build_report
-from jaxckpt.report._cli import main as report_main
+from jaxckpt.cli._report import main as report_main
 from numerics import assert_trees_close
 
 D, T, B, VOCAB, LAYERS = 32, 16, 8, 64, 2

@@ -201,8 +201,8 @@ def test_published_rows_are_valid_llm_configurations():
   from flax import nnx
 
   import jaxckpt
-  from jaxckpt.core._names import DECODER_NAMES
-  from jaxckpt.topology import get_topology
+  from jaxckpt.names import DECODER_NAMES
+  from jaxckpt.sharding import get_topology
 
   assert [r.key for r in published_configs.ROWS] == ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T13", "T17",
                                                       "T18", "T19", "T20"]

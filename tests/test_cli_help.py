@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from experiments import classifier, lm
-from jaxckpt._cli import progress_enabled
-from jaxckpt.fit._cli import build_parser as fit_parser
-from jaxckpt.fit._cli import main as fit_main
-from jaxckpt.planner._cli import build_parser as plan_parser
-from jaxckpt.planner._cli import main as plan_main
-from jaxckpt.report._cli import build_parser as report_parser
+from jaxckpt.cli._parser import progress_enabled
+from jaxckpt.cli._fit import build_parser as fit_parser
+from jaxckpt.cli._fit import main as fit_main
+from jaxckpt.cli._plan import build_parser as plan_parser
+from jaxckpt.cli._plan import main as plan_main
+from jaxckpt.cli._report import build_parser as report_parser
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 PARSERS = [report_parser, plan_parser, fit_parser, classifier.build_parser, lm.build_parser]
@@ -36,8 +36,8 @@ def test_every_option_has_help(build):
 
 
 def test_negative_sizes_and_raising_target_modules_are_one_line(tmp_path, monkeypatch, capsys):
-  from jaxckpt.fit._cli import main as fit_main
-  from jaxckpt.report._cli import main as report_main
+  from jaxckpt.cli._fit import main as fit_main
+  from jaxckpt.cli._report import main as report_main
   try:
     code = fit_main(["--memory", "-1GiB"])
   except SystemExit as exit_:

@@ -19,7 +19,7 @@ import jaxckpt
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit import (AffineModel, NothingFitsError, accelerator, candidates, fit_affine, max_batch_size,
                          with_batch)
-from jaxckpt.fit._cli import main
+from jaxckpt.cli._fit import main
 from jaxckpt.step import LossTarget, compile_policy, shipped_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

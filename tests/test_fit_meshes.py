@@ -10,7 +10,7 @@ import math
 import pytest
 
 from jaxckpt.fit import AffineModel, BatchFit, FitPoint, accelerator, candidates, mesh_shapes
-from jaxckpt.fit._cli import main
+from jaxckpt.cli._fit import main
 from jaxckpt.fit._meshes import STATE_COPIES, state_bytes
 from jaxckpt.fit._plan import tensor_bytes_per_example
 from jaxckpt.fit._speed import collective_bytes
@@ -135,7 +135,7 @@ def test_the_plan_counts_the_compiles_the_compiler_refused():
   """A refused compile (the TPU compiler's out-of-memory at compile time) is a point over the limit: the plan counts
   it and its table's title says so, beside the compiles and the seconds."""
   from jaxckpt.fit import FitPlan
-  from jaxckpt.fit._cli import to_table
+  from jaxckpt.fit import to_table
 
   points = (FitPoint(4, 2**20, 10, None, 1.0), FitPoint(8, 2**30, 20, None, 0.5, refused=True))
   fit = BatchFit("full", 4, 2**20, 2**24, 2, AffineModel(2**18, 0), points, "affine", False, 2**30, 1, 0.0)
@@ -149,7 +149,7 @@ def test_an_axis_that_splits_a_torus_dimension_is_laid_as_maxtext_allows():
   """An axis of 8 on v6e's 16x16 torus is no product of whole torus dimensions: ``jax.make_mesh`` refuses it (the
   8B mesh search raised a traceback there); the topology lays it by splitting a physical dimension, as MaxText's
   ``allow_split_physical_axes`` does, so every factorization of the chips is a mesh the search can compile."""
-  from jaxckpt.topology import get_topology
+  from jaxckpt.sharding import get_topology
 
   topo = get_topology("v6e:16x16")
   for spec in ("data=32,fsdp=8", "fsdp=128,tensor=2", "data=2,fsdp=16,tensor=8"):
@@ -231,7 +231,7 @@ def test_a_min_batch_the_mesh_cannot_split_is_named_as_such():
   micro-batch divides it; use a multiple of 6" was wrong advice)."""
   from jaxckpt.errors import JaxckptError
   from jaxckpt.fit._plan import _check_global_batch
-  from jaxckpt.training._topology import topology_mesh
+  from jaxckpt.sharding import topology_mesh
 
   mesh = topology_mesh(TOPOLOGY, "fsdp=4")
   with pytest.raises(JaxckptError, match=r"^min_batch=6 must be a multiple of 4 \(the mesh's batch axes\)$"):

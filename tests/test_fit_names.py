@@ -11,7 +11,7 @@ import pytest
 
 from jaxckpt.fit import (AffineModel, BatchFit, FitPoint, NameCost, accelerator, custom_plans, custom_policy,
                          name_costs, plan_fit)
-from jaxckpt.fit._cli import main
+from jaxckpt.cli._fit import main
 from jaxckpt.fit._names import name_lists
 from jaxckpt.models.llm import LLM_PRESETS
 from jaxckpt.step import shipped_target
@@ -149,7 +149,7 @@ def test_a_capped_fit_states_the_largest_batch_its_line_predicts():
   """The fit planner stops at the global batch; a capped row then gives the largest batch within the memory by the
   line through its two largest compiles (not a refused one), shown as ``est.`` in the table and in the JSON."""
   from jaxckpt.fit import FitPlan
-  from jaxckpt.fit._cli import to_table
+  from jaxckpt.fit import to_table
   from jaxckpt.fit._search import _beyond
 
   gib = 2**30

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.core import _names as names
+from jaxckpt import names
 from jaxckpt.analysis._jaxprs import emitted_checkpoint_names, uses_remat
 from jaxckpt.nnx._layers import AttentionBlock, ConvBlock, MLPBlock, Stack, TransformerBlock
 from jaxckpt.models.llm import LLM_PRESETS, DecoderBlock

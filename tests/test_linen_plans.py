@@ -16,7 +16,7 @@ from jaxckpt.linen._apply import apply_remat, group_layers
 from jaxckpt.planner import plan_policy, resolve_policy
 from jaxckpt.planner._plan import MAX_GUARD_COMPILES, MAX_ROUNDS
 from jaxckpt.planner._cache import PlanCache
-from jaxckpt.planner._cli import main as plan_main
+from jaxckpt.cli._plan import main as plan_main
 from jaxckpt.planner._export import linen_export_code
 from jaxckpt import LayeredPolicy, parse_model_policy
 from jaxckpt.step import LossTarget

@@ -23,7 +23,7 @@ from flax import nnx
 import jaxckpt
 from jaxckpt.analysis import saved_residuals
 from jaxckpt.analysis._jaxprs import emitted_checkpoint_names
-from jaxckpt.core._names import DECODER_NAMES
+from jaxckpt.names import DECODER_NAMES
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models import MODEL_REGISTRY
 from jaxckpt.models.llm import (LLM, LLM_PRESETS, DecoderBlock, attention, build_llm, cross_entropy, llm_loss,
@@ -324,7 +324,7 @@ def test_auto_is_xla_off_a_tpu_and_splash_on_one_from_128_tokens():
   assert select_kernel("auto", 8192) == "xla" and select_kernel("xla", 8192) == "xla"
   assert select_kernel("splash", 64) == "splash"
   pytest.importorskip("libtpu")
-  mesh = jaxckpt.topology.topology_mesh("v5e:2x2")
+  mesh = jaxckpt.sharding.topology_mesh("v5e:2x2")
   with jax.set_mesh(mesh):
     assert select_kernel("auto", 128) == "splash" and select_kernel("auto", 64) == "xla"
 
@@ -393,7 +393,7 @@ def test_registry_and_target_flags_take_the_llm_fields():
 
 
 def test_cli_flags_name_the_flag(capsys):
-  from jaxckpt.report._cli import main as report_main
+  from jaxckpt.cli._report import main as report_main
 
   assert report_main(["--model", "gpt", "--weight-dtype", "bfloat16", "--policies", "none", "--no-progress"]) == 2
   err = capsys.readouterr().err
@@ -425,7 +425,7 @@ def test_report_rows_ok_on_a_topology_with_a_tensor_axis(tmp_path):
   in a checkpoint of the gather alone) is not taken for a model that remats by itself; remat lowers the footprint."""
   pytest.importorskip("libtpu")
   import json
-  from jaxckpt.report._cli import main as report_main
+  from jaxckpt.cli._report import main as report_main
   out = tmp_path / "r.json"
   assert report_main(["--model", "llm", "--preset", "tiny", "--topology", "v5e:2x2", "--mesh", "fsdp=2,tensor=2",
                       "--policies", "none", "full", "minimal", "--no-progress", "--json", str(out)]) == 0
@@ -444,8 +444,8 @@ def test_offload_row_on_a_topology_is_below_every_fixed_policy_and_within_the_ho
   residuals, within the chip table's host memory."""
   pytest.importorskip("libtpu")
   import json
-  from jaxckpt.report._cli import main as report_main
-  from jaxckpt.topology import CHIPS
+  from jaxckpt.cli._report import main as report_main
+  from jaxckpt.sharding import CHIPS
   out = tmp_path / "r.json"
   offload = "save_and_offload_only_these_names:/decoder_layer_input+query_proj+key_proj+value_proj+out_proj"
   layers, seq, batch = 8, 1024, 8

@@ -331,7 +331,7 @@ def test_cli_smoke(tmp_path):
 
 
 def test_report_model_gpt(tmp_path, capsys, monkeypatch):
-  from jaxckpt.report._cli import main as report_main
+  from jaxckpt.cli._report import main as report_main
 
   monkeypatch.setenv("COLUMNS", "100")  # the table fits the terminal; CI's may be narrower
 

@@ -4,7 +4,6 @@ emit MaxText's names."""
 
 from __future__ import annotations
 
-import re
 
 import jax
 import jax.numpy as jnp

@@ -9,11 +9,12 @@ import os
 import pytest
 
 from experiments import classifier, lm
-from jaxckpt._cli import CLIParser, check_output_dir, check_output_file
+from jaxckpt.cli._parser import CLIParser
+from jaxckpt._paths import check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.fit import _cli as fit_cli
-from jaxckpt.planner import _cli as plan_cli
-from jaxckpt.report import _cli as report_cli
+from jaxckpt.cli import _fit as fit_cli
+from jaxckpt.cli import _plan as plan_cli
+from jaxckpt.cli import _report as report_cli
 
 BAD_PATHS = {"sys": "/sys/x", "proc": "/proc/x", "proc-nested": "/proc/x/y.json"}
 

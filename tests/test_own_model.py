@@ -11,7 +11,7 @@ from flax import nnx
 import jaxckpt
 from jaxckpt.step import ModelTarget
 from jaxckpt.report import build_report
-from jaxckpt.report._cli import main as report_main
+from jaxckpt.cli._report import main as report_main
 from jaxckpt.report._policies import expand_policies
 from jaxckpt.step import step_compiler_options, target_block_types
 from jaxckpt.step._targets import plain_loss_fn

@@ -19,7 +19,7 @@ from jaxckpt import Policy, PolicySpec, parse_model_policy
 from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.step import default_optimizer, policy_step, shipped_target
-from jaxckpt.core._tagging import parse_value_name, tag_values, value_name, walk_values
+from jaxckpt.core._tagging import parse_value_name, tag_values, value_name
 from numerics import assert_trees_close
 
 D, H, B = 8, 16, 4

@@ -29,7 +29,7 @@ from jaxckpt.planner import (
     solve,
 )
 from jaxckpt.planner import _plan as plan_module
-from jaxckpt.planner._cli import main as plan_main
+from jaxckpt.cli._plan import main as plan_main
 from jaxckpt.planner._tensors import record_block_graphs, tensor_options
 from jaxckpt import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.report import build_report

@@ -10,7 +10,7 @@ import pytest
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.training._profile import check_profile_dir, profile_slug, profile_trace, trace_files
-from jaxckpt.report._cli import main
+from jaxckpt.cli._report import main
 
 
 def _step_events(path: str, name: str = "train_step") -> int:

@@ -142,7 +142,7 @@ NEEDS_LIBTPU: tuple[tuple[str, str], ...] = (
     (r"--topology", "compiles with the TPU compiler of libtpu (pip install -e '.[tpu]'), not installed here; "
      "JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure"),
 )
-"""``(pattern, reason)``: blocks with a matching command need libtpu (:mod:`jaxckpt.topology`)."""
+"""``(pattern, reason)``: blocks with a matching command need libtpu (:mod:`jaxckpt.sharding`)."""
 
 
 def _npz_images(root: Path) -> None:

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
-from jaxckpt.core import _names as names
+from jaxckpt import names
 from jaxckpt.core._diagnostics import RematPolicyWarning, policy_warnings, warn_policy
 from jaxckpt.analysis._residuals import saved_residuals, total_residual_bytes
 from jaxckpt.schema import FOOTPRINT, MEMORY_FIELDS, MEMORY_KEYS

@@ -2,6 +2,7 @@
 gradients, callable policies, and the environment checks. ``.ci/run`` runs this file under both."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -122,9 +123,9 @@ def test_env_value_checked_before_jax_reads_it():
   done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.startswith("EnvSettingError False JAX_REMAT3='maybe' is not a value JAX accepts: use one of y")
-  # The CLIs (console scripts through experiments.entry) print it as one line and exit 2.
-  done = subprocess.run([sys.executable, "-c", "from experiments.entry import plan; plan(['--help'])"], env=env,
-                        capture_output=True, text=True, timeout=120)
+  # The console scripts (jaxckpt-plan, ...) print it as one line and exit 2.
+  script = shutil.which("jaxckpt-plan") or os.path.join(os.path.dirname(sys.executable), "jaxckpt-plan")
+  done = subprocess.run([script, "--help"], env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
   assert "JAX_REMAT3='maybe' is not a value JAX accepts" in done.stderr
 

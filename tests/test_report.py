@@ -6,7 +6,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
@@ -14,7 +13,7 @@ from jax.ad_checkpoint import checkpoint_name
 import jaxckpt
 from jaxckpt.report import REPORT_KEYS, ROW_KEYS, all_policies, build_report, write_outputs
 from jaxckpt.step import LossTarget, ModelTarget, shipped_target
-from jaxckpt.report._cli import main
+from jaxckpt.cli._report import main
 from jaxckpt.report._compile import compile_rows
 from jaxckpt.step._build import default_optimizer, target_block_types
 from jaxckpt.schema import MEMORY_KEYS, SCHEMA_VERSION
@@ -387,7 +386,7 @@ def test_cli_unwritable_output_is_refused_before_compiling(tmp_path, capsys):
 
 def test_a_target_function_that_takes_arguments_is_one_line(capsys):
   """``--target json:dumps`` (a function that needs an argument) was a TypeError traceback."""
-  from jaxckpt.report._cli import main  # noqa: PLC0415
+  from jaxckpt.cli._report import main  # noqa: PLC0415
 
   assert main(["--target", "json:dumps", "--policies", "none", "--no-progress"]) == 2
   err = capsys.readouterr().err.strip()
@@ -395,7 +394,7 @@ def test_a_target_function_that_takes_arguments_is_one_line(capsys):
 
 
 def test_plot_error_names_the_plot_flag(capsys):
-  from jaxckpt.report._cli import main  # noqa: PLC0415
+  from jaxckpt.cli._report import main  # noqa: PLC0415
 
   assert main(["--model", "mlp", "--preset", "tiny", "--policies", "none", "--plot", "x.txt", "--no-progress"]) == 2
   err = capsys.readouterr().err.strip()

@@ -154,7 +154,7 @@ def test_static_plot_numbers_points_and_keys_them(report, tmp_path):
 
 
 def test_cli_bad_plot_suffix_exits_2_before_compiling(tmp_path, capsys):
-  from jaxckpt.report._cli import main
+  from jaxckpt.cli._report import main
 
   assert main(["--model", "mlp", "--policies", "none", "--plot", str(tmp_path / "out.gif"),
                "--json", str(tmp_path / "r.json")]) == 2
@@ -164,7 +164,7 @@ def test_cli_bad_plot_suffix_exits_2_before_compiling(tmp_path, capsys):
 
 
 def test_cli_writes_html_with_plotly_and_json(tmp_path, capsys):
-  from jaxckpt.report._cli import main
+  from jaxckpt.cli._report import main
 
   out = tmp_path / "r.html"
   assert main(["--model", "mlp", "--preset", "tiny", "--batch-size", "8", "--policies", "none", "full",

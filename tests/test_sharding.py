@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxckpt
-from jaxckpt.training import _sharding as sharding
+from jaxckpt import sharding
 from jaxckpt.errors import MeshSpecError
 from jaxckpt.models import MODELS
 from numerics import assert_trees_close
@@ -115,7 +115,7 @@ def test_initialize_distributed_rejects_bad_settings():
 
 
 def test_report_cli_mesh_errors_exit_2(capsys):
-  from jaxckpt.report._cli import main
+  from jaxckpt.cli._report import main
 
   assert main(["--model", "mlp", "--mesh", "dta=1", "--policies", "none", "--no-progress"]) == 2
   err = capsys.readouterr().err

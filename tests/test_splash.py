@@ -23,8 +23,8 @@ import pytest
 from jax._src.ad_checkpoint import saved_residuals
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from jaxckpt import topology
-from jaxckpt.core import _names as names
+from jaxckpt import sharding as topology
+from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models.llm._splash import LANES, SplashBlockSizes, splash_attention
 from numerics import C, assert_trees_close, unit_roundoff

@@ -3,7 +3,6 @@ planner answers from it), entries survive a torn write, and a refused compile is
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -37,7 +36,7 @@ def test_env_turns_it_off_or_points_it(monkeypatch, tmp_path):
 @needs_libtpu
 def test_a_topology_compile_is_served_from_the_cache_the_second_time(monkeypatch, tmp_path):
   monkeypatch.setenv(ENV, str(tmp_path))
-  mesh = jaxckpt.topology.get_topology("v5e:2x2").mesh()
+  mesh = jaxckpt.sharding.get_topology("v5e:2x2").mesh()
   target = shipped_target("gpt", "tiny", batch_size=8)
   first = lower_policy(target, jaxckpt.parse_policy("full"), mesh=mesh).compile()
   second = lower_policy(target, jaxckpt.parse_policy("full"), mesh=mesh).compile()
@@ -51,7 +50,7 @@ def test_a_refused_compile_is_remembered(monkeypatch, tmp_path):
   """A program over the chip's HBM (GPT small at 4096 sequences per v5e chip): the second time the refusal comes
   from the cache, with the compiler's own message (the fit planner reads the required bytes from it)."""
   monkeypatch.setenv(ENV, str(tmp_path))
-  mesh = jaxckpt.topology.get_topology("v5e:2x2").mesh()
+  mesh = jaxckpt.sharding.get_topology("v5e:2x2").mesh()
   target = shipped_target("gpt", "small", batch_size=4 * 4096)
   with pytest.raises(Exception) as first:
     lower_policy(target, jaxckpt.parse_policy("none"), mesh=mesh).compile()

@@ -10,7 +10,6 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-from jaxckpt.errors import JaxckptError
 from jaxckpt.planner import resolve_policy
 from jaxckpt import Budget, LayeredPolicy, parse_model_policy, parse_policy
 from jaxckpt.report import build_report

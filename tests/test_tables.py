@@ -85,7 +85,7 @@ def test_wrap_and_labels():
   assert labels == {"short": "short", "x" * 40: "xxxx… [1]"} and legend == ["[1] " + "x" * 40]
 
 
-@pytest.mark.parametrize("module", ["jaxckpt.report._cli", "experiments.classifier", "experiments.lm"])
+@pytest.mark.parametrize("module", ["jaxckpt.cli._report", "experiments.classifier", "experiments.lm"])
 def test_help_lists_every_policy_form(module, capsys):
   import importlib  # noqa: PLC0415
 
@@ -99,7 +99,7 @@ def test_help_lists_every_policy_form(module, capsys):
 
 @pytest.mark.slow  # compiles 13 policies of the tiny GPT and plans two budgets (~2 min on 2 cores)
 def test_cli_report_fits_100_columns(monkeypatch, capsys):
-  from jaxckpt.report._cli import main  # noqa: PLC0415
+  from jaxckpt.cli._report import main  # noqa: PLC0415
 
   monkeypatch.setenv("COLUMNS", "100")
   assert main(["--model", "gpt", "--preset", "tiny", "--policies", "all", "budget:30%", "budget:50%",

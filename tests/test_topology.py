@@ -20,16 +20,16 @@ import pytest
 
 import jaxckpt
 from jaxckpt.errors import MeshSpecError, TopologyError
-from jaxckpt.fit._cli import main as fit_main
-from jaxckpt.planner._cli import main as plan_main
+from jaxckpt.cli._fit import main as fit_main
+from jaxckpt.cli._plan import main as plan_main
 from jaxckpt.report import build_report
 from jaxckpt.step import shipped_target
 from jaxckpt.report._build import compiler_disagreements
-from jaxckpt.report._cli import main as report_main
+from jaxckpt.cli._report import main as report_main
 from jaxckpt.step import compile_policy, step_compiler_options
 from jaxckpt.fit import with_batch
-from jaxckpt import topology
-from jaxckpt.topology import (CHIPS, chip_for_kind, get_topology, parse_topology, topology_header,
+from jaxckpt.sharding import _topology as topology
+from jaxckpt.sharding import (CHIPS, chip_for_kind, get_topology, parse_topology, topology_header,
                                       topology_mesh)
 
 REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"

@@ -9,7 +9,7 @@ created and how the call is rematerialized (``nnx.remat``-style :func:`jaxckpt.r
 The mixins :class:`AttentionMath`, :class:`MLPMath` and :class:`ConvMath` give both front-ends' block classes the one
 ``forward`` that calls these functions with the block's sublayers and fields.
 
-Every function tags its important intermediates with the checkpoint names of :mod:`jaxckpt.core._names`, so name-based
+Every function tags its important intermediates with the checkpoint names of :mod:`jaxckpt.names`, so name-based
 policies (``save_only_these_names:qkv``) pick the same values in NNX and Linen.
 
 Dropout takes an explicit key: the same key gives the same mask, so the recomputation in the backward pass draws the
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.core import _names as names
+from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 
 __all__ = [

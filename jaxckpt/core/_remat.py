@@ -22,7 +22,7 @@ from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies._spec import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
 from jaxckpt.analysis._policy_meaning import check_policy
 from jaxckpt.core._autonames import tag_parts
-from jaxckpt.core._logical import gather_block_state, gathering
+from jaxckpt.sharding._rules import gather_block_state, gathering
 from jaxckpt.core._tagging import tag_values
 
 __all__ = ["checkpoint", "remat", "Remat", "remat_calls"]
@@ -278,7 +278,7 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
 
 def _gathered_call(method: Callable[..., Any], module: nnx.Module, *args) -> Any:
   """``method(module, *args)`` for a block without remat (policy ``none``). Under a mesh with an ``fsdp`` axis the
-  block's parameters are gathered first (:func:`jaxckpt.core._logical.gather_block_state`) inside a
+  block's parameters are gathered first (:func:`jaxckpt.sharding._rules.gather_block_state`) inside a
   ``jax.checkpoint(nothing_saveable)`` of the gather alone: the backward pass gathers again instead of keeping every
   layer's gathered parameters (FSDP re-gathers, ZeRO stage 3); the block's activations are kept, as ``none`` says."""
   if not gathering():

@@ -34,7 +34,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxckpt.analysis._jaxprs import SHARED_CALLS
 from jaxckpt.errors import JaxckptError, closest
 
 __all__ = ["Structure", "parse_structure", "STRUCTURE_KINDS", "apply_layers", "apply_segments", "loop",

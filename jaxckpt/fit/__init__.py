@@ -10,7 +10,8 @@ gradient accumulation) for a global batch, from a handful of compiles, verified.
   ``tensor``), compiling only the meshes that can fit and rank best by a lower bound of their step time.
 - ``custom:search`` (:mod:`jaxckpt.fit._names`): MaxText's ``custom`` lists — per checkpoint name device, host
   offload or recompute — chosen by the time model from the names' bytes and FLOPs, then fitted like any policy.
-- ``jaxckpt-fit`` / ``python -m jaxckpt.fit`` (:mod:`jaxckpt.fit._cli`).
+- :func:`to_table`, :func:`mesh_table`: the plan as text (what ``jaxckpt-fit`` prints; the CLI is
+  :func:`jaxckpt.cli.fit`, also ``python -m jaxckpt.fit``).
 
 Example::
 
@@ -29,6 +30,7 @@ from jaxckpt.fit._meshes import MeshOption, MeshSearch, mesh_shapes, search_mesh
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFitsError, batch_size_of, batch_unit,
                                 compile_point, exhausted_bytes, fit_policies, max_batch_size, max_seq_len, resolve_memory,
                                 with_batch, with_seq_len)
+from jaxckpt.fit._tables import mesh_table, to_table
 from jaxckpt.fit._speed import (ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates,
                                estimate_step, measure_cpu)
 
@@ -38,6 +40,7 @@ __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_cand
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu", "estimate_step",
-           "CUSTOM_SEARCH", "CustomPlan", "CustomSearch", "NameCost", "custom_plans", "custom_policy", "name_costs"]
+           "CUSTOM_SEARCH", "CustomPlan", "CustomSearch", "NameCost", "custom_plans", "custom_policy", "name_costs",
+           "to_table", "mesh_table"]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.fit.<module>) as attributes, with a warning

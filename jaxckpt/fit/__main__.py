@@ -1,7 +1,7 @@
-"""``python -m jaxckpt.fit``: see :mod:`jaxckpt.fit._cli`."""
+"""``python -m jaxckpt.fit``: :func:`jaxckpt.cli.fit` (``jaxckpt-fit``)."""
 
 import sys
 
-from jaxckpt.fit._cli import main
+from jaxckpt.cli import fit
 
-sys.exit(main())
+sys.exit(fit())

@@ -2,7 +2,7 @@
 footprint-vs-batch plot (inline SVG).
 
 Rendered from the Jinja2 template ``jaxckpt/fit/templates/fit.html.j2`` (autoescaped) with the report's table macros
-and sorting script (:func:`jaxckpt.report._pages.template_env`, :func:`~jaxckpt.report._pages.table_data`); this module
+and sorting script (:func:`jaxckpt.analysis._pages.template_env`, :func:`~jaxckpt.analysis._pages.table_data`); this module
 only gathers the cells.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from jaxckpt.fit._names import custom_table
 from jaxckpt.fit._plan import FitPlan
 from jaxckpt.fit._plot import fit_svg
-from jaxckpt.report._pages import SORT_JS, table_data, template_env
+from jaxckpt.analysis._pages import SORT_JS, table_data, template_env
 from jaxckpt._units import format_bytes
 
 __all__ = ["to_html"]

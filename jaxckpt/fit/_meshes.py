@@ -39,14 +39,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
+from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
 from jaxckpt.fit._speed import Accelerator, accelerator, collective_bytes
 from jaxckpt.step._targets import ModelTarget, Target
-from jaxckpt.training._sharding import format_mesh
-from jaxckpt.training._topology import Topology, get_topology
+from jaxckpt.sharding import format_mesh
+from jaxckpt.sharding import Topology, get_topology
 from jaxckpt._units import format_bytes
 
 __all__ = ["MeshOption", "MeshSearch", "mesh_shapes", "search_meshes", "state_bytes"]
@@ -123,7 +123,7 @@ class MeshOption:
     status: ``"fitted"`` (compiled: :attr:`plan`), ``"too big"`` (state over the memory, a global batch it cannot
       split, or no example predicted to fit: not compiled),
       ``"unmappable"`` (its axes cannot be laid over the torus even splitting a physical dimension,
-      :meth:`jaxckpt.topology.Topology.mesh`), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
+      :meth:`jaxckpt.sharding.Topology.mesh`), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
       :attr:`reason` says why).
     plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
     reason: why it has no plan.

@@ -396,7 +396,7 @@ def custom_table(custom: CustomSearch, *, width: int | None = None, wide: bool =
 
   Args:
     custom: the :class:`~jaxckpt.fit.CustomSearch`.
-    width, wide: characters per line (``None``: the terminal's), or one line per row (:func:`jaxckpt.fit._cli.to_table`).
+    width, wide: characters per line (``None``: the terminal's), or one line per row (:func:`jaxckpt.fit.to_table`).
   """
   best = custom.plans[-1] if custom.plans else None
   rows = []

@@ -19,8 +19,8 @@ from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile
                                 mesh_device, nothing_fits_error, resolve_memory, with_batch)
 from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
 from jaxckpt.planner._plan import resolve_policy
-from jaxckpt.training._sharding import check_batch_size
-from jaxckpt.training._topology import Topology, compiled_for, get_topology
+from jaxckpt.sharding import check_batch_size
+from jaxckpt.sharding import Topology, compiled_for, get_topology
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
@@ -88,7 +88,7 @@ class FitPlan:
     choice: the :class:`GlobalChoice` for the global batch, or ``None``.
     seconds: wall seconds.
     axis: what was searched: ``"batch"`` (micro-batch size) or ``"seq_len"`` (tokens per example at a batch).
-    compiled_for: what compiled it (:func:`jaxckpt.topology.compiled_for`: backend, device_kind,
+    compiled_for: what compiled it (:func:`jaxckpt.sharding.compiled_for`: backend, device_kind,
       topology, device_count, mesh); ``None``: not recorded.
     custom: what ``custom:search`` read and chose (:class:`jaxckpt.fit.CustomSearch`), ``None`` without it.
   """
@@ -437,7 +437,7 @@ def plan_fit(
       rank them by measured throughput (0: no).
     mesh: a device mesh (memory per device; batches multiples of its batch axes).
     on_compile: progress callback ``(policy, batch)``.
-    topology: plan for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.topology`): ``mesh`` (a
+    topology: plan for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.sharding`): ``mesh`` (a
       ``--mesh`` spec or ``None``: every chip on ``data``) laid over its chips, every compile by the TPU compiler,
       ``memory="auto"`` the chip's HBM less the margin; ``device`` defaults to the chip
       (:func:`jaxckpt.fit._speed.accelerator`). No ``measure`` (nothing to run on).

@@ -39,8 +39,8 @@ from jaxckpt.fit._model import AffineModel, fit_affine, tangent_at_crossing
 from jaxckpt.planner._plan import device_memory_bytes, resolve_policy
 from jaxckpt.policies._model import Budget, parse_model_policy
 from jaxckpt.policies._model import DEFAULT_MARGIN
-from jaxckpt.training._sharding import BATCH_AXES, mesh_platform, mesh_shape
-from jaxckpt.training._topology import Topology, compiles_only, topology_mesh
+from jaxckpt.sharding import BATCH_AXES, mesh_platform, mesh_shape
+from jaxckpt.sharding import Topology, compiles_only, topology_mesh
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_target, with_batch
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
@@ -346,7 +346,7 @@ def max_batch_size(
       a compile next to the crossing, so the verification often needs one more compile instead of two (three in
       all). A wrong hint costs compiles, never exactness. Not used when the probes meet at ``max_batch`` (a
       global batch below them): that batch and ``min_batch`` are compiled together instead.
-    topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.topology`): ``mesh`` (a
+    topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.sharding`): ``mesh`` (a
       ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips, compiled by the TPU compiler;
       ``memory="auto"`` is the chip's HBM less the margin.
     jobs: compiles at once. With 2 or more, a predicted batch and its successor, the pair that verifies an answer,

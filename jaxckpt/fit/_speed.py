@@ -21,7 +21,7 @@ every size.
 Under a mesh (a TPU topology's too) each device computes its share of the step: the FLOPs and bytes of the step
 divided by the devices the batch is split over (:func:`candidates`); ``bytes_accessed`` then comes from the
 compiler of the mesh's platform (the TPU compiler's cost analysis for a topology), ``peak_flops`` and ``bandwidth``
-from its chip (:data:`jaxckpt.topology.CHIPS`).
+from its chip (:data:`jaxckpt.sharding.CHIPS`).
 
 At pod scale two more terms decide, each reported per candidate (:attr:`Candidate.terms`) so a user sees which
 dominates:
@@ -60,7 +60,7 @@ from jaxckpt._units import format_bytes
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
-from jaxckpt.training._topology import CHIPS, chip_for_kind
+from jaxckpt.sharding import CHIPS, chip_for_kind
 
 __all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates",
            "collective_bytes", "estimate_step"]
@@ -145,7 +145,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                      host_memory_bytes=chip.host_memory_bytes or None)
     for key, chip in CHIPS.items()
 }
-"""The chips of :data:`jaxckpt.topology.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
+"""The chips of :data:`jaxckpt.sharding.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
 HBM bandwidth and size, ICI and host-link bandwidth) as the time model's devices, each with 20 µs per micro-step of
 overhead. Peaks, not achieved rates: the model ranks, it does not promise seconds."""
 
@@ -223,7 +223,7 @@ def accelerator(name: str | None = None, *, peak_flops: float | None = None, ban
       the table; a CPU calibrated).
     peak_flops, bandwidth, overhead_s: override the figures (FLOP/s, bytes/s, seconds).
     device: the device planned for when ``name`` is ``None``: a TPU topology's chip
-      (:mod:`jaxckpt.topology`), default ``jax.devices()[0]``.
+      (:mod:`jaxckpt.sharding`), default ``jax.devices()[0]``.
     host_memory_bytes: override the host memory per device offload may fill (bytes; the chip table's otherwise).
 
   Returns:

@@ -3,7 +3,7 @@
 For codebases that have not moved to NNX. Each block is one *block type* (``attn``, ``mlp``, ``conv``) whose forward
 pass runs under ``nn.remat(policy=...)`` with the policy of its block type from a jaxckpt policy spec
 (:func:`jaxckpt.parse_policy`; ``none`` = no remat), and tags the same intermediates with the same checkpoint names
-(:mod:`jaxckpt.core._names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
+(:mod:`jaxckpt.names`) as the NNX block. :class:`TransformerBlock` is an ``attn`` block then an ``mlp`` block, each
 remat'd on its own. :class:`Stack` applies N copies of a block with parameters on a leading layer axis (created by
 ``nn.scan``), scanned with ``jax.lax.scan`` (the remat inside the scan body) or unrolled over the same parameters.
 
@@ -49,7 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxckpt.core import _blocks as blocks, _names as names
+from jaxckpt import names
+from jaxckpt.core import _blocks as blocks
 from jaxckpt.errors import JaxckptError
 from jaxckpt.linen import _apply as _own
 from jaxckpt.linen._apply import apply_remat  # your own Linen model, unedited (re-exported)
@@ -137,7 +138,7 @@ class RematBlock(blocks.BlockMath, _Validating):
 
   Attributes:
     block_type: class constant, e.g. ``"mlp"``.
-    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.core._names`).
+    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
   """
 
   block_type: ClassVar[str]

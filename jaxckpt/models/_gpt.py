@@ -10,7 +10,7 @@ matmuls, and dropout applies to the attention weights. ``attention="dot_product_
 ``jax.nn.dot_product_attention``, which on GPU with a bfloat16/float16 compute dtype runs cuDNN flash attention: a
 custom call, **not** a ``dot_general``, so the dots policies do not save it (the whole attention is recomputed in the
 backward pass unless named). Its output is therefore tagged with the checkpoint name ``attn_context``
-(:data:`jaxckpt.core._names.ATTN_CONTEXT`): save it with ``save_only_these_names:attn_context`` on any backend. Where
+(:data:`jaxckpt.names.ATTN_CONTEXT`): save it with ``save_only_these_names:attn_context`` on any backend. Where
 cuDNN does not apply (CPU, float32) JAX falls back to an ``einsum`` implementation whose matmuls the dots policies
 do see, so dots-policy memory differs between backends for this mode; the name-based policies behave the same. There
 are no ``attn_weights`` and no attention-weight dropout in this mode.

@@ -2,7 +2,7 @@
 
 Each block is one *block type* with its own policy (``attn``, ``mlp``, ``conv``): its call runs inside
 ``nnx.remat(policy=...)`` and tags its important intermediates with ``checkpoint_name`` (names in
-:mod:`jaxckpt.core._names`), so ``save_only_these_names:...`` policies can pick them. A :class:`TransformerBlock` is two
+:mod:`jaxckpt.names`), so ``save_only_these_names:...`` policies can pick them. A :class:`TransformerBlock` is two
 blocks, ``attn`` then ``mlp`` (pre-LayerNorm; each LN + sublayer + residual is remat'd on its own), so
 ``attn=dots_saveable,mlp=full`` gives them different policies. :class:`Stack` stacks N identical blocks with
 ``jax.lax.scan`` over a leading layer axis (default), the policy sitting on the scan body, or unrolls them.
@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.core import _blocks as blocks, _names as names
-from jaxckpt.core._logical import BATCH, constrain
+from jaxckpt import names
+from jaxckpt.core import _blocks as blocks
+from jaxckpt.sharding._rules import BATCH, constrain
 from jaxckpt.nnx._apply import applied_block_types, linen_error, no_blocks_error, set_applied_policy, set_layered_policy
 from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
@@ -105,7 +106,7 @@ class RematBlock(blocks.BlockMath, nnx.Module):
 
   Attributes:
     block_type: class constant, e.g. ``"mlp"``.
-    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.core._names`).
+    checkpoint_names: class constant, the names :meth:`forward` tags (see :mod:`jaxckpt.names`).
     policy: the :class:`~jaxckpt.PolicySpec` in use (static; change it with :func:`set_policy`).
     dropout_rate: the block's dropout rate, in [0, 1).
 
@@ -347,7 +348,7 @@ class Stack(nnx.Module):
 
   stacked_layers: ClassVar[str] = "layers"
   """The attribute whose parameters are stacked on a leading layer axis (axis 0): what a module declares so that
-  :func:`jaxckpt.training._sharding.stacked_layer_paths` finds it (the FSDP rule never splits that axis)."""
+  :func:`jaxckpt.sharding.stacked_layer_paths` finds it (the FSDP rule never splits that axis)."""
 
   def __init__(
       self,

@@ -1,7 +1,7 @@
-"""``python -m jaxckpt.planner``: see :mod:`jaxckpt.planner._cli`."""
+"""``python -m jaxckpt.planner``: :func:`jaxckpt.cli.plan` (``jaxckpt-plan``)."""
 
 import sys
 
-from jaxckpt.planner._cli import main
+from jaxckpt.cli import plan
 
-sys.exit(main())
+sys.exit(plan())

@@ -51,8 +51,8 @@ from jaxckpt.policies._model import (
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import boundary_names, compile_policy, forward_jaxpr, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
-from jaxckpt.training._sharding import check_batch_size, make_mesh, mesh_platform
-from jaxckpt.training._topology import CHIPS, Topology, chip_for_kind, topology_mesh
+from jaxckpt.sharding import check_batch_size, make_mesh, mesh_platform
+from jaxckpt.sharding import CHIPS, Topology, chip_for_kind, topology_mesh
 from jaxckpt.analysis._tables import render_table, wrap_lines
 from jaxckpt._units import format_bytes
 
@@ -317,12 +317,12 @@ def device_memory_bytes(device: Any = None) -> tuple[int, str]:
   """Memory ``auto`` plans for: ``(bytes, source)``.
 
   Args:
-    device: the device planned for (a TPU topology's compile-only chip, :mod:`jaxckpt.topology`); default
+    device: the device planned for (a TPU topology's compile-only chip, :mod:`jaxckpt.sharding`); default
       ``jax.devices()[0]``.
 
   Returns:
     GPU/TPU: the device's ``memory_stats()["bytes_limit"]``; a device without stats (a topology's chip, which has
-    no memory here) its chip's HBM from :data:`jaxckpt.topology.CHIPS`; CPU: the RAM available now
+    no memory here) its chip's HBM from :data:`jaxckpt.sharding.CHIPS`; CPU: the RAM available now
     (``psutil.virtual_memory().available``).
 
   Raises:
@@ -466,12 +466,12 @@ def plan_policy(
     per_tensor: add each block type's per-tensor min-cut front (``save_tensors`` options,
       :mod:`jaxckpt.planner._tensors`) to the candidates.
     mesh: plan for the step sharded over this ``jax.sharding.Mesh``: the anchors and verification compiles are
-      sharded over it and the budget is per device (a TPU topology's mesh, :mod:`jaxckpt.topology`:
+      sharded over it and the budget is per device (a TPU topology's mesh, :mod:`jaxckpt.sharding`:
       planned with the TPU compiler, ``auto`` from the chip's HBM). The candidates stay the step's (saved bytes of
       the whole batch): the prediction interpolates between compiled per-device points, which calibrates the scale.
       ``None``: one device.
     topology: plan for a TPU slice without a TPU (``"v5e:2x2"``): ``mesh`` (a ``--mesh`` spec or ``None``: every
-      chip on ``data``) laid over its chips (:func:`jaxckpt.topology.topology_mesh`).
+      chip on ``data``) laid over its chips (:func:`jaxckpt.sharding.topology_mesh`).
 
   Returns:
     The verified :class:`Plan`.
@@ -481,7 +481,7 @@ def plan_policy(
       gives its compiled bytes.
     JaxckptError: a model without blocks of its own and without one block-structured stack (the message lists
       its module classes), ``max_rounds`` < 1, a spec that is not a budget.
-    TopologyError: a bad topology, libtpu missing (:func:`jaxckpt.topology.get_topology`).
+    TopologyError: a bad topology, libtpu missing (:func:`jaxckpt.sharding.get_topology`).
     MeshSpecError: a mesh that does not cover the topology's chips, or a batch it cannot split.
   """
   started = time.perf_counter()

@@ -13,7 +13,7 @@ in a fresh process. Rendered as a terminal table, JSON, CSV, Markdown, one self-
   :func:`write_outputs`; the interactive page :func:`to_html` (:mod:`jaxckpt.report._html`, plotly) and the static
   chart :func:`plot_pareto` (:mod:`jaxckpt.report._plot`, matplotlib: PNG/JPEG/SVG/PDF).
 - XProf traces per policy: ``build_report(..., profile="DIR")`` (:mod:`jaxckpt.training._profile`).
-- CLI: ``python -m jaxckpt.report`` (:mod:`jaxckpt.report._cli`).
+- CLI: ``jaxckpt-report`` (:func:`jaxckpt.cli.report`), also ``python -m jaxckpt.report``.
 """
 
 from jaxckpt._deprecations import forward_names as _forward_names

@@ -1,7 +1,7 @@
-"""``python -m jaxckpt.report``: see :mod:`jaxckpt.report._cli`."""
+"""``python -m jaxckpt.report``: :func:`jaxckpt.cli.report` (``jaxckpt-report``)."""
 
 import sys
 
-from jaxckpt.report._cli import main
+from jaxckpt.cli import report
 
-sys.exit(main())
+sys.exit(report())

@@ -19,7 +19,7 @@ import jax
 import optax
 from tqdm.auto import tqdm
 
-from jaxckpt.training import _sharding as sharding
+from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError, TopologyError, TracingError
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._effect import annotate_rows
@@ -33,7 +33,7 @@ from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
 from jaxckpt.step._build import default_optimizer, target_structure
 from jaxckpt.step._compile import check_mesh_use, step_builder
-from jaxckpt.training._topology import Topology, compiled_for, get_topology
+from jaxckpt.sharding import Topology, compiled_for, get_topology
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
 __all__ = ["Report", "build_report", "saving_warnings", "compiler_disagreements"]
@@ -242,7 +242,7 @@ def build_report(
     tx: the optimizer (default ``optax.adamw(1e-3)``).
     progress: tqdm bars on stderr.
     mesh: compile each step sharded over a device mesh (``"data=4,fsdp=2"``, ``{"data": 8}`` or a
-      ``jax.sharding.Mesh``; :mod:`jaxckpt.training._sharding`): every memory statistic is then **per device** (XLA's
+      ``jax.sharding.Mesh``; :mod:`jaxckpt.sharding`): every memory statistic is then **per device** (XLA's
       ``memory_analysis()`` of the SPMD-partitioned program each device runs), FLOPs and residuals stay those of
       the whole step. ``data["mesh"]`` records it (``None`` = one device, unsharded).
     profile: an XProf log directory: each successful policy also runs ``profile_steps`` warm steps (real inputs,
@@ -251,7 +251,7 @@ def build_report(
       and its ``*.xplane.pb`` files. ``None`` = no traces.
     profile_steps: traced steps per policy (≥ 1).
     topology: compile for a TPU slice without a TPU (``"v5e:2x2"`` or a
-      :class:`~jaxckpt.topology.Topology`): the TPU compiler of libtpu compiles each step sharded over
+      :class:`~jaxckpt.sharding.Topology`): the TPU compiler of libtpu compiles each step sharded over
       ``mesh`` laid over the slice's chips (default: every chip on the ``data`` axis); every memory statistic is per
       chip, ``data["backend"]`` is ``tpu`` and ``data["topology"]`` the name. Nothing runs (no ``measure``, no
       ``profile``).
@@ -269,7 +269,7 @@ def build_report(
     JaxckptError: ``measure`` or ``profile`` with a mesh (they run one device per policy); an unwritable
       ``profile`` directory; ``compare_cpu`` without a topology or with an ``fsdp`` axis.
     TopologyError: ``measure`` or ``profile`` with a topology (nothing to run on), a bad topology name, libtpu
-      missing or of the wrong release (:func:`jaxckpt.topology.get_topology`).
+      missing or of the wrong release (:func:`jaxckpt.sharding.get_topology`).
   """
   tx = tx or default_optimizer()
   topo, mesh = _placement(target, mesh, topology, runs="measure=True" if measure else

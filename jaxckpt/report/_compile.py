@@ -32,7 +32,7 @@ from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.report._keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report._residuals import analyse_residuals
-from jaxckpt.training._sharding import make_mesh, mesh_platform
+from jaxckpt.sharding import make_mesh, mesh_platform
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import STATS_ONLY_OPTIONS, lower_policy, step_builder, step_compiler_options, xla_raw_flops
 from jaxckpt.step._build import StepBuilder
@@ -128,10 +128,10 @@ def compile_rows(
     residuals: run the residual analysis (``residual_bytes``, ``activation_residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
-    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.training._sharding`: batch over ``data``/``fsdp``,
+    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
       parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
       (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded. A TPU topology's mesh
-      (:mod:`jaxckpt.topology`) compiles with the TPU compiler.
+      (:mod:`jaxckpt.sharding`) compiles with the TPU compiler.
     cpu_target: also compile each row's concrete policy for this target on XLA:CPU, one device, unsharded (the report
       passes ``target`` at the per-chip batch: ``--compare-cpu``), in the same thread pool; the row's ``cpu`` holds
       its memory stats (bytes), ``flops_xla_raw``, ``compile_s`` and ``batch_size``. ``None``: no comparison.

@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxckpt.report._build import Report
+from jaxckpt.analysis._pages import Cell
 from jaxckpt.report._keys import STATUS_OK
-from jaxckpt.training._topology import topology_header
+from jaxckpt.sharding import topology_header
 from jaxckpt._units import format_bytes
 
 __all__ = ["COLUMNS", "Column", "row_value", "shown_columns", "column_header", "OP_WORDS", "format_flops", "main_sources", "plan_lines",
@@ -149,7 +150,6 @@ def top_groups(row: Mapping[str, Any], n: int = 3, *, sep: str = ", ",
   return sep.join(f"{format_bytes(g['bytes'])} {residual_label(g, sources, short=True, brief=brief)}" for g in groups)
 
 
-Cell = tuple[str, "float | str | None"]  # (text, sort value: the raw number, or the text)
 
 
 def table_cells(report: Report, *, top_residuals: int = 3) -> tuple[list[str], list[list[Cell]]]:

@@ -28,7 +28,7 @@ from jaxckpt.report._build import Report
 from jaxckpt.report._formats import (OP_WORDS, Cell, format_flops, main_sources, plan_lines, report_title, residual_label,
                                     short_source, table_cells)
 from jaxckpt.report._keys import STATUS_OK
-from jaxckpt.report._pages import SORT_JS, cell as _cell, table as _table, template_env
+from jaxckpt.analysis._pages import SORT_JS, cell as _cell, table as _table, template_env
 from jaxckpt.report._plot import pareto_indices
 from jaxckpt._units import format_bytes
 
@@ -45,7 +45,7 @@ SPREAD_WITHIN = 0.015
 SPREAD_STEP = 0.025
 """How far apart spread points are drawn, as a share of the x axis's span (≈ 10 px on a 400 px panel)."""
 
-_ENV = template_env()
+_ENV = template_env("jaxckpt.report")
 
 
 def _bytes_cell(n: int | None) -> Cell:

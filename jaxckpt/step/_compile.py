@@ -5,7 +5,7 @@ Every tool compiles through here: the report (:mod:`jaxckpt.report`), the planne
 state (argument 0) donated, and compiled with :func:`step_compiler_options` of the platform it is compiled *for*
 (the platform of ``mesh``'s devices, else the default backend): on XLA:CPU the remat fix
 (:data:`jaxckpt.CPU_REMAT_FIX`, see :func:`jaxckpt.remat_compiler_options`) and, for stats-only compiles,
-:data:`STATS_ONLY_OPTIONS`; for a TPU topology's mesh (:mod:`jaxckpt.topology`) neither.
+:data:`STATS_ONLY_OPTIONS`; for a TPU topology's mesh (:mod:`jaxckpt.sharding`) neither.
 
 Two stages, so a caller can overlap them (the report traces the next policy while XLA compiles this one)::
 
@@ -32,10 +32,10 @@ import optax
 
 from flax import nnx
 
-from jaxckpt.core._logical import LOGICAL_RULES, param_logical_axes
+from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.step._stats_cache import CachedStats, cache_key, stats_cache
-from jaxckpt.training import _sharding as sharding
+from jaxckpt import sharding
 from jaxckpt.analysis._flops import jaxpr_flops
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.analysis._internals import compilation_cache_switch
@@ -43,7 +43,7 @@ from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
 from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer, dropout_key_struct
 from jaxckpt.step._targets import ModelTarget, Target
-from jaxckpt.training._topology import compiles_only
+from jaxckpt.sharding import compiles_only
 from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied
 
 __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
@@ -86,7 +86,7 @@ def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only:
     extra: the caller's options (they win over jaxckpt's).
     stats_only: add :data:`STATS_ONLY_OPTIONS` on CPU (for compiles that are never run).
     backend: the platform the step is compiled *for* (``"cpu"``, ``"tpu"`` for a topology's mesh:
-      :func:`jaxckpt.training._sharding.mesh_platform`); default ``jax.default_backend()``.
+      :func:`jaxckpt.sharding.mesh_platform`); default ``jax.default_backend()``.
     offloads: the step's policy offloads residuals to host memory (on TPU: :data:`HOST_OFFLOAD_OPTIONS`).
 
   Returns:
@@ -192,7 +192,7 @@ class LoweredPolicy:
     lower_s: seconds to build, trace and lower.
     stages: those seconds split: ``{"build", "trace", "lower"}``.
     cacheable: whether JAX's persistent compilation cache may serve the compile (not for a TPU topology's
-      compile-only devices, :func:`jaxckpt.topology.compiles_only`: their statistics are kept by the compiled-stats
+      compile-only devices, :func:`jaxckpt.sharding.compiles_only`: their statistics are kept by the compiled-stats
       cache instead, :mod:`jaxckpt.step._stats_cache`).
     mesh: the mesh the step is sharded over, or ``None``.
   """
@@ -270,7 +270,7 @@ class LoweredPolicy:
 
 
 def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
-  """``target`` whose loss computes with parameters all-gathered over ``fsdp`` (:func:`jaxckpt.training._sharding.gathered_params`)."""
+  """``target`` whose loss computes with parameters all-gathered over ``fsdp`` (:func:`jaxckpt.sharding.gathered_params`)."""
   if isinstance(target, ModelTarget):
     return dataclasses.replace(target, loss_fn=sharding.gather_params_in_loss(target.loss_fn, mesh))
   loss = target.loss
@@ -280,7 +280,7 @@ def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
 
 def check_mesh_use(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> None:
   """Refuses a mesh axis the target cannot use: a ``tensor`` axis of size > 1 needs parameters that carry logical
-  axis names splitting over it (:mod:`jaxckpt.core._logical`: the LLM family's heads, MLP width and vocabulary);
+  axis names splitting over it (:mod:`jaxckpt.sharding._rules`: the LLM family's heads, MLP width and vocabulary);
   without them every tensor rank would run the whole model on the same batch.
 
   Raises:
@@ -374,8 +374,8 @@ def lower_policy(
       :class:`~jaxckpt.policies.LayeredPolicy` (budgets are resolved first: :func:`jaxckpt.planner.resolve_policy`).
     tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`, ``optax.adamw(1e-3)``).
     mesh: shard the step over this mesh (batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp``
-      by the FSDP rule of :mod:`jaxckpt.training._sharding`, computed with parameters all-gathered); the compiled stats are
-      then per device. A mesh over a TPU topology's chips (:meth:`jaxckpt.topology.Topology.mesh`) compiles
+      by the FSDP rule of :mod:`jaxckpt.sharding`, computed with parameters all-gathered); the compiled stats are
+      then per device. A mesh over a TPU topology's chips (:meth:`jaxckpt.sharding.Topology.mesh`) compiles
       with the TPU compiler, without a TPU. ``None``: one device.
     options: extra XLA options, merged over :func:`step_compiler_options`.
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (for executables that are never run).
@@ -398,7 +398,7 @@ def lower_policy(
     kwargs = sharding.step_shardings(step.state, step.batch, mesh, model=model, params=step.params)
   t1 = time.perf_counter()
   # Traced with the mesh in context (jax.set_mesh): activation constraints by logical axis names, FSDP per block
-  # (jaxckpt.core._logical) and your own kernels (a Pallas call under shard_map) see the mesh the step is sharded over.
+  # (jaxckpt.sharding._rules) and your own kernels (a Pallas call under shard_map) see the mesh the step is sharded over.
   with remat_fix_applied(), (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
     traced = jax.jit(step.step, donate_argnums=0, **kwargs).trace(step.state, step.batch)
   builder.note_trace(traced.jaxpr)

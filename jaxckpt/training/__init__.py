@@ -1,7 +1,7 @@
 """Training services below the tools: functional train/eval steps over ``nnx.split`` state (``jaxckpt.make_train_step``
 and friends are on the top-level face), compiling so remat works on every backend (``jaxckpt.jit``,
 ``jaxckpt.compile_step``), meshes and sharding (:mod:`jaxckpt.sharding`), saving the train state with orbax
-(``jaxckpt.TrainStateSaver``), TPU topologies to compile for without a TPU (:mod:`jaxckpt.topology`) and XProf
+(``jaxckpt.TrainStateSaver``), TPU topologies to compile for without a TPU (:mod:`jaxckpt.sharding`) and XProf
 traces (:func:`profile_trace`).
 
 What is here: the rest of that floor's public names. Implementation modules are private (``_train``, ``_xla``,

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import jax
 
-from jaxckpt._cli import check_output_dir
+from jaxckpt._paths import check_output_dir
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["profile_slug", "profile_trace", "trace_files", "check_profile_dir"]

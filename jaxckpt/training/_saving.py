@@ -12,7 +12,7 @@ that step lands. A save that is asked for and writes nothing raises instead of r
 :class:`DirectoryLock` holds a directory for one run (``filelock``: an OS ``flock`` on ``DIR/.jaxckpt.lock``), so
 a second run started into the same directories is refused at once, naming the holder.
 
-Multi-process runs (``jax.distributed``, :mod:`jaxckpt.training._sharding`): every process creates the same
+Multi-process runs (``jax.distributed``, :mod:`jaxckpt.sharding`): every process creates the same
 :class:`TrainStateSaver` on a directory they all see and calls the same methods in the same order; orbax writes each
 array's shards from the process that holds them and the metadata and JSON items from process 0, and a restore places
 every array on the template's sharding (so a state saved under one mesh restores onto the current one). Only process

@@ -26,7 +26,7 @@ from jaxckpt.analysis._jaxprs import uses_remat
 from jaxckpt.core._remat import remat_calls
 from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.schema import FOOTPRINT, HOST_FOOTPRINT, MEMORY_FIELDS, footprint_bytes, host_footprint_bytes
-from jaxckpt.training._topology import Topology, compiles_only, topology_mesh
+from jaxckpt.sharding import Topology, compiles_only, topology_mesh
 
 __all__ = [
     "CPU_REMAT_FIX",
@@ -219,10 +219,10 @@ def compile_step(
     remat_fix: apply :data:`CPU_REMAT_FIX` when compiling for CPU (default). With ``False`` a
       :class:`RematIneffectiveWarning` is issued (once per process) when the step contains ``jax.checkpoint`` and is
       compiled for CPU (unless ``XLA_FLAGS`` already holds the fix).
-    topology: compile for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.topology`): without
+    topology: compile for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.sharding`): without
       ``in_shardings`` every argument is replicated over the slice's chips (each chip runs the whole step: the
       compiled stats are one chip's); with them, they must be over its mesh
-      (:func:`jaxckpt.topology.topology_mesh`).
+      (:func:`jaxckpt.sharding.topology_mesh`).
     **jit_kwargs: passed to ``jax.jit``.
 
   Returns:
@@ -230,7 +230,7 @@ def compile_step(
     a topology cannot run here: read its ``memory_analysis()`` (:func:`memory_stats`) and ``cost_analysis()``.
 
   Raises:
-    TopologyError: a bad topology name, or libtpu missing (:func:`jaxckpt.topology.get_topology`).
+    TopologyError: a bad topology name, or libtpu missing (:func:`jaxckpt.sharding.get_topology`).
   """
   if topology is not None and "in_shardings" not in jit_kwargs:
     jit_kwargs["in_shardings"] = NamedSharding(topology_mesh(topology), PartitionSpec())

@@ -3,12 +3,12 @@ or the Pallas splash kernel; the layers above never know which.
 
 - ``xla``: dot-product attention written with ``einsum`` here (grouped-query attention by grouping the query heads of
   each key/value head, causal and sliding-window masks, the logit soft cap ``tanh(x / c) · c``, softmax in float32).
-  Its output is tagged ``context`` (:data:`jaxckpt.core._names.CONTEXT`), so a name policy can save it. Its matmuls
+  Its output is tagged ``context`` (:data:`jaxckpt.names.CONTEXT`), so a name policy can save it. Its matmuls
   are ``dot_general`` s, so the dots policies see them; the ``[B, K, G, S, S]`` float32 scores are what makes it
   quadratic in memory.
 - ``splash``: the Pallas TPU splash kernel (:mod:`jaxckpt.models.llm._splash`, flash attention in blocks), whose
   residuals (its output and logsumexp) are named ``context`` by the kernel itself (``residual_checkpoint_name``).
-- ``auto``: ``splash`` when the trace is compiled for a TPU (:func:`jaxckpt.core._logical.traced_platform`) and the
+- ``auto``: ``splash`` when the trace is compiled for a TPU (:func:`jaxckpt.sharding._rules.traced_platform`) and the
   sequence has at least 128 tokens, ``xla`` otherwise: MaxText's ``attention: autoselected``
   (AI-Hypercomputer/maxtext, ``layers/attention_op.py``).
 
@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.core import _names as names
-from jaxckpt.core._logical import traced_platform
+from jaxckpt import names
+from jaxckpt.sharding._rules import traced_platform
 from jaxckpt.errors import JaxckptError
 
 from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention

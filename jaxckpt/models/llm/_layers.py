@@ -2,14 +2,14 @@
 layer, and the decoder block, the one remat'd unit the layer stack scans.
 
 Shapes: B = batch, S = tokens, E = model width, N = query heads, K = key/value heads, Dh = head width, M = MLP hidden
-width. Every parameter carries logical axis names (``nnx.with_partitioning``; :mod:`jaxckpt.core._logical`), and
-activations are constrained by name (:func:`jaxckpt.core._logical.constrain`, the identity without a mesh), so the
+width. Every parameter carries logical axis names (``nnx.with_partitioning``; :mod:`jaxckpt.sharding._rules`), and
+activations are constrained by name (:func:`jaxckpt.sharding._rules.constrain`, the identity without a mesh), so the
 same layers run on one CPU and FSDP/tensor-sharded over a TPU slice. Parameters are kept in ``param_dtype`` (the
 config's ``weight_dtype``) and cast to the compute ``dtype`` where they are used.
 
 The decoder block (:class:`DecoderBlock`, block type ``decoder``) is one :class:`jaxckpt.nnx.RematBlock`: a policy
 applies per block as MaxText's ``nn.remat(layer)`` does inside its ``nn.scan``. It tags MaxText's checkpoint names at
-MaxText's places (:data:`jaxckpt.core._names.DECODER_NAMES`; AI-Hypercomputer/maxtext ``layers/decoders.py``,
+MaxText's places (:data:`jaxckpt.names.DECODER_NAMES`; AI-Hypercomputer/maxtext ``layers/decoders.py``,
 ``layers/attentions.py``, ``layers/linears.py``), so a plan made here reads as a MaxText ``remat_policy`` and back.
 The layout follows the Llama and Gemma papers and Flax's NNX Gemma example (``examples/gemma/modules.py``).
 """
@@ -24,8 +24,8 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.core import _names as names
-from jaxckpt.core._logical import constrain
+from jaxckpt import names
+from jaxckpt.sharding._rules import constrain
 from jaxckpt.models._configs import dtype_named
 from jaxckpt.models.llm import _kernels as kernels
 from jaxckpt.models.llm._config import LLAMA31_ROPE_SCALING, LLMConfig

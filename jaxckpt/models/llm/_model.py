@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.core._logical import constrain, gather_param
+from jaxckpt.sharding._rules import constrain, gather_param
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import dtype_named, unknown_preset
 from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
@@ -78,7 +78,7 @@ class LLM(nnx.Module):
 
   gathered_in_use: ClassVar[tuple[str, ...]] = ("embedding", "head")
   """Parameters gathered over ``fsdp`` where they are used, not at the start of the loss
-  (:func:`jaxckpt.training._sharding.gathered_in_use_paths`): with vocabulary tiling each chunk gathers the output
+  (:func:`jaxckpt.sharding.gathered_in_use_paths`): with vocabulary tiling each chunk gathers the output
   weight inside its ``jax.checkpoint``, so a chip holds it gathered for one chunk at a time."""
 
   def __init__(self, config: LLMConfig, *, rngs: nnx.Rngs):

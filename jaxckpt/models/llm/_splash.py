@@ -5,7 +5,7 @@ Gemma 2's logit soft cap, grouped-query heads, MaxText's block sizes, and residu
 builds the kernel for the mask (``make_splash_mha`` over a ``MultiHeadMask``), calls it once on every sequence with
 the batch folded into the heads and, under a mesh in context, inside ``jax.shard_map`` over that mesh: a Mosaic
 kernel cannot be partitioned by XLA, so each chip runs it on its own sequences (split over the batch axes of
-:data:`jaxckpt.core._logical.LOGICAL_RULES`) and its own heads (split over ``tensor``); every sequence stays whole.
+:data:`jaxckpt.sharding._rules.LOGICAL_RULES`) and its own heads (split over ``tensor``); every sequence stays whole.
 MaxText ``vmap`` s the kernel over the batch instead; folding gives the kernel the same grid (a leading axis of
 B·N heads instead of B × N) and works under ``JAX_REMAT3=1``, where jax 0.10.2 cannot ``vmap`` the kernel's
 ``checkpoint_name`` ("for vmap support, subclass CheckpointName must implement `batch`").
@@ -18,7 +18,7 @@ B·N heads instead of B × N) and works under ``JAX_REMAT3=1``, where jax 0.10.2
   per KV head (K calls, a ``vmap`` over K) or ``jnp.repeat`` of K/V to N heads (the copy, and a sum in the backward
   pass); neither buys anything here.
 - **Checkpoint names.** The kernel tags its forward output and logsumexp with ``residual_checkpoint_name`` =
-  :data:`jaxckpt.core._names.CONTEXT`, so ``save_only_these_names:context`` keeps them (the backward kernels then
+  :data:`jaxckpt.names.CONTEXT`, so ``save_only_these_names:context`` keeps them (the backward kernels then
   need no forward recompute) and an offload policy can move them to the host, as MaxText's ``context`` does. The
   names sit inside the kernel's ``jax.jit`` (and the ``shard_map``): ``saved_residuals`` lists the two as outputs of
   ``_splash_attention`` (or of ``shard_map``), not as "named 'context'". Under ``JAX_REMAT3=1`` (jax 0.10.2) the
@@ -45,8 +45,8 @@ import jax
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-from jaxckpt.core import _names as names
-from jaxckpt.core._logical import LOGICAL_RULES, traced_platform
+from jaxckpt import names
+from jaxckpt.sharding._rules import LOGICAL_RULES, traced_platform
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["SplashBlockSizes", "splash_attention", "LANES"]

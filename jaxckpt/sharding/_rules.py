@@ -9,7 +9,7 @@ MaxText's ``logical_axis_rules`` (AI-Hypercomputer/maxtext, ``configs/base.yml``
 - **Parameters** carry their names as Flax metadata: ``nnx.with_partitioning(init, ("embed", "mlp"),
   eager_sharding=False)`` (the ``out_sharding`` metadata of the ``nnx.Param``); a :class:`jaxckpt.nnx.Stack` adds
   ``layers`` in front of its stacked parameters. :func:`param_logical_axes` reads them; the state shardings of
-  :mod:`jaxckpt.training._sharding` map them through the table. Parameters without names keep the FSDP rule there.
+  :mod:`jaxckpt.sharding` map them through the table. Parameters without names keep the FSDP rule there.
 - **Activations** are constrained where the model says so: :func:`constrain` is ``jax.lax.with_sharding_constraint``
   by logical names under the mesh the step is traced with (``jax.set_mesh``, set by the step core), and the identity
   when no mesh is in context (a step on one device), so models call it unconditionally.

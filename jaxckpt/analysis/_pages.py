@@ -1,7 +1,8 @@
 """What jaxckpt's HTML pages share: sortable tables (cells with raw sort values, the inline sorting script) and the
 Jinja2 environment that finds a package's templates and the table macros (``templates/macros.html.j2``).
 
-The report's page (:mod:`jaxckpt.report._html`) and the fit planner's (:mod:`jaxckpt.fit._html`) are built on it.
+The report's page (:mod:`jaxckpt.report._html`) and the fit planner's (:mod:`jaxckpt.fit._html`) are built on it; it
+sits below both, so neither tool imports the other.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any
 
 import jinja2
 
-from jaxckpt.report._formats import Cell
 
-__all__ = ["SORT_JS", "cell", "table", "table_data", "template_env"]
+Cell = tuple[str, "float | str | None"]
+"""A table cell: ``(shown text, sort value)``, the sort value the raw number, or the text."""
 
 # Click a header: sort its table's rows by the cells' data-sort (raw numbers) or text; missing values stay last.
 SORT_JS = """
@@ -74,7 +75,7 @@ def table_data(headers: Sequence[str], rows: Sequence[Sequence[Cell]], *,
 
 def template_env(*packages: str) -> jinja2.Environment:
   """A Jinja2 environment (autoescaped, strict) that finds templates in ``<package>/templates`` for each of
-  ``packages``, then in the report's own (its ``macros.html.j2`` table macros)."""
+  ``packages``, then the shared table macros (``jaxckpt/analysis/templates/macros.html.j2``)."""
   loaders = [jinja2.PackageLoader(p, "templates") for p in packages]
-  return jinja2.Environment(loader=jinja2.ChoiceLoader([*loaders, jinja2.PackageLoader("jaxckpt.report", "templates")]),
+  return jinja2.Environment(loader=jinja2.ChoiceLoader([*loaders, jinja2.PackageLoader("jaxckpt.analysis", "templates")]),
                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)

@@ -16,24 +16,24 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxckpt.analysis._tables import render_table
-from jaxckpt._cli import CLIParser, check_output_file, progress_enabled
+from jaxckpt.cli._parser import CLIParser, progress_enabled
+from jaxckpt._paths import check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
-from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, custom_table
+from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
+from jaxckpt.fit._tables import mesh_table, to_table
 from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
 from jaxckpt.fit._speed import ACCELERATORS, accelerator
 from jaxckpt.policies._model import parse_model_policy
-from jaxckpt.training import _sharding as sharding
-from jaxckpt.training._sharding import make_mesh
-from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
-from jaxckpt.training._topology import compiled_for, get_topology, topology_header
-from jaxckpt._units import format_bytes, parse_bytes
+from jaxckpt import sharding
+from jaxckpt.sharding import make_mesh
+from jaxckpt.cli._flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
+from jaxckpt.sharding import compiled_for, get_topology, topology_header
+from jaxckpt._units import parse_bytes
 
-__all__ = ["build_parser", "main", "to_table", "mesh_table", "custom_table", "plot_fit", "to_html"]
 
 PROG = "jaxckpt-fit"
 
@@ -109,97 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--wide", action="store_true",
                       help="one line per table row, whatever the terminal's width (default: fit the width)")
   return parser
-
-
-def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> str:
-  """The plan as text tables: per policy, and the global-batch candidates, with the winner as flags and Python.
-
-  Args:
-    plan: the :class:`~jaxckpt.fit.FitPlan`.
-    width: characters per line (no line is longer); ``None`` = the terminal's
-      (:func:`jaxckpt.analysis._tables.terminal_width`).
-    wide: one line per row, whatever its length.
-
-  Returns:
-    The text, ending in a newline.
-  """
-  what = "sequence length" if plan.axis == "seq_len" else "micro-batch"
-  cols = ["policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example"]
-  if plan.axis == "seq_len":
-    cols = ["policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)"]
-  rows = []
-  for f in plan.fits:
-    nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
-    largest = "none fits" if f.max_batch_size is None else str(f.max_batch_size)
-    if f.capped and f.estimated_max_batch is not None and f.estimated_max_batch > (f.max_batch_size or 0):
-      largest = f"{f.max_batch_size} (est. {f.estimated_max_batch})"
-    one_size = len({p.batch for p in f.points}) < 2  # no line: its slope is unknown, not 0
-    rows.append([f.policy, largest, format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method,
-                 "-" if one_size else format_bytes(int(f.model.slope))])
-  refused = f" ({plan.refusals} refused for memory)" if plan.refusals else ""
-  notes = []
-  if any(f.capped and (f.estimated_max_batch or 0) > (f.max_batch_size or 0) for f in plan.fits):
-    notes.append("capped: the search stops at the global batch (or --max-batch); est. N: the largest batch within "
-                 "the memory by the line through its two largest compiles, not compiled")
-  compiles = f"{plan.compiles} compile{'s' * (plan.compiles != 1)}"
-  parts = [render_table(cols, rows, title=f"largest {what} within {format_bytes(plan.limit_bytes)} per device "
-                                          f"({plan.memory_source}), {compiles}{refused}, {plan.seconds:.0f} s",
-                        notes=notes, width=width, wide=wide, right=range(1, len(cols)))]
-  if plan.custom is not None:
-    parts.append(custom_table(plan.custom, width=width, wide=wide))
-  if plan.choice is not None:
-    c = plan.choice
-    measured = {(m.policy, m.micro_batch): m for m in c.measured}
-    rows = []
-    for cand in list(c.table)[:12]:
-      m = measured.get((cand.policy, cand.micro_batch))
-      terms = [f"{cand.terms.get(key, 0.0) * 1e3:.2f}" for key in ("compute_s", "hbm_s", "host_s", "collectives_s")]
-      row = [("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
-             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}", f"{cand.est_step_s * 1e3:.2f} ms",
-             *terms, cand.dominant]
-      if c.measured:  # the measured columns only where something was measured
-        row += [f"{m.measured_step_s * 1e3:.1f} ms" if m else "", f"{c.global_batch / m.measured_step_s:.0f}" if m else ""]
-      rows.append(row)
-    notes = ["* = the winner"]
-    if c.spearman is not None:
-      notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
-    notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "
-                 "step takes the largest, 'bound by', plus a fixed overhead per micro-step; docs/fit.md)")
-    headers = ["policy", "b × k", "FLOPs/step", "est. step", "compute", "HBM", "host", "collectives", "bound by"] + (
-        ["measured", "examples/s"] if c.measured else [])
-    parts.append(render_table(headers, rows,
-                              title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
-                                    f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, len(headers))))
-    foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
-    parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
-  return "\n\n".join(parts) + "\n"
-
-
-def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = False) -> str:
-  """The meshes of a :class:`~jaxckpt.fit.MeshSearch` as a text table: per mesh its status, its fastest verified
-  configuration and step-time terms, or why it was not compiled.
-
-  Args:
-    search: the search.
-    width, wide: as :func:`to_table`.
-  """
-  rows, reasons = [], []
-  for o in search.options:
-    c = o.plan.choice.winner if o.plan is not None and o.plan.choice is not None else None
-    if o.reason:
-      reasons.append(f"{o.name}: {o.reason}")
-    rows.append([("* " if o is search.winner else "") + o.name, o.status, format_bytes(o.state_bytes_per_device),
-                 f"{o.bound_s * 1e3:.3g}", c.policy if c else "", f"{c.micro_batch} × {c.accum}" if c else "",
-                 f"{c.est_step_s * 1e3:.2f} ms" if c else "", c.dominant if c else "",
-                 str(o.plan.compiles) if o.plan else "0"])
-  headers = ["mesh", "status", "state/device", "bound ms", "policy", "b × k", "est. step", "bound by", "compiles"]
-  notes = ["* = the winner (its step-time terms in the tables below); bound: a lower bound of the step time "
-           "(collectives at the least accumulation predicted from the first mesh's compiles), the order meshes are "
-           "fitted in; too big: not compiled (the train state alone exceeds the memory, the global batch does not "
-           "divide, or no example is predicted to fit)", *reasons,
-           f"{search.compiles} compile{'s' * (search.compiles != 1)}, {search.seconds:.0f} s"]
-  return render_table(headers, rows, title=f"meshes within {format_bytes(search.limit_bytes)} per device",
-                      notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))
 
 
 def _host_memory(text: str | None) -> int | None:

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxckpt.core import _names as names
-from jaxckpt._cli import CLIParser, check_output_dir, check_output_file, progress_enabled
+from jaxckpt import names
+from jaxckpt.cli._parser import CLIParser, progress_enabled
+from jaxckpt._paths import check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._registry import MODEL_REGISTRY
 from jaxckpt.policies._model import POLICY_FORMS
@@ -24,13 +25,12 @@ from jaxckpt.report._html import PLOTLYJS_MODES
 from jaxckpt.report._outputs import to_table, write_outputs
 from jaxckpt.report._plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report._policies import ALL, expand_policies
-from jaxckpt.training._sharding import check_batch_size, make_mesh
+from jaxckpt.sharding import check_batch_size, make_mesh
 from jaxckpt.step._build import target_block_types
-from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
-from jaxckpt.training._topology import get_topology, topology_mesh
+from jaxckpt.cli._flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
+from jaxckpt.sharding import get_topology, topology_mesh
 from jaxckpt.step._targets import SHIPPED_MODELS
 
-__all__ = ["build_parser", "add_target_flags", "target_from_args", "main"]
 
 PROG = "jaxckpt-report"
 

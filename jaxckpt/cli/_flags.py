@@ -11,10 +11,8 @@ from typing import Any
 from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.models._registry import COMPUTE_DTYPES
 from jaxckpt.step._targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
-from jaxckpt.training._topology import TOPOLOGY_FORMS
+from jaxckpt.sharding import TOPOLOGY_FORMS
 
-__all__ = ["add_target_flags", "target_from_args", "target_kwargs", "TARGET_SIZE_ARGS", "add_topology_flags",
-           "check_topology_flags"]
 
 
 def add_target_flags(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +126,7 @@ def target_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_topology_flags(parser: argparse.ArgumentParser) -> None:
-  """Adds ``--topology NAME``: compile for a TPU slice without a TPU (:mod:`jaxckpt.topology`)."""
+  """Adds ``--topology NAME``: compile for a TPU slice without a TPU (:mod:`jaxckpt.sharding`)."""
   parser.add_argument("--topology", default=None, metavar="NAME",
                       help=f"compile for a TPU slice without a TPU, with the TPU compiler of libtpu (pip install -e "
                            f"'.[tpu]'): {TOPOLOGY_FORMS}; --mesh is laid over its chips (default: all on data); "

@@ -15,19 +15,19 @@ import json
 import os
 from collections.abc import Sequence
 
-from jaxckpt._cli import CLIParser, check_output_file
+from jaxckpt.cli._parser import CLIParser
+from jaxckpt._paths import check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.planner._export import export_code, linen_export_code
 from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner._segmented import mincut_policy
 from jaxckpt.policies._model import MINCUT, Budget, MinCut, parse_model_policy
-from jaxckpt.planner._target_flags import add_target_flags, add_topology_flags, target_from_args
-from jaxckpt.training._sharding import make_mesh
-from jaxckpt.training._topology import compiled_for, get_topology, topology_header
+from jaxckpt.cli._flags import add_target_flags, add_topology_flags, target_from_args
+from jaxckpt.sharding import make_mesh
+from jaxckpt.sharding import compiled_for, get_topology, topology_header
 from jaxckpt.analysis._tables import wrap_lines
 from jaxckpt.step._build import target_block_types
 
-__all__ = ["build_parser", "main"]
 
 PROG = "jaxckpt-plan"
 

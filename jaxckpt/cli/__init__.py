@@ -1,0 +1,65 @@
+"""The command-line tools: ``jaxckpt-report``, ``jaxckpt-plan`` and ``jaxckpt-fit``, and the plumbing they share.
+
+Each tool's ``main`` parses its flags, resolves them once into the objects the library takes (a target, concrete
+policies, a placement: the mesh and what it is compiled for) and calls the library (:func:`jaxckpt.report.build_report`,
+:func:`jaxckpt.planner.plan_policy`, :func:`jaxckpt.fit.plan_fit`). Exit status: 0 done, 1 nothing succeeded (the
+report), 2 bad input — one line on stderr naming the flag, never a traceback (:data:`EXIT_BAD_INPUT`).
+
+- :func:`report`, :func:`plan`, :func:`fit`: the console scripts' entry points (and ``python -m jaxckpt.report`` …).
+- :class:`CLIParser`: ``argparse`` with one-line errors that speak in flags, not Python arguments.
+- :func:`progress_enabled`: progress bars only for a person at a terminal.
+- :func:`check_output_file`, :func:`check_output_dir`: an output path checked before any work, by trying it.
+
+The modules behind this face are private: ``_parser`` (the parser class), ``_flags`` (the flags every tool shares:
+what to compile, ``--model``/``--target``, and what to compile it for, ``--topology``/``--mesh``), ``_report``,
+``_plan``, ``_fit`` (the three tools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jaxckpt._paths import check_output_dir, check_output_file
+from jaxckpt.cli._fit import main as _fit_main
+from jaxckpt.cli._parser import EXIT_BAD_INPUT, CLIParser, progress_enabled
+from jaxckpt.cli._plan import main as _plan_main
+from jaxckpt.cli._report import main as _report_main
+
+__all__ = ["report", "plan", "fit", "CLIParser", "progress_enabled", "EXIT_BAD_INPUT", "check_output_file",
+           "check_output_dir"]
+
+
+def report(argv: Sequence[str] | None = None) -> int:
+  """``jaxckpt-report``: compare remat policies on a model's train step.
+
+  Args:
+    argv: the flags (default ``sys.argv[1:]``); ``--help`` lists them.
+
+  Returns:
+    The exit status: 0 some policy row succeeded, 1 none did, 2 bad input.
+  """
+  return _report_main(argv)
+
+
+def plan(argv: Sequence[str] | None = None) -> int:
+  """``jaxckpt-plan``: the least-recompute policy within a memory budget, verified by compiling.
+
+  Args:
+    argv: the flags (default ``sys.argv[1:]``).
+
+  Returns:
+    The exit status: 0 done, 2 bad input (or a budget no plan reaches).
+  """
+  return _plan_main(argv)
+
+
+def fit(argv: Sequence[str] | None = None) -> int:
+  """``jaxckpt-fit``: the largest micro-batch per policy, and the fastest configuration for a global batch.
+
+  Args:
+    argv: the flags (default ``sys.argv[1:]``).
+
+  Returns:
+    The exit status: 0 done, 2 bad input.
+  """
+  return _fit_main(argv)

@@ -1,0 +1,48 @@
+"""Sharding: where a train step's arrays live and what it is compiled for.
+
+- **Meshes** (:mod:`~jaxckpt.sharding._mesh`): the ``--mesh`` grammar (``data=4,fsdp=2,tensor=2``), its axes
+  :data:`MESH_AXES`, :func:`make_mesh`, and :func:`mesh_shape`, the one helper that gives a mesh's ``{axis: size}``.
+- **Logical axis rules** (:mod:`~jaxckpt.sharding._rules`): a model names its axes (``embed``, ``heads``, ``mlp``…)
+  and one table, :data:`LOGICAL_RULES`, maps names to mesh axes (MaxText's ``logical_axis_rules``).
+- **State and batch shardings** (:mod:`~jaxckpt.sharding._state`): the FSDP rule, state shardings by logical names,
+  parameters gathered where the model computes with them.
+- **Multi-process runs** (:mod:`~jaxckpt.sharding._distributed`): ``jax.distributed``, the rows each process feeds,
+  replica checks.
+- **Chips and topologies** (:mod:`~jaxckpt.sharding._chips`, :mod:`~jaxckpt.sharding._topology`): one table of
+  accelerators (TPU chips and NVIDIA GPUs) and the slices or clusters of them a step is compiled for without the
+  hardware (``--topology v5e:2x2``).
+
+Implementation modules are private; this face is the public door (``jaxckpt.topology``, the old path of the topology
+names, still imports with a ``DeprecationWarning``).
+"""
+
+from __future__ import annotations
+
+from jaxckpt.sharding._chips import CHIPS, Chip, chip_for_kind
+from jaxckpt.sharding._distributed import gather, initialize_distributed, process_rows, replica_mismatches, shard_batch
+from jaxckpt.sharding._mesh import (BATCH_AXES, MESH_AXES, check_batch_size, format_mesh, make_mesh, mesh_device_kind,
+                                    mesh_platform, mesh_shape, parse_mesh)
+from jaxckpt.sharding._rules import LOGICAL_NAMES, LOGICAL_RULES, constrain, logical_spec, param_logical_axes
+from jaxckpt.sharding._state import (batch_sharding, batch_shardings, fsdp_partition, gather_params_in_loss,
+                                     gathered_in_use_paths, gathered_params, param_partition, shard_state,
+                                     stacked_layer_paths, state_partition_specs, state_shardings, step_shardings)
+from jaxckpt.sharding._topology import (TOPOLOGY_FORMS, Topology, check_libtpu, compiled_for, compiles_only,
+                                        get_topology, libtpu_version, parse_topology, required_libtpu,
+                                        topology_header, topology_mesh)
+
+__all__ = [
+    # meshes
+    "MESH_AXES", "BATCH_AXES", "parse_mesh", "format_mesh", "make_mesh", "mesh_shape", "mesh_platform",
+    "mesh_device_kind", "check_batch_size",
+    # logical axis rules
+    "LOGICAL_RULES", "LOGICAL_NAMES", "logical_spec", "constrain", "param_logical_axes",
+    # state and batch shardings
+    "fsdp_partition", "param_partition", "stacked_layer_paths", "gathered_in_use_paths", "state_partition_specs",
+    "state_shardings", "batch_sharding", "batch_shardings", "step_shardings", "gathered_params",
+    "gather_params_in_loss", "shard_state",
+    # multi-process
+    "process_rows", "shard_batch", "initialize_distributed", "replica_mismatches", "gather",
+    # chips and topologies
+    "Chip", "CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version", "required_libtpu",
+    "check_libtpu", "Topology", "get_topology", "topology_mesh", "topology_header", "compiled_for", "compiles_only",
+]
