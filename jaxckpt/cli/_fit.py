@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,13 +26,12 @@ from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS
 from jaxckpt.fit._plan import FitPlan, plan_fit
 from jaxckpt.fit._plot import plot_fit
 from jaxckpt.fit._tables import mesh_table, to_table
-from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, mesh_device, resolve_memory
+from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policies, resolve_memory
 from jaxckpt.fit._speed import ACCELERATORS, accelerator
 from jaxckpt.policies._model import parse_model_policy
-from jaxckpt import sharding
-from jaxckpt.sharding import make_mesh
-from jaxckpt.cli._flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
-from jaxckpt.sharding import compiled_for, get_topology, topology_header
+from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
+                               placement_from_args, target_from_args)
+from jaxckpt.sharding import parse_topology
 from jaxckpt._units import parse_bytes
 
 
@@ -60,16 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
               f"  {PROG} --model llm --preset llama3.1-8b --topology v6e:16x16 --seq-len 8192 --global-batch-size "
               "1024 --mesh auto"))
   add_target_flags(parser)
-  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]|auto",
-                      help="compile sharded over a device mesh (axes data, fsdp, tensor): memory per device; auto "
-                           "(with --topology and --global-batch-size): search the mesh too")
+  add_placement_flags(parser, auto_mesh=True,
+                      mesh_help="compile sharded over a device mesh (axes data, fsdp, tensor): memory per device; "
+                                "auto (with --topology and --global-batch-size; the default there on more than one "
+                                "chip): search the mesh too")
   parser.add_argument("--max-meshes", type=int, default=DEFAULT_MAX_MESHES, metavar="N",
                       help=f"--mesh auto: meshes compiled, the best N by a lower bound of their step time (default "
                            f"{DEFAULT_MAX_MESHES})")
-  add_topology_flags(parser)
   parser.add_argument("--memory", default="auto", metavar="SIZE|auto",
                       help="device memory to fit, binary units (16GiB), or auto: this device less 10%% (default; "
-                           "--topology: the chip's HBM less 10%%)")
+                           "--topology: the chip's HBM, a GPU's memory × --memory-fraction, less 10%%)")
   parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), metavar="SPEC",
                       help=f"policies to fit (default {' '.join(DEFAULT_POLICIES)}; min_saved, mincut:<cap> too; "
                            f"{CUSTOM_SEARCH}: MaxText's custom lists, device/offload/recompute per checkpoint name, "
@@ -128,7 +128,7 @@ def _host_memory(text: str | None) -> int | None:
   return value
 
 
-def _search(args: argparse.Namespace, target, topology, device, on_compile, bar, started_at: float) -> MeshSearch:
+def _search(args: argparse.Namespace, target, placement, device, on_compile, bar, started_at: float) -> MeshSearch:
   """``--mesh auto``: :func:`jaxckpt.fit.search_meshes` with a progress line per mesh settled (stderr; through the
   bar at a terminal)."""
   def on_mesh(option) -> None:
@@ -138,8 +138,10 @@ def _search(args: argparse.Namespace, target, topology, device, on_compile, bar,
     else:
       bar.write(message, file=sys.stderr)
 
-  return search_meshes(target, args.policies, args.memory, topology=topology, global_batch=args.global_batch_size,
-                       device=device, max_meshes=args.max_meshes, on_compile=on_compile,
+  return search_meshes(target, args.policies, args.memory, topology=placement.topology,
+                       memory_fraction=None if placement.fraction is None else placement.fraction.value,
+                       global_batch=args.global_batch_size, device=device, max_meshes=args.max_meshes,
+                       on_compile=on_compile, compiler_options=compiler_options_from_args(args),
                        on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,
                        custom_lists=args.custom_lists,
                        **({} if args.max_batch is None else {"max_batch": args.max_batch}))
@@ -174,6 +176,9 @@ def _check_args(args: argparse.Namespace) -> None:
   if args.mesh == "auto" and (args.topology is None or args.global_batch_size is None or args.max_seq_len):
     raise JaxckptError("--mesh auto searches the mesh of a --topology for a --global-batch-size: give both "
                        "(and no --max-seq-len)")
+  if args.mesh is None and args.topology is not None and args.global_batch_size is not None \
+      and args.max_seq_len is None and math.prod(parse_topology(args.topology)[1]) > 1:
+    args.mesh = "auto"  # more than one chip and no mesh named: the mesh is part of the answer
   if args.max_meshes < 1:
     raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
   searched = False
@@ -208,15 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   bar = None
   try:
-    check_topology_flags(args, runs=("measure",))
+    check_placement_flags(args, runs=("measure",))
     _check_args(args)
-    topology = get_topology(args.topology) if args.topology is not None else None
     search = None
     auto = args.mesh == "auto"
-    mesh = None if auto else topology.mesh(args.mesh) if topology is not None else \
-        make_mesh(args.mesh) if args.mesh is not None else None
-    chip = mesh_device(mesh) if mesh is not None else topology.devices[0] if topology is not None else None
-    resolve_memory(args.memory, device=chip)
+    placement = placement_from_args(args)
+    chip = None if placement.topology is None and placement.mesh is None else placement.device
+    resolve_memory(args.memory, placement=placement)
     target = target_from_args(args)
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
@@ -243,30 +246,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jaxckpt-fit: compile {count[0]}: {policy} at {batch} ({time.perf_counter() - started_at:.0f} s "
               "elapsed)", file=sys.stderr, flush=True)
 
+    options = compiler_options_from_args(args)
     if auto:
-      search = _search(args, target, topology, device, on_compile, bar, started_at)
+      search = _search(args, target, placement, device, on_compile, bar, started_at)
       plan = search.winner.plan
-      mesh = topology.mesh(dict(search.winner.shape))
+      placement = placement.with_mesh(dict(search.winner.shape))
     elif args.max_seq_len is not None:
       started = time.perf_counter()
-      limit, source = resolve_memory(args.memory, device=mesh_device(mesh))
-      fits = fit_policies(target, args.policies, limit, mesh=mesh, on_compile=on_compile, axis="seq_len",
-                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024), jobs=args.jobs)
+      limit, source = resolve_memory(args.memory, placement=placement)
+      fits = fit_policies(target, args.policies, limit, mesh=placement.mesh, on_compile=on_compile, axis="seq_len",
+                          min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024), jobs=args.jobs,
+                          compiler_options=options)
       plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
-                     compiled_for=compiled_for(mesh, topology))
+                     compiled_for=placement.compiled_for())
     else:
       kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **({} if args.max_batch is None else {
           "max_batch": args.max_batch}), **({} if args.global_batch_size is None else {
-              "custom_lists": args.custom_lists})}
+              "custom_lists": args.custom_lists}), **({} if options is None else {"compiler_options": options})}
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
-                      measure=args.measure, mesh=mesh, on_compile=on_compile, topology=topology, **kwargs)
+                      measure=args.measure, mesh=placement, on_compile=on_compile, **kwargs)
   except JaxckptError as err:
     if bar is not None:
       bar.close()
     return parser.fail(err)
   bar.close()
-  if topology is not None:
-    print(topology_header(topology.name, sharding.mesh_shape(mesh)))
+  if placement.header() is not None:
+    print(placement.header())
   if search is not None:
     print(mesh_table(search, wide=args.wide), end="\n\n")
     print(f"the winner's mesh, {search.winner.name}:")

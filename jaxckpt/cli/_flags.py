@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxckpt.errors import JaxckptError, TopologyError
+from jaxckpt.sharding import (CHIPS, DEFAULT_MEMORY_FRACTION, Placement, check_topology_name, memory_fraction,
+                              parse_topology, resolve_placement)
+from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
 from jaxckpt.models._registry import COMPUTE_DTYPES
 from jaxckpt.step._targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
 from jaxckpt.sharding import TOPOLOGY_FORMS
@@ -125,29 +128,79 @@ def target_kwargs(args: argparse.Namespace) -> dict[str, Any]:
   return out
 
 
-def add_topology_flags(parser: argparse.ArgumentParser) -> None:
-  """Adds ``--topology NAME``: compile for a TPU slice without a TPU (:mod:`jaxckpt.sharding`)."""
-  parser.add_argument("--topology", default=None, metavar="NAME",
-                      help=f"compile for a TPU slice without a TPU, with the TPU compiler of libtpu (pip install -e "
-                           f"'.[tpu]'): {TOPOLOGY_FORMS}; --mesh is laid over its chips (default: all on data); "
-                           "memory per chip")
-
-
-def check_topology_flags(args: argparse.Namespace, *, runs: Sequence[str]) -> None:
-  """Refuses ``--topology`` together with a flag that runs the step on this machine (there is no TPU to run on).
-
-  Checked before libtpu is looked for, so the line is the same with or without it.
+def add_placement_flags(parser: argparse.ArgumentParser, *, mesh_help: str, auto_mesh: bool = False) -> None:
+  """Adds the flags that say where the step is compiled: ``--mesh``, ``--topology``, ``--memory-fraction`` and
+  ``--xla-rematerialization`` (:func:`placement_from_args` resolves them once).
 
   Args:
-    args: parsed flags with ``topology`` (:func:`add_topology_flags`).
-    runs: the ``dest`` of every flag that runs steps (``measure``, ``profile``): set (truthy) is refused.
+    parser: the tool's parser.
+    mesh_help: what ``--mesh`` does in this tool.
+    auto_mesh: ``--mesh auto`` is accepted (the fit's mesh search).
+  """
+  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]" + ("|auto" if auto_mesh else ""),
+                      help=mesh_help)
+  parser.add_argument("--topology", default=None, metavar="NAME",
+                      help=f"compile for a TPU slice or an NVIDIA GPU cluster without its hardware: {TOPOLOGY_FORMS}; "
+                           "TPU: the TPU compiler of libtpu (pip install -e '.[tpu]'), GPU: XLA:GPU of JAX's CUDA "
+                           "plugin (pip install -e '.[gpu]'); --mesh is laid over the chips (default: all on data); "
+                           "memory per chip")
+  parser.add_argument("--memory-fraction", type=float, default=None, metavar="F",
+                      help="with a GPU --topology: the share of each GPU's memory XLA may use, in (0, 1] (default: "
+                           f"XLA_PYTHON_CLIENT_MEM_FRACTION, else JAX's {DEFAULT_MEMORY_FRACTION}; published recipes "
+                           "run at 0.9-0.975)")
+  parser.add_argument("--xla-rematerialization", action="store_true",
+                      help="with a GPU --topology: keep XLA:GPU's own rematerialization pass on (default off, as "
+                           "published GPU recipes run: --xla_disable_hlo_passes=rematerialization)")
+
+
+def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = ()) -> None:
+  """Checks the placement flags without loading anything (a bad flag is one line whatever is installed): the
+  topology's name and its compiler, the memory fraction, and no flag that runs steps beside ``--topology``.
+
+  Args:
+    args: parsed flags of :func:`add_placement_flags`.
+    runs: the ``dest`` of every flag that runs steps (``measure``, ``profile``): set (truthy) beside ``--topology``
+      is refused.
 
   Raises:
-    TopologyError: one line naming both flags.
+    TopologyError: a flag that runs steps beside ``--topology``; a bad topology name or its compiler missing.
+    JaxckptError: a bad ``--memory-fraction``, or one (or ``--xla-rematerialization``) without a GPU topology.
   """
-  if args.topology is None:
-    return
-  for dest in runs:
-    if getattr(args, dest):
-      raise TopologyError(f"--{dest.replace('_', '-')} runs steps on this machine, but --topology {args.topology} "
-                          "compiles for a TPU slice without a TPU: there is nothing to run them on (drop one of them)")
+  if args.topology is not None:
+    for dest in runs:
+      if getattr(args, dest):
+        raise TopologyError(f"--{dest.replace('_', '-')} runs steps on this machine, but --topology {args.topology} "
+                            "compiles for hardware that is not here: there is nothing to run them on (drop one of "
+                            "them)")
+  gpu = False
+  if args.topology is not None:
+    key, _ = parse_topology(args.topology)
+    gpu = CHIPS[key].is_gpu
+  if args.memory_fraction is not None:
+    memory_fraction(args.memory_fraction)
+  for flag, value in (("--memory-fraction", args.memory_fraction), ("--xla-rematerialization",
+                                                                    args.xla_rematerialization or None)):
+    if value is not None and not gpu:
+      raise JaxckptError(f"{flag} applies to a GPU --topology (e.g. --topology h100:8); drop it or give one")
+  if args.topology is not None:
+    check_topology_name(args.topology)
+
+
+def placement_from_args(args: argparse.Namespace) -> Placement:
+  """The :class:`~jaxckpt.sharding.Placement` of the placement flags (``--mesh auto``: the topology alone, the mesh
+  left to the search).
+
+  Raises:
+    TopologyError, MeshSpecError, JaxckptError: as :func:`jaxckpt.sharding.resolve_placement`.
+  """
+  mesh = None if args.mesh == "auto" else args.mesh
+  return resolve_placement(mesh, args.topology, memory_fraction=args.memory_fraction)
+
+
+def compiler_options_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+  """The XLA options the placement flags ask for: ``--xla-rematerialization`` keeps XLA:GPU's pass on (the passes
+  ``XLA_FLAGS`` disables stay disabled); ``None`` for jaxckpt's defaults."""
+  if not getattr(args, "xla_rematerialization", False):
+    return None
+  passes = [p for p in xla_flags().get("xla_disable_hlo_passes", "").split(",") if p and p != GPU_XLA_REMAT_PASS]
+  return {"xla_disable_hlo_passes": ",".join(passes)}

@@ -22,9 +22,8 @@ from jaxckpt.planner._export import export_code, linen_export_code
 from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner._segmented import mincut_policy
 from jaxckpt.policies._model import MINCUT, Budget, MinCut, parse_model_policy
-from jaxckpt.cli._flags import add_target_flags, add_topology_flags, target_from_args
-from jaxckpt.sharding import make_mesh
-from jaxckpt.sharding import compiled_for, get_topology, topology_header
+from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
+                               placement_from_args, target_from_args)
 from jaxckpt.analysis._tables import wrap_lines
 from jaxckpt.step._build import target_block_types
 
@@ -59,10 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a whole-loss min-cut plan saving at most CAP of activations: <size> or <p>%% of no remat's "
                          "(the policy mincut:CAP); prints its regions and saved values (always: --explain and "
                          "--max-rounds are for --budget)")
-  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
-                      help="plan for the step sharded over a device mesh (axes data, fsdp; product = device count, or "
-                           "--topology's chips): the budget is per device")
-  add_topology_flags(parser)
+  add_placement_flags(parser, mesh_help="plan for the step sharded over a device mesh (axes data, fsdp, tensor; "
+                      "product = device count, or --topology's chips): the budget is per device")
   parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
   parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
@@ -89,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_rounds < 1:
       raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
     check_output_file("--json", args.json)
+    check_placement_flags(args)
     if args.mincut is not None:
       if args.topology is not None or args.mesh is not None:
         flag = "--topology" if args.topology is not None else "--mesh"
@@ -96,19 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"nothing: compare the policy mincut:{args.mincut} with jaxckpt-report {flag} instead")
       return _mincut(parser, args)
     budget = _budget(args.budget)
-    topology = get_topology(args.topology) if args.topology is not None else None
+    placement = placement_from_args(args)
     target = target_from_args(args)
-    mesh = None
-    if topology is not None:
-      mesh = topology.mesh(args.mesh)
-    elif args.mesh is not None:
-      mesh = make_mesh(args.mesh)
-    plan = plan_policy(target, budget, max_rounds=args.max_rounds, mesh=mesh)
+    plan = plan_policy(target, budget, max_rounds=args.max_rounds, mesh=placement,
+                       compiler_options=compiler_options_from_args(args))
   except JaxckptError as err:
     return parser.fail(err)
-  where = compiled_for(mesh, topology)
-  if topology is not None:
-    print(topology_header(topology.name, where["mesh"]))
+  where = placement.compiled_for()
+  if placement.header() is not None:
+    print(placement.header())
   print(plan.explain(candidates=args.explain, wide=args.wide))
   print(f"policy: {plan.policy}")
   if args.export:

@@ -10,7 +10,6 @@ import argparse
 import os
 from collections.abc import Sequence
 
-import jax
 
 from jaxckpt import names
 from jaxckpt.cli._parser import CLIParser, progress_enabled
@@ -25,10 +24,9 @@ from jaxckpt.report._html import PLOTLYJS_MODES
 from jaxckpt.report._outputs import to_table, write_outputs
 from jaxckpt.report._plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report._policies import ALL, expand_policies
-from jaxckpt.sharding import check_batch_size, make_mesh
 from jaxckpt.step._build import target_block_types
-from jaxckpt.cli._flags import add_target_flags, add_topology_flags, check_topology_flags, target_from_args
-from jaxckpt.sharding import get_topology, topology_mesh
+from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
+                               placement_from_args, target_from_args)
 from jaxckpt.step._targets import SHIPPED_MODELS
 
 
@@ -66,11 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
       ),
   )
   add_target_flags(parser)
-  parser.add_argument("--mesh", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
-                      help="compile sharded over a device mesh, axes data (batch) and fsdp (batch, parameters, "
-                           "optimizer state), product = device count (or --topology's chips), e.g. data=4,fsdp=2; "
-                           "memory is then per device")
-  add_topology_flags(parser)
+  add_placement_flags(parser, mesh_help="compile sharded over a device mesh, axes data (batch), fsdp (batch, "
+                      "parameters, optimizer state) and tensor (heads, MLP width, vocabulary), product = device count "
+                      "(or --topology's chips), e.g. data=4,fsdp=2; memory is then per device")
   parser.add_argument("--compare-cpu", action="store_true",
                       help="with --topology: also compile each policy on XLA:CPU at the per-chip batch and show its "
                            "footprint and temp beside the TPU's (data-only meshes)")
@@ -110,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   try:
-    check_topology_flags(args, runs=("measure", "profile"))
+    check_placement_flags(args, runs=("measure", "profile"))
     for flag in ("steps", "warmup", "jobs", "profile_steps"):
       if getattr(args, flag) < 1:
         raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
@@ -121,33 +117,23 @@ def main(argv: Sequence[str] | None = None) -> int:
       plot_format(args.plot, flag="plot")
     if args.profile is not None:
       check_profile_dir(args.profile, flag="--profile")
-    if args.topology is not None:
-      get_topology(args.topology)  # a bad name or no libtpu exits 2 before the target is built
+    if args.compare_cpu and args.topology is None:
+      raise JaxckptError("--compare-cpu puts XLA:CPU's figures beside a topology's: give --topology too")
+    if args.mesh is not None and args.topology is None and (args.measure or args.profile is not None):
+      flag = "--measure" if args.measure else "--profile"
+      raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
+    expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
+    placement = placement_from_args(args)  # a bad mesh, no compiler: exit 2 before the target is built
     target = target_from_args(args)
     if args.list_blocks:
       for block, block_names in target_block_types(target).items():
         print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")
       return 0
-    expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
-    mesh = None
-    if args.topology is not None:
-      mesh = topology_mesh(args.topology, args.mesh)
-      for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
-        check_batch_size(size, mesh)
-    elif args.compare_cpu:
-      raise JaxckptError("--compare-cpu puts XLA:CPU's figures beside a TPU topology's: give --topology too")
-    elif args.mesh is not None:
-      if args.measure or args.profile is not None:
-        flag = "--measure" if args.measure else "--profile"
-        raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
-      mesh = make_mesh(args.mesh)
-      for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
-        check_batch_size(size, mesh)
     report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
                           xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals,
-                          progress=progress_enabled(args.progress),
-                          mesh=mesh, profile=args.profile, profile_steps=args.profile_steps,
-                          topology=args.topology, compare_cpu=args.compare_cpu)
+                          progress=progress_enabled(args.progress), mesh=placement, profile=args.profile,
+                          profile_steps=args.profile_steps, compare_cpu=args.compare_cpu,
+                          compiler_options=compiler_options_from_args(args))
   except JaxckptError as err:
     return parser.fail(err)
   print(to_table(report, wide=args.wide))

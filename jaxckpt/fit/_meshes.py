@@ -46,7 +46,7 @@ from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memo
 from jaxckpt.fit._speed import Accelerator, accelerator, collective_bytes
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.sharding import format_mesh
-from jaxckpt.sharding import Topology, get_topology
+from jaxckpt.sharding import Topology, resolve_placement
 from jaxckpt._units import format_bytes
 
 __all__ = ["MeshOption", "MeshSearch", "mesh_shapes", "search_meshes", "state_bytes"]
@@ -187,6 +187,7 @@ def search_meshes(
     max_tensor: int = DEFAULT_MAX_TENSOR,
     on_compile: Callable[[str, int], None] | None = None,
     on_mesh: Callable[[MeshOption], None] | None = None,
+    memory_fraction: float | None = None,
     **kwargs: Any,
 ) -> MeshSearch:
   """The fastest (mesh, policy, micro-batch, accumulation) for ``global_batch`` on a TPU slice (module docstring).
@@ -202,6 +203,7 @@ def search_meshes(
     max_meshes: meshes fitted (compiled), ≥ 1.
     max_tensor: largest ``tensor`` size enumerated.
     on_compile: progress callback ``(policy, batch)``; on_mesh: called with each mesh as it is settled.
+    memory_fraction: a GPU topology's share of memory XLA may use (:func:`jaxckpt.sharding.memory_fraction`).
     **kwargs: passed to :func:`jaxckpt.fit.plan_fit` (``min_batch``, ``jobs``...).
 
   Returns:
@@ -219,8 +221,9 @@ def search_meshes(
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
   if (kwargs.get("min_batch") or 1) > global_batch:  # bad input, not a reason of every mesh
     raise JaxckptError(f"min_batch={kwargs['min_batch']} > global_batch_size={global_batch}: no micro-batch between")
-  topo = get_topology(topology)
-  limit, _ = resolve_memory(memory, device=topo.devices[0])
+  placement = resolve_placement(None, topology, memory_fraction=memory_fraction)
+  topo = placement.topology
+  limit, _ = resolve_memory(memory, placement=placement)
   device = device or accelerator(device=topo.devices[0])
   bounds = _Bounds(target, global_batch, device)
   options = bounds.options(topo.chips, limit, max_tensor)
@@ -233,8 +236,8 @@ def search_meshes(
   def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
     option = options[i]
     try:
-      plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device, topology=topo,
-                      mesh=dict(option.shape), on_compile=on_compile, guesses=guesses, **kwargs)
+      plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device,
+                      mesh=placement.with_mesh(dict(option.shape)), on_compile=on_compile, guesses=guesses, **kwargs)
       options[i] = dataclasses.replace(option, status="fitted", plan=plan)
     except NothingFitsError as err:
       options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))

@@ -16,11 +16,11 @@ from jaxckpt.fit._model import fit_affine
 from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomPlan, CustomSearch,
                                custom_plans, name_costs, name_lists, offload_excess, predicted_footprint)
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, max_batch_size,
-                                mesh_device, nothing_fits_error, resolve_memory, with_batch)
+                                nothing_fits_error, resolve_memory, with_batch)
 from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.sharding import check_batch_size
-from jaxckpt.sharding import Topology, compiled_for, get_topology
+from jaxckpt.sharding import Placement, Topology, resolve_placement
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
@@ -114,7 +114,7 @@ class FitPlan:
     return sum(p.refused for f in self.fits for p in f.points)
 
   def as_json(self) -> dict[str, Any]:
-    """``{"backend", "device_kind", "topology", "device_count", "mesh" (what compiled it), "rows": [one per policy],
+    """``{"backend", "device_kind", "compiler", "topology", "device_count", "mesh" (what compiled it), "rows": [one per policy],
     "global_batch": {...} | None, "limit_bytes", ...}``."""
     out: dict[str, Any] = {**(self.compiled_for or {}), "rows": [f.as_row() for f in self.fits],
                            "limit_bytes": self.limit_bytes, "memory_source": self.memory_source,
@@ -238,24 +238,23 @@ def tensor_bytes_per_example(target: Target) -> float | None:
   return float(method()) if callable(method) else None
 
 
-def _on_topology(topology: Any, mesh: Any, *, measure: int, device: Accelerator | None, timed: bool
-                 ) -> tuple[Topology | None, Any, Accelerator | None]:
-  """``(topology, mesh, device)`` of a fit: with a topology its mesh and, for a timed fit without ``device``, its
-  chip as the time model's device; else as given.
+def _on_placement(mesh: Any, topology: Any, memory_fraction: float | None, *, measure: int,
+                  device: Accelerator | None, timed: bool) -> tuple[Placement, Accelerator | None]:
+  """``(placement, device)`` of a fit (:func:`jaxckpt.sharding.resolve_placement`): on a topology, for a timed fit
+  without ``device``, its chip as the time model's device; else as given.
 
   Raises:
-    TopologyError: ``measure`` with a topology (nothing to run on); a bad topology, libtpu missing.
+    TopologyError: ``measure`` with a topology (nothing to run on); a bad topology, its compiler missing.
   """
-  if topology is None:
-    return None, mesh, device
-  if measure:
-    raise TopologyError(f"measure={measure} times configurations on this machine, but topology={str(topology)!r} is "
-                        "compiled for without a TPU: there is nothing to run them on (drop one of them)")
-  topo = get_topology(topology)
-  mesh = topo.mesh(mesh)
-  if timed and device is None:
-    device = accelerator(device=mesh_device(mesh))
-  return topo, mesh, device
+  given = mesh.topology if isinstance(mesh, Placement) else topology
+  if given is not None and measure:
+    raise TopologyError(f"measure={measure} times configurations on this machine, but topology="
+                        f"{str(getattr(given, 'name', given))!r} is compiled for without its hardware: there is "
+                        "nothing to run them on (drop one of them)")
+  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+  if timed and device is None and placement.topology is not None:
+    device = accelerator(device=placement.device)
+  return placement, device
 
 
 def _check_global_batch(global_batch: int, device: Accelerator | None, mesh: Any, min_batch: int | None) -> None:
@@ -414,6 +413,7 @@ def plan_fit(
     topology: "str | Topology | None" = None,
     custom_lists: int = DEFAULT_CUSTOM_LISTS,
     guesses: Mapping[str, int] | None = None,
+    memory_fraction: float | None = None,
     **kwargs: Any,
 ) -> FitPlan:
   """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
@@ -435,12 +435,15 @@ def plan_fit(
     device: the accelerator of the time model (required with ``global_batch``; :func:`jaxckpt.fit._speed.accelerator`).
     measure: time ``measure`` candidates on this device, spanning policies and micro-batches (:func:`spread`), and
       rank them by measured throughput (0: no).
-    mesh: a device mesh (memory per device; batches multiples of its batch axes).
+    mesh: a device mesh (memory per device; batches multiples of its batch axes), or a
+      :class:`~jaxckpt.sharding.Placement` (mesh, topology and memory fraction at once).
     on_compile: progress callback ``(policy, batch)``.
-    topology: plan for a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.sharding`): ``mesh`` (a
-      ``--mesh`` spec or ``None``: every chip on ``data``) laid over its chips, every compile by the TPU compiler,
-      ``memory="auto"`` the chip's HBM less the margin; ``device`` defaults to the chip
-      (:func:`jaxckpt.fit._speed.accelerator`). No ``measure`` (nothing to run on).
+    topology: plan for a TPU slice or GPU cluster without its hardware (``"v5e:2x2"``, ``"h100:32x8"``,
+      :mod:`jaxckpt.sharding`): ``mesh`` (a ``--mesh`` spec or ``None``: every chip on ``data``) laid over its chips,
+      every compile by its compiler, ``memory="auto"`` the chip's memory (a GPU's × its memory fraction) less the
+      margin; ``device`` defaults to the chip (:func:`jaxckpt.fit._speed.accelerator`). No ``measure`` (nothing to
+      run on).
+    memory_fraction: a GPU topology's share of memory XLA may use (:func:`jaxckpt.sharding.memory_fraction`).
     **kwargs: passed to :func:`~jaxckpt.fit._search.max_batch_size` (``max_batch``, ``min_batch``, ``probes``...).
 
   Returns:
@@ -452,11 +455,13 @@ def plan_fit(
     JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
       without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_lists`` < 1.
-    TopologyError: ``measure`` with a topology, a bad topology, libtpu missing.
+    TopologyError: ``measure`` with a topology, a bad topology, its compiler missing.
   """
   started = time.perf_counter()
-  topo, mesh, device = _on_topology(topology, mesh, measure=measure, device=device, timed=global_batch is not None)
-  limit, source = resolve_memory(memory, device=mesh_device(mesh))
+  placement, device = _on_placement(mesh, topology, memory_fraction, measure=measure, device=device,
+                                    timed=global_batch is not None)
+  mesh = placement.mesh
+  limit, source = resolve_memory(memory, placement=placement)
   if global_batch is not None:
     _check_global_batch(global_batch, device, mesh, kwargs.get("min_batch"))
     kwargs["max_batch"] = min(kwargs.get("max_batch", global_batch), global_batch)  # no micro-batch beyond G
@@ -512,4 +517,4 @@ def plan_fit(
           break
     choice = GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, compiles)
   return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started,
-                 compiled_for=compiled_for(mesh, topo), custom=custom)
+                 compiled_for=placement.compiled_for(), custom=custom)

@@ -36,17 +36,17 @@ import optax
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import AffineModel, fit_affine, tangent_at_crossing
-from jaxckpt.planner._plan import device_memory_bytes, resolve_policy
+from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.policies._model import Budget, parse_model_policy
 from jaxckpt.policies._model import DEFAULT_MARGIN
 from jaxckpt.sharding import BATCH_AXES, mesh_platform, mesh_shape
-from jaxckpt.sharding import Topology, compiles_only, topology_mesh
+from jaxckpt.sharding import Placement, Topology, compiles_only, resolve_placement
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_target, with_batch
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
 
 __all__ = ["FitPoint", "BatchFit", "NothingFitsError", "nothing_fits_error", "DEFAULT_POLICIES", "batch_size_of",
-           "with_batch", "compile_point", "exhausted_bytes", "batch_unit", "mesh_device", "resolve_memory",
+           "with_batch", "compile_point", "exhausted_bytes", "batch_unit", "resolve_memory",
            "max_batch_size", "max_seq_len", "with_seq_len", "fit_policies"]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -168,12 +168,6 @@ def with_seq_len(target: Target, seq_len: int) -> Target:
   return shipped_target(**{**ref, "seq_len": seq_len})
 
 
-def mesh_device(mesh: Any) -> Any:
-  """The first device of a ``jax.sharding.Mesh`` (the device ``memory="auto"`` fits: a topology's chip), or ``None``
-  without a mesh (then :func:`resolve_memory` takes ``jax.devices()[0]``)."""
-  return next(iter(mesh.devices.flat)) if isinstance(mesh, jax.sharding.Mesh) else None
-
-
 def batch_unit(mesh: Any) -> int:
   """The batch step of a mesh: the product of its batch axes (``data`` × ``fsdp``), 1 for ``None``."""
   if mesh is None:
@@ -182,15 +176,16 @@ def batch_unit(mesh: Any) -> int:
   return math.prod(shape.get(a, 1) for a in BATCH_AXES)
 
 
-def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN, device: Any = None) -> tuple[int, str]:
+def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN,
+                   placement: Placement | None = None) -> tuple[int, str]:
   """The memory to fit, in bytes per device, and where it came from.
 
   Args:
     memory: ``"auto"`` (the device's memory less ``margin``, as the policy ``auto`` plans for:
-      :func:`jaxckpt.planner.device_memory_bytes`; a TPU topology's chip: its HBM from the chip table), a size
+      :meth:`jaxckpt.sharding.Placement.memory`; a TPU chip's HBM, a GPU's memory × its memory fraction), a size
       string in binary units (``"80GiB"``), or int bytes.
     margin: share of the device's memory ``auto`` leaves free, in [0, 1).
-    device: the device fitted (a mesh's first, :func:`mesh_device`); default ``jax.devices()[0]``.
+    placement: where the step is compiled (its first device is fitted); default this machine's first device.
 
   Returns:
     ``(bytes, source)``.
@@ -199,7 +194,7 @@ def resolve_memory(memory: int | str, *, margin: float = DEFAULT_MARGIN, device:
     JaxckptError: a size that does not parse, or ≤ 0.
   """
   if isinstance(memory, str) and memory.strip() == "auto":
-    available, source = device_memory_bytes(device)
+    available, source = (placement or Placement()).memory()
     return int(available * (1 - margin)), f"{source} {format_bytes(available)} − {margin * 100:g}% margin"
   if isinstance(memory, str):
     try:
@@ -319,6 +314,7 @@ def max_batch_size(
     topology: "str | Topology | None" = None,
     jobs: int | None = None,
     guess: int | None = None,
+    memory_fraction: float | None = None,
 ) -> BatchFit:
   """The largest batch size of ``target`` under ``policy`` whose compiled footprint fits ``memory`` (module docstring).
 
@@ -346,9 +342,10 @@ def max_batch_size(
       a compile next to the crossing, so the verification often needs one more compile instead of two (three in
       all). A wrong hint costs compiles, never exactness. Not used when the probes meet at ``max_batch`` (a
       global batch below them): that batch and ``min_batch`` are compiled together instead.
-    topology: fit a TPU slice without a TPU (``"v5e:2x2"``, :mod:`jaxckpt.sharding`): ``mesh`` (a
-      ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips, compiled by the TPU compiler;
-      ``memory="auto"`` is the chip's HBM less the margin.
+    topology: fit a TPU slice or GPU cluster without its hardware (``"v5e:2x2"``, ``"h100:8"``,
+      :mod:`jaxckpt.sharding`): ``mesh`` (a ``--mesh`` spec, or ``None``: every chip on ``data``) laid over its chips,
+      compiled by its compiler; ``memory="auto"`` is the chip's memory (a GPU's × its memory fraction) less the
+      margin. ``mesh`` may also be a :class:`~jaxckpt.sharding.Placement` (mesh, topology and fraction at once).
     jobs: compiles at once. With 2 or more, a predicted batch and its successor, the pair that verifies an answer,
       are compiled together (the successor speculatively: when the prediction does not fit, it was one compile too
       many, still a point of the search). ``None``: 2 for a topology (TPU compiles take seconds to minutes, growing
@@ -358,6 +355,7 @@ def max_batch_size(
       first line, instead of the probes and ``intercept_hint``; clipped to the range. A guess at ``max_batch``
       that fits is the answer in one compile (no line: :attr:`BatchFit.model` is flat there and no
       ``estimated_max_batch``). A wrong guess costs compiles, never exactness.
+    memory_fraction: a GPU topology's share of memory XLA may use (:func:`jaxckpt.sharding.memory_fraction`).
 
   Returns:
     The :class:`BatchFit`: ``max_batch_size`` (or ``None`` when ``min_batch`` does not fit), the footprint there,
@@ -374,8 +372,8 @@ def max_batch_size(
     >>> fit.max_batch_size, fit.compiles
   """
   started = time.perf_counter()
-  if topology is not None:
-    mesh = topology_mesh(topology, mesh)
+  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+  mesh = placement.mesh
   parsed = parse_model_policy(policy)
   if isinstance(parsed, Budget):
     raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
@@ -398,7 +396,7 @@ def max_batch_size(
   if hi_b < lo_b:
     raise JaxckptError(f"the batch range is empty: min_batch={lo_b} > max_batch={max_batch}"
                        + (f" (in multiples of {unit})" if unit > 1 else ""))
-  limit, _ = resolve_memory(memory, device=mesh_device(mesh))
+  limit, _ = resolve_memory(memory, placement=placement)
   text = str(parsed)
   points: dict[int, FitPoint] = {}
 

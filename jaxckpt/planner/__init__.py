@@ -28,7 +28,6 @@ from jaxckpt.planner._plan import (
     CompiledPoint,
     InfeasibleBudgetError,
     Plan,
-    device_memory_bytes,
     min_saved_policy,
     plan_policy,
     resolve_policy,
@@ -48,7 +47,6 @@ __all__ = [
     "MAX_ROUNDS",
     "Plan",
     "block_options",
-    "device_memory_bytes",
     "exhaustive",
     "min_saved_policy",
     "export_code",
@@ -75,4 +73,5 @@ __all__ = [
     "whole_graph",
 ]
 
-__getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.planner.<module>) as attributes, with a warning
+# old module paths (e.g. jaxckpt.planner.<module>) and names that moved, as attributes, with a warning
+__getattr__ = _forward_names(__name__, {"device_memory_bytes": ("jaxckpt.sharding._placement", "device_memory")})

@@ -51,13 +51,10 @@ from jaxckpt.policies._model import (
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import boundary_names, compile_policy, forward_jaxpr, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
-from jaxckpt.sharding import check_batch_size, make_mesh, mesh_platform
-from jaxckpt.sharding import CHIPS, Topology, chip_for_kind, topology_mesh
+from jaxckpt.sharding import Placement, Topology, mesh_platform, resolve_placement
 from jaxckpt.analysis._tables import render_table, wrap_lines
 from jaxckpt._units import format_bytes
 
-__all__ = ["Plan", "CompiledPoint", "InfeasibleBudgetError", "plan_policy", "resolve_policy", "device_memory_bytes",
-           "min_saved_policy", "layer_probe", "MAX_ROUNDS"]
 
 MAX_ROUNDS = 3
 """Default cap on verification compiles (after the two anchors): five compiles, plus the dominance guard's
@@ -313,39 +310,6 @@ def min_saved_policy(target: Any, tolerance: float, tensors: Mapping[str, BlockG
   return PolicySpec(blocks=blocks), dict(tensors)
 
 
-def device_memory_bytes(device: Any = None) -> tuple[int, str]:
-  """Memory ``auto`` plans for: ``(bytes, source)``.
-
-  Args:
-    device: the device planned for (a TPU topology's compile-only chip, :mod:`jaxckpt.sharding`); default
-      ``jax.devices()[0]``.
-
-  Returns:
-    GPU/TPU: the device's ``memory_stats()["bytes_limit"]``; a device without stats (a topology's chip, which has
-    no memory here) its chip's HBM from :data:`jaxckpt.sharding.CHIPS`; CPU: the RAM available now
-    (``psutil.virtual_memory().available``).
-
-  Raises:
-    JaxckptError: a device without memory stats whose chip the table does not know.
-  """
-  device = jax.devices()[0] if device is None else device
-  if device.platform != "cpu":
-    try:
-      stats = device.memory_stats() or {}
-    except Exception:  # noqa: BLE001 - compile-only devices raise ("only supported for addressable PjRt devices")
-      stats = {}
-    if stats.get("bytes_limit"):
-      return int(stats["bytes_limit"]), f"{device.device_kind} bytes_limit"
-    chip = chip_for_kind(device.device_kind)
-    if chip is None:
-      raise JaxckptError(f"device {device.device_kind!r} reports no memory and is not in the chip table "
-                         f"({', '.join(CHIPS)}): give the memory as a size")
-    return chip.memory_bytes, f"{chip.name} HBM"
-  import psutil  # noqa: PLC0415 - only auto needs it
-
-  return int(psutil.virtual_memory().available), "available RAM"
-
-
 def _only_stack(model: nnx.Module) -> Stack:
   found = stacks(model)
   if not found and not applied_block_types(model):
@@ -444,8 +408,9 @@ def plan_policy(
     cache: PlanCache | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
     per_tensor: bool = True,
-    mesh: Any = None,
+    mesh: "str | Mapping[str, int] | jax.sharding.Mesh | Placement | None" = None,
     topology: "str | Topology | None" = None,
+    memory_fraction: float | None = None,
 ) -> Plan:
   """Finds the least-recompute per-layer policy whose compiled train step fits ``budget`` (module docstring).
 
@@ -455,7 +420,7 @@ def plan_policy(
       :func:`jaxckpt.apply_remat`, or Linen through :func:`jaxckpt.linen_model_target` / :func:`jaxckpt.report.linen_target`
       (per-layer plans for layers in a list or loop, one spec for a scanned stack: :mod:`jaxckpt.planner._own`).
     budget: ``budget:<size>`` (compiled ``footprint_bytes`` ≤ size), ``budget:<p>%`` (compiled ``temp_bytes`` ≤ p%
-      of ``none``'s), ``auto`` / ``auto:margin=<p>%`` (footprint ≤ :func:`device_memory_bytes` × (1 − margin)), or
+      of ``none``'s), ``auto`` / ``auto:margin=<p>%`` (footprint ≤ :func:`jaxckpt.sharding.device_memory` × (1 − margin)), or
       the parsed :class:`~jaxckpt.policies.Budget`.
     tx: the optimizer of the step (default ``optax.adamw(1e-3)``; its state counts in the footprint).
     compiler_options: extra XLA options (merged with the CPU remat fix).
@@ -465,13 +430,15 @@ def plan_policy(
     candidates: measured layer candidates to reuse (from an earlier plan's ``candidates``).
     per_tensor: add each block type's per-tensor min-cut front (``save_tensors`` options,
       :mod:`jaxckpt.planner._tensors`) to the candidates.
-    mesh: plan for the step sharded over this ``jax.sharding.Mesh``: the anchors and verification compiles are
-      sharded over it and the budget is per device (a TPU topology's mesh, :mod:`jaxckpt.sharding`:
-      planned with the TPU compiler, ``auto`` from the chip's HBM). The candidates stay the step's (saved bytes of
-      the whole batch): the prediction interpolates between compiled per-device points, which calibrates the scale.
-      ``None``: one device.
-    topology: plan for a TPU slice without a TPU (``"v5e:2x2"``): ``mesh`` (a ``--mesh`` spec or ``None``: every
-      chip on ``data``) laid over its chips (:func:`jaxckpt.sharding.topology_mesh`).
+    mesh: plan for the step sharded over a mesh (a ``--mesh`` spec, ``{axis: size}``, a ``jax.sharding.Mesh``, or a
+      :class:`~jaxckpt.sharding.Placement`): the anchors and verification compiles are sharded over it and the
+      budget is per device (a topology's mesh, :mod:`jaxckpt.sharding`: planned with its compiler, ``auto`` from the
+      chip's memory, a GPU's × its memory fraction). The candidates stay the step's (saved bytes of the whole
+      batch): the prediction interpolates between compiled per-device points, which calibrates the scale. ``None``:
+      one device.
+    topology: plan for a TPU slice or GPU cluster without its hardware (``"v5e:2x2"``, ``"h100:8"``): ``mesh`` (a
+      ``--mesh`` spec or ``None``: every chip on ``data``) laid over its chips (:func:`jaxckpt.sharding.topology_mesh`).
+    memory_fraction: a GPU topology's share of memory XLA may use (:func:`jaxckpt.sharding.memory_fraction`).
 
   Returns:
     The verified :class:`Plan`.
@@ -481,17 +448,14 @@ def plan_policy(
       gives its compiled bytes.
     JaxckptError: a model without blocks of its own and without one block-structured stack (the message lists
       its module classes), ``max_rounds`` < 1, a spec that is not a budget.
-    TopologyError: a bad topology, libtpu missing (:func:`jaxckpt.sharding.get_topology`).
+    TopologyError: a bad topology, its compiler missing (:func:`jaxckpt.sharding.get_topology`).
     MeshSpecError: a mesh that does not cover the topology's chips, or a batch it cannot split.
   """
   started = time.perf_counter()
-  if topology is not None:
-    mesh = topology_mesh(topology, mesh)
-  elif mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-    mesh = make_mesh(mesh)
-  if mesh is not None:
-    for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
-      check_batch_size(size, mesh)
+  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+  mesh = placement.mesh
+  for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
+    placement.check_batch_size(size)
   parsed = parse_model_policy(budget)
   if not isinstance(parsed, Budget):
     raise JaxckptError(f"{str(parsed)!r} is not a budget; write budget:<size>, budget:<percent>% or auto")
@@ -541,7 +505,7 @@ def plan_policy(
   else:
     key = "footprint_bytes"
     if parsed.auto:
-      available, memory_source = device_memory_bytes(None if mesh is None else next(iter(mesh.devices.flat)))
+      available, memory_source = placement.memory()
       limit = int(available * (1 - parsed.margin))
       memory_source = f"{memory_source} {format_bytes(available)} − {parsed.margin * 100:g}% margin"
     else:

@@ -33,7 +33,7 @@ from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
 from jaxckpt.step._build import default_optimizer, target_structure
 from jaxckpt.step._compile import check_mesh_use, step_builder
-from jaxckpt.sharding import Topology, compiled_for, get_topology
+from jaxckpt.sharding import Placement, Topology, resolve_placement
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
 __all__ = ["Report", "build_report", "saving_warnings", "compiler_disagreements"]
@@ -153,30 +153,48 @@ def _per_chip(target: Target, mesh: jax.sharding.Mesh) -> Target:
   return with_batch(target, batch_size_of(target) // split, grad_accum_steps=accum)
 
 
-def _placement(target: Target, mesh: Any, topology: Any, *, runs: str | None, compare_cpu: bool
-               ) -> tuple[Topology | None, jax.sharding.Mesh | None]:
-  """The topology (``None`` without one) and the mesh the report compiles over, checked against the target's batch
-  and against what runs steps (``runs``: ``"measure=True"``, ``"profile='DIR'"`` or ``None``)."""
-  topo = None
-  if topology is not None:
+def _placement(target: Target, mesh: Any, topology: Any, memory_fraction: float | None, *, runs: str | None,
+               compare_cpu: bool) -> Placement:
+  """Where the report compiles (:func:`jaxckpt.sharding.resolve_placement`), checked against the target's batch and
+  against what runs steps (``runs``: ``"measure=True"``, ``"profile='DIR'"`` or ``None``)."""
+  given = mesh.topology if isinstance(mesh, Placement) else topology
+  if given is not None and runs is not None:
+    name = given.name if isinstance(given, Topology) else str(given)
+    raise TopologyError(f"{runs} runs each policy on this machine, but topology={name!r} is compiled for without "
+                        "its hardware: there is nothing to run it on (drop one of them)")
+  if given is None and compare_cpu:
+    raise JaxckptError("compare_cpu=True puts XLA:CPU's figures beside a topology's: give topology= too")
+  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+  if placement.mesh is not None:
+    for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
+      placement.check_batch_size(size)
     if runs is not None:
-      name = topology.name if isinstance(topology, Topology) else str(topology)
-      raise TopologyError(f"{runs} runs each policy on this machine, but topology={name!r} is compiled for without "
-                          "a TPU: there is nothing to run it on (drop one of them)")
-    topo = get_topology(topology)
-    mesh = topo.mesh(mesh)
-  elif compare_cpu:
-    raise JaxckptError("compare_cpu=True puts XLA:CPU's figures beside a TPU topology's: give topology= too")
-  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-    mesh = sharding.make_mesh(mesh)
-  if mesh is not None:
-    sizes = {a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}
-    for size in sorted(sizes):
-      sharding.check_batch_size(size, mesh)
-    if runs is not None:
-      raise JaxckptError(f"{runs} runs each policy on one device; it does not take mesh={sharding.format_mesh(mesh)!r} "
-                         "(drop one of them)")
-  return topo, mesh
+      raise JaxckptError(f"{runs} runs each policy on one device; it does not take "
+                         f"mesh={sharding.format_mesh(placement.mesh)!r} (drop one of them)")
+  return placement
+
+
+def memory_verdicts(rows: list[dict[str, Any]], placement: Placement) -> list[str]:
+  """On a GPU, the rows whose compiled footprint exceeds the memory XLA may use there become errors that keep their
+  bytes (XLA:GPU compiles any program; the TPU compiler refuses such a program itself, and a CPU's RAM is no verdict).
+
+  Args:
+    rows: report rows (changed in place).
+    placement: where they were compiled.
+
+  Returns:
+    One warning per row turned into an error.
+  """
+  if placement.platform != "gpu":
+    return []
+  limit, source = placement.memory()
+  out = []
+  for row in rows:
+    if row["status"] == STATUS_OK and row["footprint_bytes"] is not None and row["footprint_bytes"] > limit:
+      row.update(status=STATUS_ERROR, error=f"does not fit: footprint {format_bytes(row['footprint_bytes'])} per "
+                 f"GPU > {format_bytes(limit)} XLA may use ({source}); XLA:GPU compiles it, a GPU could not run it")
+      out.append(f"policy {row['policy']!r} {row['error']}")
+  return out
 
 
 def _run_rows(target: Target, rows: list[dict[str, Any]], warnings: list[str], *, steps: int, warmup: int,
@@ -217,11 +235,12 @@ def build_report(
     compiler_options: Mapping[str, Any] | None = None,
     tx: optax.GradientTransformation | None = None,
     progress: bool = True,
-    mesh: "str | Mapping[str, int] | jax.sharding.Mesh | None" = None,
+    mesh: "str | Mapping[str, int] | jax.sharding.Mesh | Placement | None" = None,
     profile: str | None = None,
     profile_steps: int = 3,
     topology: "str | Topology | None" = None,
     compare_cpu: bool = False,
+    memory_fraction: float | None = None,
 ) -> Report:
   """Compiles ``target``'s train step under every policy and reports memory, FLOPs, residuals (and measurements).
 
@@ -244,20 +263,26 @@ def build_report(
     mesh: compile each step sharded over a device mesh (``"data=4,fsdp=2"``, ``{"data": 8}`` or a
       ``jax.sharding.Mesh``; :mod:`jaxckpt.sharding`): every memory statistic is then **per device** (XLA's
       ``memory_analysis()`` of the SPMD-partitioned program each device runs), FLOPs and residuals stay those of
-      the whole step. ``data["mesh"]`` records it (``None`` = one device, unsharded).
+      the whole step. ``data["mesh"]`` records it (``None`` = one device, unsharded). A
+      :class:`~jaxckpt.sharding.Placement` (:func:`jaxckpt.sharding.resolve_placement`) gives the mesh, the topology
+      and a GPU's memory fraction at once.
     profile: an XProf log directory: each successful policy also runs ``profile_steps`` warm steps (real inputs,
       after the warm-up) under :func:`jaxckpt.training._profile.profile_trace` into ``profile/<policy slug>/``, in the same
       fresh process as ``measure`` (:mod:`jaxckpt.report._measure`); the row's ``profile`` gives the run directory
       and its ``*.xplane.pb`` files. ``None`` = no traces.
     profile_steps: traced steps per policy (≥ 1).
-    topology: compile for a TPU slice without a TPU (``"v5e:2x2"`` or a
-      :class:`~jaxckpt.sharding.Topology`): the TPU compiler of libtpu compiles each step sharded over
-      ``mesh`` laid over the slice's chips (default: every chip on the ``data`` axis); every memory statistic is per
-      chip, ``data["backend"]`` is ``tpu`` and ``data["topology"]`` the name. Nothing runs (no ``measure``, no
-      ``profile``).
+    topology: compile for a TPU slice or a GPU cluster without its hardware (``"v5e:2x2"``, ``"h100:8"`` or a
+      :class:`~jaxckpt.sharding.Topology`): its compiler (the TPU compiler of libtpu, XLA:GPU of JAX's CUDA plugin)
+      compiles each step sharded over ``mesh`` laid over the chips (default: every chip on the ``data`` axis); every
+      memory statistic is per chip, ``data["backend"]`` is ``tpu`` or ``gpu``, ``data["topology"]`` the name and
+      ``data["compiler"]`` the compiler. On a GPU a row whose footprint exceeds the memory XLA may use there
+      (:meth:`jaxckpt.sharding.Placement.memory`) is an error row that keeps its bytes (XLA:GPU compiles any
+      program). Nothing runs (no ``measure``, no ``profile``).
     compare_cpu: with ``topology``: also compile each row's policy on XLA:CPU, one device, at the per-chip batch
       (the global batch over the mesh's batch axes; ``data``-only meshes), into the row's ``cpu``; a warning names
       where the two compilers order the policies differently by footprint.
+    memory_fraction: a GPU topology's share of device memory XLA may use (``XLA_PYTHON_CLIENT_MEM_FRACTION``;
+      :func:`jaxckpt.sharding.memory_fraction`; default the environment's, else JAX's 0.75).
 
   Returns:
     The :class:`Report`. Policies invalid for the target, failing to compile or to run are error rows (with a
@@ -268,12 +293,14 @@ def build_report(
     MeshSpecError: a bad mesh, or a batch size it cannot split.
     JaxckptError: ``measure`` or ``profile`` with a mesh (they run one device per policy); an unwritable
       ``profile`` directory; ``compare_cpu`` without a topology or with an ``fsdp`` axis.
-    TopologyError: ``measure`` or ``profile`` with a topology (nothing to run on), a bad topology name, libtpu
-      missing or of the wrong release (:func:`jaxckpt.sharding.get_topology`).
+    TopologyError: ``measure`` or ``profile`` with a topology (nothing to run on), a bad topology name, its
+      compiler missing or of the wrong release (:func:`jaxckpt.sharding.get_topology`).
   """
   tx = tx or default_optimizer()
-  topo, mesh = _placement(target, mesh, topology, runs="measure=True" if measure else
-                          None if profile is None else f"profile={os.fspath(profile)!r}", compare_cpu=compare_cpu)
+  placement = _placement(target, mesh, topology, memory_fraction,
+                         runs="measure=True" if measure else None if profile is None else
+                         f"profile={os.fspath(profile)!r}", compare_cpu=compare_cpu)
+  mesh = placement.mesh
   if profile is not None:
     profile = check_profile_dir(profile, flag="profile")
   platform = sharding.mesh_platform(mesh)
@@ -293,6 +320,7 @@ def build_report(
     rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
                                   compiler_options=compiler_options, residuals=residuals, progress=progress,
                                   mesh=mesh, cpu_target=cpu_target)
+  warnings += memory_verdicts(rows, placement)
   warnings += saving_warnings(rows)
   warnings += annotate_rows(rows, backend=platform, compiler_options=report_compiler_options(
       compiler_options, backend=platform), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
@@ -306,7 +334,7 @@ def build_report(
                                  scanned=builder.scanned)
   except TracingError:  # already every row's error
     structure = "unrolled" if builder.scanned is None else "scan" if builder.scanned else "unrolled"
-  where = compiled_for(mesh, topo)
+  where = placement.compiled_for()
   if mesh is None:
     where["device_count"] = jax.device_count()  # as before: the devices this process has
   data = {

@@ -22,7 +22,8 @@ REPORT_KEYS: tuple[str, ...] = (
     "preset",  # Preset name, or None for user targets.
     "backend",  # The platform the steps were compiled for: cpu, gpu, tpu (a topology's: tpu, compiled without a TPU).
     "device_kind",  # JAX's device_kind of those devices: "cpu", "TPU v5 lite", "NVIDIA H100 80GB HBM3".
-    "topology",  # The TPU topology compiled for without a TPU ("v5e:2x2", jaxckpt.sharding), else None.
+    "compiler",  # What compiled them: "XLA:CPU (jaxlib 0.10.2)", "XLA:TPU (libtpu 0.0.42.1)", "XLA:GPU (jax-cuda12-...)".
+    "topology",  # The TPU slice or GPU cluster compiled for without its hardware ("v5e:2x2", "h100:8"), else None.
     "device_count",  # Devices compiled for: the mesh's (a topology's chips), else jax.device_count().
     "mesh",  # {axis: size} of the mesh the step was sharded over; None: one device, unsharded.
     "structure",  # "scan" or "unrolled", then ", <checkpoint structure>" unless block (e.g. "scan, nested:2").

@@ -9,8 +9,10 @@
 - **Multi-process runs** (:mod:`~jaxckpt.sharding._distributed`): ``jax.distributed``, the rows each process feeds,
   replica checks.
 - **Chips and topologies** (:mod:`~jaxckpt.sharding._chips`, :mod:`~jaxckpt.sharding._topology`): one table of
-  accelerators (TPU chips and NVIDIA GPUs) and the slices or clusters of them a step is compiled for without the
-  hardware (``--topology v5e:2x2``).
+  accelerators (TPU chips and NVIDIA GPUs, with each GPU's XLA target config as package data) and the slices or
+  clusters of them a step is compiled for without the hardware (``--topology v5e:2x2``, ``--topology h100:32x8``).
+- **Placement** (:mod:`~jaxckpt.sharding._placement`): the mesh, the topology and the memory a device may use there
+  (a GPU's memory fraction), resolved once at a tool's door (:func:`resolve_placement`).
 
 Implementation modules are private; this face is the public door (``jaxckpt.topology``, the old path of the topology
 names, still imports with a ``DeprecationWarning``).
@@ -18,17 +20,20 @@ names, still imports with a ``DeprecationWarning``).
 
 from __future__ import annotations
 
-from jaxckpt.sharding._chips import CHIPS, Chip, chip_for_kind
+from jaxckpt.sharding._chips import CHIPS, GPU_CHIPS, TPU_CHIPS, Chip, chip_for_kind
 from jaxckpt.sharding._distributed import gather, initialize_distributed, process_rows, replica_mismatches, shard_batch
 from jaxckpt.sharding._mesh import (BATCH_AXES, MESH_AXES, check_batch_size, format_mesh, make_mesh, mesh_device_kind,
                                     mesh_platform, mesh_shape, parse_mesh)
+from jaxckpt.sharding._placement import (DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_ENV, MemoryFraction, Placement,
+                                         device_memory, memory_fraction, resolve_placement)
 from jaxckpt.sharding._rules import LOGICAL_NAMES, LOGICAL_RULES, constrain, logical_spec, param_logical_axes
 from jaxckpt.sharding._state import (batch_sharding, batch_shardings, fsdp_partition, gather_params_in_loss,
                                      gathered_in_use_paths, gathered_params, param_partition, shard_state,
                                      stacked_layer_paths, state_partition_specs, state_shardings, step_shardings)
-from jaxckpt.sharding._topology import (TOPOLOGY_FORMS, Topology, check_libtpu, compiled_for, compiles_only,
-                                        get_topology, libtpu_version, parse_topology, required_libtpu,
-                                        topology_header, topology_mesh)
+from jaxckpt.sharding._topology import (CUDA_PLUGIN, TOPOLOGY_FORMS, Topology, check_cuda_plugin, check_libtpu,
+                                        check_topology_name, compiled_for, compiler_name, compiles_only, get_topology,
+                                        gpu_axis_links, libtpu_version, parse_topology, required_libtpu,
+                                        target_config, topology_header, topology_mesh)
 
 __all__ = [
     # meshes
@@ -43,6 +48,11 @@ __all__ = [
     # multi-process
     "process_rows", "shard_batch", "initialize_distributed", "replica_mismatches", "gather",
     # chips and topologies
-    "Chip", "CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version", "required_libtpu",
-    "check_libtpu", "Topology", "get_topology", "topology_mesh", "topology_header", "compiled_for", "compiles_only",
+    "Chip", "CHIPS", "GPU_CHIPS", "TPU_CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version",
+    "required_libtpu", "check_libtpu", "CUDA_PLUGIN", "check_cuda_plugin", "check_topology_name", "compiler_name",
+    "target_config", "Topology", "get_topology", "topology_mesh", "topology_header", "gpu_axis_links", "compiled_for",
+    "compiles_only",
+    # placement: where a step is compiled, the memory a device may use there
+    "Placement", "resolve_placement", "memory_fraction", "MemoryFraction", "device_memory", "DEFAULT_MEMORY_FRACTION",
+    "MEMORY_FRACTION_ENV",
 ]

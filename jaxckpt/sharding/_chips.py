@@ -13,24 +13,28 @@ class Chip(NamedTuple):
   """Facts of one accelerator chip (per chip: a TPU chip, a GPU).
 
   Attributes:
-    name: how tables show it (``"TPU v5e"``).
-    device_kinds: JAX's ``device.device_kind`` strings of this chip (``"TPU v5 lite"``); GPUs are also found by
-      their key in the kind (``h100`` in ``"NVIDIA H100 80GB HBM3"``).
-    memory_bytes: HBM per chip, bytes.
+    name: how tables show it (``"TPU v5e"``, ``"NVIDIA H100 SXM"``).
+    device_kinds: JAX's ``device.device_kind`` strings of this chip (``"TPU v5 lite"``, ``"NVIDIA H100 80GB HBM3"``).
+    memory_bytes: HBM per chip, bytes (a GPU: what the device reports, its target config's ``device_memory_size``).
     peak_flops: dense bfloat16 FLOP/s per chip (the vendor's peak, not an achieved rate).
     bandwidth: HBM bytes/s per chip.
-    torus: TPU: the dimensions of the topology name (2 for v5e/v6e, 3 for v4/v5p); 0: no topology (GPUs: JAX 0.10.2
-      has no deviceless CUDA compile, "topology not implemented for cuda").
+    torus: TPU: the dimensions of the topology name (2 for v5e/v6e, 3 for v4/v5p); 0 for a GPU.
     chip_config: TPU: libtpu's chip config (``"megacore"``: both TensorCores of a chip are one device).
     cores: TPU: TensorCores per chip (Cloud's accelerator types count cores for v4 and v5p: ``v4-8`` is 4 chips).
     accelerator_type: TPU: the prefix of Cloud's accelerator type (``v5litepod`` in ``v5litepod-4``).
-    ici_bandwidth: bytes/s per chip a collective (all-gather, reduce-scatter, all-reduce over the slice) moves:
-      half the datasheet's bidirectional inter-chip bandwidth (TPU: equals the "all-reduce bandwidth per Pod"
-      divided by its chips where Cloud states it: v6e 102.4 TB/s / 256, v5e 51.2 TB/s / 256); GPUs: NVLink's.
+    ici_bandwidth: bytes/s per chip a collective (all-gather, reduce-scatter, all-reduce) moves over the chips'
+      own links: half the datasheet's bidirectional bandwidth (TPU ICI: equals the "all-reduce bandwidth per Pod"
+      divided by its chips where Cloud states it: v6e 102.4 TB/s / 256, v5e 51.2 TB/s / 256; a GPU: NVLink's
+      inside a node).
     host_bandwidth: bytes/s per direction between the chip and its host's memory (PCIe x16, nominal: Gen5 63 GB/s,
       Gen4 31.5 GB/s): what host offload moves residuals at.
     host_memory_bytes: the host's DRAM per chip (Cloud's "DRAM per host" or VM RAM over its chips; a DGX's over
       its GPUs): what host offload may fill.
+    network_bandwidth: a GPU: bytes/s per GPU per direction between nodes (the node's NICs over its GPUs; DGX
+      H100/H200/B200 and A3 Mega/Ultra: 8 × 400 Gb/s per 8 GPUs = 50 GB/s per GPU); 0 for a TPU slice (one ICI).
+    gpus_per_node: a GPU: how many share one NVLink domain in the node (HGX/DGX: 8); 0 for a TPU.
+    target_config: a GPU: the file under ``jaxckpt/sharding/gpu_specs/`` with XLA's target config of this GPU
+      (``GpuTargetConfigProto`` as text, the ``xla/tools/hlo_opt/gpu_specs`` format) the GPU compiler compiles for.
   """
 
   name: str
@@ -45,17 +49,35 @@ class Chip(NamedTuple):
   ici_bandwidth: float = 0.0
   host_bandwidth: float = 0.0
   host_memory_bytes: int = 0
+  network_bandwidth: float = 0.0
+  gpus_per_node: int = 0
+  target_config: str | None = None
+
+  @property
+  def is_gpu(self) -> bool:
+    """Whether this is an NVIDIA GPU (compiled for by XLA:GPU), not a TPU chip."""
+    return self.target_config is not None
 
 
 _GEN5, _GEN4 = 63e9, 31.5e9  # PCIe x16 per direction, nominal
+_NICS = 8 * 400e9 / 8 / 8  # 8 × 400 Gb/s NICs per 8-GPU node, bytes/s per GPU per direction
 
 CHIPS: dict[str, Chip] = {
-    "h100": Chip("NVIDIA H100 SXM", ("NVIDIA H100 80GB HBM3",), 80 * _GiB, 989e12, 3.35e12,
-                 ici_bandwidth=450e9, host_bandwidth=_GEN5, host_memory_bytes=256 * _GiB),
-    "h200": Chip("NVIDIA H200", ("NVIDIA H200",), 141 * _GiB, 989e12, 4.8e12,
-                 ici_bandwidth=450e9, host_bandwidth=_GEN5, host_memory_bytes=256 * _GiB),
-    "a100": Chip("NVIDIA A100 80GB", ("NVIDIA A100-SXM4-80GB",), 80 * _GiB, 312e12, 2.039e12,
-                 ici_bandwidth=300e9, host_bandwidth=_GEN4, host_memory_bytes=128 * _GiB),
+    "a100-40gb": Chip("NVIDIA A100 40GB", ("NVIDIA A100-SXM4-40GB",), 42_331_013_120, 312e12, 1.555e12,
+                      ici_bandwidth=300e9, host_bandwidth=_GEN4, host_memory_bytes=128 * _GiB,
+                      network_bandwidth=8 * 200e9 / 8 / 8, gpus_per_node=8, target_config="a100-40gb.txtpb"),
+    "a100-80gb": Chip("NVIDIA A100 80GB", ("NVIDIA A100-SXM4-80GB",), 85_100_068_864, 312e12, 2.039e12,
+                      ici_bandwidth=300e9, host_bandwidth=_GEN4, host_memory_bytes=256 * _GiB,
+                      network_bandwidth=8 * 200e9 / 8 / 8, gpus_per_node=8, target_config="a100-80gb.txtpb"),
+    "h100": Chip("NVIDIA H100 SXM", ("NVIDIA H100 80GB HBM3",), 84_978_434_048, 989e12, 3.35e12,
+                 ici_bandwidth=450e9, host_bandwidth=_GEN5, host_memory_bytes=256 * _GiB,
+                 network_bandwidth=_NICS, gpus_per_node=8, target_config="h100.txtpb"),
+    "h200": Chip("NVIDIA H200 SXM", ("NVIDIA H200",), 150_754_820_096, 989e12, 4.8e12,
+                 ici_bandwidth=450e9, host_bandwidth=_GEN5, host_memory_bytes=256 * _GiB,
+                 network_bandwidth=_NICS, gpus_per_node=8, target_config="h200.txtpb"),
+    "b200": Chip("NVIDIA B200", ("NVIDIA B200",), 191_537_004_544, 2.25e15, 8e12,
+                 ici_bandwidth=900e9, host_bandwidth=_GEN5, host_memory_bytes=512 * _GiB,
+                 network_bandwidth=_NICS, gpus_per_node=8, target_config="b200.txtpb"),
     "v4": Chip("TPU v4", ("TPU v4",), 32 * _GiB, 275e12, 1.2e12, 3, "megacore", 2, "v4",
                ici_bandwidth=1.1e15 / 4096, host_bandwidth=_GEN4, host_memory_bytes=407 * 10**9 // 4),
     "v5e": Chip("TPU v5e", ("TPU v5 lite", "TPU v5e"), 16 * _GiB, 197e12, 819e9, 2, "default", 1, "v5litepod",
@@ -65,21 +87,43 @@ CHIPS: dict[str, Chip] = {
     "v6e": Chip("TPU v6e", ("TPU v6 lite", "TPU v6e"), 32 * _GiB, 918e12, 1.64e12, 2, "default", 1, "v6e",
                 ici_bandwidth=400e9, host_bandwidth=_GEN5, host_memory_bytes=1536 * _GiB // 8),
 }
-"""Chip key -> :class:`Chip`: the one table of accelerator facts (the fit planner's time model and memory default,
-the report's header). Vendor datasheets: NVIDIA H100/H200/A100 datasheets (dense BF16 Tensor Core FLOP/s without
-sparsity, HBM bandwidth, NVLink 900/600 GB/s bidirectional; host memory: a DGX H100/H200's 2 TB, a DGX A100's 1 TB
-over its 8 GPUs); Google Cloud TPU docs, "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e" (BF16 peak compute, HBM capacity
-and bandwidth per chip; bidirectional ICI bandwidth per chip: v5e 400 GB/s, v6e 800 GB/s, v5p 1200 GB/s; v4's
-all-reduce bandwidth per Pod, 1.1 PB/s over 4096 chips; DRAM per host: v5e 512 GiB and v6e 1536 GiB over 8 chips,
-the 4-chip VM's RAM for v5p (448 GB) and v4 (407 GB); v6e "connects to the host through a PCIe Gen5 interface", the
-others assumed Gen4 x16). The TPU keys are the chip part of topology names (``v5e`` in ``v5e:2x2``)."""
+"""Chip key -> :class:`Chip`: the one table of accelerator facts (the memory verdict, the time model, the tools'
+headers). The keys are the chip part of topology names (``v5e`` in ``v5e:2x2``, ``h100`` in ``h100:32x8``).
+
+Sources. NVIDIA datasheets: A100 (dense BF16 312 TFLOP/s; HBM 1,555 GB/s for 40 GB, 2,039 GB/s for 80 GB SXM;
+NVLink 600 GB/s bidirectional), H100 SXM (989 TFLOP/s dense BF16, 3.35 TB/s, NVLink 900 GB/s), H200 SXM (989
+TFLOP/s, 141 GB at 4.8 TB/s, NVLink 900 GB/s), HGX B200 (2.25 PFLOP/s dense BF16 per GPU — 18 PFLOP/s per 8 with
+sparsity halved —, 8 TB/s, fifth-generation NVLink 1.8 TB/s); memory in bytes as each device reports it (XLA's
+``gpu_specs`` files ``a100_sxm_40``, ``a100_sxm_80``, ``h100_sxm``: ``device_memory_size``; H200 and B200: their
+141 GB and 180 GB — 1,440 GB per HGX B200 over 8 — as CUDA reports them, ``jaxckpt/sharding/gpu_specs/``). Between
+nodes: DGX H100/H200/B200 and Google Cloud A3 Mega/A3 Ultra/A4 carry 8 × 400 Gb/s NICs per 8 GPUs (50 GB/s per GPU
+per direction); DGX A100 8 × 200 Gb/s. Host memory: a DGX H100/H200's 2 TB, a DGX A100's 1 TB (80 GB) or 1 TB over
+8 GPUs, a DGX B200's 4 TB, over their 8 GPUs. Google Cloud TPU docs, "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e"
+(BF16 peak compute, HBM capacity and bandwidth per chip; bidirectional ICI bandwidth per chip: v5e 400 GB/s, v6e
+800 GB/s, v5p 1200 GB/s; v4's all-reduce bandwidth per Pod, 1.1 PB/s over 4096 chips; DRAM per host: v5e 512 GiB
+and v6e 1536 GiB over 8 chips, the 4-chip VM's RAM for v5p (448 GB) and v4 (407 GB); v6e "connects to the host
+through a PCIe Gen5 interface", the others assumed Gen4 x16)."""
+
+GPU_CHIPS: tuple[str, ...] = tuple(key for key, chip in CHIPS.items() if chip.is_gpu)
+"""The GPUs of :data:`CHIPS` (``a100-40gb``, ``a100-80gb``, ``h100``, ``h200``, ``b200``)."""
+
+TPU_CHIPS: tuple[str, ...] = tuple(key for key, chip in CHIPS.items() if chip.torus)
+"""The TPU chips of :data:`CHIPS`."""
 
 
 def chip_for_kind(device_kind: str) -> Chip | None:
   """The :class:`Chip` of a JAX ``device_kind`` (``"TPU v5 lite"`` → v5e; ``"NVIDIA H100 80GB HBM3"`` → h100), or
-  ``None`` when the table has no such chip."""
+  ``None`` when the table has no such chip.
+
+  A GPU whose kind the table does not list word for word is found by its model and memory in the kind
+  (``"NVIDIA H100 SXM5 80GB"`` → h100; ``"NVIDIA A100-PCIE-40GB"`` → a100-40gb).
+  """
   for chip in CHIPS.values():
     if device_kind in chip.device_kinds:
       return chip
   squeezed = device_kind.lower().replace(" ", "").replace("-", "")
-  return next((chip for key, chip in CHIPS.items() if not chip.torus and key in squeezed), None)
+  for key in GPU_CHIPS:
+    model, _, memory = key.partition("-")
+    if model in squeezed and memory in squeezed:
+      return CHIPS[key]
+  return None

@@ -21,6 +21,7 @@ from jaxckpt.step._build import (
     target_structure,
 )
 from jaxckpt.step._compile import (
+    GPU_OPTIONS,
     HOST_OFFLOAD_OPTIONS,
     STATS_ONLY_OPTIONS,
     CompiledPolicy,
@@ -53,6 +54,7 @@ __all__ = [
     "policy_step",
     "target_block_types",
     "target_structure",
+    "GPU_OPTIONS",
     "HOST_OFFLOAD_OPTIONS",
     "STATS_ONLY_OPTIONS",
     "CompiledPolicy",

@@ -1,11 +1,11 @@
 """Training services below the tools: functional train/eval steps over ``nnx.split`` state (``jaxckpt.make_train_step``
 and friends are on the top-level face), compiling so remat works on every backend (``jaxckpt.jit``,
-``jaxckpt.compile_step``), meshes and sharding (:mod:`jaxckpt.sharding`), saving the train state with orbax
-(``jaxckpt.TrainStateSaver``), TPU topologies to compile for without a TPU (:mod:`jaxckpt.sharding`) and XProf
-traces (:func:`profile_trace`).
+``jaxckpt.compile_step``; XLA's options per platform, :data:`CPU_REMAT_FIX`, :data:`GPU_XLA_REMAT_PASS`), saving the
+train state with orbax (``jaxckpt.TrainStateSaver``) and XProf traces (:func:`profile_trace`). Meshes, sharding and
+the topologies to compile for are in :mod:`jaxckpt.sharding`.
 
 What is here: the rest of that floor's public names. Implementation modules are private (``_train``, ``_xla``,
-``_sharding``, ``_topology``, ``_saving``, ``_profile``).
+``_saving``, ``_profile``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from __future__ import annotations
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.training._profile import profile_trace, trace_files
 from jaxckpt.training._train import LossFn, abstract_train_state, compile_train_step
-from jaxckpt.training._xla import CPU_REMAT_FIX
+from jaxckpt.training._xla import CPU_REMAT_FIX, GPU_XLA_REMAT_PASS, xla_flags
 
 __all__ = [
     "abstract_train_state",
     "compile_train_step",
     "LossFn",
     "CPU_REMAT_FIX",
+    "GPU_XLA_REMAT_PASS",
+    "xla_flags",
     "profile_trace",
     "trace_files",
 ]

@@ -89,21 +89,56 @@ def _backend(backend: str | None) -> str:
   return backend if backend is not None else jax.default_backend()
 
 
+GPU_XLA_REMAT_PASS = "rematerialization"
+"""XLA:GPU's own rematerialization pass (``HloRematerialization``), which recomputes values to fit its estimate of
+the device's memory (0.8 × the target config's memory, less the arguments and outputs, × 0.95: openxla
+``xla/service/gpu/gpu_hlo_schedule.cc``, ``GetSchedulerMemoryLimit``; the printed limit matched this to the byte on
+9 deviceless compiles). jaxckpt disables it on GPU, as every published GPU recipe does
+(``--xla_disable_hlo_passes=rematerialization``: MaxText's A3/A3 Ultra recipes, NVIDIA's JAX-Toolbox), so a policy's
+bytes are the policy's, not the pass's. A caller who gives ``xla_disable_hlo_passes`` themselves (in ``extra`` or in
+``XLA_FLAGS``) chooses the disabled passes: give ``""`` to keep the pass on."""
+
+
+def xla_flags(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+  """The options set in ``XLA_FLAGS`` (``--name=value`` → ``{name: value}``; a bare ``--name`` → ``"true"``).
+
+  Args:
+    environ: the environment (default ``os.environ``).
+  """
+  out = {}
+  for word in (os.environ if environ is None else environ).get("XLA_FLAGS", "").split():
+    if word.startswith("--"):
+      name, eq, value = word[2:].partition("=")
+      out[name] = value if eq else "true"
+  return out
+
+
 def remat_compiler_options(
     backend: str | None = None, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-  """Returns the ``compiler_options`` jaxckpt compiles with: :data:`CPU_REMAT_FIX` on CPU, merged with ``extra``.
+  """Returns the ``compiler_options`` jaxckpt compiles with: :data:`CPU_REMAT_FIX` on CPU, XLA:GPU's own
+  rematerialization pass off on GPU (:data:`GPU_XLA_REMAT_PASS`), merged with ``extra``.
+
+  Per-compile options replace the same option of ``XLA_FLAGS``, so the passes ``XLA_FLAGS`` disables are kept in the
+  joined list.
 
   Args:
     backend: platform name (``"cpu"``, ``"gpu"``, ``"tpu"``); default ``jax.default_backend()``.
-    extra: the caller's own options; a caller's ``xla_disable_hlo_passes`` is joined with ours (comma-separated).
+    extra: the caller's own options; a caller's ``xla_disable_hlo_passes`` is joined with ours on CPU
+      (comma-separated), and replaces the GPU default (the caller chose which passes to disable).
   """
   options = dict(extra or {})
-  if _backend(backend) == "cpu":
-    passes = [p for p in str(options.get("xla_disable_hlo_passes", "")).split(",") if p]
-    if CPU_REMAT_FIX["xla_disable_hlo_passes"] not in passes:
-      passes.append(CPU_REMAT_FIX["xla_disable_hlo_passes"])
-    options["xla_disable_hlo_passes"] = ",".join(passes)
+  platform = _backend(backend)
+  flags = xla_flags()
+  mine = {"cpu": CPU_REMAT_FIX["xla_disable_hlo_passes"], "gpu": GPU_XLA_REMAT_PASS}.get(platform)
+  if mine is None or (platform == "gpu" and ("xla_disable_hlo_passes" in options
+                                             or "xla_disable_hlo_passes" in flags)):
+    return options
+  passes = [p for text in (flags.get("xla_disable_hlo_passes", ""), str(options.get("xla_disable_hlo_passes", "")))
+            for p in text.split(",") if p]
+  if mine not in passes:
+    passes.append(mine)
+  options["xla_disable_hlo_passes"] = ",".join(dict.fromkeys(passes))
   return options
 
 
