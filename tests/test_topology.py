@@ -55,9 +55,10 @@ def _one_line(capsys) -> str:
 def test_topology_names_parse_and_bad_ones_list_the_forms():
   assert parse_topology("v5e:2x2") == ("v5e", (2, 2))
   assert parse_topology(" v4:2x2x1 ") == ("v4", (2, 2, 1))
-  with pytest.raises(TopologyError, match=r"unknown TPU chip 'v5'.*valid chips: v4, v5e, v5p, v6e; did you mean"):
+  with pytest.raises(TopologyError, match=r"unknown chip 'v5'.*valid: TPU chips v4, v5e, v5p, v6e; GPUs a100-40gb, "
+                                         r"a100-80gb, h100, h200, b200; did you mean"):
     parse_topology("v5:2x2")
-  with pytest.raises(TopologyError, match=r"bad topology 'v5e-4': write <chip>:<torus>, e\.g\. v5e:2x2"):
+  with pytest.raises(TopologyError, match=r"bad topology 'v5e-4': write <chip>:<torus> for a TPU slice, e\.g\. v5e:2x2"):
     parse_topology("v5e-4")
   with pytest.raises(TopologyError, match=r"a v4 slice is a 3-D torus, write 3 sizes ≥ 1 \(e\.g\. v4:2x2x1\)"):
     parse_topology("v4:2x2")
@@ -91,7 +92,7 @@ def test_compiler_options_follow_the_platform_compiled_for():
 def test_unknown_topology_is_one_line(main, argv, capsys):
   assert main(argv) == 2
   err = _one_line(capsys)
-  assert "unknown TPU chip 'v7'" in err and "v5e:2x2" in err and "v4:2x2x1" in err
+  assert "unknown chip 'v7'" in err and "v5e:2x2" in err and "v4:2x2x1" in err and "h100:8" in err
 
 
 @pytest.mark.parametrize("version, expected", [
@@ -116,7 +117,7 @@ def test_topology_with_a_run_is_one_line(main, argv, monkeypatch, capsys):
   monkeypatch.setattr(topology, "libtpu_version", lambda: None)  # refused before libtpu is looked for
   assert main(["--model", "gpt", "--preset", "tiny", "--topology", TOPOLOGY, *argv]) == 2
   err = _one_line(capsys)
-  assert f"--topology {TOPOLOGY} compiles for a TPU slice without a TPU" in err and f"--{argv[0][2:]}" in err
+  assert f"--topology {TOPOLOGY} compiles for hardware that is not here" in err and f"--{argv[0][2:]}" in err
 
 
 def test_a_compile_refused_for_memory_is_a_point_over_the_limit():
@@ -142,16 +143,17 @@ def test_where_the_compilers_disagree_is_one_warning():
 
 
 def test_topology_header_says_chips_mesh_and_that_no_tpu_compiled_it():
+  compiler = f"XLA:TPU (libtpu {topology.libtpu_version()})"
   assert topology_header("v5e:2x2", {"data": 4}) == (
-      "TPU v5e 2x2 (4 chips), compiled without a TPU; mesh data=4 (every chip on the data axis; --mesh to shape it): "
-      "memory per chip")
-  assert topology_header("v4:2x2x1", {"data": 2, "fsdp": 2}).startswith("TPU v4 2x2x1 (4 chips), compiled without "
-                                                                       "a TPU; mesh data=2,fsdp=2: memory per chip")
+      f"TPU v5e 2x2 (4 chips), compiled without a TPU by {compiler}; mesh data=4 (every chip on the data axis; --mesh "
+      "to shape it): memory per chip")
+  assert topology_header("v4:2x2x1", {"data": 2, "fsdp": 2}).startswith(
+      f"TPU v4 2x2x1 (4 chips), compiled without a TPU by {compiler}; mesh data=2,fsdp=2: memory per chip")
 
 
 def test_compare_cpu_needs_a_topology(capsys):
   assert report_main(["--model", "gpt", "--preset", "tiny", "--compare-cpu"]) == 2
-  assert "--compare-cpu puts XLA:CPU's figures beside a TPU topology's: give --topology" in _one_line(capsys)
+  assert "--compare-cpu puts XLA:CPU's figures beside a topology's: give --topology" in _one_line(capsys)
 
 
 # --- with libtpu: compiled by the TPU compiler, no TPU ---
@@ -179,7 +181,7 @@ def test_topologies_are_one_device_per_chip():
   assert (v5e.chips, v5e.device_kind, v5e.platform) == (4, "TPU v5 lite", "tpu")
   assert (v4.chips, v4.device_kind) == (4, "TPU v4")  # megacore: without it libtpu gives 8 devices (cores)
   assert get_topology("v5e:1x1").chips == 1
-  assert v5e.describe() == "TPU v5e 2x2 (4 chips), compiled without a TPU"
+  assert v5e.describe() == f"TPU v5e 2x2 (4 chips), compiled without a TPU by XLA:TPU (libtpu {topology.libtpu_version()})"
   assert jaxckpt.sharding.mesh_shape(v5e.mesh()) == {"data": 4}
   assert jaxckpt.sharding.mesh_shape(v5e.mesh("data=2,fsdp=2")) == {"data": 2, "fsdp": 2}
   with pytest.raises(MeshSpecError, match=r"mesh='data=8' covers 8 device\(s\) but topology v5e:2x2 has 4 chips"):

@@ -139,7 +139,7 @@ def _search(args: argparse.Namespace, target, placement, device, on_compile, bar
       bar.write(message, file=sys.stderr)
 
   return search_meshes(target, args.policies, args.memory, topology=placement.topology,
-                       memory_fraction=None if placement.fraction is None else placement.fraction.value,
+                       memory_fraction=placement.fraction,
                        global_batch=args.global_batch_size, device=device, max_meshes=args.max_meshes,
                        on_compile=on_compile, compiler_options=compiler_options_from_args(args),
                        on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,

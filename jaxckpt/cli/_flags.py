@@ -39,8 +39,9 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
                       help="dtype of --model llm's parameters and so of AdamW's moments (default: the preset's, "
                            "float32; the other models keep float32 parameters)")
   parser.add_argument("--attention", default=None,
-                      help="attention kernel of --model: gpt xla or dot_product_attention; llm auto (splash on a "
-                           "TPU from 128 tokens, else xla), xla or splash (default: the preset's)")
+                      help="attention kernel of --model: gpt xla or dot_product_attention; llm auto (from 128 tokens "
+                           "splash on a TPU, pallas on a GPU, else xla), xla, splash (TPU), pallas or cudnn (GPU: "
+                           "Pallas Triton or cuDNN flash attention) (default: the preset's)")
   parser.add_argument("--vocab-tiles", type=int, default=None,
                       help="--model llm: the loss computes logits one sequence chunk at a time, in this many chunks "
                            "(MaxText's num_vocab_tiling; divides --seq-len; default 1)")

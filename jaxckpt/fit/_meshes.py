@@ -43,10 +43,10 @@ from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
-from jaxckpt.fit._speed import Accelerator, accelerator, collective_bytes
+from jaxckpt.fit._speed import Accelerator, accelerator, collective_seconds
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.sharding import format_mesh
-from jaxckpt.sharding import Topology, resolve_placement
+from jaxckpt.sharding import MemoryFraction, Topology, resolve_placement
 from jaxckpt._units import format_bytes
 
 __all__ = ["MeshOption", "MeshSearch", "mesh_shapes", "search_meshes", "state_bytes"]
@@ -187,7 +187,7 @@ def search_meshes(
     max_tensor: int = DEFAULT_MAX_TENSOR,
     on_compile: Callable[[str, int], None] | None = None,
     on_mesh: Callable[[MeshOption], None] | None = None,
-    memory_fraction: float | None = None,
+    memory_fraction: "float | MemoryFraction | None" = None,
     **kwargs: Any,
 ) -> MeshSearch:
   """The fastest (mesh, policy, micro-batch, accumulation) for ``global_batch`` on a TPU slice (module docstring).
@@ -281,14 +281,16 @@ class _Bounds:
     self.params, self.state, self.heads, self.uses_tensor = state_bytes(target)
     self.per_example = tensor_bytes_per_example(target) or 0.0
     self.global_batch = global_batch
-    self.ici = device.ici_bandwidth or math.inf
+    self.device = device
 
   def bound(self, shape: Mapping[str, int], accum: int = 1) -> float:
-    """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute)."""
+    """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute),
+    each axis over its link (:func:`jaxckpt.fit._speed.collective_seconds`)."""
     units = shape.get("data", 1) * shape.get("fsdp", 1)
-    fsdp_micro, per_step = collective_bytes(self.params, shape)
-    tensor_step = collective_bytes(0.0, shape, tensor_bytes=self.per_example * self.global_batch / units)[0]
-    return (accum * fsdp_micro + tensor_step + per_step) / self.ici
+    fsdp_micro, per_step = collective_seconds(self.device, self.params, shape)
+    tensor_step = collective_seconds(self.device, 0.0, shape,
+                                     tensor_bytes=self.per_example * self.global_batch / units)[0]
+    return accum * fsdp_micro + tensor_step + per_step
 
   def options(self, chips: int, limit: int, max_tensor: int) -> list[MeshOption]:
     """Every mesh of ``chips`` with its state per device and bound; ``too big`` where the state exceeds ``limit``

@@ -47,7 +47,7 @@ from jaxckpt.analysis._tables import render_table
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
-from jaxckpt.fit._speed import Accelerator, collective_bytes, estimate_step
+from jaxckpt.fit._speed import Accelerator, collective_seconds, estimate_step
 from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.step._compile import boundary_names, checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
@@ -265,8 +265,8 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   for b in sizes:
     k = global_batch // b
     per_device = b / unit  # examples per device of the batch split
-    per_micro, per_step = collective_bytes(params, mesh_shape,
-                                           tensor_bytes=(tensor_bytes_per_example or 0.0) * per_device)
+    per_micro, per_step = collective_seconds(device, params, mesh_shape,
+                                             tensor_bytes=(tensor_bytes_per_example or 0.0) * per_device)
     base_foot = foot_line(b)
     base_flops = flops_line(b)
     accessed = bytes_line(b) if bytes_line else None
@@ -287,7 +287,7 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
       offload = tuple(c.name for c, w in zip(costs, assignment) if w == "offload")
       _, est = estimate_step(device, flops=(base_flops - saved) / share,
                              bytes_accessed=None if accessed is None else accessed / share, working_set=foot,
-                             host_bytes=host, per_micro=per_micro, per_step=per_step, accum=k)
+                             host_bytes=host, per_micro_s=per_micro, per_step_s=per_step, accum=k)
       if not save and not offload:
         baseline = min(baseline, est)  # full remat on this model: what a list must beat
         continue

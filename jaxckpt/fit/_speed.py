@@ -60,7 +60,7 @@ from jaxckpt._units import format_bytes
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
-from jaxckpt.sharding import CHIPS, chip_for_kind
+from jaxckpt.sharding import CHIPS, chip_for_kind, gpu_axis_links
 
 __all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates",
            "collective_bytes", "estimate_step"]
@@ -83,6 +83,11 @@ class Accelerator:
     host_bandwidth: bytes/s per direction between the device and host memory (PCIe); 0: unknown (not modelled).
     host_memory_bytes: host memory per device that offloaded residuals may fill (the chip table's DRAM per chip),
       ``None``: unbounded (unknown). A candidate whose host bytes exceed it does not fit (:func:`candidates`).
+    network_bandwidth: a GPU's bytes/s per direction to other nodes (its share of the node's NICs); 0: one
+      interconnect (a TPU slice's ICI, or unknown).
+    gpus_per_node: GPUs that share NVLink in a node (0: not a GPU cluster). A mesh axis whose groups stay inside a
+      node moves at :attr:`ici_bandwidth` (NVLink), one that spans nodes at :attr:`network_bandwidth`
+      (:func:`jaxckpt.sharding.gpu_axis_links`).
   """
 
   name: str
@@ -94,6 +99,16 @@ class Accelerator:
   ici_bandwidth: float = 0.0
   host_bandwidth: float = 0.0
   host_memory_bytes: int | None = None
+  network_bandwidth: float = 0.0
+  gpus_per_node: int = 0
+
+  def link_bandwidth(self, axis: str, mesh_shape: Mapping[str, int]) -> float:
+    """Bytes/s per device of a collective over mesh axis ``axis``: NVLink inside a GPU node, the network across
+    nodes (:attr:`network_bandwidth`), else the chip's interconnect (:attr:`ici_bandwidth`); 0: unknown."""
+    if self.gpus_per_node and self.network_bandwidth and \
+        gpu_axis_links(mesh_shape, self.gpus_per_node).get(axis) == "network":
+      return self.network_bandwidth
+    return self.ici_bandwidth
 
   def bandwidth_at(self, working_set: float | None) -> float:
     """Bytes/s for a working set of ``working_set`` bytes: :attr:`bandwidth_curve` interpolated in log size
@@ -120,7 +135,7 @@ class Accelerator:
     return max(self.terms(flops, bytes_accessed, working_set).values()) + self.overhead_s
 
   def terms(self, flops: float, bytes_accessed: float | None, working_set: float | None = None, *,
-            host_bytes: float = 0.0, collective_bytes: float = 0.0) -> dict[str, float]:
+            host_bytes: float = 0.0, collective_s: float = 0.0) -> dict[str, float]:
     """Seconds of one micro-step per ceiling of the roofline (module docstring), without the overhead.
 
     Args:
@@ -128,7 +143,7 @@ class Accelerator:
       bytes_accessed: bytes it reads and writes in device memory (``None``: 0).
       working_set: its compiled footprint in bytes (selects the bandwidth on :attr:`bandwidth_curve`).
       host_bytes: bytes it moves between device and host (both directions summed).
-      collective_bytes: bytes a collective moves per device (all-gathers, reduce-scatters, all-reduces).
+      collective_s: seconds its collectives take on their links (:func:`collective_seconds`).
 
     Returns:
       ``{"compute_s", "hbm_s", "host_s", "collectives_s"}``; a term whose bandwidth is unknown (0) is 0.
@@ -136,13 +151,14 @@ class Accelerator:
     return {"compute_s": flops / self.peak_flops,
             "hbm_s": (bytes_accessed or 0.0) / self.bandwidth_at(working_set),
             "host_s": host_bytes / self.host_bandwidth if self.host_bandwidth else 0.0,
-            "collectives_s": collective_bytes / self.ici_bandwidth if self.ici_bandwidth else 0.0}
+            "collectives_s": collective_s}
 
 
 ACCELERATORS: dict[str, Accelerator] = {
     key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes,
                      ici_bandwidth=chip.ici_bandwidth, host_bandwidth=chip.host_bandwidth,
-                     host_memory_bytes=chip.host_memory_bytes or None)
+                     host_memory_bytes=chip.host_memory_bytes or None, network_bandwidth=chip.network_bandwidth,
+                     gpus_per_node=chip.gpus_per_node)
     for key, chip in CHIPS.items()
 }
 """The chips of :data:`jaxckpt.sharding.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
@@ -316,6 +332,36 @@ class Candidate:
     return dataclasses.asdict(self)
 
 
+def collective_bytes_by_axis(param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
+                             tensor_bytes: float = 0.0) -> dict[str, tuple[float, float]]:
+  """Bytes one device moves in collectives per mesh axis: ``{axis: (per micro-step, per step)}`` for the axes that
+  move any (:func:`collective_bytes` sums them; the formulas are there)."""
+  shape = dict(mesh_shape or {})
+  f, d, t = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1)
+  out = {}
+  if f > 1:
+    out["fsdp"] = (3 * (f - 1) / f * param_bytes / t, 0.0)
+  if t > 1 and tensor_bytes:
+    out["tensor"] = (2 * (t - 1) / t * tensor_bytes, 0.0)
+  if d > 1:
+    out["data"] = (0.0, 2 * (d - 1) / d * param_bytes / (f * t))
+  return out
+
+
+def collective_seconds(device: Accelerator, param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
+                       tensor_bytes: float = 0.0) -> tuple[float, float]:
+  """Seconds of one device's collectives, ``(per micro-step, per step)``: each axis's bytes
+  (:func:`collective_bytes_by_axis`) over its link (:meth:`Accelerator.link_bandwidth`: ICI on a TPU slice, NVLink
+  inside a GPU node, the network across nodes); 0 where the bandwidth is unknown."""
+  shape = dict(mesh_shape or {})
+  micro = step = 0.0
+  for axis, (per_micro, per_step) in collective_bytes_by_axis(param_bytes, shape, tensor_bytes=tensor_bytes).items():
+    bandwidth = device.link_bandwidth(axis, shape)
+    if bandwidth:
+      micro, step = micro + per_micro / bandwidth, step + per_step / bandwidth
+  return micro, step
+
+
 def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
                      tensor_bytes: float = 0.0) -> tuple[float, float]:
   """Bytes one device moves in collectives: ``(per micro-step, per step)`` (module docstring).
@@ -332,17 +378,13 @@ def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None, *
     gradient all-reduce over ``data`` (size d), 2 (d − 1)/d × ``param_bytes`` / (f·t) (each device's gradient
     shard), once per step (gradients accumulate locally).
   """
-  shape = dict(mesh_shape or {})
-  f, d, t = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1)
-  per_micro = 3 * (f - 1) / f * param_bytes / t if f > 1 else 0.0
-  if t > 1:
-    per_micro += 2 * (t - 1) / t * tensor_bytes
-  per_step = 2 * (d - 1) / d * param_bytes / (f * t) if d > 1 else 0.0
-  return per_micro, per_step
+  by_axis = collective_bytes_by_axis(param_bytes, mesh_shape, tensor_bytes=tensor_bytes).values()
+  return sum(m for m, _ in by_axis), sum(s for _, s in by_axis)
 
 
 def estimate_step(device: Accelerator, *, flops: float, bytes_accessed: float | None, working_set: float | None,
-                  host_bytes: float, per_micro: float, per_step: float, accum: int) -> tuple[dict[str, float], float]:
+                  host_bytes: float, per_micro_s: float, per_step_s: float, accum: int
+                  ) -> tuple[dict[str, float], float]:
   """The time model of one training step of ``accum`` micro-steps on one device (module docstring).
 
   Args:
@@ -352,7 +394,7 @@ def estimate_step(device: Accelerator, *, flops: float, bytes_accessed: float | 
     working_set: the micro-step's footprint per device, bytes (the bandwidth on a calibrated curve).
     host_bytes: the micro-step's host footprint per device (offloaded residuals), bytes: moved out in the forward
       pass and back in the backward pass (2 × over the host link).
-    per_micro, per_step: collective bytes per device per micro-step and per step (:func:`collective_bytes`).
+    per_micro_s, per_step_s: collective seconds per device per micro-step and per step (:func:`collective_seconds`).
     accum: micro-steps per step k ≥ 1.
 
   Returns:
@@ -360,12 +402,11 @@ def estimate_step(device: Accelerator, *, flops: float, bytes_accessed: float | 
     k × each micro-step's, the per-step collectives added) and ``overhead_s``; the step's estimate, k × (the largest
     ceiling of a micro-step + the overhead) + the per-step collectives.
   """
-  micro = device.terms(flops, bytes_accessed, working_set, host_bytes=2.0 * host_bytes, collective_bytes=per_micro)
+  micro = device.terms(flops, bytes_accessed, working_set, host_bytes=2.0 * host_bytes, collective_s=per_micro_s)
   terms = {key: accum * value for key, value in micro.items()}
-  step_collectives = per_step / device.ici_bandwidth if device.ici_bandwidth else 0.0
-  terms["collectives_s"] += step_collectives
+  terms["collectives_s"] += per_step_s
   terms["overhead_s"] = accum * device.overhead_s
-  return terms, accum * (max(micro.values()) + device.overhead_s) + step_collectives
+  return terms, accum * (max(micro.values()) + device.overhead_s) + per_step_s
 
 
 def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator, *,
@@ -415,8 +456,8 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     tensor = dict(mesh_shape or {}).get("tensor", 1)
     by_batch = fit.by_batch
     for b in sizes:
-      per_micro, per_step = collective_bytes(params, mesh_shape,
-                                             tensor_bytes=(tensor_bytes_per_example or 0.0) * b / fit.unit)
+      per_micro, per_step = collective_seconds(device, params, mesh_shape,
+                                               tensor_bytes=(tensor_bytes_per_example or 0.0) * b / fit.unit)
       k = global_batch // b
       point = by_batch.get(b)
       flops = float(point.flops) if point else flops_model(b)
@@ -427,7 +468,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
               else (max(0, int(round(host_model(b)))) if host_model else (hosted[0].host_bytes if hosted else None)))
       share = fit.unit * tensor  # devices the batch is split over, × tensor: each computes its share of the step
       terms, est = estimate_step(device, flops=flops / share, bytes_accessed=None if accessed is None else accessed / share,
-                                 working_set=foot, host_bytes=host or 0, per_micro=per_micro, per_step=per_step,
+                                 working_set=foot, host_bytes=host or 0, per_micro_s=per_micro, per_step_s=per_step,
                                  accum=k)
       if host and device.host_memory_bytes is not None and host > device.host_memory_bytes:
         over_host.append(f"{fit.policy} at {b}: {format_bytes(host)}")

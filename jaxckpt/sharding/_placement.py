@@ -225,7 +225,7 @@ _memory_fraction = memory_fraction  # resolve_placement's parameter of that name
 
 def resolve_placement(mesh: str | Mapping[str, int] | Mesh | Placement | None = None,
                       topology: str | Topology | None = None, *,
-                      memory_fraction: float | None = None) -> Placement:
+                      memory_fraction: float | MemoryFraction | None = None) -> Placement:
   """A tool's placement, resolved once from what its caller gave.
 
   Args:
@@ -233,7 +233,7 @@ def resolve_placement(mesh: str | Mapping[str, int] | Mesh | Placement | None = 
       every chip on ``data``; else one device, unsharded), or a :class:`Placement` (returned as it is).
     topology: a TPU slice or GPU cluster (``"v5e:2x2"``, ``"h100:32x8"``) to compile for without its hardware, or
       ``None`` (this machine's devices).
-    memory_fraction: a GPU's share of memory XLA may use (:func:`memory_fraction`).
+    memory_fraction: a GPU's share of memory XLA may use (a number, or :func:`memory_fraction`'s record).
 
   Returns:
     The :class:`Placement`.
@@ -248,10 +248,11 @@ def resolve_placement(mesh: str | Mapping[str, int] | Mesh | Placement | None = 
   topo = None if topology is None else get_topology(topology)
   laid = topo.mesh(mesh) if topo is not None else None if mesh is None else _concrete_mesh(mesh)
   placement = Placement(laid, topo)
+  fraction = memory_fraction if isinstance(memory_fraction, MemoryFraction) else None
   if placement.platform == "gpu":
-    return dataclasses.replace(placement, fraction=_memory_fraction(memory_fraction))
+    return dataclasses.replace(placement, fraction=fraction or _memory_fraction(memory_fraction))
   if memory_fraction is not None:
-    _memory_fraction(memory_fraction)  # a bad value is named as such first
+    fraction or _memory_fraction(memory_fraction)  # a bad value is named as such first
     raise JaxckptError(f"memory_fraction={memory_fraction!r} is a GPU's share of memory for XLA, but the step is "
                        f"compiled for {placement.device_kind!r}: give a GPU topology (e.g. topology='h100:8') or drop "
                        "it")

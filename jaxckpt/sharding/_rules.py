@@ -31,6 +31,8 @@ import jax
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from jaxckpt.errors import JaxckptError
+
 __all__ = ["LOGICAL_RULES", "LOGICAL_NAMES", "BATCH", "logical_spec", "constrain", "traced_mesh_shape",
            "traced_platform", "param_logical_axes", "gather_spec", "gather_block_state", "gather_param", "gathering"]
 
@@ -154,6 +156,37 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   if all(s is None for s in spec):
     return x
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def kernel_split(mesh: Any, batch: int, heads: int, kv_heads: int, *, kernel: str
+                 ) -> tuple[tuple[str, ...], str | None]:
+  """The mesh axes a per-device attention kernel's call is split over, for ``jax.shard_map``: (the batch's axes, the
+  heads' axis or ``None``), by the rules' ``activation_batch`` and ``activation_heads``. A Pallas kernel is a custom
+  call the SPMD partitioner cannot split: left unsplit it would run every device on the whole batch.
+
+  Args:
+    mesh: the mesh in context (``jax.sharding.get_abstract_mesh()``).
+    batch, heads, kv_heads: B, N and K of the call.
+    kernel: the kernel's name, for messages.
+
+  Raises:
+    JaxckptError: the batch not a multiple of its axes' product; N or K not a multiple of the ``tensor`` size.
+  """
+  shape = {str(k): int(v) for k, v in mesh.shape.items()}
+  batch_axes = tuple(a for a in LOGICAL_RULES["activation_batch"] if shape.get(a, 1) > 1)
+  ways = math.prod(shape[a] for a in batch_axes)
+  if batch % ways:
+    raise JaxckptError(f"the {kernel} kernel splits the batch over {'×'.join(batch_axes)}={ways} of the mesh "
+                       f"{shape}, but batch={batch} is not a multiple of it: use a batch size that is, or "
+                       "attention='xla'")
+  tensor = shape.get("tensor", 1)
+  if tensor == 1:
+    return batch_axes, None
+  if heads % tensor or kv_heads % tensor:
+    raise JaxckptError(f"the {kernel} kernel splits heads over the tensor axis, but N={heads} query heads and "
+                       f"K={kv_heads} key/value heads are not both multiples of tensor={tensor} (mesh {shape}): use "
+                       "a tensor size dividing both, or attention='xla'")
+  return batch_axes, "tensor"
 
 
 def param_logical_axes(variable: Any) -> tuple[str | None, ...] | None:

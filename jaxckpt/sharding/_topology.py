@@ -98,7 +98,7 @@ def parse_topology(name: str) -> tuple[str, tuple[int, ...]]:
     hint = closest(key, list(CHIPS))
     raise TopologyError(f"unknown chip {key!r} in topology {shorten(str(name))!r}; valid: TPU chips "
                         f"{', '.join(TPU_CHIPS)}; GPUs {', '.join(GPU_CHIPS)}"
-                        + (f"; did you mean {hint!r}?" if hint else ""))
+                        + (f"; did you mean {hint!r}?" if hint else "") + f" (write {TOPOLOGY_FORMS})")
   chip = CHIPS[key]
   if chip.is_gpu:
     return key, _gpu_sizes(name, key, chip, sizes)

@@ -6,9 +6,10 @@ that read as MaxText configs.
 - The layers (``_layers.py``): :class:`RMSNorm`, RoPE (:func:`apply_rope`), grouped-query :class:`Attention`,
   :class:`GatedMLP`, :class:`DecoderLayer` and :class:`DecoderBlock` (block type ``decoder``, MaxText's checkpoint
   names), every parameter with logical axis names.
-- The attention kernels behind one seam (``_kernels.py``): :func:`attention` runs XLA's einsum attention or the Pallas
-  splash kernel (``_splash.py``: :func:`splash_attention`, :class:`SplashBlockSizes`; ``auto`` picks splash on a
-  TPU).
+- The attention kernels behind one seam (``_kernels.py``): :func:`attention` runs XLA's einsum attention, the Pallas
+  splash kernel on a TPU (``_splash.py``: :func:`splash_attention`, :class:`SplashBlockSizes`), or flash attention
+  on a GPU (``_gpu_kernels.py``: :func:`pallas_attention`, Pallas Triton; :func:`cudnn_attention`, cuDNN); ``auto``
+  picks by the platform compiled for.
 - :class:`LLM` and :func:`build_llm` (``_model.py``); :func:`llm_loss` (``_loss.py``) with a float32-logsumexp
   cross-entropy and MaxText's vocabulary tiling.
 
@@ -39,6 +40,7 @@ from jaxckpt.models.llm._kernels import (
     select_kernel,
     xla_attention,
 )
+from jaxckpt.models.llm._gpu_kernels import cudnn_attention, pallas_attention
 from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
 from jaxckpt.models.llm._layers import (
     RMSNorm,
@@ -63,6 +65,8 @@ __all__ = [
     "SPLASH_MIN_SEQ_LEN",
     "SplashBlockSizes",
     "splash_attention",
+    "pallas_attention",
+    "cudnn_attention",
     "attention",
     "select_kernel",
     "xla_attention",

@@ -81,7 +81,8 @@ class LLMConfig:
   query_scale: float | None = None  # Factor q is multiplied by; None: head_dim ** -0.5 (Gemma 2 27B: (E/N) ** -0.5).
   compute_dtype: str = "float32"  # Activations and matmuls: "bfloat16" on the real presets, "float32" on tiny ones.
   weight_dtype: str = "float32"  # Parameters (and so AdamW's moments): "float32" (MaxText's default) or "bfloat16".
-  attention: str = "xla"  # Kernel: "auto" (splash on a TPU, seq ≥ 128; else xla), "xla" or "splash".
+  attention: str = "xla"  # Kernel: "auto" (from 128 tokens: splash on a TPU, pallas on a GPU; else xla), "xla",
+  # "splash" (TPU), "pallas" or "cudnn" (GPU): jaxckpt.models.llm._kernels.
   splash_blocks: SplashBlockSizes = dataclasses.field(default_factory=SplashBlockSizes)  # Splash kernel blocks.
   splash_interpret: bool = False  # Run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
   vocab_tiles: int = 1  # Sequence chunks the loss computes logits for one at a time (MaxText's num_vocab_tiling).

@@ -8,9 +8,13 @@ or the Pallas splash kernel; the layers above never know which.
   quadratic in memory.
 - ``splash``: the Pallas TPU splash kernel (:mod:`jaxckpt.models.llm._splash`, flash attention in blocks), whose
   residuals (its output and logsumexp) are named ``context`` by the kernel itself (``residual_checkpoint_name``).
-- ``auto``: ``splash`` when the trace is compiled for a TPU (:func:`jaxckpt.sharding._rules.traced_platform`) and the
-  sequence has at least 128 tokens, ``xla`` otherwise: MaxText's ``attention: autoselected``
-  (AI-Hypercomputer/maxtext, ``layers/attention_op.py``).
+- ``pallas`` and ``cudnn``: flash attention on an NVIDIA GPU (:mod:`jaxckpt.models.llm._gpu_kernels`): JAX's Pallas
+  Triton kernel (no extra library; residuals named ``context``) and cuDNN's fused attention (needs cuDNN where XLA:GPU
+  compiles; its workspace is not in the bytes compiled without a GPU).
+- ``auto``: by the platform the trace is compiled for (:func:`jaxckpt.sharding._rules.traced_platform`), from 128
+  tokens: ``splash`` on a TPU (MaxText's ``attention: autoselected``, AI-Hypercomputer/maxtext,
+  ``layers/attention_op.py``), ``pallas`` on a GPU where the kernel runs the attention (no soft cap, no sliding window
+  shorter than the sequence: :func:`~jaxckpt.models.llm._gpu_kernels.pallas_supports`), ``xla`` otherwise.
 
 The seam is MaxText's ``AttentionOp`` (one place that picks dot-product, splash or cuDNN); grouped-query attention is
 Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints"; the soft
@@ -27,39 +31,52 @@ from jaxckpt import names
 from jaxckpt.sharding._rules import traced_platform
 from jaxckpt.errors import JaxckptError
 
+from jaxckpt.models.llm._gpu_kernels import cudnn_attention, pallas_attention, pallas_supports
 from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
 
 __all__ = ["ATTENTION_KERNELS", "SPLASH_MIN_SEQ_LEN", "select_kernel", "attention", "xla_attention"]
 
-ATTENTION_KERNELS: tuple[str, ...] = ("auto", "xla", "splash")
+ATTENTION_KERNELS: tuple[str, ...] = ("auto", "xla", "splash", "pallas", "cudnn")
 """The ``attention=`` choices of the LLM family."""
 
 SPLASH_MIN_SEQ_LEN = 128
-"""``auto`` picks the splash kernel on a TPU from this many tokens per sequence (MaxText's ``autoselected``)."""
+"""``auto`` picks a flash kernel (splash on a TPU, Pallas on a GPU) from this many tokens per sequence (MaxText's
+``autoselected``)."""
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
 """The score of a masked query-key pair: exp(min - max) is 0 in float32, and never NaN as -inf - -inf would be."""
 
 
-def select_kernel(kernel: str, seq_len: int) -> str:
+def select_kernel(kernel: str, seq_len: int, *, sliding_window: int | None = None,
+                  logit_soft_cap: float | None = None) -> str:
   """The kernel ``attention`` runs: ``kernel`` itself, or what ``auto`` means for this trace.
 
   Args:
     kernel: one of :data:`ATTENTION_KERNELS`.
     seq_len: tokens per sequence S.
+    sliding_window, logit_soft_cap: the attention's (``auto`` on a GPU picks ``pallas`` only where it runs them).
 
   Returns:
-    ``"xla"`` or ``"splash"``; ``auto`` is ``splash`` when the trace is compiled for a TPU and
-    ``seq_len ≥`` :data:`SPLASH_MIN_SEQ_LEN`.
+    ``kernel``, or for ``auto`` from :data:`SPLASH_MIN_SEQ_LEN` tokens: ``splash`` when the trace is compiled for a
+    TPU, ``pallas`` for a GPU where the kernel runs this attention; else ``xla``.
 
   Raises:
-    JaxckptError: an unknown kernel, listing the valid ones.
+    JaxckptError: an unknown kernel, listing the valid ones; ``pallas`` for an attention it cannot run (saying
+      why).
   """
   if kernel not in ATTENTION_KERNELS:
     raise JaxckptError(f"attention={kernel!r} is unknown; valid: {', '.join(ATTENTION_KERNELS)}")
+  unsupported = pallas_supports(seq_len, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
+  if kernel == "pallas" and unsupported:
+    raise JaxckptError(f"attention='pallas' cannot run this attention: {unsupported}; use attention='xla'")
   if kernel != "auto":
     return kernel
-  return "splash" if traced_platform() == "tpu" and seq_len >= SPLASH_MIN_SEQ_LEN else "xla"
+  platform = traced_platform()
+  if seq_len < SPLASH_MIN_SEQ_LEN:
+    return "xla"
+  if platform == "tpu":
+    return "splash"
+  return "pallas" if platform == "gpu" and unsupported is None else "xla"
 
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, sliding_window: int | None = None,
@@ -117,13 +134,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto",
     q: ``[B, S, N, Dh]`` queries after RoPE and the query scale (compute dtype).
     k: ``[B, S, K, Dh]`` keys after RoPE; N must be a multiple of K.
     v: ``[B, S, K, Dh]`` values.
-    kernel: ``"auto"``, ``"xla"`` or ``"splash"`` (:func:`select_kernel`).
+    kernel: one of :data:`ATTENTION_KERNELS` (:func:`select_kernel`).
     causal: mask future positions (decoders).
     sliding_window: local attention over the last ``sliding_window`` positions, or ``None`` (global).
     logit_soft_cap: Gemma 2's attention soft cap ``c`` (``tanh(x / c) · c``), or ``None``.
     splash_blocks: the splash kernel's block sizes (default
       :class:`~jaxckpt.models.llm.SplashBlockSizes`: MaxText's 512 tokens).
-    splash_interpret: run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
+    splash_interpret: run the splash or Pallas GPU kernel in Pallas' interpret mode (any platform; slow, for
+      tests).
 
   Returns:
     ``[B, S, N, Dh]``, the dtype of ``v``.
@@ -143,9 +161,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto",
                        f"v {v.shape}")
   if q.shape[2] % k.shape[2]:
     raise JaxckptError(f"{q.shape[2]} query heads must be a multiple of the {k.shape[2]} key/value heads")
-  chosen = select_kernel(kernel, q.shape[1])
+  chosen = select_kernel(kernel, q.shape[1], sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
   if chosen == "xla":
     return xla_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
+  if chosen == "pallas":
+    return pallas_attention(q, k, v, causal=causal, interpret=splash_interpret)
+  if chosen == "cudnn":
+    if logit_soft_cap is not None:
+      raise JaxckptError("attention='cudnn' has no logit soft cap; use attention='xla'")
+    return cudnn_attention(q, k, v, causal=causal, sliding_window=sliding_window)
   return splash_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
                           blocks=SplashBlockSizes() if splash_blocks is None else splash_blocks,
                           interpret=splash_interpret)

@@ -38,7 +38,6 @@ Shapes: B = batch, S = tokens, N = query heads, K = key/value heads, Dh = head w
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -46,7 +45,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from jaxckpt import names
-from jaxckpt.sharding._rules import LOGICAL_RULES, traced_platform
+from jaxckpt.sharding._rules import kernel_split, traced_platform
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["SplashBlockSizes", "splash_attention", "LANES"]
@@ -170,28 +169,6 @@ def _mask(seq_len: int, causal: bool, sliding_window: int | None) -> Any:
   return splash.CausalMask(shape) if causal else splash.FullMask(shape)
 
 
-def _split_axes(mesh: Any, batch: int, heads: int, kv_heads: int) -> tuple[tuple[str, ...], str | None]:
-  """The mesh axes the kernel's call is split over: (batch axes, head axis or ``None``).
-
-  Raises:
-    JaxckptError: the batch not a multiple of its axes' product; N or K not a multiple of the ``tensor`` size.
-  """
-  shape = {str(k): int(v) for k, v in mesh.shape.items()}
-  batch_axes = tuple(a for a in LOGICAL_RULES["activation_batch"] if shape.get(a, 1) > 1)
-  ways = math.prod(shape[a] for a in batch_axes)
-  if batch % ways:
-    raise JaxckptError(f"the splash kernel splits the batch over {'×'.join(batch_axes)}={ways} of the mesh {shape}, "
-                       f"but batch={batch} is not a multiple of it: use a batch size that is, or attention='xla'")
-  tensor = shape.get("tensor", 1)
-  if tensor == 1:
-    return batch_axes, None
-  if heads % tensor or kv_heads % tensor:
-    raise JaxckptError(f"the splash kernel splits heads over the tensor axis, but N={heads} query heads and "
-                       f"K={kv_heads} key/value heads are not both multiples of tensor={tensor} (mesh {shape}): use "
-                       "a tensor size dividing both, or attention='xla'")
-  return batch_axes, "tensor"
-
-
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
                      sliding_window: int | None = None, logit_soft_cap: float | None = None,
                      blocks: SplashBlockSizes = SplashBlockSizes(), interpret: bool = False) -> jax.Array:
@@ -265,7 +242,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool =
   k_t = k.astype(q.dtype).transpose(0, 2, 1, 3)  # [B, K, S, Dh]
   v_t = v.astype(q.dtype).transpose(0, 2, 1, 3)
   mesh = jax.sharding.get_abstract_mesh()
-  batch_axes, head_axis = ((), None) if mesh.empty else _split_axes(mesh, batch, heads, kv_heads)
+  batch_axes, head_axis = ((), None) if mesh.empty else kernel_split(mesh, batch, heads, kv_heads, kernel="splash")
   if not batch_axes and head_axis is None:
     out = per_chip(q_t, k_t, v_t)
   else:
