@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
-from jaxckpt.analysis._hlo import (ArrayShape, Collective, HloComputation, HloExecution, HloInstruction, HloModule,
-                                   HloParseError, HloTotals, HostTransfer, parse_hlo, read_compiled, replica_groups)
+from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, HloComputation,
+                                   HloExecution, HloInstruction, HloModule, HloParseError, HloTotals, HostTransfer,
+                                   parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 
@@ -40,6 +41,8 @@ __all__ = [
     "HostTransfer",
     "HloTotals",
     "HloParseError",
+    "HOST_MEMORY_SPACE",
+    "COLLECTIVE_KINDS",
 ]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.analysis.<module>) as attributes, with a warning

@@ -48,7 +48,7 @@ from jaxckpt.errors import JaxckptError, shorten
 
 __all__ = ["HOST_MEMORY_SPACE", "COLLECTIVE_KINDS", "HloParseError", "ArrayShape", "HloInstruction",
            "HloComputation", "HloModule", "HloExecution", "Collective", "HostTransfer", "HloTotals", "parse_hlo",
-           "read_compiled", "replica_groups", "leaves"]
+           "read_compiled", "replica_groups"]
 
 HOST_MEMORY_SPACE = 5
 """The memory space XLA gives host memory (``S(5)`` in a layout; ``Layout::kHostMemorySpace``): a buffer there lives in
@@ -102,17 +102,17 @@ _DTYPE_BITS: dict[str, int] = {
 }
 
 
-def leaves(shape: HloShape) -> Iterator[ArrayShape]:
+def _leaves(shape: HloShape) -> Iterator[ArrayShape]:
   """The arrays of a (possibly nested tuple) shape, in order."""
   if isinstance(shape, ArrayShape):
     yield shape
   else:
     for element in shape:
-      yield from leaves(element)
+      yield from _leaves(element)
 
 
 def _shape_bytes(shape: HloShape) -> int:
-  return sum(a.nbytes for a in leaves(shape))
+  return sum(a.nbytes for a in _leaves(shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +140,11 @@ class HloInstruction:
   def output_bytes(self) -> int:
     """Bytes of the result, every array of a tuple summed."""
     return _shape_bytes(self.shape)
+
+  @property
+  def arrays(self) -> tuple[ArrayShape, ...]:
+    """The arrays of the result in order (one for an array result; a tuple's flattened)."""
+    return tuple(_leaves(self.shape))
 
   @property
   def called(self) -> str | None:
@@ -178,7 +183,7 @@ class HloComputation:
 
   @functools.cached_property
   def users(self) -> Mapping[str, tuple[HloInstruction, ...]]:
-    """HloInstruction name -> the instructions of this computation that take it as an operand."""
+    """Instruction name -> the instructions of this computation that take it as an operand."""
     out: dict[str, list[HloInstruction]] = {}
     for ins in self.instructions:
       for op in dict.fromkeys(ins.operands):
@@ -208,7 +213,7 @@ class Collective(NamedTuple):
   payload_bytes: int  # bytes per device per run: all-gather output, reduce-scatter input, all-reduce buffer, else input
   groups: tuple[tuple[int, ...], ...]  # replica groups as device ids (partition ids of an SPMD program); permute: pairs
   group_size: int  # devices per group (2 for collective-permute's source/target pairs)
-  is_async: bool  # run asynchronously: a -start not marked is_sync, or a TPU async collective fusion
+  is_async: bool  # run asynchronously: a -start not marked is_sync, an async-start, or a TPU async collective fusion
   count: int  # runs per step
 
   @property
@@ -680,7 +685,7 @@ def _dim_list(attributes: Mapping[str, str], key: str) -> list[int]:
 
 
 def _first_array(shape: HloShape) -> ArrayShape | None:
-  return next(leaves(shape), None)
+  return next(_leaves(shape), None)
 
 
 def _matmul_flops(out_elements: int, contracted: int) -> int:
@@ -844,14 +849,15 @@ def _unit_collectives(module: HloModule, run: HloExecution) -> Iterator[tuple[Hl
     yield ins, False
   elif ins.opcode in _RUNS_BODY:
     inner = list(_called_instructions(module.computations, ins))
-    fused_async = any((i.custom_call_target or "").startswith("AsyncCollective") for i in inner)
+    fused_async = ins.opcode == "async-start" or any((i.custom_call_target or "").startswith("AsyncCollective")
+                                                    for i in inner)
     yield from ((i, fused_async) for i in inner if _collective_kind(i.opcode) is not None)
 
 
 def _moves(comp: HloComputation, ins: HloInstruction) -> tuple[str, int] | None:
   """``(direction, bytes)`` if an instruction copies between device and host memory, else None."""
   operand = lambda i: comp.by_name.get(ins.operands[i]) if len(ins.operands) > i else None  # noqa: E731
-  on_host = lambda shape: any(a.on_host for a in leaves(shape))  # noqa: E731
+  on_host = lambda shape: any(a.on_host for a in _leaves(shape))  # noqa: E731
   source, target = operand(0), None
   if ins.opcode in ("dynamic-update-slice", "dynamic-update-slice-start"):
     update = operand(1)

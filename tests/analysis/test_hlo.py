@@ -19,9 +19,10 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxckpt import topology
+from jaxckpt import parse_policy, topology
 from jaxckpt.analysis import (HloParseError, count_flops, jaxpr_flops, parse_hlo, read_compiled,
                               replica_groups)
+from jaxckpt.step import compile_policy, shipped_target
 
 L, B, D = 4, 64, 256
 MATMUL_FLOPS = 2 * B * D * D  # one [B, D] x [D, D] matmul
@@ -134,6 +135,13 @@ def test_a_loop_with_a_run_time_bound_has_no_trip_count_and_runs_once():
   assert module.totals().dot_flops == 2 * 32 * 32 * 32
 
 
+def test_a_shipped_models_train_step_has_the_jaxprs_matmul_flops():
+  compiled = compile_policy(shipped_target("gpt", "tiny"), parse_policy("nothing_saveable"))
+  module = read_compiled(compiled)  # a CompiledPolicy: its executable's text
+  assert module.totals().unknown_trip_counts == () and len(module.while_loops) > 2
+  assert module.totals().dot_flops == jaxpr_flops(compiled.traced.jaxpr).by_primitive["dot_general"]
+
+
 def test_bytes_read_and_written_match_xla_on_a_step_without_loops():
   def loss(ws, x):
     for w in ws:
@@ -189,7 +197,7 @@ def test_a_literal_module_reads_into_typed_records():
   assert fusion.estimated_cycles == 120 and module.instructions["dot.1"].op_name == "jit(f)/dot_general"
   assert (w.shape.dtype, w.shape.dims, w.shape.minor_to_major, w.shape.memory_space, w.literal) == (
       "f32", (8, 16), (1, 0), 1, "{...}")
-  assert root.is_root and [a.on_host for a in (root.shape[0], root.shape[1])] == [False, True]
+  assert root.is_root and [a.on_host for a in root.arrays] == [False, True]
   assert module.instructions["gemm"].custom_call_target == "__cublas$gemm"
   totals = module.totals()
   assert totals.dot_flops == 2 * 2 * 8 * 16 * 16  # the fused dot and the cuBLAS GEMM
