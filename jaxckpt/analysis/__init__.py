@@ -1,6 +1,8 @@
 """Reading traced and compiled steps: FLOPs from the jaxpr (:func:`count_flops`, :func:`jaxpr_flops`,
 :func:`count_live_flops`), the saved residuals of a policy (:func:`saved_residuals`, grouped by checkpoint name,
-primitive or source line), remat regions in every form the installed JAX has (:data:`REMAT_FORMS`).
+primitive or source line), remat regions in every form the installed JAX has (:data:`REMAT_FORMS`), and compiled
+programs read from their HLO text (:func:`parse_hlo`, :func:`read_compiled`: every instruction with its runs per step,
+dot FLOPs, bytes, collectives and host transfers).
 
 The floor below the policies: nothing here imports :mod:`jaxckpt.policies`, :mod:`jaxckpt.core` or anything above,
 so the policy parser can check what a policy saves. Implementation modules are private (``_flops``, ``_residuals``,
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
+from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, HloComputation,
+                                   HloExecution, HloInstruction, HloModule, HloParseError, HloTotals, HostTransfer,
+                                   parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 
@@ -24,6 +29,20 @@ __all__ = [
     "ResidualGroup",
     "saved_residuals",
     "group_residuals",
+    "parse_hlo",
+    "read_compiled",
+    "replica_groups",
+    "HloModule",
+    "HloComputation",
+    "HloInstruction",
+    "HloExecution",
+    "ArrayShape",
+    "Collective",
+    "HostTransfer",
+    "HloTotals",
+    "HloParseError",
+    "HOST_MEMORY_SPACE",
+    "COLLECTIVE_KINDS",
 ]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.analysis.<module>) as attributes, with a warning
