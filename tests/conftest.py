@@ -69,8 +69,11 @@ def _use_fast_codegen() -> None:
 _use_fast_codegen()
 
 def _skip_tpu_probe() -> None:
-  """``JAX_PLATFORMS=cpu`` before JAX is imported, when libtpu is installed and the tester did not choose platforms."""
-  if "JAX_PLATFORMS" not in os.environ and importlib.util.find_spec("libtpu") is not None:
+  """``JAX_PLATFORMS=cpu`` before JAX is imported, when libtpu or JAX's CUDA plugin is installed and the tester did
+  not choose platforms: the suite runs on the CPU; TPU topologies load libtpu on demand, and XLA:GPU compiles for a
+  GPU topology only when JAX's backends are the CPU's (:mod:`jaxckpt.sharding`)."""
+  installed = any(importlib.util.find_spec(name) is not None for name in ("libtpu", "jax_plugins.xla_cuda12"))
+  if "JAX_PLATFORMS" not in os.environ and installed:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 

@@ -39,7 +39,7 @@ from jaxckpt import sharding
 from jaxckpt.analysis._flops import jaxpr_flops
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.analysis._internals import compilation_cache_switch
-from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
+from jaxckpt.policies._model import ConcretePolicy, LayeredPolicy, parse_model_policy
 from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer, dropout_key_struct
 from jaxckpt.step._targets import ModelTarget, Target
@@ -369,9 +369,26 @@ def boundary_names(jaxpr: Any) -> set[str]:
   return found
 
 
+def concrete_policy(spec: "str | ConcretePolicy") -> "ConcretePolicy":
+  """``spec`` as a policy the step applies as it is: a policy string parsed (:func:`jaxckpt.parse_model_policy`),
+  a concrete policy returned as it is.
+
+  Raises:
+    PolicySpecError: a string that does not parse.
+    JaxckptError: a budget, ``min_saved`` or ``mincut:<cap>``, which are planned for a target first
+      (:func:`jaxckpt.planner.resolve_policy`).
+  """
+  parsed = parse_model_policy(spec) if isinstance(spec, str) else spec
+  if not isinstance(parsed, ConcretePolicy) or not parsed.resolved:
+    raise JaxckptError(f"policy={str(parsed)!r} is planned for a target before it is compiled: resolve it with "
+                       "jaxckpt.planner.resolve_policy(target, policy) (or give a fixed policy such as "
+                       "'nothing_saveable')")
+  return parsed
+
+
 def lower_policy(
     target: Target,
-    spec: PolicySpec | LayeredPolicy,
+    spec: "str | ConcretePolicy",
     *,
     tx: optax.GradientTransformation | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -383,8 +400,9 @@ def lower_policy(
 
   Args:
     target: a :class:`~jaxckpt.step.ModelTarget` or :class:`~jaxckpt.step.LossTarget`.
-    spec: a concrete policy: a per-block :class:`~jaxckpt.PolicySpec` or a per-layer-range
-      :class:`~jaxckpt.policies.LayeredPolicy` (budgets are resolved first: :func:`jaxckpt.planner.resolve_policy`).
+    spec: a concrete policy (:class:`~jaxckpt.policies.ConcretePolicy`: a per-block :class:`~jaxckpt.PolicySpec`, a
+      per-layer-range :class:`~jaxckpt.policies.LayeredPolicy`, a whole-loss plan) or its string (parsed once
+      here, :func:`concrete_policy`; budgets are resolved first: :func:`jaxckpt.planner.resolve_policy`).
     tx: the optimizer (default :func:`~jaxckpt.step.default_optimizer`, ``optax.adamw(1e-3)``).
     mesh: shard the step over this mesh (batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp``
       by the FSDP rule of :mod:`jaxckpt.sharding`, computed with parameters all-gathered); the compiled stats are
@@ -399,9 +417,11 @@ def lower_policy(
     The :class:`LoweredPolicy`.
 
   Raises:
-    PolicySpecError: ``spec`` names a block type or checkpoint name the target does not have.
+    PolicySpecError: ``spec`` names a block type or checkpoint name the target does not have, or does not parse.
+    JaxckptError: ``spec`` is a budget or another policy planned per target (:func:`concrete_policy`).
   """
   t0 = time.perf_counter()
+  spec = concrete_policy(spec)
   builder = builder or step_builder(target, tx=tx, mesh=mesh)
   check_mesh_use(builder, mesh)
   step = builder.step(spec)
@@ -427,7 +447,7 @@ def lower_policy(
 
 def compile_policy(
     target: Target,
-    spec: PolicySpec | LayeredPolicy,
+    spec: "str | ConcretePolicy",
     *,
     tx: optax.GradientTransformation | None = None,
     mesh: jax.sharding.Mesh | None = None,
