@@ -165,6 +165,7 @@ def compile_rows(
       rows[i].update(compiled.memory)
       rows[i]["flops_xla_raw"] = xla_raw_flops(compiled)
       rows[i]["compile_s"] = compiled.seconds
+      warnings.extend(f"policy {rows[i]['policy']!r}: the compiler logged: {line}" for line in compiled.compiler_log)
       if dump_dir is not None:
         xla_dump.prune_dump(dump_dir)
         rows[i]["xla_dump"] = {"dir": dump_dir, "files": xla_dump.dump_files(dump_dir),

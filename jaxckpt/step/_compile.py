@@ -39,12 +39,11 @@ from jaxckpt import sharding
 from jaxckpt.analysis._flops import jaxpr_flops
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.analysis._internals import compilation_cache_switch
-from jaxckpt.policies._model import ConcretePolicy, LayeredPolicy, parse_model_policy
-from jaxckpt.policies._spec import PolicySpec
+from jaxckpt.policies._model import ConcretePolicy, parse_model_policy
 from jaxckpt.step._build import PolicyStep, StepBuilder, default_optimizer, dropout_key_struct
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.sharding import compiles_only
-from jaxckpt.training._xla import memory_stats, remat_compiler_options, remat_fix_applied, xla_flags
+from jaxckpt.training._xla import compiler_log, memory_stats, remat_compiler_options, remat_fix_applied, xla_flags
 
 __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
            "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "xla_cost", "check_mesh_use",
@@ -173,6 +172,9 @@ class CompiledPolicy:
     cached: the statistics came from the compiled-stats cache (:mod:`jaxckpt.step._stats_cache`: a TPU topology
       compile made before, by this run or an earlier one); ``compiled`` is then ``None`` and ``compile_s`` the
       seconds the compile took when it ran.
+    compiler_log: the warnings and errors the compiler logged while compiling (XLA:GPU's C++ log, e.g. its
+      rematerialization pass failing to reach its memory estimate; :func:`jaxckpt.training._xla.compiler_log`);
+      ``()`` elsewhere.
   """
 
   step: PolicyStep
@@ -186,6 +188,7 @@ class CompiledPolicy:
   stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
   cost: Mapping[str, float] = dataclasses.field(default_factory=dict)
   cached: bool = False
+  compiler_log: tuple[str, ...] = ()
 
   @property
   def seconds(self) -> float:
@@ -259,7 +262,8 @@ class LoweredPolicy:
                               cached=True)
     started = time.perf_counter()
     try:
-      with compilation_cache_switch(False) if bypass else contextlib.nullcontext():
+      with compilation_cache_switch(False) if bypass else contextlib.nullcontext(), \
+          compiler_log(self.target_device["platform"] == "gpu") as log:
         compiled = self.lowered.compile(compiler_options=options or None)
     except Exception as err:
       if cache is not None and is_memory_refusal(err):  # deterministic: the same program is refused again
@@ -270,7 +274,8 @@ class LoweredPolicy:
     if cache is not None:
       cache.put(key, CachedStats(memory, cost, compile_s))
     return CompiledPolicy(self.step, self.traced, compiled, memory, self.flops, self.lower_s,
-                          compile_s, self.fingerprint, {**self.stages, "compile": compile_s}, cost)
+                          compile_s, self.fingerprint, {**self.stages, "compile": compile_s}, cost,
+                          compiler_log=tuple(log))
 
   @property
   def target_device(self) -> dict[str, Any]:

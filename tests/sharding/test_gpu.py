@@ -206,3 +206,19 @@ def test_the_fit_searches_meshes_on_a_cluster_unless_one_is_named(tmp_path, caps
   assert data["backend"] == "gpu" and data["mesh_search"]["winner"]  # --mesh auto without asking
   out = capsys.readouterr().out
   assert "2 nodes × 8 GPUs" in out and "XLA may use" in out
+
+
+def test_the_compilers_log_lines_are_caught_kept_and_written_back(capfd):
+  """XLA:GPU logs from C++ to file descriptor 2 (its rematerialization pass's "Can't reduce memory use below …"):
+  the compile that wrote a line gets it, and stderr still shows it."""
+  from jaxckpt.training._xla import compiler_log
+
+  line = ("W1205 05:48:45.885842    1124 hlo_rematerialization.cc:3231] Can't reduce memory use below 60.25GiB "
+          "(64694889171 bytes) by rematerialization")
+  with compiler_log() as messages:
+    os.write(2, f"I1205 05:48:45.1 1 other.cc:1] noise\n{line}\n".encode())
+  assert messages == ["Can't reduce memory use below 60.25GiB (64694889171 bytes) by rematerialization"]
+  assert line in capfd.readouterr().err  # written back: nothing swallowed
+  with compiler_log(enabled=False) as messages:
+    os.write(2, f"{line}\n".encode())
+  assert messages == []
