@@ -23,8 +23,9 @@ Which fenced blocks run (the rule; new examples are picked up automatically):
   * Files an example treats as the user's own (``my_images.npz``, ``my_texts/``, ``mypkg.targets``) are created
     first by :data:`SETUP`, as a user would have them.
   * Blocks with a command matched by :data:`SLOW` are marked ``slow`` (still run by ``.ci/run``).
-  * Blocks with a command matched by :data:`NEEDS_LIBTPU` (``--topology``: the TPU compiler) are skipped when libtpu
-    is not installed, unless ``JAXCKPT_REQUIRE_TPU=1`` (CI installs ``.[tpu]`` and sets it: then they run).
+  * Blocks with a command matched by :data:`NEEDS_COMPILER` (``--topology`` of a TPU slice: the TPU compiler; of a
+    GPU cluster: XLA:GPU of JAX's CUDA plugin) are skipped when that compiler is not installed, unless
+    ``JAXCKPT_REQUIRE_TPU=1`` / ``JAXCKPT_REQUIRE_GPU=1`` (CI installs ``.[tpu,gpu]`` and sets both: then they run).
 
 - ```` ```python ````: each block runs on its own, in a fresh namespace, in a temporary working directory: it must
   define what it uses. A block written as an interactive session (lines starting with ``>>> ``) is a display: each
@@ -132,17 +133,22 @@ SLOW: tuple[tuple[str, str], ...] = (
     (r"jaxckpt-fit|python -m jaxckpt\.fit", "an absolute memory is tied to the model size: compiles at several batch "
      "sizes per policy, not shrunk"),
     (r"python -m experiments\.", "trains a model in a fresh process (a minute or more per block on 2 cores)"),
-    (r"--topology", "compiles with the TPU compiler: seconds to minutes per compile on 2 cores"),
+    (r"--topology", "compiles with the TPU compiler (seconds to minutes per compile on 2 cores) or XLA:GPU (seconds)"),
     (r"jaxckpt-report --model (gpt|llm) --preset (small|gemma2-tiny) --policies",
      "a report of several policies, one compile each: 20–35 s for the block on 2 cores"),
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""
 
-NEEDS_LIBTPU: tuple[tuple[str, str], ...] = (
-    (r"--topology", "compiles with the TPU compiler of libtpu (pip install -e '.[tpu]'), not installed here; "
-     "JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure"),
+NEEDS_COMPILER: tuple[tuple[str, str, str, str], ...] = (
+    (r"--topology +v\d", "libtpu", "JAXCKPT_REQUIRE_TPU",
+     "compiles with the TPU compiler of libtpu (pip install -e '.[tpu]'), not installed here; JAXCKPT_REQUIRE_TPU=1 "
+     "turns this skip into a failure"),
+    (r"--topology +(a100|h100|h200|b200)", "jax_plugins.xla_cuda12", "JAXCKPT_REQUIRE_GPU",
+     "compiles with XLA:GPU of JAX's CUDA plugin (pip install -e '.[gpu]'), not installed here; JAXCKPT_REQUIRE_GPU=1 "
+     "turns this skip into a failure"),
 )
-"""``(pattern, reason)``: blocks with a matching command need libtpu (:mod:`jaxckpt.sharding`)."""
+"""``(pattern, module, variable, reason)``: blocks with a matching command need that compiler's module (skipped
+without it, unless the variable is 1) (:mod:`jaxckpt.sharding`)."""
 
 
 def _npz_images(root: Path) -> None:
@@ -308,7 +314,8 @@ def test_every_page_and_kind_of_block_is_found():
 def test_tables_match_the_readme():
   """Every override, slow and setup pattern matches some example command (the tables cannot rot either)."""
   commands = [c for b in SHELL_BLOCKS for c in shell_commands(b.text)]
-  for pattern in [o.pattern for o in OVERRIDES] + [p for p, _ in SLOW + NEEDS_LIBTPU] + [p for p, _ in SETUP]:
+  for pattern in [o.pattern for o in OVERRIDES] + [p for p, _ in SLOW] + [p[0] for p in NEEDS_COMPILER] + \
+      [p for p, _ in SETUP]:
     assert any(re.search(pattern, c) for c in commands), f"pattern {pattern!r} matches no example command"
 
 
@@ -406,9 +413,9 @@ def test_shell_example_runs(block: Block, tmp_path: Path):
   if not commands:
     reasons = sorted({skip_reason(c) for c in shell_commands(block.text)})
     pytest.skip(f"{block.where}: nothing to run ({'; '.join(reasons)})")
-  for pattern, reason in NEEDS_LIBTPU:
-    if any(re.search(pattern, c) for c in commands) and importlib.util.find_spec("libtpu") is None \
-        and os.environ.get("JAXCKPT_REQUIRE_TPU") != "1":
+  for pattern, module, variable, reason in NEEDS_COMPILER:
+    if any(re.search(pattern, c) for c in commands) and importlib.util.find_spec(module) is None \
+        and os.environ.get(variable) != "1":
       pytest.skip(f"{block.where}: {reason}")
   for pattern, make in SETUP:
     if any(re.search(pattern, c) for c in commands):

@@ -1,9 +1,10 @@
 """The JAX internals jaxckpt reads, in one place, each checked against the installed JAX when first used.
 
-JAX has no public API for four things jaxckpt needs: the saved-residual analysis behind
+JAX has no public API for five things jaxckpt needs: the saved-residual analysis behind
 ``jax.ad_checkpoint.print_saved_residuals`` (:mod:`jaxckpt.analysis._residuals`), dead-code elimination of a jaxpr
-(:func:`jaxckpt.analysis._flops.count_live_flops`), source lines of equations (:mod:`jaxckpt.core._tagging`), and a
-per-compile switch for the persistent compilation cache (:mod:`jaxckpt.step._compile`). Every ``jax._src`` import of
+(:func:`jaxckpt.analysis._flops.count_live_flops`), source lines of equations (:mod:`jaxckpt.core._tagging`), a
+per-compile switch for the persistent compilation cache (:mod:`jaxckpt.step._compile`), and whether JAX's backends
+and its CUDA plugin's compile-only topology are set up (:mod:`jaxckpt.sharding._topology`). Every ``jax._src`` import of
 jaxckpt is here; a JAX release that moves one gives a one-line error naming it and the installed version, not an
 ``ImportError`` deep in a trace. Tested with the versions in ``pyproject.toml``.
 """
@@ -15,7 +16,6 @@ from typing import Any
 
 import jax
 
-__all__ = ["internal", "source_info_util", "saved_residuals_parts", "dce_jaxpr", "compilation_cache_switch"]
 
 
 def internal(module: str, name: str | None = None, *, needed_by: str) -> Any:
@@ -72,3 +72,32 @@ def compilation_cache_switch(enabled: bool) -> Any:
     RuntimeError: the installed JAX lacks it.
   """
   return internal("config", "enable_compilation_cache", needed_by="jaxckpt.step._compile (XLA dumps)")(enabled)
+
+
+def cuda_compile_only() -> str | None:
+  """Makes JAX's CUDA plugin (XLA:GPU) available for compiling without a GPU, or says why it cannot be.
+
+  The plugin registers itself when JAX discovers its plugins (the first backend or topology asked for), but only
+  where it finds CUDA or where ``jax_platforms`` excludes CUDA; on a machine without a GPU that means
+  ``jax_platforms="cpu"`` before JAX starts (JAX's own deviceless test does so). This sets it when nothing started
+  JAX's backends yet; when they started on the CPU alone (the plugin gave up then), it registers the plugin now with
+  the CPU platform chosen (its ``initialize()``, which then skips the CUDA check); any other started platform is left
+  alone.
+
+  Returns:
+    ``None`` when XLA:GPU's topologies are available (or will be at discovery), else the reason, one line.
+  """
+  bridge = internal("xla_bridge", needed_by="compiling for a GPU topology without a GPU")
+  if "cuda" in getattr(bridge, "_topology_factories", {}):
+    return None
+  if not bridge.backends_are_initialized():
+    if not jax.config.jax_platforms:
+      jax.config.update("jax_platforms", "cpu")
+    return None
+  platforms = {d.platform for d in jax.devices()}
+  if platforms != {"cpu"}:
+    return (f"JAX's backends started on {', '.join(sorted(platforms))} before the CUDA plugin registered for "
+            "compiling without a GPU")
+  jax.config.update("jax_platforms", "cpu")  # the backends run already: this only tells the plugin to skip CUDA
+  importlib.import_module("jax_plugins.xla_cuda12").initialize()
+  return None if "cuda" in bridge._topology_factories else "JAX's CUDA plugin did not register"  # noqa: SLF001

@@ -32,7 +32,7 @@ from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFi
                                 with_batch, with_seq_len)
 from jaxckpt.fit._tables import mesh_table, to_table
 from jaxckpt.fit._speed import (ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates,
-                               estimate_step, measure_cpu)
+                               collective_bytes, collective_seconds, estimate_step, measure_cpu)
 
 __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
            "MeshOption", "MeshSearch", "mesh_shapes", "search_meshes",
@@ -40,6 +40,7 @@ __all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_cand
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu", "estimate_step",
+           "collective_bytes", "collective_seconds",
            "CUSTOM_SEARCH", "CustomPlan", "CustomSearch", "NameCost", "custom_plans", "custom_policy", "name_costs",
            "to_table", "mesh_table"]
 

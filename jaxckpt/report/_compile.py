@@ -33,6 +33,7 @@ from jaxckpt.report._keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.sharding import make_mesh, mesh_platform
+from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import STATS_ONLY_OPTIONS, lower_policy, step_builder, step_compiler_options, xla_raw_flops
 from jaxckpt.step._build import StepBuilder
@@ -238,7 +239,8 @@ def compile_rows(
         t1 = time.perf_counter()
         stages["flops"] = t1 - t0
         if residuals:
-          summary = analyse_residuals(lowered.step)
+          with tracing_for(mesh_platform(mesh)):  # the kernels the compiled step runs (auto attention)
+            summary = analyse_residuals(lowered.step)
           rows[i]["residual_bytes"] = summary["bytes"]
           rows[i]["activation_residual_bytes"] = summary["activation_bytes"]
           rows[i]["residuals"] = summary

@@ -58,7 +58,7 @@ COLUMNS: tuple[Column, ...] = (
 """The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``; ``cpu.<key>`` is the key of the
 row's XLA:CPU comparison (``--compare-cpu``). A column ``None`` in every row is left out, and so is ``host`` (host
 memory: what offload policies keep in ``pinned_host``) where every row keeps nothing there. Under a mesh the memory
-headers say ``/chip`` (a TPU topology) or ``/device``: those numbers are one device's."""
+headers say ``/chip`` (a TPU topology), ``/GPU`` (a GPU cluster) or ``/device``: those numbers are one device's."""
 
 
 _PER_DEVICE = frozenset({"footprint_bytes", "host_footprint_bytes", "temp_bytes", "peak_bytes_measured",
@@ -74,11 +74,13 @@ def shown_columns(rows: Sequence[Mapping[str, Any]]) -> list[Column]:
 
 
 def column_header(report: Report, header: str, key: str) -> str:
-  """A column's header, with ``/chip`` (a TPU topology) or ``/device`` (a mesh) on the per-device memory columns:
-  their numbers are one device's, the FLOPs the whole step's."""
+  """A column's header, with ``/chip`` (a TPU topology), ``/GPU`` (a GPU cluster) or ``/device`` (a mesh) on the
+  per-device memory columns: their numbers are one device's, the FLOPs the whole step's."""
   if key not in _PER_DEVICE or key.startswith("cpu."):
     return header
-  return header + ("/chip" if report.data.get("topology") else "/device" if report.data.get("mesh") else "")
+  if report.data.get("topology"):
+    return header + ("/GPU" if report.data.get("backend") == "gpu" else "/chip")
+  return header + ("/device" if report.data.get("mesh") else "")
 
 
 def row_value(row: Mapping[str, Any], key: str) -> Any:

@@ -23,6 +23,8 @@ splits a user would expect to hold (heads over ``tensor``) and say so in one lin
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -125,12 +127,31 @@ def traced_mesh_shape() -> dict[str, int]:
   return {} if mesh is None else {str(k): int(v) for k, v in mesh.shape.items()}
 
 
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxckpt_traced_platform", default=None)
+
+
+@contextlib.contextmanager
+def tracing_for(platform: str | None):
+  """Traces inside this block are for ``platform`` (``"tpu"``, ``"gpu"``) where no mesh in context says otherwise:
+  an analysis that traces a step apart from its compile (the saved residuals of a policy) sees the kernels the
+  compiled step runs. ``None``: no change."""
+  token = _PLATFORM.set(platform) if platform is not None else None
+  try:
+    yield
+  finally:
+    if token is not None:
+      _PLATFORM.reset(token)
+
+
 def traced_platform() -> str:
   """The platform the current trace is compiled for: the mesh in context's (``"tpu"`` for a TPU topology's mesh),
-  else ``jax.default_backend()``. A kernel that exists on one platform only (Pallas TPU kernels) asks here."""
+  else the one :func:`tracing_for` set, else ``jax.default_backend()``. A kernel that exists on one platform only
+  (Pallas TPU or GPU kernels) asks here."""
   mesh = _mesh()
   device = None if mesh is None else mesh.abstract_device
-  return jax.default_backend() if device is None else device.platform
+  if device is not None:
+    return device.platform
+  return _PLATFORM.get() or jax.default_backend()
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:

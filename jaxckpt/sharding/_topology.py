@@ -20,7 +20,8 @@ Names (:data:`TOPOLOGY_FORMS`):
   for the GPU's target config (XLA's ``GpuTargetConfigProto``, shipped in ``jaxckpt/sharding/gpu_specs/``). The GPUs
   of one node share NVLink; nodes share the slower network (:meth:`Topology.axis_links`). XLA:GPU compiles
   deviceless only when JAX's backends run on the CPU: :func:`get_topology` sets ``jax_platforms`` to ``"cpu"`` when
-  nothing has started JAX's backends yet (as JAX's own deviceless test does), and says how to start otherwise.
+  nothing has started JAX's backends yet (as JAX's own deviceless test does), registers the plugin when they started
+  on the CPU alone (:func:`jaxckpt.analysis._internals.cuda_compile_only`), and says how to start otherwise.
 
 Every tool takes the mesh of :meth:`Topology.mesh` through its ``mesh=`` path (the step core shards the step over
 it) and decides its compiler options by the mesh's platform (:func:`jaxckpt.step.step_compiler_options`): the
@@ -58,6 +59,7 @@ from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh
 from packaging.requirements import Requirement
 
+from jaxckpt.analysis._internals import cuda_compile_only
 from jaxckpt.errors import MeshSpecError, TopologyError, closest, shorten
 from jaxckpt.sharding import _mesh as sharding
 from jaxckpt.sharding._chips import CHIPS, GPU_CHIPS, TPU_CHIPS, Chip
@@ -411,23 +413,13 @@ def target_config(key: str) -> str:
   return resources.files("jaxckpt.sharding").joinpath("gpu_specs", chip.target_config).read_text()
 
 
-def _cpu_backends_only() -> None:
-  """XLA:GPU compiles without a GPU only when JAX's CUDA plugin registered with CPU backends only (with other
-  platforms it checks for CUDA and gives up): ``jax_platforms="cpu"`` unless the user chose platforms; refused in one
-  line once JAX started otherwise."""
-  if jax.config.jax_platforms:
-    return
-  if jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001 - JAX has no public form of this question
-    raise TopologyError("compiling for a GPU topology without a GPU needs JAX started with CPU backends only, but "
-                        "JAX's backends started before: set JAX_PLATFORMS=cpu in the environment (or call "
-                        "jaxckpt.sharding.get_topology before anything runs on JAX)")
-  jax.config.update("jax_platforms", "cpu")
-
-
 @functools.lru_cache(maxsize=None)
 def _load_gpu(key: str, sizes: tuple[int, int]) -> Topology:
   name = f"{key}:{sizes[1]}" if sizes[0] == 1 else f"{key}:{sizes[0]}x{sizes[1]}"
-  _cpu_backends_only()
+  problem = cuda_compile_only()
+  if problem is not None:
+    raise TopologyError(f"XLA:GPU cannot compile for topology {name!r} here: {problem}; set JAX_PLATFORMS=cpu in "
+                        "the environment (XLA:GPU then compiles without a GPU)")
   try:
     described = topologies.get_topology_desc(platform="cuda", target_config=target_config(key),
                                              topology=f"{sizes[0]}x1x{sizes[1]}")
