@@ -116,6 +116,11 @@ OVERRIDES: tuple[Override, ...] = (
              "Llama 3.1 8B on 256 chips compiles 2-4 min per program on 2 cores (7.6 min for docs/fit.md's search); "
              "llama tiny on v5e:2x2 runs the same mesh search with both policies, offload included (after the "
              "--topology override above, so its memory and policies win)"),
+    Override(r"jaxckpt-fit .*--preset llama3\.1-70b .*--topology h200", "--preset tiny --topology h100:2x8 "
+             "--seq-len 128 --global-batch-size 32 --memory 64MiB --max-meshes 1",
+             "Llama 3.1 70B on 256 H200s: 25 XLA:GPU compiles, 1 min 44 s on 2 cores (docs/gpu.md); the tiny preset on "
+             "two nodes of H100s runs the same mesh search over nodes (after the --topology override above, so its "
+             "sizes win)"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",
