@@ -17,7 +17,7 @@ __all__ = [
     "raised_at",
     "TracingError",
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
-    "MeshSpecError", "TopologyError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
+    "MeshSpecError", "TensorPlanError", "TopologyError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
 ]
 
 
@@ -136,6 +136,13 @@ class MeshSpecError(JaxckptError):
   """A ``--mesh`` spec (``name=size[,name=size]``) or a multi-process setting is invalid: unknown axis name,
   malformed or non-positive size, repeated axis, a product of sizes that is not the device count, or a batch size
   the mesh cannot split."""
+
+
+class TensorPlanError(JaxckptError):
+  """A tensor plan (``tensor_plan=`` of :func:`jaxckpt.nnx_model_target`, :class:`jaxckpt.sharding.TensorPlan`) is
+  invalid: a malformed entry, an unknown style, a pattern that matches no layer of the model (the message lists some
+  of its layers), a layer given two styles, a parameter whose shape no style splits or whose axes are named already,
+  or an automatic plan that finds no attention/MLP pair in a block."""
 
 
 class TopologyError(JaxckptError):

@@ -190,15 +190,25 @@ def target():
 
 def _target_package(root: Path) -> None:
   package = root / "mypkg"
-  package.mkdir()
+  package.mkdir(exist_ok=True)
   (package / "__init__.py").write_text("")
   (package / "targets.py").write_text(_TARGET_SOURCE)
+
+
+def _llama_package(root: Path) -> None:
+  """``mypkg/llama.py``: the Llama of docs/sharding.md's tensor-plan example, written as public Flax code writes one
+  (the tests' own: ``tests/sharding/own_llama.py``)."""
+  package = root / "mypkg"
+  package.mkdir(exist_ok=True)
+  (package / "__init__.py").write_text("")
+  (package / "llama.py").write_text((REPO / "tests" / "sharding" / "own_llama.py").read_text())
 
 
 SETUP: tuple[tuple[str, Callable[[Path], None]], ...] = (
     (r"my_images\.npz", _npz_images),
     (r"my_texts/", _text_corpus),
     (r"mypkg\.targets:", _target_package),
+    (r"mypkg\.llama:", _llama_package),
 )
 """``(pattern, make)``: when a block's commands match, ``make(workdir)`` creates the user's files first."""
 

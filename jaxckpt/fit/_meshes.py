@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
+from jaxckpt.sharding._tensor_plan import tensor_split_sizes
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
@@ -95,8 +96,10 @@ def mesh_shapes(chips: int, *, max_tensor: int = DEFAULT_MAX_TENSOR, tensor_divi
 
 
 def state_bytes(target: Target) -> tuple[int, int, int | None, bool]:
-  """``(parameter bytes, train-state bytes, attention heads or None, uses tensor)`` of a model target, from its
-  abstract model (``nnx.eval_shape``, nothing allocated): state = :data:`STATE_COPIES` × parameter bytes.
+  """``(parameter bytes, train-state bytes, a count every tensor size must divide or None, uses tensor)`` of a model
+  target, from its abstract model (``nnx.eval_shape``, nothing allocated): state = :data:`STATE_COPIES` × parameter
+  bytes; the count is the greatest common divisor of the model's attention heads (``num_heads``) and the dimensions
+  its tensor plan splits (:func:`jaxckpt.sharding.tensor_split_sizes`), ``None`` when it has neither.
 
   Raises:
     JaxckptError: a loss target (it has no model to read).
@@ -109,7 +112,8 @@ def state_bytes(target: Target) -> tuple[int, int, int | None, bool]:
   names = {n for v in leaves for n in (param_logical_axes(v) or ()) if n is not None}
   uses_tensor = any("tensor" in LOGICAL_RULES[n] for n in names)
   heads = getattr(model, "num_heads", None)
-  return params, STATE_COPIES * params, heads, uses_tensor
+  divides = math.gcd(*([heads] if heads else []), *(n for _, n in tensor_split_sizes(model)))
+  return params, STATE_COPIES * params, divides or None, uses_tensor
 
 
 @dataclasses.dataclass(frozen=True)

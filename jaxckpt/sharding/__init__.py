@@ -4,6 +4,9 @@
   :data:`MESH_AXES`, :func:`make_mesh`, and :func:`mesh_shape`, the one helper that gives a mesh's ``{axis: size}``.
 - **Logical axis rules** (:mod:`~jaxckpt.sharding._rules`): a model names its axes (``embed``, ``heads``, ``mlp``…)
   and one table, :data:`LOGICAL_RULES`, maps names to mesh axes (MaxText's ``logical_axis_rules``).
+- **Tensor plans** (:mod:`~jaxckpt.sharding._tensor_plan`): a ``tensor`` axis for your own model without logical
+  names: :class:`TensorPlan` names layers by path, ``colwise`` or ``rowwise`` (PyTorch's ``parallelize_module``
+  plans; Megatron-LM's pairs), and writes the rule table's names onto their parameters when the model is built.
 - **State and batch shardings** (:mod:`~jaxckpt.sharding._state`): the FSDP rule, state shardings by logical names,
   parameters gathered where the model computes with them.
 - **Multi-process runs** (:mod:`~jaxckpt.sharding._distributed`): ``jax.distributed``, the rows each process feeds,
@@ -27,6 +30,9 @@ from jaxckpt.sharding._mesh import (BATCH_AXES, MESH_AXES, check_batch_size, for
 from jaxckpt.sharding._placement import (DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_ENV, MemoryFraction, Placement,
                                          device_memory, memory_fraction, resolve_placement)
 from jaxckpt.sharding._rules import LOGICAL_NAMES, LOGICAL_RULES, constrain, logical_spec, param_logical_axes
+from jaxckpt.sharding._tensor_plan import (TENSOR_PLAN_GRAMMAR, TENSOR_STYLES, PlannedParam, TensorPlan,
+                                           check_tensor_splits, parse_tensor_plan, planned_params,
+                                           tensor_split_sizes)
 from jaxckpt.sharding._state import (batch_sharding, batch_shardings, fsdp_partition, gather_params_in_loss,
                                      gathered_in_use_paths, gathered_params, param_partition, shard_state,
                                      stacked_layer_paths, state_partition_specs, state_shardings, step_shardings)
@@ -41,6 +47,9 @@ __all__ = [
     "mesh_device_kind", "check_batch_size",
     # logical axis rules
     "LOGICAL_RULES", "LOGICAL_NAMES", "logical_spec", "constrain", "param_logical_axes",
+    # tensor plans: a tensor axis for a model without logical names
+    "TensorPlan", "PlannedParam", "parse_tensor_plan", "TENSOR_PLAN_GRAMMAR", "TENSOR_STYLES", "planned_params",
+    "tensor_split_sizes", "check_tensor_splits",
     # state and batch shardings
     "fsdp_partition", "param_partition", "stacked_layer_paths", "gathered_in_use_paths", "state_partition_specs",
     "state_shardings", "batch_sharding", "batch_shardings", "step_shardings", "gathered_params",

@@ -1,7 +1,8 @@
 """The step core: what every tool compiles. Below the report, the planner and the experiments; above layers and
 policies.
 
-- Targets (:mod:`jaxckpt.step._targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch),
+- Targets (:mod:`jaxckpt.step._targets`): :class:`ModelTarget` (an NNX model, its loss, an example batch, and
+  optionally a tensor plan; ``"auto"`` resolved by :func:`auto_tensor_plan`),
   :class:`LossTarget` (a pure loss that applies policies itself), :func:`shipped_target`, :func:`load_target`.
 - The train step under a policy (:mod:`jaxckpt.step._build`): :func:`policy_step` -> :class:`PolicyStep`, from
   shapes only; :func:`concrete_inputs` allocates real ones.
@@ -33,6 +34,7 @@ from jaxckpt.step._compile import (
     step_compiler_options,
     xla_raw_flops,
 )
+from jaxckpt.step._auto_plan import auto_tensor_plan
 from jaxckpt.step._targets import (
     DEFAULT_BATCH_SIZE,
     SHIPPED_MODELS,
@@ -46,6 +48,7 @@ from jaxckpt.step._targets import (
 )
 
 __all__ = [
+    "auto_tensor_plan",
     "PolicyStep",
     "StepBuilder",
     "concrete_inputs",

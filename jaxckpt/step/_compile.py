@@ -298,24 +298,33 @@ def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
 
 def check_mesh_use(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> None:
   """Refuses a mesh axis the target cannot use: a ``tensor`` axis of size > 1 needs parameters that carry logical
-  axis names splitting over it (:mod:`jaxckpt.sharding._rules`: the LLM family's heads, MLP width and vocabulary);
-  without them every tensor rank would run the whole model on the same batch.
+  axis names splitting over it (:mod:`jaxckpt.sharding._rules`: the LLM family's heads, MLP width and vocabulary, or
+  the names a model target's tensor plan writes, :class:`jaxckpt.sharding.TensorPlan`); without them every tensor
+  rank would run the whole model on the same batch. A ``tensor`` size that does not divide a dimension the plan
+  splits is refused too (:func:`jaxckpt.sharding.check_tensor_splits`).
 
   Raises:
-    MeshSpecError: one line naming the axis, the target and what would use it.
+    MeshSpecError: one line naming the axis, the target and what would use it (for a model target: a tensor plan).
   """
   size = 0 if mesh is None else sharding.mesh_shape(mesh).get("tensor", 1)
   if size <= 1:
     return
   if builder.is_model:
-    from_names = {name for leaf in jax.tree.leaves(nnx.state(builder.abstract_model, nnx.Param),
+    model = builder.abstract_model
+    from_names = {name for leaf in jax.tree.leaves(nnx.state(model, nnx.Param),
                                                    is_leaf=lambda x: isinstance(x, nnx.Variable))
                   for name in (param_logical_axes(leaf) or ()) if name is not None}
     if any("tensor" in LOGICAL_RULES[name] for name in from_names):
+      sharding.check_tensor_splits(model, sharding.mesh_shape(mesh))
       return
-  raise MeshSpecError(f"mesh axis tensor={size} splits parameters by their logical axis names (heads, mlp, vocab), "
-                      f"but no parameter of {builder.target.name} carries one: use data/fsdp axes for it (the llm "
-                      "model family, or your own parameters annotated with nnx.with_partitioning, can use tensor)")
+    raise MeshSpecError(f"mesh axis tensor={size} splits parameters by their logical axis names, but no parameter "
+                        f"of {builder.target.name} carries one: give the target a tensor plan naming the layers to "
+                        "split, nnx_model_target(..., tensor_plan={'layers/*/attn/q_proj': 'colwise', ..., "
+                        "'layers/*/attn/o_proj': 'rowwise'}) or tensor_plan='auto' (docs/sharding.md), or use "
+                        "data/fsdp axes only")
+  raise MeshSpecError(f"mesh axis tensor={size} splits parameters by their logical axis names, and the loss target "
+                      f"{builder.target.name} has none (its parameters are plain arrays): use data/fsdp axes for it, "
+                      "or make it an NNX model target with a tensor plan (nnx_model_target(..., tensor_plan=...))")
 
 
 def step_builder(target: Target, *, tx: optax.GradientTransformation | None = None,

@@ -56,6 +56,8 @@ from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.core._structure import parse_structure
 from jaxckpt.models._classifiers import classification_loss
 from jaxckpt.training._train import LossFn, plain_loss_fn
+from jaxckpt.sharding._tensor_plan import TensorPlan, parse_tensor_plan
+from jaxckpt.step._auto_plan import auto_tensor_plan
 
 __all__ = [
     "ModelTarget",
@@ -103,6 +105,16 @@ class ModelTarget:
     metrics: the step also returns the loss function's metrics and the ``finite`` flag (a training loop reads
       them: the experiments set it). ``False`` (default): the plain step a user writes — ``jax.value_and_grad`` of
       the loss and one optimizer update — which the report and the planner compile.
+    tensor_plan: which layers a ``tensor`` mesh axis splits, for a model whose parameters carry no logical axis
+      names (:class:`jaxckpt.sharding.TensorPlan`; text in :data:`jaxckpt.sharding.TENSOR_PLAN_GRAMMAR`,
+      ``{pattern: style}``, or ``"auto"``: Megatron pairs found in each block by :func:`auto_tensor_plan`, which
+      traces the loss once here and prints the plan it chose). Parsed here, once: afterwards the attribute is a
+      ``TensorPlan`` with rules, and ``make_model`` builds the model with the plan's logical names on its
+      parameters (:meth:`TensorPlan.apply`), so every tool that builds it shards by them. ``None``: no plan.
+
+  Raises:
+    JaxckptError: ``loss_fn`` not callable.
+    TensorPlanError: a malformed ``tensor_plan``; for ``"auto"``, a model without Megatron pairs in its blocks.
   """
 
   make_model: Callable[[], nnx.Module]
@@ -114,11 +126,32 @@ class ModelTarget:
   grad_accum_steps: int = 1
   skip_nonfinite: bool = False
   metrics: bool = False
+  tensor_plan: "TensorPlan | str | Mapping[str, str] | None" = None
 
   def __post_init__(self):
     if not callable(self.loss_fn):
       raise JaxckptError(f"ModelTarget(loss_fn={self.loss_fn!r}) must be callable: loss_fn(model, batch) -> scalar")
     object.__setattr__(self, "loss_fn", plain_loss_fn(self.loss_fn))
+    plan = parse_tensor_plan(self.tensor_plan)
+    build = self.make_model.build if isinstance(self.make_model, PlannedBuild) else self.make_model
+    if plan is not None and plan.auto:
+      plan = auto_tensor_plan(build, self.loss_fn, self.batch, name=self.name)
+    object.__setattr__(self, "tensor_plan", plan)
+    object.__setattr__(self, "make_model", build if plan is None else PlannedBuild(build, plan))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBuild:
+  """``() -> nnx.Module``: ``build()``'s model with ``plan``'s logical names written onto its parameters
+  (:meth:`jaxckpt.sharding.TensorPlan.apply`); what :class:`ModelTarget` keeps as ``make_model`` when it has a tensor
+  plan (a ``dataclasses.replace`` unwraps it, so a plan is never applied twice)."""
+
+  build: Callable[[], nnx.Module]
+  plan: TensorPlan
+
+  def __call__(self) -> nnx.Module:
+    graphdef, state = nnx.split(self.build())  # fresh Variables (the arrays shared): never the caller's objects, and
+    return self.plan.apply(nnx.merge(graphdef, state, copy=True))  # ones this trace may write metadata to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,6 +412,7 @@ def nnx_model_target(
     blocks: Mapping[str, Any] | None = None,
     inputs: Callable[[Any], tuple] | None = None,
     name: str | None = None,
+    tensor_plan: "TensorPlan | str | Mapping[str, str] | None" = None,
 ) -> ModelTarget:
   """Your own NNX model as a report/planner/fit target without glue: the model, an example batch and a loss.
 
@@ -398,6 +432,13 @@ def nnx_model_target(
     blocks: block type -> your block class (or predicate), as :func:`jaxckpt.nnx.apply_remat` takes it.
     inputs: ``batch -> tuple`` of the model's positional inputs (defaults as :func:`linen_model_target`).
     name: shown as the report's ``model``; ``None``: the model's class name.
+    tensor_plan: for a ``tensor`` mesh axis on a model whose parameters carry no logical axis names: which layers
+      it splits, ``colwise`` or ``rowwise`` (PyTorch's ``parallelize_module`` plans, Megatron-LM's pairs):
+      ``{"layers/*/attn/q_proj": "colwise", ..., "layers/*/attn/o_proj": "rowwise"}``, the same as text
+      (:data:`jaxckpt.sharding.TENSOR_PLAN_GRAMMAR`, e.g. from a target function's keyword argument), a
+      :class:`jaxckpt.sharding.TensorPlan`, or ``"auto"`` (the attention and MLP pairs of each block of
+      ``blocks=``, found by tracing the loss: :func:`jaxckpt.step.auto_tensor_plan`, which prints its plan).
+      Checked against the model here. ``None``: no plan (a ``tensor`` axis is then refused at compile time).
 
   Returns:
     The :class:`ModelTarget`.
@@ -406,11 +447,14 @@ def nnx_model_target(
     JaxckptError: ``model`` is a Linen module (use :func:`linen_model_target`) or neither a module nor a function
       returning one; the errors of the named losses (as :func:`linen_model_target`); what
       :func:`jaxckpt.nnx.apply_remat` raises for ``blocks=``.
+    TensorPlanError: a malformed ``tensor_plan``, a pattern that matches no layer of the model (its layers listed),
+      a matched parameter no style splits; for ``"auto"``, blocks that are not Megatron pairs.
 
   Example::
 
     >>> target = nnx_model_target(lambda: MyLM(cfg, rngs=nnx.Rngs(0)), jax.ShapeDtypeStruct((8, 129), jnp.int32),
-    ...                           loss="next_token", blocks={"layer": DecoderLayer})
+    ...                           loss="next_token", blocks={"layer": DecoderLayer},
+    ...                           tensor_plan="layers/*/attn/q_proj=colwise,layers/*/attn/o_proj=rowwise")
   """
   if isinstance(model, (nn.Module, RematModule)):
     raise JaxckptError(f"nnx_model_target got a Flax Linen module ({type(model).__name__}); for Linen use "
@@ -436,7 +480,10 @@ def nnx_model_target(
   def loss_fn(m: nnx.Module, b: Any) -> jax.Array:
     return loss_of(m(*inputs(b)), b)
 
-  return ModelTarget(make, batch, loss_fn, name=name or module_name)
+  target = ModelTarget(make, batch, loss_fn, name=name or module_name, tensor_plan=tensor_plan)
+  if target.tensor_plan is not None:
+    nnx.eval_shape(target.make_model)  # a pattern that matches nothing is refused here, not at the first compile
+  return target
 
 
 def shipped_target(
