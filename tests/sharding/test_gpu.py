@@ -12,7 +12,6 @@ import json
 import os
 from importlib import metadata
 
-import jax
 import pytest
 
 import jaxckpt
