@@ -37,7 +37,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.names import DECODER_NAMES
 from jaxckpt.models._registry import MODEL_REGISTRY, LanguageModelEntry, model_entry
 from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
-from jaxckpt.nnx._layers import ATTENTION_IMPLEMENTATIONS
+from jaxckpt.nnx import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
 from jaxckpt.step import ModelTarget
 

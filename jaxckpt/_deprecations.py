@@ -23,8 +23,6 @@ import types
 import warnings
 from collections.abc import Callable, Mapping
 
-__all__ = ["PUBLIC_FACES", "MOVED_MODULES", "MovedModule", "forward_names", "public_path", "install_moved_modules"]
-
 PUBLIC_FACES: tuple[str, ...] = (
     "jaxckpt", "jaxckpt.nnx", "jaxckpt.linen", "jaxckpt.models", "jaxckpt.models.llm", "jaxckpt.policies",
     "jaxckpt.step", "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.cli",

@@ -25,8 +25,6 @@ from typing import Any, Literal
 
 from jaxckpt.errors import JaxckptError  # no JAX import: check_env runs before JAX reads the env
 
-__all__ = ["REMAT2", "REMAT3", "ENV_VAR", "check_env", "remat_implementation"]
-
 REMAT2 = "remat2"
 """JAX's default remat implementation (primitive ``remat2``)."""
 REMAT3 = "remat3"

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "parse_bytes", "UNITS"]
-
 UNITS: dict[str, int] = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 """Binary unit -> bytes."""
 

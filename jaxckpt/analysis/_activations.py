@@ -17,8 +17,6 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-__all__ = ["parameter_only_residual_bytes", "parameter_only_bytes"]
-
 
 def _nbytes(aval: Any) -> int:
   try:

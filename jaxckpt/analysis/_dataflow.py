@@ -22,8 +22,6 @@ import jax.extend.core as jex_core
 
 from jaxckpt.analysis._jaxprs import sub_jaxprs
 
-__all__ = ["MatmulRead", "matmul_reads"]
-
 PASS_WEIGHT = frozenset({"convert_element_type", "copy", "copy_p", "sharding_constraint", "reshard", "mesh_cast",
                          "optimization_barrier"})
 """Primitives whose output is still the weight they take (a dtype cast, a copy, a sharding constraint)."""

@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RESIDUAL_RATIO", "TEMP_RATIO", "row_warning", "annotate_rows", "no_effect", "CPU_FIX"]
-
 RESIDUAL_RATIO = 0.5
 """A row's residual bytes at most this share of ``none``'s count as "the analysis says it saves a lot"."""
 TEMP_RATIO = 0.9

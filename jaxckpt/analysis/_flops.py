@@ -98,8 +98,6 @@ import numpy as np
 from jaxckpt.analysis._internals import dce_jaxpr
 from jaxckpt.analysis._jaxprs import sub_jaxprs
 
-__all__ = ["FlopCount", "count_flops", "count_live_flops", "jaxpr_flops", "live_jaxpr", "equation_flops"]
-
 
 @dataclasses.dataclass(frozen=True)
 class FlopCount:

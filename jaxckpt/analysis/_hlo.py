@@ -46,10 +46,6 @@ import numpy as np
 
 from jaxckpt.errors import JaxckptError, shorten
 
-__all__ = ["HOST_MEMORY_SPACE", "COLLECTIVE_KINDS", "HloParseError", "ArrayShape", "HloInstruction",
-           "HloComputation", "HloModule", "HloExecution", "Collective", "HostTransfer", "HloTotals", "parse_hlo",
-           "read_compiled", "replica_groups"]
-
 HOST_MEMORY_SPACE = 5
 """The memory space XLA gives host memory (``S(5)`` in a layout; ``Layout::kHostMemorySpace``): a buffer there lives in
 the host's (pinned) memory, not the device's."""

@@ -20,10 +20,6 @@ import jax.extend.core as jex_core
 
 from jaxckpt.analysis._internals import internal
 
-__all__ = ["CUSTOM_CALLS", "LAYOUT_ONLY", "iter_eqns", "sub_jaxprs", "rule_jaxprs", "uses_remat", "outermost_remats",
-           "emitted_checkpoint_names", "is_remat", "remat_body", "remat_policy", "checkpoint_name_of",
-           "REMAT_FORMS", "is_differentiated_remat3", "count_remat_regions", "SHARED_CALLS", "inline_calls"]
-
 SHARED_CALLS: tuple[str, ...] = ("jaxckpt_shared_layer", "jaxckpt_layer_slices")
 """Names of the ``jax.jit`` calls an analysis trace makes only to share traces between identical unrolled layers
 (:func:`jaxckpt.core._structure.shared_layer_traces`); :func:`inline_calls` replaces them by their bodies, so the

@@ -26,8 +26,6 @@ from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.errors import PolicySpecError
 from jaxckpt._remat_impl import ENV_VAR, REMAT3, remat_implementation
 
-__all__ = ["is_data_policy", "check_policy", "probe", "PROMISES", "saved_kinds", "check_policy_meaning", "broken_policies", "KINDS"]
-
 KINDS = ("named_a", "named_b", "dot", "batch_dot", "other", "offloaded")
 """What :func:`probe` can save: ``named_a``/``named_b`` (the checkpoint-named values), ``dot`` (an unnamed matmul
 output without batch dimensions), ``batch_dot`` (a matmul output with a batch dimension), ``other`` (an unnamed

@@ -7,8 +7,6 @@ from typing import Any
 
 from jaxckpt._units import format_bytes
 
-__all__ = ["memory_table", "policy_summary"]
-
 _ROWS = (
     ("argument", "argument_bytes", "host_argument_bytes"),
     ("output", "output_bytes", "host_output_bytes"),

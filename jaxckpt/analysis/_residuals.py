@@ -51,21 +51,6 @@ import numpy as np
 from jaxckpt.analysis._internals import saved_residuals_parts
 from jaxckpt.analysis._jaxprs import inline_calls, is_remat, remat_body
 
-__all__ = [
-    "KINDS",
-    "GROUP_BY",
-    "Residual",
-    "ResidualGroup",
-    "saved_residuals",
-    "traced_residuals",
-    "TracedResiduals",
-    "parse_residual",
-    "group_residuals",
-    "total_residual_bytes",
-    "scale_residuals",
-    "recomputed_residuals",
-]
-
 KINDS: tuple[str, ...] = ("argument", "checkpoint_name", "primitive", "scan_output", "other")
 """Every value ``Residual.kind`` can take."""
 

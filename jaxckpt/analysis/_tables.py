@@ -20,8 +20,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["DEFAULT_WIDTH", "terminal_width", "render_table", "fit_widths", "wrap_lines", "short_labels"]
-
 DEFAULT_WIDTH = 100
 """Characters per line when neither ``COLUMNS`` nor a terminal says otherwise."""
 

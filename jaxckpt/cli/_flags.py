@@ -12,8 +12,9 @@ from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.sharding import (CHIPS, DEFAULT_MEMORY_FRACTION, Placement, check_topology_name, memory_fraction,
                               parse_topology, resolve_placement)
 from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
-from jaxckpt.models._registry import COMPUTE_DTYPES
-from jaxckpt.step._targets import DEFAULT_BATCH_SIZE, SHIPPED_MODELS, Target, load_target, shipped_target
+from jaxckpt.models._configs import COMPUTE_DTYPES
+from jaxckpt.models._registry import DEFAULT_BATCH_SIZE
+from jaxckpt.step._targets import SHIPPED_MODELS, Target, load_target, shipped_target
 from jaxckpt.sharding import TOPOLOGY_FORMS
 
 

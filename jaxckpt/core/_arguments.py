@@ -16,8 +16,6 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["SplitArguments", "split_arguments", "is_array"]
-
 
 def is_array(leaf: Any) -> bool:
   """Whether a pytree leaf is traced (a JAX or NumPy array or NumPy scalar); everything else is static."""

@@ -64,10 +64,6 @@ from jaxckpt.analysis._jaxprs import checkpoint_name_of
 from jaxckpt.core._tagging import evaluate_tagged, walk_values
 from jaxckpt.errors import JaxckptError, PolicySpecError
 
-__all__ = ["NNX_LAYERS", "LINEN_LAYERS", "AUTO", "ALL", "NameRule", "names_rule", "auto_named", "layer_axes",
-           "path_name", "tag_output", "PROJECTIONS", "names_parts", "mark_layer_call", "mark_layer_return",
-           "outside_parts", "tag_parts", "part_names"]
-
 NNX_LAYERS: tuple[type, ...] = tuple(
     cls for cls in (
         getattr(nnx, "Linear", None), getattr(nnx, "LinearGeneral", None), getattr(nnx, "Einsum", None),

@@ -28,23 +28,6 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 
-__all__ = [
-    "ATTENTION_IMPLEMENTATIONS",
-    "attention_checkpoint_names",
-    "check_attention",
-    "check_dropout_rate",
-    "dropout",
-    "split_key",
-    "attention",
-    "mlp",
-    "conv",
-    "transformer",
-    "BlockMath",
-    "AttentionMath",
-    "MLPMath",
-    "ConvMath",
-]
-
 Layer = Callable[[jax.Array], jax.Array]
 """A sublayer applied as a function, its weights bound (e.g. an ``nnx.Linear`` or a bound ``nn.Dense``)."""
 Sublayer = Callable[..., jax.Array]

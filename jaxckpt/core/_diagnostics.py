@@ -34,8 +34,6 @@ from jaxckpt.analysis._jaxprs import CUSTOM_CALLS, emitted_checkpoint_names, sub
 from jaxckpt.policies._spec import DEFAULT_BLOCK, Policy, PolicySpec, parse_policy
 from jaxckpt.analysis._residuals import Residual, saved_residuals, total_residual_bytes
 
-__all__ = ["RematPolicyWarning", "DOTS_POLICIES", "policy_warnings", "warn_policy"]
-
 DOTS_POLICIES: tuple[str, ...] = (
     "dots_saveable",
     "dots_with_no_batch_dims_saveable",

@@ -22,9 +22,6 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["FrontEnd", "register_front_end", "front_end_of", "apply_remat", "set_policy", "with_policy",
-           "block_types"]
-
 
 @dataclasses.dataclass(frozen=True)
 class FrontEnd:

@@ -16,8 +16,6 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.policies._spec import DEFAULT_BLOCK
 from jaxckpt.policies._spec import is_name
 
-__all__ = ["block_matchers", "block_matcher", "describe_blocks_value"]
-
 
 def block_matchers(blocks: Any, *, front_end: str = "nnx", unwrap: Callable[[type], type] = lambda cls: cls
                    ) -> dict[str, Callable[[tuple, Any], bool]]:

@@ -25,8 +25,6 @@ from jaxckpt.core._autonames import tag_parts
 from jaxckpt.sharding._rules import gather_block_state, gathering
 from jaxckpt.core._tagging import tag_values
 
-__all__ = ["checkpoint", "remat", "Remat", "remat_calls"]
-
 _REMAT_CALLS: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("jaxckpt_remat_calls", default=None)
 
 

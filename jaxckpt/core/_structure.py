@@ -36,9 +36,6 @@ import jax.numpy as jnp
 
 from jaxckpt.errors import JaxckptError, closest
 
-__all__ = ["Structure", "parse_structure", "STRUCTURE_KINDS", "apply_layers", "apply_segments", "loop",
-           "shared_layer_traces"]
-
 LayerFn = Callable[[Any, Any], tuple[Any, Any]]
 """``(carry, layer_i) -> (carry, out_i)``: applies one layer, ``layer_i`` its slice of the stacked inputs (parameters,
 dropout key...), ``out_i`` a pytree to stack over layers (e.g. new non-parameter state) or ``None``."""

@@ -29,9 +29,6 @@ from jax.extend import core as jex_core
 
 from jaxckpt.analysis._internals import source_info_util
 
-__all__ = ["tag_values", "walk_values", "walk_top_level", "value_name", "parse_value_name", "ValueInfo",
-           "record_tagged", "recording", "evaluate_tagged", "evaluate_equations", "TAG_PREFIX"]
-
 TAG_PREFIX = "t"
 """Automatic names are ``t<index>_<primitive>``."""
 

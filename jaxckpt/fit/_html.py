@@ -16,8 +16,6 @@ from jaxckpt.fit._plot import fit_svg
 from jaxckpt.analysis._pages import SORT_JS, table_data, template_env
 from jaxckpt._units import format_bytes
 
-__all__ = ["to_html"]
-
 _ENV = template_env("jaxckpt.fit")
 
 

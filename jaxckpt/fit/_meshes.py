@@ -50,8 +50,6 @@ from jaxckpt.sharding import format_mesh
 from jaxckpt.sharding import MemoryFraction, Topology, resolve_placement
 from jaxckpt._units import format_bytes
 
-__all__ = ["MeshOption", "MeshSearch", "mesh_shapes", "search_meshes", "state_bytes"]
-
 DEFAULT_MAX_MESHES = 3
 """Meshes fitted (compiled) by default, the best by the lower bound of their step time."""
 

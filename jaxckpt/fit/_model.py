@@ -16,8 +16,6 @@ import numpy as np
 
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["AffineModel", "fit_affine", "line_through", "tangent_at_crossing"]
-
 
 @dataclasses.dataclass(frozen=True)
 class AffineModel:

@@ -52,10 +52,6 @@ from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.step._compile import boundary_names, checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
 
-__all__ = ["CUSTOM_SEARCH", "NameCost", "CustomPlan", "CustomSearch", "name_costs", "custom_plans", "custom_policy",
-           "predicted_footprint", "offload_excess", "name_lists", "DEFAULT_CUSTOM_LISTS", "custom_table",
-           "FULL_REMAT_POLICIES", "MAX_SEARCHED_NAMES"]
-
 CUSTOM_SEARCH = "custom:search"
 """The fit planner's policy token for MaxText's ``custom`` lists chosen by the time model (module docstring)."""
 

@@ -26,8 +26,6 @@ from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
 from jaxckpt._units import format_bytes
 
-__all__ = ["GlobalChoice", "FitPlan", "plan_fit", "measure_candidates", "spread", "tensor_bytes_per_example"]
-
 
 @dataclasses.dataclass(frozen=True)
 class GlobalChoice:

@@ -9,8 +9,6 @@ from typing import Any
 from jaxckpt.fit._plan import FitPlan
 from jaxckpt._units import format_bytes
 
-__all__ = ["fit_figure", "plot_fit", "fit_svg"]
-
 
 def fit_figure(plan: FitPlan) -> Any:
   """The matplotlib figure (Agg backend): per policy its compiled points and line, where it crosses the memory.

@@ -45,10 +45,6 @@ from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_ta
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
 
-__all__ = ["FitPoint", "BatchFit", "NothingFitsError", "nothing_fits_error", "DEFAULT_POLICIES", "batch_size_of",
-           "with_batch", "compile_point", "exhausted_bytes", "batch_unit", "resolve_memory",
-           "max_batch_size", "max_seq_len", "with_seq_len", "fit_policies"]
-
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 """The policies the fit planner compares by default: the built-in ones that apply to any model without arguments —
 no remat, full remat and the two matmul-saving ones (about 3–4 compiles each). Left out, with the reason:

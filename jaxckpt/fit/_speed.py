@@ -62,9 +62,6 @@ from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
 from jaxckpt.sharding import CHIPS, chip_for_kind, gpu_axis_links
 
-__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "calibrate", "measure_cpu", "Candidate", "candidates",
-           "collective_bytes", "estimate_step"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:

@@ -15,7 +15,7 @@ import flax.linen as _nn
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.core._frontends import FrontEnd as _FrontEnd, register_front_end as _register
-from jaxckpt.linen._apply import RematModule
+from jaxckpt.linen._apply import RematModule, apply_remat
 from jaxckpt.linen._layers import (
     AttentionBlock,
     ConvBlock,
@@ -23,7 +23,6 @@ from jaxckpt.linen._layers import (
     RematBlock,
     Stack,
     TransformerBlock,
-    apply_remat,
     block_types,
     linen_params_from_nnx,
     nnx_update_from_linen,

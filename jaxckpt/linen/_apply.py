@@ -67,8 +67,6 @@ from jaxckpt.analysis._jaxprs import checkpoint_name_of, sub_jaxprs
 from jaxckpt.policies._spec import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec
 from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
 
-__all__ = ["RematModule", "apply_remat", "block_types", "traced_block_types", "group_layers", "traced_block_paths"]
-
 
 @dataclasses.dataclass
 class _Run:

@@ -53,23 +53,8 @@ from jaxckpt import names
 from jaxckpt.core import _blocks as blocks
 from jaxckpt.errors import JaxckptError
 from jaxckpt.linen import _apply as _own
-from jaxckpt.linen._apply import apply_remat  # your own Linen model, unedited (re-exported)
 from jaxckpt.policies._spec import PolicySpec, parse_policy
 from jaxckpt.core._structure import apply_layers, parse_structure
-
-__all__ = [
-    "apply_remat",
-    "RematBlock",
-    "AttentionBlock",
-    "MLPBlock",
-    "ConvBlock",
-    "TransformerBlock",
-    "Stack",
-    "block_types",
-    "with_policy",
-    "linen_params_from_nnx",
-    "nnx_update_from_linen",
-]
 
 PolicyLike = "str | Policy | PolicySpec | None"
 

@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
-from jaxckpt.models._classifiers import classification_loss
+from jaxckpt.models._classifiers import (DEFAULT_BATCH_SIZE, IMAGE_SHAPE, NUM_CLASSES, ImageClassifier,
+                                         classification_loss)
+from jaxckpt.models._configs import COMPUTE_DTYPES
 
 from jaxckpt.models._registry import (
     ViTConfig,
@@ -17,7 +19,6 @@ from jaxckpt.models._registry import (
     ViT,
     ResidualMLP,
     ResidualCNN,
-    ImageClassifier,
     MODELS,
     ModelEntry,
     ClassifierEntry,
@@ -25,10 +26,6 @@ from jaxckpt.models._registry import (
     MODEL_REGISTRY,
     model_entry,
     build_model,
-    COMPUTE_DTYPES,
-    IMAGE_SHAPE,
-    NUM_CLASSES,
-    DEFAULT_BATCH_SIZE,
 )
 from jaxckpt.models._gpt import (
     GPTConfig,

@@ -25,9 +25,6 @@ from jaxckpt.models._configs import compute_dtype as _dtype
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx._layers import ConvBlock, MLPBlock, Stack, TransformerBlock
 
-__all__ = ["ViTConfig", "MLPConfig", "CNNConfig", "ViT", "ResidualMLP", "ResidualCNN", "ImageClassifier",
-           "IMAGE_SHAPE", "NUM_CLASSES", "DEFAULT_BATCH_SIZE", "classification_loss"]
-
 IMAGE_SHAPE: tuple[int, int, int] = (8, 8, 1)
 """``(H, W, C)`` of the shipped image models' inputs: scikit-learn's digits, as the classifier experiment uses."""
 NUM_CLASSES = 10

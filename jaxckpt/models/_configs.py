@@ -18,9 +18,6 @@ from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS, check_attention, che
 from jaxckpt.errors import JaxckptError, closest
 from jaxckpt.core._structure import parse_structure
 
-__all__ = ["COMPUTE_DTYPES", "compute_dtype", "dtype_named", "check_config", "check_fields", "override",
-           "unknown_preset"]
-
 COMPUTE_DTYPES: dict[str, jnp.dtype] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 """Dtype name -> dtype, for compute dtypes (every model) and weight dtypes (the LLM family's ``weight_dtype``; the
 other models keep float32 parameters)."""

@@ -38,8 +38,6 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx._layers import Stack, TransformerBlock, set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
 
-__all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "GPT_BLOCK_TYPES", "build_gpt", "lm_loss", "lm_batch_struct"]
-
 GPT_BLOCK_TYPES: tuple[str, ...] = ("attn", "mlp")
 """Block types of :class:`GPT` (policy specs like ``attn=dots_saveable,mlp=full`` name these)."""
 

@@ -22,8 +22,6 @@ from flax import nnx
 
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["AuxTask", "AUX_TASKS", "aux_task", "MultiTaskClassifier", "multitask_loss"]
-
 
 @dataclasses.dataclass(frozen=True)
 class AuxTask:

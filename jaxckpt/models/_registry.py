@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.models import _gpt as gpt
-from jaxckpt.models._configs import COMPUTE_DTYPES, override, unknown_preset
+from jaxckpt.models._configs import override, unknown_preset
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx._layers import set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
@@ -39,29 +39,7 @@ from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
 from jaxckpt.models.llm._loss import llm_loss
 from jaxckpt.models.llm._model import LLM, LLM_BLOCK_TYPES
 from jaxckpt.models._classifiers import (CNNConfig, DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MLPConfig, NUM_CLASSES, ResidualCNN,
-                                         ResidualMLP, ViT, ViTConfig, ImageClassifier,
-                                         classification_loss)
-
-__all__ = [
-    "ViTConfig",
-    "MLPConfig",
-    "CNNConfig",
-    "ViT",
-    "ResidualMLP",
-    "ResidualCNN",
-    "ImageClassifier",
-    "MODELS",
-    "ModelEntry",
-    "ClassifierEntry",
-    "LanguageModelEntry",
-    "MODEL_REGISTRY",
-    "model_entry",
-    "build_model",
-    "COMPUTE_DTYPES",
-    "IMAGE_SHAPE",
-    "NUM_CLASSES",
-    "DEFAULT_BATCH_SIZE",
-]
+                                         ResidualMLP, ViT, ViTConfig, classification_loss)
 
 @dataclasses.dataclass(frozen=True)
 class ModelEntry:

@@ -21,8 +21,8 @@ from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.core._frontends import FrontEnd as _FrontEnd, register_front_end as _register
 from jaxckpt.errors import JaxckptError as _JaxckptError
 from jaxckpt.nnx._apply import apply_remat, checkpoint_names
+from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.nnx._layers import (
-    ATTENTION_IMPLEMENTATIONS,
     AttentionBlock,
     ConvBlock,
     MLPBlock,

@@ -58,25 +58,6 @@ from jaxckpt.analysis._jaxprs import checkpoint_name_of, iter_eqns
 from jaxckpt.policies._spec import Policy, PolicySpec, parse_policy
 from jaxckpt.core._remat import Remat, module_call
 
-__all__ = [
-    "BlockMatcher",
-    "apply_remat",
-    "applied_blocks",
-    "applied_block_types",
-    "set_applied_policy",
-    "checkpoint_names",
-    "learn_names",
-    "loss_block_types",
-    "applied_layers",
-    "set_layered_policy",
-    "applied_block_type",
-    "is_applied",
-    "original_class",
-    "model_classes",
-    "no_blocks_error",
-    "linen_error",
-]
-
 BlockMatcher = "type | tuple[type, ...] | Callable[[tuple, nnx.Module], bool]"
 """What ``blocks=`` maps a block type to: an NNX module class, a tuple of classes (``isinstance``), or a predicate
 ``(path, module) -> bool`` where ``path`` is the module's path in the model as a tuple (``('layers', 0, 'attn')``)."""

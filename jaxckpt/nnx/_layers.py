@@ -32,28 +32,11 @@ from jaxckpt import names
 from jaxckpt.core import _blocks as blocks
 from jaxckpt.sharding._rules import BATCH, constrain
 from jaxckpt.nnx._apply import applied_block_types, linen_error, no_blocks_error, set_applied_policy, set_layered_policy
-from jaxckpt.core._blocks import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies._spec import SAVE_TENSORS, PolicySpec, parse_policy
 from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
 from jaxckpt.core._remat import module_call
 from jaxckpt.core._structure import Structure, apply_layers, apply_segments, parse_structure
-
-__all__ = [
-    "RematBlock",
-    "AttentionBlock",
-    "MLPBlock",
-    "ConvBlock",
-    "TransformerBlock",
-    "Stack",
-    "block_types",
-    "remat_blocks",
-    "set_policy",
-    "record_stack_inputs",
-    "stacks",
-    "shared_block_traces",
-    "ATTENTION_IMPLEMENTATIONS",
-]
 
 PolicyLike = "str | Policy | PolicySpec | None"
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["PlanCache"]
-
 
 @dataclasses.dataclass
 class PlanCache:

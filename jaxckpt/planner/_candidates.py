@@ -38,8 +38,6 @@ from jaxckpt.nnx._layers import Stack, remat_blocks
 from jaxckpt.policies._spec import SAVE_TENSORS, Policy, PolicySpec
 from jaxckpt.analysis._residuals import saved_residuals
 
-__all__ = ["LayerCandidate", "block_options", "LayerProbe", "layer_candidates", "pareto_front", "MAX_SUBSET_NAMES"]
-
 MAX_SUBSET_NAMES = 5
 """Block types emitting at most this many checkpoint names get every subset as a candidate; more get singletons and
 pairs only (the subset count grows as 2^n)."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 from jaxckpt.planner._plan import Plan
 from jaxckpt.policies._spec import OFFLOAD_DST, OFFLOAD_SRC, REGISTRY, SAVE_TENSORS, Policy
 
-__all__ = ["policy_code", "export_code", "linen_export_code"]
-
 
 def _plan_table(ranges, block_types) -> list[str]:
   """The exported ``PLAN = [(first, last, {block type: policy}), ...]`` lines (layers inclusive)."""

@@ -36,8 +36,6 @@ from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.step._targets import LossTarget, Target
 from jaxckpt.step._build import StepBuilder, dropout_key_struct
 
-__all__ = ["own_model_layers", "plan_layers", "OwnModelProbe"]
-
 
 def own_model_layers(model: nnx.Module) -> int | None:
   """The number of layers a plan has for a model whose blocks :func:`jaxckpt.apply_remat` applied (separate layer

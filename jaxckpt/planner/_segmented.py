@@ -30,8 +30,6 @@ from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._segments import Region, Segments, is_var, region_fn, segment_loss, var_bytes
 from jaxckpt.planner._whole import TIME_LIMIT, check_caps, measure_whole, target_whole_loss, whole_graph
 
-__all__ = ["SegmentedPlan", "JointProgram", "joint_program", "segmented_plan", "remat_segments", "mincut_policy", "LOOPS"]
-
 @dataclasses.dataclass(frozen=True)
 class SegmentedPlan:
   """A per-tensor plan of a segmented whole loss (:func:`segmented_plan`).

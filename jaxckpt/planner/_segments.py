@@ -26,9 +26,6 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.planner._tensors import (BlockGraph, block_graph)
 from jaxckpt.planner._whole import WholeLoss, check_graph, whole_graph
 
-__all__ = ["INNER_SHARE", "MIN_REGION_SHARE", "Region", "Segments", "narrow_cuts", "segment_loss", "region_fn",
-           "var_bytes", "is_var"]
-
 INNER_SHARE = 0.01
 """A cut needs at least this share of the loss's forward FLOPs on each side (:func:`narrow_cuts`). At 0.1% a
 classifier's pooled features (``[B, D]`` before a small head) were narrower than its residual stream, so they were its

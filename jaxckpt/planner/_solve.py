@@ -18,8 +18,6 @@ from jaxckpt.planner._candidates import LayerCandidate, pareto_front
 from jaxckpt.policies._model import LayeredPolicy
 from jaxckpt.policies._spec import PolicySpec
 
-__all__ = ["Assignment", "solve", "exhaustive", "pareto_totals"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Assignment:

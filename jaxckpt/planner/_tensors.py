@@ -41,11 +41,6 @@ from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.core._tagging import ValueInfo, evaluate_tagged, record_tagged, walk_values
 from jaxckpt._units import format_bytes
 
-__all__ = ["BlockProgram", "BlockGraph", "TensorChoice", "block_graph", "solve_block", "block_front", "min_saved_choice",
-           "min_saved_layer", "record_block_graphs", "tensor_options", "FLOPS_SHARES", "LAYER_SHARES",
-           "recompute_closure", "exhaustive_block", "BYTE_COST", "FRONT_POINTS", "PARAMETER_ONLY_WEIGHT",
-           "block_program", "solve_milp", "tensor_choice"]
-
 BYTE_COST = 1 / 16
 """Cost units (FLOPs) per output byte of a recomputed op: a float32 elementwise op costs 0.25 FLOP per element
 more than its FLOPs, a copy or transpose is no longer free."""

@@ -61,9 +61,6 @@ from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.step._build import default_optimizer, policy_step
 from jaxckpt.step._build import dropout_key_struct
 
-__all__ = ["WholeLoss", "WholePlan", "WholeMeasure", "whole_loss", "target_whole_loss", "whole_graph", "whole_plan",
-           "remat_whole_loss", "measure_whole", "check_caps", "check_graph", "WHOLE", "TIME_LIMIT"]
-
 WHOLE = "whole"
 """The ``block_type`` of the whole loss's graph and choices."""
 

@@ -20,10 +20,6 @@ from jaxckpt.errors import PolicySpecError, shorten
 from jaxckpt.policies._spec import Policy, PolicySpec, parse_policy
 from jaxckpt._units import format_bytes, parse_bytes
 
-__all__ = ["LayeredPolicy", "Budget", "MinSaved", "MIN_SAVED", "DEFAULT_MIN_SAVED_TOLERANCE", "MinCut", "MINCUT",
-           "LossPolicy", "ModelPolicy", "ConcretePolicy", "parse_model_policy", "BUDGET", "AUTO", "DEFAULT_MARGIN",
-           "POLICY_FORMS"]
-
 
 _RANGE_RE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+))?\s*\Z")
 _PERCENT_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%\s*\Z")

@@ -52,25 +52,6 @@ from jaxckpt.errors import PolicySpecError, shorten
 from jaxckpt.analysis._policy_meaning import check_policy_meaning
 from jaxckpt.analysis._policy_meaning import check_policy
 
-__all__ = [
-    "Policy",
-    "PolicySpec",
-    "PolicyKind",
-    "parse_policy",
-    "REGISTRY",
-    "ALIASES",
-    "POLICY_NAMES",
-    "CANONICAL_POLICIES",
-    "DEFAULT_BLOCK",
-    "OFFLOAD_SRC",
-    "OFFLOAD_DST",
-    "SAVE_TENSORS",
-    "MaxTextPreset",
-    "MAXTEXT_PRESETS",
-    "MAXTEXT_OTHER_ARCHITECTURES",
-    "refused",
-]
-
 DEFAULT_BLOCK = "default"
 """The block-map key whose policy covers every block type not named in the map."""
 OFFLOAD_SRC = "device"

@@ -36,8 +36,6 @@ from jaxckpt.step._compile import check_mesh_use, step_builder
 from jaxckpt.sharding import Placement, Topology, resolve_placement
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
-__all__ = ["Report", "build_report", "saving_warnings", "compiler_disagreements"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Report:

@@ -35,11 +35,9 @@ from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.sharding import make_mesh, mesh_platform
 from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
-from jaxckpt.step._compile import STATS_ONLY_OPTIONS, lower_policy, step_builder, step_compiler_options, xla_raw_flops
+from jaxckpt.step._compile import lower_policy, step_builder, step_compiler_options, xla_raw_flops
 from jaxckpt.step._build import StepBuilder
 from jaxckpt.step._targets import Target, batch_size_of
-
-__all__ = ["compile_rows", "xla_raw_flops", "one_line", "STATS_ONLY_OPTIONS", "report_compiler_options"]
 
 
 def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True,

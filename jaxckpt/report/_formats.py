@@ -17,9 +17,6 @@ from jaxckpt.report._keys import STATUS_OK
 from jaxckpt.sharding import topology_header
 from jaxckpt._units import format_bytes
 
-__all__ = ["COLUMNS", "Column", "row_value", "shown_columns", "column_header", "OP_WORDS", "format_flops", "main_sources", "plan_lines",
-           "report_title", "residual_label", "short_source", "table_cells", "table_rows", "top_groups"]
-
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 
 

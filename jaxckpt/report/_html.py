@@ -32,8 +32,6 @@ from jaxckpt.analysis._pages import SORT_JS, cell as _cell, table as _table, tem
 from jaxckpt.report._plot import pareto_indices
 from jaxckpt._units import format_bytes
 
-__all__ = ["PLOTLYJS_MODES", "SPREAD_WITHIN", "to_html", "chart_figures", "short_source", "spread_points"]
-
 PLOTLYJS_MODES = ("inline", "cdn")
 """How the page gets plotly.js: ``inline`` (offline, ~4.8 MB) or ``cdn`` (small, needs the network)."""
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from jaxckpt.schema import MEMORY_KEYS
 
-__all__ = ["REPORT_KEYS", "ROW_KEYS", "STATUS_OK", "STATUS_ERROR", "STRUCTURES", "empty_row"]
-
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STRUCTURES = ("scan", "unrolled")

@@ -43,8 +43,6 @@ from jaxckpt.step._targets import Target, rebuild_target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
 
-__all__ = ["measure_policy", "measure_in_process", "child_env", "MALLOC_ENV"]
-
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 """glibc settings of the measuring child: buffers ≥ 64 KiB are mmapped, so freeing them lowers the RSS."""
 

@@ -17,15 +17,12 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report._build import Report
-from jaxckpt.report._formats import (COLUMNS, column_header, main_sources, plan_lines, report_title, row_value,
+from jaxckpt.report._formats import (column_header, main_sources, plan_lines, report_title, row_value,
                                      shown_columns, table_rows, top_groups)
 from jaxckpt.report._html import PLOTLYJS_MODES, to_html
 from jaxckpt.report._keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report._plot import plot_format, plot_pareto
 from jaxckpt.analysis._tables import fit_widths, render_table, short_labels, terminal_width
-
-__all__ = ["COLUMNS", "table_rows", "to_table", "to_markdown", "to_csv", "to_json", "to_html", "plot_pareto",
-           "write_outputs"]
 
 
 WIDE_ONLY = ("XLA FLOPs (raw)",)

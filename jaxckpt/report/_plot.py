@@ -18,9 +18,6 @@ from jaxckpt.report._build import Report
 from jaxckpt.report._formats import report_title
 from jaxckpt.report._keys import STATUS_OK
 
-__all__ = ["PLOT_SUFFIXES", "GROUP_WITHIN", "plot_format", "pareto_indices", "label_groups", "pareto_figure",
-           "plot_pareto"]
-
 PLOT_SUFFIXES: dict[str, str] = {".png": "png", ".jpg": "jpg", ".jpeg": "jpg", ".svg": "svg", ".pdf": "pdf"}
 """File suffix (lower case) → matplotlib format of :func:`plot_pareto`."""
 

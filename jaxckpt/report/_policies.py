@@ -9,8 +9,6 @@ import jax
 from jaxckpt.policies._spec import REGISTRY, Policy, PolicySpec
 from jaxckpt.policies._model import ModelPolicy, parse_model_policy
 
-__all__ = ["ALL", "OFFLOAD_POLICIES", "all_policies", "expand_policies"]
-
 ALL = "all"
 """The ``--policies`` word for every policy worth comparing on a target."""
 OFFLOAD_POLICIES: frozenset[str] = frozenset(

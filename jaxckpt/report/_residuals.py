@@ -34,8 +34,6 @@ from jaxckpt.policies._spec import SAVE_TENSORS, PolicySpec
 from jaxckpt.policies._model import LayeredPolicy
 from jaxckpt.step._build import PolicyStep, dropout_key_struct
 
-__all__ = ["analyse_residuals", "residual_groups", "residual_levels"]
-
 LITERAL = "from a literal"
 """JAX's description of a residual that is a literal (``jax._src.ad_checkpoint._saved_residuals``)."""
 

@@ -15,8 +15,6 @@ import os
 import re
 from typing import Any
 
-__all__ = ["dump_options", "prune_dump", "dump_files", "peak_buffers", "KEEP_SUFFIXES"]
-
 KEEP_SUFFIXES: tuple[str, ...] = (".txt", ".debug_options")
 """Dump files kept; XLA:CPU also writes LLVM IR (``.ll``) and object files (``.o``), megabytes per step."""
 

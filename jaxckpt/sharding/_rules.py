@@ -35,9 +35,6 @@ from jax.sharding import PartitionSpec
 
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["LOGICAL_RULES", "LOGICAL_NAMES", "BATCH", "logical_spec", "constrain", "traced_mesh_shape",
-           "traced_platform", "param_logical_axes", "gather_spec", "gather_block_state", "gather_param", "gathering"]
-
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # Activations. The residual stream [B, T, D] is split over the batch only (Megatron-style tensor parallelism keeps
     # it whole on every tensor rank); heads, the MLP hidden width and the vocabulary are split over ``tensor``.

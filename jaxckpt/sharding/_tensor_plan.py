@@ -48,9 +48,6 @@ from jaxckpt.errors import MeshSpecError, TensorPlanError, closest, shorten
 from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
 from jaxckpt.sharding._state import stacked_layer_paths
 
-__all__ = ["STYLES", "TENSOR_STYLES", "TENSOR_PLAN_GRAMMAR", "TensorPlan", "PlannedParam", "parse_tensor_plan",
-           "planned_params", "check_tensor_splits", "tensor_split_sizes", "generalize_path"]
-
 STYLES: dict[str, dict[str, tuple[str, ...]]] = {
     # [in, out] kernel, [V, D] embedding table, [out] bias -> the logical names the plan writes (the rule table's:
     # "embed" is split over fsdp; "mlp" and "vocab" over tensor).

@@ -35,8 +35,8 @@ from jaxckpt.step._compile import (
     xla_raw_flops,
 )
 from jaxckpt.step._auto_plan import auto_tensor_plan
+from jaxckpt.models._classifiers import DEFAULT_BATCH_SIZE
 from jaxckpt.step._targets import (
-    DEFAULT_BATCH_SIZE,
     SHIPPED_MODELS,
     LossTarget,
     ModelTarget,

@@ -32,8 +32,6 @@ from jaxckpt.nnx._layers import RematBlock
 from jaxckpt.sharding._state import path_names
 from jaxckpt.sharding._tensor_plan import TensorPlan, generalize_path
 
-__all__ = ["auto_tensor_plan", "block_pairs"]
-
 
 def _block_linears(model: nnx.Module) -> dict[str, list[str]]:
   """Outermost block path -> the paths of the ``nnx.Linear`` layers inside it."""

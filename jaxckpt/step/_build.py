@@ -25,9 +25,6 @@ from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.step._targets import LossTarget, ModelTarget, Target
 from jaxckpt.training._train import abstract_state_of, create_train_state, make_train_step
 
-__all__ = ["PolicyStep", "StepBuilder", "default_optimizer", "target_block_types", "target_structure", "policy_step",
-           "concrete_inputs", "dropout_key_struct", "check_plain_step"]
-
 
 def default_optimizer() -> optax.GradientTransformation:
   """``optax.adamw(1e-3)``: the optimizer of the report's train step (its state is part of the footprint)."""

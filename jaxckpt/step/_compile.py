@@ -45,10 +45,6 @@ from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.sharding import compiles_only
 from jaxckpt.training._xla import compiler_log, memory_stats, remat_compiler_options, remat_fix_applied, xla_flags
 
-__all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options", "LoweredPolicy", "CompiledPolicy", "step_builder",
-           "lower_policy", "compile_policy", "sharded_target", "xla_raw_flops", "xla_cost", "check_mesh_use",
-           "is_memory_refusal", "CachedRefusal", "forward_jaxpr", "checkpoint_name_bytes", "boundary_names"]
-
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
 touch HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles

@@ -28,8 +28,6 @@ from typing import Any
 
 import jax
 
-__all__ = ["ENV", "CachedStats", "StatsCache", "stats_cache", "cache_key"]
-
 ENV = "JAXCKPT_STATS_CACHE"
 """Environment variable: the cache directory, or ``off``/``0`` to disable it."""
 

@@ -51,33 +51,13 @@ from jaxckpt.errors import JaxckptError, closest, raised_at
 from jaxckpt.linen._apply import apply_remat as linen_apply_remat
 from jaxckpt.linen._apply import RematModule, group_layers, traced_block_paths, traced_block_types
 from jaxckpt.nnx._apply import apply_remat as nnx_apply_remat
-from jaxckpt.models._registry import DEFAULT_BATCH_SIZE, IMAGE_SHAPE, MODEL_REGISTRY, NUM_CLASSES, model_entry
+from jaxckpt.models._registry import MODEL_REGISTRY, model_entry
 from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.core._structure import parse_structure
 from jaxckpt.models._classifiers import classification_loss
 from jaxckpt.training._train import LossFn, plain_loss_fn
 from jaxckpt.sharding._tensor_plan import TensorPlan, parse_tensor_plan
 from jaxckpt.step._auto_plan import auto_tensor_plan
-
-__all__ = [
-    "ModelTarget",
-    "LossTarget",
-    "plain_loss_fn",
-    "linen_target",
-    "linen_model_target",
-    "nnx_model_target",
-    "LOSSES",
-    "Target",
-    "shipped_target",
-    "load_target",
-    "rebuild_target",
-    "IMAGE_SHAPE",
-    "NUM_CLASSES",
-    "DEFAULT_BATCH_SIZE",
-    "SHIPPED_MODELS",
-    "batch_size_of",
-    "with_batch",
-]
 
 SHIPPED_MODELS: dict[str, tuple[str, ...]] = {name: tuple(e.presets) for name, e in MODEL_REGISTRY.items()}
 """Every ``--model`` of the tools -> its presets: the entries of :data:`jaxckpt.models.MODEL_REGISTRY`."""

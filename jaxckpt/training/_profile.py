@@ -35,8 +35,6 @@ import jax
 from jaxckpt._paths import check_output_dir
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["profile_slug", "profile_trace", "trace_files", "check_profile_dir"]
-
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 
 

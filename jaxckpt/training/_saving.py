@@ -36,9 +36,6 @@ import jax
 
 from jaxckpt.errors import CheckpointError, DirectoryInUseError
 
-__all__ = ["TrainStateSaver", "Checkpointer", "DirectoryLock", "TMP_MARKER", "CORRUPT_MARKER", "LOCK_NAME",
-           "check_checkpoint_directory"]
-
 TMP_MARKER = ".orbax-checkpoint-tmp"
 """Part of the name of orbax's temporary directories (an unfinished save)."""
 CORRUPT_MARKER = ".corrupt-"

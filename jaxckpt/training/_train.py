@@ -24,18 +24,6 @@ from flax import nnx, struct
 from jaxckpt.errors import JaxckptError
 from jaxckpt.training._xla import compile_step, watch_remat
 
-__all__ = [
-    "TrainState",
-    "LossFn",
-    "create_train_state",
-    "abstract_train_state",
-    "abstract_state_of",
-    "make_train_step",
-    "plain_loss_fn",
-    "make_eval_step",
-    "compile_train_step",
-]
-
 Batch = dict[str, jax.Array]
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 """``loss_fn(model, batch, *, dropout_key, deterministic) -> (scalar loss float32, {metric: scalar})``."""

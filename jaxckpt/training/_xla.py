@@ -32,20 +32,6 @@ from jaxckpt.policies._spec import PolicySpec
 from jaxckpt.schema import FOOTPRINT, HOST_FOOTPRINT, MEMORY_FIELDS, footprint_bytes, host_footprint_bytes
 from jaxckpt.sharding import Topology, compiles_only, topology_mesh
 
-__all__ = [
-    "CPU_REMAT_FIX",
-    "RematIneffectiveWarning",
-    "remat_compiler_options",
-    "jit",
-    "compile_step",
-    "memory_stats",
-    "offload_warning",
-    "PEAK_BACKENDS",
-    "PEAK_TEMP_BACKENDS",
-    "watch_remat",
-    "remat_fix_applied",
-]
-
 CPU_REMAT_FIX: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 """XLA:CPU compiler option that keeps ``jax.checkpoint``'s optimization barriers, so remat saves memory."""
 

@@ -16,8 +16,6 @@ from jaxckpt.models._configs import check_fields, dtype_named
 from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
 from jaxckpt.models.llm._splash import SplashBlockSizes
 
-__all__ = ["LLMConfig", "LLM_PRESETS", "MLP_ACTIVATIONS", "LAYER_KINDS", "ROPE_SCALINGS", "LLAMA31_ROPE_SCALING"]
-
 MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu")
 """Gated-MLP activations: ``silu`` (SwiGLU: Llama, Mistral) and ``gelu`` (GeGLU with tanh-approximate GELU: Gemma);
 Shazeer 2020, "GLU Variants Improve Transformer"."""

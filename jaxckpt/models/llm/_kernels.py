@@ -34,8 +34,6 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.models.llm._gpu_kernels import cudnn_attention, pallas_attention, pallas_supports
 from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
 
-__all__ = ["ATTENTION_KERNELS", "SPLASH_MIN_SEQ_LEN", "select_kernel", "attention", "xla_attention"]
-
 ATTENTION_KERNELS: tuple[str, ...] = ("auto", "xla", "splash", "pallas", "cudnn")
 """The ``attention=`` choices of the LLM family."""
 

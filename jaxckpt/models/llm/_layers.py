@@ -31,9 +31,6 @@ from jaxckpt.models.llm import _kernels as kernels
 from jaxckpt.models.llm._config import LLAMA31_ROPE_SCALING, LLMConfig
 from jaxckpt.nnx._layers import PolicyLike, RematBlock
 
-__all__ = ["RMSNorm", "rope_frequencies", "apply_rope", "Attention", "GatedMLP", "DecoderLayer", "DecoderBlock",
-           "EMBED_AXES", "QUERY_AXES", "KV_AXES", "MLP_AXES"]
-
 EMBED_AXES = ("activation_batch", "activation_length", "activation_embed")
 """Logical names of the residual stream ``[B, S, E]``."""
 QUERY_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")

@@ -24,8 +24,6 @@ from flax import nnx
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models.llm._model import project_logits
 
-__all__ = ["cross_entropy", "tiled_loss", "llm_loss"]
-
 
 @jax.custom_vjp
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:

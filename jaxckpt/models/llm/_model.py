@@ -22,8 +22,6 @@ from jaxckpt.models.llm._layers import EMBED_AXES, DecoderBlock, RMSNorm
 from jaxckpt.nnx._layers import Stack, set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
 
-__all__ = ["LLM", "LLM_BLOCK_TYPES", "LOGIT_AXES", "build_llm", "project_logits"]
-
 LLM_BLOCK_TYPES: tuple[str, ...] = ("decoder",)
 """Block types of :class:`LLM`: one, the decoder block (``decoder=save_only_these_names:query_proj`` names it)."""
 

@@ -48,8 +48,6 @@ from jaxckpt import names
 from jaxckpt.sharding._rules import kernel_split, traced_platform
 from jaxckpt.errors import JaxckptError
 
-__all__ = ["SplashBlockSizes", "splash_attention", "LANES"]
-
 LANES = 128
 """A TPU vreg's lane count: the kernels tile key/value blocks (``kv``, ``kv_compute``, ``kv_dkv``,
 ``kv_dkv_compute``, ``kv_dq``) in multiples of it (the kernel checks ``bkv % NUM_LANES``, also in interpret mode)."""
