@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from jaxckpt._units import format_bytes
+from jaxckpt import format_bytes
 
 POLICIES = {
     "vit": [

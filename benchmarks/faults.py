@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common
-from jaxckpt.training._saving import TMP_MARKER
+from jaxckpt.training import TMP_MARKER
 
 NAME = "faults"
 CLI = [sys.executable, "-m", "experiments.classifier", "--preset", "tiny", "--epochs", "3", "--no-progress",

@@ -33,9 +33,9 @@ from scipy import stats
 
 from benchmarks import common
 from jaxckpt.fit import accelerator, candidates, compile_point, fit_policies, measure_candidates, plan_fit, spread
-from jaxckpt.fit._search import DEFAULT_POLICIES
+from jaxckpt.fit import DEFAULT_POLICIES
 from jaxckpt.step import shipped_target
-from jaxckpt._units import format_bytes, parse_bytes
+from jaxckpt import format_bytes, parse_bytes
 
 NAME = "fit_planner"
 MEMORY = {"gpt:small": "4GiB", "vit:small": "48MiB", "gpt:gpt2-small": "40GiB", "gpt:tiny": "40MiB",

@@ -26,7 +26,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from benchmarks.plain_gpt import policy_of, timed_compile, twin_args
-from jaxckpt.models._gpt import GPTConfig
+from jaxckpt.models import GPTConfig
 
 __all__ = ["GPT", "train_step", "lower_and_compile"]
 

@@ -37,15 +37,15 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import optax  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from jaxckpt.analysis._flops import count_flops  # noqa: E402
+from jaxckpt.analysis import count_flops  # noqa: E402
 from jaxckpt.planner import InfeasibleBudgetError, layer_candidates, pareto_totals, plan_policy, resolve_policy  # noqa: E402
-from jaxckpt.planner._plan import layer_probe  # noqa: E402
-from jaxckpt.planner._tensors import block_program, record_block_graphs, tensor_options  # noqa: E402
+from jaxckpt.planner import layer_probe  # noqa: E402
+from jaxckpt.planner import block_program, record_block_graphs, tensor_options  # noqa: E402
 from jaxckpt.planner import (measure_whole, segment_loss, segmented_plan, target_whole_loss, whole_graph,  # noqa: E402
                              whole_plan)
 from jaxckpt.policies import LossPolicy
 from jaxckpt import parse_model_policy  # noqa: E402
-from jaxckpt.report._residuals import analyse_residuals  # noqa: E402
+from jaxckpt.report import analyse_residuals  # noqa: E402
 from jaxckpt.step import compile_policy, default_optimizer, policy_step, shipped_target, target_block_types  # noqa: E402
 
 NAME = "pertensor_front"

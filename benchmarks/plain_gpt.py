@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt.models._gpt import GPT_PRESETS, GPTConfig
+from jaxckpt.models import GPT_PRESETS, GPTConfig
 
 __all__ = ["policy_of", "abstract_inputs", "train_step", "lower_and_compile", "timed_compile"]
 

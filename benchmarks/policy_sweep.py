@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import jax
 
 from benchmarks import common
-from jaxckpt.models._gpt import GPT_PRESETS
+from jaxckpt.models import GPT_PRESETS
 try:  # model-level specs (budget plans, layered policies) where this jaxckpt has them
   from jaxckpt import parse_model_policy as parse_spec
 except ImportError:  # per-block specs only
@@ -50,8 +50,8 @@ except ImportError:  # per-block specs only
 from jaxckpt.report import build_report, expand_policies
 from jaxckpt.step import shipped_target
 from jaxckpt.step import compile_policy
-from jaxckpt.step._build import concrete_inputs, default_optimizer, target_block_types
-from jaxckpt.core._structure import parse_structure
+from jaxckpt.step import concrete_inputs, default_optimizer, target_block_types
+from jaxckpt.core import parse_structure
 
 NAME = "policy_sweep"
 FULL_FLOPS_BOUND = 4 / 3

@@ -157,8 +157,8 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   link, and FSDP's gathers and reduce-scatter over ICI (:func:`jaxckpt.fit._speed.collective_bytes`, the preset's
   parameter bytes from its abstract model); no HBM term (the rows do not keep XLA's bytes accessed). Returns
   ``{"step_s", "bound", "tokens_per_s_chip", terms...}``, or ``None`` for a row without FLOPs."""
-  from jaxckpt.fit._meshes import state_bytes
-  from jaxckpt.fit._speed import accelerator, collective_bytes
+  from jaxckpt.fit import state_bytes
+  from jaxckpt.fit import accelerator, collective_bytes
 
   if not r.get("flops") or r.get("status") != "ok":
     return None

@@ -120,7 +120,7 @@ def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
   started = time.perf_counter()
   report = build_report(built, [row.policy], mesh=placement, residuals=False, progress=False)
   r, limit = report.rows[0], placement.memory()[0]
-  from jaxckpt.fit._meshes import state_bytes  # the preset's parameter bytes, from its abstract model
+  from jaxckpt.fit import state_bytes  # the preset's parameter bytes, from its abstract model
 
   params = state_bytes(built)[0]
   out = {"key": row.key, "preset": row.preset, "topology": row.topology, "mesh": row.mesh,

@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common
-from jaxckpt.models._gpt import GPT_PRESETS
+from jaxckpt.models import GPT_PRESETS
 
 NAME = "report_speed"
 TARGET_RATIO = 1.15

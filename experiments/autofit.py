@@ -22,8 +22,8 @@ from experiments.policy import resolve_policy
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit import DEFAULT_POLICIES, accelerator, fit_policies, plan_fit
 from jaxckpt.fit import to_table
-from jaxckpt.fit._plan import FitPlan
-from jaxckpt.fit._search import resolve_memory
+from jaxckpt.fit import FitPlan
+from jaxckpt.fit import resolve_memory
 from jaxckpt.policies import AUTO
 from jaxckpt import Budget
 from jaxckpt.step import ModelTarget

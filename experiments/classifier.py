@@ -27,8 +27,8 @@ from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
 from jaxckpt.models import COMPUTE_DTYPES, MODELS, build_model
-from jaxckpt.models._multitask import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
-from jaxckpt.core._structure import parse_structure
+from jaxckpt.models import AUX_TASKS, MultiTaskClassifier, aux_task, multitask_loss
+from jaxckpt.core import parse_structure
 from jaxckpt.step import ModelTarget
 
 __all__ = ["ClassifierConfig", "ClassifierResult", "train", "main", "build_parser"]

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt.analysis._render import memory_table, policy_summary
+from jaxckpt.analysis import memory_table, policy_summary
 from jaxckpt.step import ModelTarget, compile_policy
 from jaxckpt import sharding
 

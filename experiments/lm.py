@@ -35,8 +35,8 @@ from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
 from jaxckpt.names import DECODER_NAMES
-from jaxckpt.models._registry import MODEL_REGISTRY, LanguageModelEntry, model_entry
-from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
+from jaxckpt.models import MODEL_REGISTRY, LanguageModelEntry, model_entry
+from jaxckpt.models.llm import ATTENTION_KERNELS
 from jaxckpt.nnx import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
 from jaxckpt.step import ModelTarget

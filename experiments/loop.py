@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import jaxckpt
-from jaxckpt.training._profile import profile_trace
+from jaxckpt.training import profile_trace
 from experiments.options import RunOptions
 from jaxckpt.errors import NonFiniteLossError
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.training._profile import check_profile_dir
+from jaxckpt.training import check_profile_dir
 
 __all__ = ["NAN_POLICIES", "RESUME_AUTO", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
 

@@ -27,7 +27,8 @@ from experiments.outputs import closing_line, run_metrics, write_metrics
 from experiments.placement import Placement, setup_placement
 from experiments.policy import plan_budget, resolve_policy
 from jaxckpt.errors import CheckpointError
-from jaxckpt.training._saving import DirectoryLock, check_checkpoint_directory
+from jaxckpt import DirectoryLock
+from jaxckpt.training import check_checkpoint_directory
 from jaxckpt.step import ModelTarget
 
 __all__ = ["Setup", "RunResult", "CompiledStep", "compile_and_describe", "run", "hold_directories"]

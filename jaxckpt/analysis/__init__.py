@@ -18,8 +18,11 @@ from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArraySha
                                    parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
+from jaxckpt.analysis._render import memory_table, policy_summary
 
 __all__ = [
+    "memory_table",
+    "policy_summary",
     "FlopCount",
     "count_flops",
     "count_live_flops",

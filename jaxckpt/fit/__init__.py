@@ -33,8 +33,10 @@ from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFi
 from jaxckpt.fit._tables import mesh_table, to_table
 from jaxckpt.fit._speed import (ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates,
                                collective_bytes, collective_seconds, estimate_step, measure_cpu)
+from jaxckpt.fit._meshes import state_bytes
 
-__all__ = ["AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
+__all__ = [
+    "state_bytes","AffineModel", "fit_affine", "FitPlan", "GlobalChoice", "measure_candidates", "plan_fit", "spread",
            "MeshOption", "MeshSearch", "mesh_shapes", "search_meshes",
            "DEFAULT_POLICIES", "BatchFit", "FitPoint", "NothingFitsError", "batch_size_of", "batch_unit",
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",

@@ -37,8 +37,14 @@ from jaxckpt.planner._segmented import SegmentedPlan, mincut_policy, remat_segme
 from jaxckpt.planner._segments import Segments, narrow_cuts, segment_loss
 from jaxckpt.planner._whole import (WholeLoss, WholePlan, measure_whole, remat_whole_loss, target_whole_loss, whole_graph,
                                    whole_loss, whole_plan)
+from jaxckpt.planner._plan import layer_probe
+from jaxckpt.planner._tensors import block_program, record_block_graphs, tensor_options
 
 __all__ = [
+    "layer_probe",
+    "block_program",
+    "record_block_graphs",
+    "tensor_options",
     "PlanCache",
     "Assignment",
     "CompiledPoint",

@@ -21,8 +21,10 @@ from jaxckpt.report._build import Report, build_report, saving_warnings
 from jaxckpt.report._keys import REPORT_KEYS, ROW_KEYS
 from jaxckpt.report._outputs import plot_pareto, to_csv, to_html, to_json, to_markdown, to_table, write_outputs
 from jaxckpt.report._policies import all_policies, expand_policies
+from jaxckpt.report._residuals import analyse_residuals
 
 __all__ = [
+    "analyse_residuals",
     "Report",
     "build_report",
     "saving_warnings",

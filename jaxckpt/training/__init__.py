@@ -14,8 +14,13 @@ from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.training._profile import profile_trace, trace_files
 from jaxckpt.training._train import LossFn, abstract_train_state, compile_train_step
 from jaxckpt.training._xla import CPU_REMAT_FIX, GPU_XLA_REMAT_PASS, xla_flags
+from jaxckpt.training._saving import TMP_MARKER, check_checkpoint_directory
+from jaxckpt.training._profile import check_profile_dir
 
 __all__ = [
+    "TMP_MARKER",
+    "check_checkpoint_directory",
+    "check_profile_dir",
     "abstract_train_state",
     "compile_train_step",
     "LossFn",
