@@ -182,8 +182,10 @@ def _check_args(args: argparse.Namespace) -> None:
   if args.max_meshes < 1:
     raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
   searched = False
+  parsed = []
   for spec in args.policies:
     if spec.strip() == CUSTOM_SEARCH:
+      parsed.append(CUSTOM_SEARCH)
       searched = True
       if args.max_seq_len is not None:
         raise JaxckptError(f"--policies {CUSTOM_SEARCH} chooses name lists for a --global-batch-size; it does not "
@@ -195,7 +197,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if spec.strip().lower().startswith("custom"):
       raise JaxckptError(f"--policies {spec}: unknown; did you mean {CUSTOM_SEARCH} (MaxText's custom lists chosen "
                          "by the time model), or save_and_offload_only_these_names:SAVE/OFFLOAD (a list you give)?")
-    parse_model_policy(spec)  # a typo exits 2 before any compile
+    parsed.append(parse_model_policy(spec))  # parsed once, here: a typo exits 2 before any compile
+  args.policies = parsed
   if args.custom_lists is not None and not searched:
     raise JaxckptError(f"--custom-lists {args.custom_lists} goes with --policies {CUSTOM_SEARCH}; add it or drop "
                        "--custom-lists")

@@ -122,14 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mesh is not None and args.topology is None and (args.measure or args.profile is not None):
       flag = "--measure" if args.measure else "--profile"
       raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
-    expand_policies(args.policies, {})  # parse every spec up front: a typo exits 2 before any compile
+    policies = expand_policies(args.policies, {}, keep_all=True)  # parsed once, here: a typo exits 2 now
     placement = placement_from_args(args)  # a bad mesh, no compiler: exit 2 before the target is built
     target = target_from_args(args)
     if args.list_blocks:
       for block, block_names in target_block_types(target).items():
         print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")
       return 0
-    report = build_report(target, args.policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
+    report = build_report(target, policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
                           xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals,
                           progress=progress_enabled(args.progress), mesh=placement, profile=args.profile,
                           profile_steps=args.profile_steps, compare_cpu=args.compare_cpu,

@@ -451,6 +451,12 @@ def parse_model_policy(spec: "str | Policy | PolicySpec | LayeredPolicy | Budget
     return spec
   if not isinstance(spec, str):
     return parse_policy(spec)
+  return _parse_text(spec)
+
+
+def _parse_text(spec: str) -> ModelPolicy:
+  """The string form of :func:`parse_model_policy`: the one place a model-level policy string is read (a tool parses
+  each ``--policies`` value here once, at its door; tests count the calls)."""
   text = spec.strip()
   word = text.partition(":")[0].strip()
   if word in (BUDGET, AUTO):

@@ -23,8 +23,7 @@ from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError, TopologyError, TracingError
 from jaxckpt._units import format_bytes
 from jaxckpt.analysis._effect import annotate_rows
-from jaxckpt.errors import PolicySpecError
-from jaxckpt.policies._model import ModelPolicy, parse_model_policy
+from jaxckpt.policies._model import ModelPolicy
 from jaxckpt.training._profile import check_profile_dir, profile_slug
 from jaxckpt.report._compile import compile_rows, one_line, report_compiler_options
 from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK, empty_row
@@ -110,13 +109,6 @@ def compiler_disagreements(rows: Sequence[Mapping[str, Any]], key: str = "footpr
   return [f"the {backend} compiler and XLA:CPU order the policies differently by {key.replace('_bytes', '')} "
           f"per device: {backend} {order(here)}; cpu {order(cpu)}"]
 
-
-def _offloads(policy: str) -> bool:
-  """Whether a row's policy text offloads saved values (False for budgets and texts that do not parse)."""
-  try:
-    return bool(getattr(parse_model_policy(policy), "offloads", False))
-  except PolicySpecError:
-    return False
 
 
 def _unique_slugs(policies: Sequence[str]) -> list[str]:
@@ -321,7 +313,7 @@ def build_report(
   warnings += memory_verdicts(rows, placement)
   warnings += saving_warnings(rows)
   warnings += annotate_rows(rows, backend=platform, compiler_options=report_compiler_options(
-      compiler_options, backend=platform), offloads={r["policy"]: _offloads(r["policy"]) for r in rows})
+      compiler_options, backend=platform), offloads={str(s): bool(getattr(s, "offloads", False)) for s in specs})
   if compare_cpu:
     warnings += compiler_disagreements(rows)
   if measure or profile is not None:

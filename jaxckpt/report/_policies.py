@@ -38,7 +38,7 @@ def all_policies(block_types: Mapping[str, Collection[str]], *, backend: str | N
 
 
 def expand_policies(specs: Iterable[str | ModelPolicy], block_types: Mapping[str, Collection[str]], *,
-                    backend: str | None = None) -> list[ModelPolicy]:
+                    backend: str | None = None, keep_all: bool = False) -> list[ModelPolicy | str]:
   """Parses every spec (``all`` expands in place) and drops repeats, keeping the first.
 
   Args:
@@ -46,17 +46,23 @@ def expand_policies(specs: Iterable[str | ModelPolicy], block_types: Mapping[str
       ``0-3:...;4-11:...`` policies, budgets ``budget:40%`` / ``auto``), ``"all"``, or parsed ones.
     block_types: the target's block types and names (for ``all``).
     backend: for ``all`` (see :func:`all_policies`).
+    keep_all: leave ``all`` in place, to be expanded where the target's block types are known (a CLI parses its
+      ``--policies`` at its door, before the target is built).
 
   Returns:
-    The parsed specs. They are not validated against the target here: an invalid one becomes an error row.
+    The parsed specs (with ``keep_all``, ``"all"`` where it was). They are not validated against the target here:
+    an invalid one becomes an error row.
 
   Raises:
     PolicySpecError: a spec that does not parse (unknown policy name, bad grammar).
   """
-  out: list[ModelPolicy] = []
+  out: list[ModelPolicy | str] = []
   seen: set[str] = set()
   for spec in specs:
-    parsed = all_policies(block_types, backend=backend) if spec == ALL else [parse_model_policy(spec)]
+    if spec == ALL and keep_all:
+      parsed = [ALL]
+    else:
+      parsed = all_policies(block_types, backend=backend) if spec == ALL else [parse_model_policy(spec)]
     for item in parsed:
       if str(item) not in seen:
         seen.add(str(item))

@@ -59,14 +59,7 @@ def parse_mesh(spec: str | Mapping[str, int], *, device_count: int | None = None
     items = [(str(k), str(v)) for k, v in spec.items()]
     text = ",".join(f"{k}={v}" for k, v in items)
   else:
-    text = str(spec)
-    items = []
-    for entry in text.split(","):
-      match = _ENTRY.match(entry)
-      if match is None or not match.group(1):
-        raise MeshSpecError(f"bad mesh entry {shorten(entry.strip())!r} in mesh={shorten(text)!r}: write "
-                            f"'name=size[,name=size]' with names from {', '.join(MESH_AXES)} (e.g. 'data=4,fsdp=2')")
-      items.append((match.group(1), match.group(2)))
+    text, items = str(spec), _parse_text(str(spec))
   mesh: dict[str, int] = {}
   for name, size in items:
     if name not in MESH_AXES:
@@ -89,6 +82,23 @@ def parse_mesh(spec: str | Mapping[str, int], *, device_count: int | None = None
         f"device count (mesh='data={count}' fits); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={product} "
         "gives that many devices")
   return mesh
+
+
+def _parse_text(text: str) -> list[tuple[str, str]]:
+  """``"data=4,fsdp=2"`` → ``[("data", "4"), ("fsdp", "2")]``: the one place a ``--mesh`` string is read (a tool
+  parses its ``--mesh`` here once, at its door; tests count the calls).
+
+  Raises:
+    MeshSpecError: a malformed entry.
+  """
+  items = []
+  for entry in text.split(","):
+    match = _ENTRY.match(entry)
+    if match is None or not match.group(1):
+      raise MeshSpecError(f"bad mesh entry {shorten(entry.strip())!r} in mesh={shorten(text)!r}: write "
+                          f"'name=size[,name=size]' with names from {', '.join(MESH_AXES)} (e.g. 'data=4,fsdp=2')")
+    items.append((match.group(1), match.group(2)))
+  return items
 
 
 def format_mesh(mesh: Mesh | Mapping[str, int]) -> str:
