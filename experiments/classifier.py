@@ -23,6 +23,7 @@ import jaxckpt
 from experiments.autofit import autofit, batch_size_flag
 from experiments.data import eval_batches, load_dataset, train_batch
 from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from jaxckpt.cli import reference_epilog
 from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import DataError, JaxckptError
@@ -220,22 +221,15 @@ def _train_batch(data, step: int, *, batch_size: int, seed: int):
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser (flags map one-to-one onto :class:`ClassifierConfig` fields)."""
   defaults = ClassifierConfig()
-  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODELS.items())
   parser = CLIParser(
       prog="python -m experiments.classifier",
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog=(
-          f"{jaxckpt.policies.POLICY_FORMS}\n"
-          f"policy names: {', '.join(jaxckpt.policies.POLICY_NAMES)}\n"
-          f"block types per model: {blocks}\n"
-          f"checkpoint names: {', '.join(jaxckpt.names.ALL_NAMES)}\n"
-          "examples:\n"
-          "  python -m experiments.classifier --policy dots_saveable\n"
-          "  python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan\n"
-          "  python -m experiments.classifier --aux-task parity --mesh data=4,fsdp=2   # 8 devices\n"
-          "  python -m experiments.classifier --mesh data=8 --coordinator host0:12345 --num-processes 2 --process-id 0"
-      ),
+      epilog=reference_epilog(models=tuple(MODELS), examples=[
+          "python -m experiments.classifier --policy dots_saveable",
+          "python -m experiments.classifier --policy attn=save_only_these_names:qkv,mlp=full --no-scan",
+          "python -m experiments.classifier --aux-task parity --mesh data=4,fsdp=2   # 8 devices",
+          "python -m experiments.classifier --mesh data=8 --coordinator host0:12345 --num-processes 2 --process-id 0"]),
   )
   parser.add_argument("--model", choices=list(MODELS), default=defaults.model, help="model (default %(default)s)")
   parser.add_argument("--preset", default=defaults.preset, help="model preset: tiny or small (default %(default)s)")

@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import jaxckpt
 from experiments import text
 from experiments.autofit import autofit, batch_size_flag
 from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from jaxckpt.cli import reference_epilog
 from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
@@ -203,22 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
       prog="python -m experiments.lm",
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog=(
-          f"gpt presets: {presets}\n"
-          f"llm presets (docs/llm.md; train the tiny ones on a CPU): {', '.join(MODEL_REGISTRY['llm'].presets)}\n"
-          f"gpt block types: {', '.join(MODEL_REGISTRY['gpt'].block_types)}; checkpoint names: qkv, attn_weights (xla "
-          "attention only), attn_context, attn_out, mlp_hidden, mlp_out\n"
-          f"llm block type: decoder; checkpoint names (MaxText's): {', '.join(DECODER_NAMES)}\n"
-          f"{jaxckpt.policies.POLICY_FORMS}\n"
-          f"policy names: {', '.join(jaxckpt.policies.POLICY_NAMES)}\n"
-          "--attention dot_product_attention uses jax.nn.dot_product_attention (cuDNN flash attention on GPU with\n"
-          "  --compute-dtype bfloat16): that is not a dot_general, so dots policies do not save it; its output is\n"
-          "  tagged attn_context (save it with save_only_these_names:attn_context). On CPU JAX's fallback is einsum.\n"
-          "examples:\n"
-          "  python -m experiments.lm --preset small --policy dots_saveable --max-seq-length 512\n"
-          "  python -m experiments.lm --policy attn=save_only_these_names:qkv,mlp=full --corpus notes/ --out run1\n"
-          "  python -m experiments.lm --model llm --preset gemma2-tiny --policy save_only_these_names:query_proj"
-      ),
+      epilog=reference_epilog(
+          models=tuple(LANGUAGE_MODELS),
+          notes=[f"gpt presets: {presets}",
+                 "gpt checkpoint names: qkv, attn_weights (xla attention only), attn_context, attn_out, mlp_hidden, "
+                 f"mlp_out; llm (MaxText's): {', '.join(DECODER_NAMES)}",
+                 "--attention dot_product_attention uses jax.nn.dot_product_attention (cuDNN flash attention on GPU "
+                 "with", "  --compute-dtype bfloat16): that is not a dot_general, so dots policies do not save it; its "
+                 "output is", "  tagged attn_context (save it with save_only_these_names:attn_context). On CPU JAX's "
+                 "fallback is einsum."],
+          examples=["python -m experiments.lm --preset small --policy dots_saveable --max-seq-length 512",
+                    "python -m experiments.lm --policy attn=save_only_these_names:qkv,mlp=full --corpus notes/ --out "
+                    "run1",
+                    "python -m experiments.lm --model llm --preset gemma2-tiny --policy "
+                    "save_only_these_names:query_proj"]),
   )
   parser.add_argument("--model", choices=list(LANGUAGE_MODELS), default=defaults.model,
                       help="the language model: gpt (GPT-2 style) or llm (Llama, Mistral, Gemma; docs/llm.md) "

@@ -8,6 +8,8 @@ report), 2 bad input — one line on stderr naming the flag, never a traceback (
 - :func:`report`, :func:`plan`, :func:`fit`: the console scripts' entry points (and ``python -m jaxckpt.report`` …).
 - :class:`CLIParser`: ``argparse`` with one-line errors that speak in flags, not Python arguments.
 - :func:`progress_enabled`: progress bars only for a person at a terminal.
+- :func:`reference_epilog`: the end of every ``--help`` (presets, block types, the policy grammar and names, the
+  checkpoint names), built from the registries.
 - :func:`check_output_file`, :func:`check_output_dir`: an output path checked before any work, by trying it.
 
 The modules behind this face are private: ``_parser`` (the parser class), ``_flags`` (the flags every tool shares:
@@ -21,12 +23,12 @@ from collections.abc import Sequence
 
 from jaxckpt._paths import check_output_dir, check_output_file
 from jaxckpt.cli._fit import main as _fit_main
-from jaxckpt.cli._parser import EXIT_BAD_INPUT, CLIParser, progress_enabled
+from jaxckpt.cli._parser import EXIT_BAD_INPUT, CLIParser, progress_enabled, reference_epilog
 from jaxckpt.cli._plan import main as _plan_main
 from jaxckpt.cli._report import main as _report_main
 
-__all__ = ["report", "plan", "fit", "CLIParser", "progress_enabled", "EXIT_BAD_INPUT", "check_output_file",
-           "check_output_dir"]
+__all__ = ["report", "plan", "fit", "CLIParser", "progress_enabled", "reference_epilog", "EXIT_BAD_INPUT",
+           "check_output_file", "check_output_dir"]
 
 
 def report(argv: Sequence[str] | None = None) -> int:

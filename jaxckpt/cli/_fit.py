@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxckpt.cli._parser import CLIParser, progress_enabled
+from jaxckpt.cli._parser import CLIParser, reference_epilog, progress_enabled
 from jaxckpt._paths import check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._html import to_html
@@ -42,23 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
   parser = CLIParser(
       prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog=("method: per policy, compile at two batch sizes, fit footprint = a + b·batch (argument + output +\n"
-              "  temp − alias bytes), predict the largest batch within --memory, then compile it and its successor:\n"
-              "  the first must fit and the second must not (else correct and re-verify; bisect where not affine)\n"
-              "time model (--global-batch-size): k × (max(FLOPs/peak, bytes/bandwidth) + overhead) per micro-batch\n"
-              f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (calibrated: measured matmul FLOP/s, bandwidth\n"
-              "  by working-set size, dispatch overhead), or --peak-flops/--bandwidth\n"
-              "examples:\n"
-              f"  {PROG} --model gpt --preset small --memory 16GiB --html fit.html\n"
-              f"  {PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100\n"
-              f"  {PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096\n"
-              f"  {PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json fit.json\n"
-              f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
-              "--memory 1GiB\n"
-              f"  {PROG} --model gpt --preset gpt2-small --topology v5e:2x2 --global-batch-size 64  # TPU compiler, "
-              "no TPU\n"
-              f"  {PROG} --model llm --preset llama3.1-8b --topology v6e:16x16 --seq-len 8192 --global-batch-size "
-              "1024 --mesh auto"))
+      epilog=reference_epilog(
+          notes=["method: per policy, compile at two batch sizes, fit footprint = a + b·batch (argument + output +",
+                 "  temp − alias bytes), predict the largest batch within --memory, then compile it and its "
+                 "successor:", "  the first must fit and the second must not (else correct and re-verify; bisect "
+                 "where not affine)",
+                 "time model (--global-batch-size): k × (max(FLOPs/peak, bytes/bandwidth) + overhead) per "
+                 "micro-batch", f"  b = G/k; devices: {', '.join(ACCELERATORS)}, cpu (calibrated: measured matmul "
+                 "FLOP/s, bandwidth", "  by working-set size, dispatch overhead), or --peak-flops/--bandwidth"],
+          examples=[f"{PROG} --model gpt --preset small --memory 16GiB --html fit.html",
+                    f"{PROG} --model gpt --preset small --memory 4GiB --global-batch-size 256 --device h100",
+                    f"{PROG} --model gpt --preset small --memory 4GiB --batch-size 8 --max-seq-len 4096",
+                    f"{PROG} --model vit --preset small --memory auto --global-batch-size 512 --measure --json "
+                    "fit.json",
+                    f"XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --mesh data=2,fsdp=4 "
+                    "--memory 1GiB",
+                    f"{PROG} --model gpt --preset gpt2-small --topology v5e:2x2 --global-batch-size 64  # TPU "
+                    "compiler, no TPU",
+                    f"{PROG} --model llm --preset llama3.1-8b --topology v6e:16x16 --seq-len 8192 "
+                    "--global-batch-size 1024 --mesh auto",
+                    f"{PROG} --model llm --preset llama3.1-70b --topology h200:32x8 --seq-len 8192 "
+                    "--global-batch-size 512  # XLA:GPU, no GPU; the mesh searched"]))
   add_target_flags(parser)
   add_placement_flags(parser, auto_mesh=True,
                       mesh_help="compile sharded over a device mesh (axes data, fsdp, tensor): memory per device; "

@@ -1,11 +1,42 @@
-"""The parser every jaxckpt CLI is built on (the tools and the experiments): one-line errors in terms of flags, and
-whether to draw progress bars."""
+"""The parser every jaxckpt CLI is built on (the tools and the experiments): one-line errors in terms of flags, one
+reference at the end of every ``--help`` built from the registries, and whether to draw progress bars."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+from collections.abc import Sequence
+
+from jaxckpt import names
+from jaxckpt.models import MODEL_REGISTRY
+from jaxckpt.policies import POLICY_FORMS, POLICY_NAMES
+
+
+def reference_epilog(*, models: Sequence[str] | None = None, policy_words: str = "",
+                     examples: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
+  """The end of every jaxckpt CLI's ``--help``, built from the registries, so no tool's help drifts from another's:
+  presets and block types per model (:data:`jaxckpt.models.MODEL_REGISTRY`), the policy grammar and every policy name
+  (:data:`jaxckpt.policies.POLICY_FORMS`, :data:`~jaxckpt.policies.POLICY_NAMES`), the checkpoint names the shipped
+  layers emit (:data:`jaxckpt.names.ALL_NAMES`), then the tool's own notes and examples.
+
+  Args:
+    models: the model registry's names to describe (default all).
+    policy_words: words the tool adds before the policy names (``"all (every policy worth comparing), "``).
+    examples: command lines, one each.
+    notes: lines of the tool's own, before the examples.
+
+  Returns:
+    The text (lines joined with newlines; for ``argparse.RawDescriptionHelpFormatter``).
+  """
+  entries = [(n, e) for n, e in MODEL_REGISTRY.items() if models is None or n in models]
+  lines = [f"presets per model: {'; '.join(f'{n}: ' + ', '.join(e.presets) for n, e in entries)}",
+           f"block types per model: {'; '.join(f'{n}: ' + ', '.join(e.block_types) for n, e in entries)}",
+           POLICY_FORMS, f"policy names: {policy_words}{', '.join(POLICY_NAMES)}",
+           f"checkpoint names: {', '.join(names.ALL_NAMES)}", *notes]
+  if examples:
+    lines += ["examples:", *(f"  {e}" for e in examples)]
+  return "\n".join(lines)
 
 
 EXIT_BAD_INPUT = 2

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from jaxckpt.cli._parser import CLIParser
+from jaxckpt.cli._parser import CLIParser, reference_epilog
 from jaxckpt._paths import check_output_file
 from jaxckpt.errors import JaxckptError
 from jaxckpt.planner._export import export_code, linen_export_code
@@ -37,18 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
       prog=PROG,
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog=(
-          "budgets: budget:<size> (compiled footprint = argument + output + temp − alias ≤ size; binary units B, KiB,\n"
-          "  MiB, GiB, TiB), budget:<p>% (compiled temp ≤ p% of no-remat temp), auto or auto:margin=<p>% (footprint\n"
-          "  ≤ this device's memory − margin; CPU: available RAM)\n"
-          "use the plan: --policy '<printed policy>' in the experiments, or jaxckpt.set_policy(model, plan.policy)\n"
-          "examples:\n"
-          f"  {PROG} --model gpt --preset small --budget 50% --explain\n"
-          f"  {PROG} --model vit --preset small --budget 8MiB --export\n"
-          f"  {PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json\n"
-          f"  {PROG} --model gpt --preset small --mincut 25%\n"
-          f"  {PROG} --model gpt --preset small --topology v5e:2x2 --budget 50%"
-      ),
+      epilog=reference_epilog(
+          notes=["budgets: budget:<size> (compiled footprint = argument + output + temp − alias ≤ size; binary units "
+                 "B, KiB,", "  MiB, GiB, TiB), budget:<p>% (compiled temp ≤ p% of no-remat temp), auto or "
+                 "auto:margin=<p>% (footprint", "  ≤ this device's memory − margin; a GPU's × its memory fraction; "
+                 "CPU: available RAM)",
+                 "use the plan: --policy '<printed policy>' in the experiments, or jaxckpt.set_policy(model, "
+                 "plan.policy)"],
+          examples=[f"{PROG} --model gpt --preset small --budget 50% --explain",
+                    f"{PROG} --model vit --preset small --budget 8MiB --export",
+                    f"{PROG} --model gpt --preset gpt2-small --budget auto:margin=20% --json plan.json",
+                    f"{PROG} --model gpt --preset small --mincut 25%",
+                    f"{PROG} --model gpt --preset small --topology v5e:2x2 --budget 50%"]),
   )
   add_target_flags(parser)
   what = parser.add_mutually_exclusive_group(required=True)

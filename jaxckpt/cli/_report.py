@@ -11,13 +11,9 @@ import os
 from collections.abc import Sequence
 
 
-from jaxckpt import names
-from jaxckpt.cli._parser import CLIParser, progress_enabled
+from jaxckpt.cli._parser import CLIParser, progress_enabled, reference_epilog
 from jaxckpt._paths import check_output_dir, check_output_file
 from jaxckpt.errors import JaxckptError
-from jaxckpt.models._registry import MODEL_REGISTRY
-from jaxckpt.policies._model import POLICY_FORMS
-from jaxckpt.policies._spec import POLICY_NAMES
 from jaxckpt.report._build import build_report
 from jaxckpt.training._profile import check_profile_dir
 from jaxckpt.report._html import PLOTLYJS_MODES
@@ -27,7 +23,6 @@ from jaxckpt.report._policies import ALL, expand_policies
 from jaxckpt.step._build import target_block_types
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
                                placement_from_args, target_from_args)
-from jaxckpt.step._targets import SHIPPED_MODELS
 
 
 PROG = "jaxckpt-report"
@@ -35,33 +30,29 @@ PROG = "jaxckpt-report"
 
 def build_parser() -> argparse.ArgumentParser:
   """The CLI's argument parser."""
-  presets = "; ".join(f"{name}: {', '.join(names_)}" for name, names_ in SHIPPED_MODELS.items())
-  blocks = "; ".join(f"{name}: {', '.join(entry.block_types)}" for name, entry in MODEL_REGISTRY.items())
   parser = CLIParser(
       prog=PROG,
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog=(
-          f"presets per model: {presets}\n"
-          f"block types per model: {blocks}\n"
-          f"{POLICY_FORMS}\n"
-          f"policy names: {ALL} (every policy worth comparing on the target), {', '.join(POLICY_NAMES)}\n"
-          f"checkpoint names: {', '.join(names.ALL_NAMES)}\n"
-          "--target package.module:function: function() returns a jaxckpt.report.ModelTarget or LossTarget\n"
-          "  (see jaxckpt.step._targets.py); your own model: ModelTarget(make_model=lambda: jaxckpt.apply_remat(\n"
-          "  model, 'none', blocks={'layer': MyLayer}), batch=..., loss_fn=lambda model, batch: loss); its\n"
-          "  checkpoint names are the layers' attribute paths (attn.q_proj, mlp.up_proj): --list-blocks prints them\n"
-          "  a Linen model: jaxckpt.linen_model_target(module, tokens, loss='next_token', blocks={'layer': MyBlock})\n"
-          "examples:\n"
-          f"  {PROG} --model vit --preset small --policies all --html report.html --plot pareto.png\n"
-          f"  {PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv --measure\n"
-          f"  {PROG} --model vit --policies none full dots_saveable --profile prof/  # xprof --logdir prof\n"
-          f"  {PROG} --model gpt --preset small --seq-len 128 --policies all\n"
-          f"  {PROG} --target mypkg.targets:target --policies none full --json report.json\n"
-          f"  XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh fsdp=8 "
-          "--policies none full\n"
-          f"  {PROG} --model gpt --preset small --topology v5e:2x2 --policies none full dots_saveable --compare-cpu"
-      ),
+      epilog=reference_epilog(
+          policy_words=f"{ALL} (every policy worth comparing on the target), ",
+          notes=["--target package.module:function: function() returns a jaxckpt ModelTarget or LossTarget (e.g.",
+                 "  jaxckpt.nnx_model_target(make_model, batch, loss='next_token', blocks={'layer': MyLayer}) or",
+                 "  jaxckpt.linen_model_target(module, tokens, loss='next_token', blocks={'layer': MyBlock})); its",
+                 "  checkpoint names are the layers' attribute paths (attn.q_proj, mlp.up_proj): --list-blocks prints "
+                 "them"],
+          examples=[f"{PROG} --model vit --preset small --policies all --html report.html --plot pareto.png",
+                    f"{PROG} --model vit --policies none attn=dots_saveable,mlp=full save_only_these_names:qkv "
+                    "--measure",
+                    f"{PROG} --model vit --policies none full dots_saveable --profile prof/  # xprof --logdir prof",
+                    f"{PROG} --model gpt --preset small --seq-len 128 --policies all",
+                    f"{PROG} --target mypkg.targets:target --policies none full --json report.json",
+                    f"XLA_FLAGS=--xla_force_host_platform_device_count=8 {PROG} --model gpt --preset small --mesh "
+                    "fsdp=8 --policies none full",
+                    f"{PROG} --model gpt --preset small --topology v5e:2x2 --policies none full dots_saveable "
+                    "--compare-cpu",
+                    f"{PROG} --model llm --preset llama2-7b --topology h100:8 --mesh fsdp=8 --seq-len 4096 "
+                    "--policies full minimal_flash"]),
   )
   add_target_flags(parser)
   add_placement_flags(parser, mesh_help="compile sharded over a device mesh, axes data (batch), fsdp (batch, "
