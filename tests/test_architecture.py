@@ -256,13 +256,13 @@ def test_the_flag_check_finds_a_flag():
 
 
 MAX_FUNCTION_LINES = 80
-LONG_FUNCTIONS = {
-    "jaxckpt/planner/_plan.py:plan_policy": "the budget planner's rounds: predict, verify by compiling, recalibrate",
-    "jaxckpt/report/_compile.py:compile_rows": "one pass over the report's rows sharing traces and compiles",
-    "jaxckpt/fit/_search.py:max_batch_size": "the fit search as one loop: probe, predict, verify, correct, bisect",
+LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
+    "jaxckpt/planner/_plan.py:plan_policy": (93, "the budget planner as stages (candidates, anchors, limit, rounds, "
+                                                 "the dominance guard) with the errors of a budget no plan reaches"),
 }
-"""Functions allowed over :data:`MAX_FUNCTION_LINES` (at most 3), each with its reason."""
-
+"""Functions allowed over :data:`MAX_FUNCTION_LINES`: their length today (docstring not counted) as a ceiling that
+only falls, and the reason. A function longer than its ceiling fails, and so does one shorter (lower the ceiling:
+the allowance shrinks with the code); a new long function is split into stages instead."""
 
 def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
   """Lines of a function from ``def`` to its end, its docstring not counted."""
@@ -274,7 +274,7 @@ def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 
 def test_no_function_is_too_long():
-  assert len(LONG_FUNCTIONS) <= 3
+  assert all(ceiling <= 120 for ceiling, _ in LONG_FUNCTIONS.values()), "no allowance above 120 lines"
   long = {}
   for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]):
     for node in ast.walk(ast.parse(path.read_text())):
@@ -282,6 +282,9 @@ def test_no_function_is_too_long():
         long[f"{path.relative_to(ROOT)}:{node.name}"] = _function_lines(node)
   too_long = {k: v for k, v in long.items() if k not in LONG_FUNCTIONS}
   assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (docstring not counted): {too_long}"
+  moved = {k: (long.get(k), ceiling) for k, (ceiling, _) in LONG_FUNCTIONS.items() if long.get(k) != ceiling}
+  assert not moved, ("allow-listed functions whose length is not their ceiling (length, ceiling): lower the ceiling "
+                     f"to the length, or drop the entry when it is {MAX_FUNCTION_LINES} lines or less: {moved}")
 
 
 def test_jax_internals_are_read_in_one_module():

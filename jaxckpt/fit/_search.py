@@ -367,167 +367,226 @@ def max_batch_size(
     >>> fit = max_batch_size(shipped_target("gpt", "small"), "nothing_saveable", "4GiB")
     >>> fit.max_batch_size, fit.compiles
   """
-  started = time.perf_counter()
-  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
-  mesh = placement.mesh
-  parsed = parse_model_policy(policy)
-  if isinstance(parsed, Budget):
-    raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
-                       "batch is that of the least-memory plan it can choose (the nothing_saveable row); give fixed "
-                       "policies (none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
-  if max_rounds < 1:
-    raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
-  jobs = (2 if compiles_only(mesh) else 1) if jobs is None else jobs
-  if jobs < 1:
-    raise JaxckptError(f"jobs={jobs} must be ≥ 1")
-  if axis not in ("batch", "seq_len"):
-    raise JaxckptError(f"axis={axis!r}: valid axes are batch, seq_len")
-  if axis == "seq_len":
-    with_seq_len(target, 1)  # raises for targets without a sequence length
-  unit = batch_unit(mesh) if axis == "batch" else 1
-  lo_b = unit if min_batch is None else min_batch
-  if lo_b < 1 or lo_b % unit:
-    raise JaxckptError(f"min_batch={lo_b} must be ≥ 1 and a multiple of the mesh's batch axes ({unit} devices)")
-  hi_b = max_batch - max_batch % unit
-  if hi_b < lo_b:
-    raise JaxckptError(f"the batch range is empty: min_batch={lo_b} > max_batch={max_batch}"
-                       + (f" (in multiples of {unit})" if unit > 1 else ""))
-  limit, _ = resolve_memory(memory, placement=placement)
-  text = str(parsed)
-  points: dict[int, FitPoint] = {}
-
-  def lowered(batch: int) -> tuple[int, Any, Any, float]:
-    if on_compile is not None:
-      on_compile(text, batch)
-    if axis == "seq_len":
-      return _lowered_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh, options=compiler_options,
-                            seq_len=batch)
-    return _lowered_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
-
-  def at(*batches: int) -> FitPoint:
-    """Compiles each batch not compiled yet, ``jobs`` at once (traced here, compiled in threads); returns the
-    first's point."""
-    todo = [b for b in dict.fromkeys(batches) if b not in points and lo_b <= b <= hi_b]
-    if len(todo) > 1 and jobs > 1:
-      with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_compiled_point, *lowered(b)) for b in todo]
-        for b, future in zip(todo, futures):
-          points[b] = future.result()
-    else:
-      for b in todo:
-        points[b] = _compiled_point(*lowered(b))
-    for b in todo:
-      points[b] = dataclasses.replace(points[b], batch=b)
-    return points[batches[0]]
-
-  def with_next(batch: int) -> tuple[int, ...]:
-    """``batch``, and with ``jobs`` > 1 its successor too (the verification pair, compiled together)."""
-    return (batch, batch + unit) if jobs > 1 and batch not in points else (batch,)
-
-  def done(best: int | None, method: str, model: AffineModel) -> BatchFit:
-    over = None
-    if best is not None and best + unit in points:
-      over = points[best + unit].footprint_bytes
-    foot = points[best if best is not None else lo_b].footprint_bytes
-    return BatchFit(text, best, foot, limit, len(points), model, tuple(points.values()), method,
-                    best == hi_b, over, unit, time.perf_counter() - started,
-                    _beyond(points, limit, unit) if best == hi_b and axis == "batch" else None)
-
-  probe_batches = sorted({min(hi_b, max(lo_b, p * unit)) for p in probes})
-  at_cap = False  # a guess at the cap that fits: the answer in one compile, with no line of its own
-  if guess is not None:  # the verification pair, whatever the jobs: on a right guess, the whole search
-    guessed = min(hi_b, max(lo_b, guess - guess % unit))
-    if guessed < hi_b:
-      at(guessed, guessed + unit)
-    else:
-      at_cap = at(guessed).footprint_bytes <= limit
-  elif len(probe_batches) == 1 and lo_b < probe_batches[0]:  # the probes meet at the cap (a global batch below
-    at(probe_batches[0], lo_b)  # them): the cap and the smallest batch make the line, compiled together
-  elif intercept_hint is not None and len(probe_batches) > 1:
-    far = at(probe_batches[-1])
-    hinted = AffineModel(float(intercept_hint), (far.footprint_bytes - intercept_hint) / far.batch,
-                         ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
-    if hinted.slope > 0:  # the second point: the hint's prediction (next to the crossing), else the other probe
-      predicted = min(max(hinted.largest_within(limit, step=unit), lo_b), hi_b)
-      if predicted != far.batch:
-        at(*with_next(predicted))
-      else:
-        at(probe_batches[0])
-  if guess is None:  # the probes a line still needs
-    todo = [b for b in probe_batches if b not in points][:max(0, 2 - len(points))]
-    if todo:
-      at(*todo)
-  if len(points) < 2 and not at_cap:  # a range of one batch size, probes that coincide, a guess over at the cap
-    at(lo_b if lo_b not in points else hi_b)
-  first = list(points.values())[:2]  # the line through the first two compiles (a speculative third left out)
-  only = first[0]
-  model = fit_affine([(p.batch, p.footprint_bytes) for p in first]) if len(points) > 1 \
-      else AffineModel(float(only.footprint_bytes), 0.0, ((only.batch, only.footprint_bytes),))
-
-  def bracket() -> tuple[int, int | None]:
-    """(largest batch that fit, or min_batch − unit when none did; smallest batch over the limit, or None)."""
-    fit = [b for b, p in points.items() if p.footprint_bytes <= limit]
-    over = [b for b, p in points.items() if p.footprint_bytes > limit]
-    return max(fit, default=lo_b - unit), min(over, default=None)
-
-  def settled() -> bool:
-    lo, hi = bracket()
-    return lo == hi_b or (hi is not None and hi == lo + unit)
-
-  def answer(method: str) -> BatchFit:
-    lo, _ = bracket()
-    if lo < lo_b:
-      at(lo_b)  # the footprint nothing fits at (already compiled when settled)
-    return done(lo if lo >= lo_b else None, method, model)
-
-  if len(points) > 1 and model.slope <= 0 and not any(p.refused for p in first) and not settled():
-    model.largest_within(limit)  # raises: the footprint does not grow with the batch
+  search = _Search.start(target, policy, memory, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
+                         tx=tx, min_batch=min_batch, max_batch=max_batch, max_rounds=max_rounds, jobs=jobs, axis=axis,
+                         compiler_options=compiler_options, on_compile=on_compile)
+  model, at_cap = _probe(search, probes, guess, intercept_hint)
+  if len(search.points) > 1 and model.slope <= 0 and not any(p.refused for p in list(search.points.values())[:2]) \
+      and not search.settled():
+    model.largest_within(search.limit)  # raises: the footprint does not grow with the batch
   # a probe refused by the compiler names the bytes of a differently scheduled program, and compiles of nearly the
   # same bytes may come out in either order (Llama 3.1 8B on v6e-256's data=32,fsdp=8: 0.72 GB less at 4 per chip
   # than at 1): a line that does not grow is then no error; the answer is settled already, or bisected
-  if settled():  # the first compiles answer already (a guess or a pinned batch verified): no search
-    return answer("affine")
-  current = model
+  if search.settled() or at_cap:  # the first compiles answer already (a guess or a pinned batch verified)
+    return search.answer("affine", model)
+  answer = _predict_and_verify(search, model, max_rounds)
+  return answer if answer is not None else _bisect(search, model)
+
+
+@dataclasses.dataclass
+class _Search:
+  """One batch search of :func:`max_batch_size`: its range and memory, the compiles made, and how to make more.
+
+  Attributes:
+    target, parsed, text: what is compiled, under which policy (parsed, and its text).
+    limit: bytes per device to fit.
+    unit: the batch step (the mesh's batch axes' product; 1 for a sequence length).
+    lo, hi: the smallest and largest batch considered (multiples of ``unit``).
+    jobs: compiles at once.
+    axis: ``"batch"`` or ``"seq_len"``.
+    lower: ``batch -> (batch, lowered, mesh, started)``, the tracing half of a compile.
+    started: ``time.perf_counter()`` at the start.
+    points: batch -> its compiled :class:`FitPoint`, in compile order.
+  """
+
+  target: Target
+  parsed: Any
+  text: str
+  limit: int
+  unit: int
+  lo: int
+  hi: int
+  jobs: int
+  axis: str
+  lower: Callable[[int], tuple[int, Any, Any, float]]
+  started: float
+  points: dict[int, FitPoint] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def start(cls, target: Target, policy: Any, memory: int | str, *, mesh: Any, topology: Any, memory_fraction: Any,
+            tx: Any, min_batch: int | None, max_batch: int, max_rounds: int, jobs: int | None, axis: str,
+            compiler_options: Any, on_compile: Any) -> "_Search":
+    """The search's record, its arguments checked (:func:`max_batch_size`'s errors)."""
+    started = time.perf_counter()
+    placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+    mesh = placement.mesh
+    parsed = parse_model_policy(policy)
+    if isinstance(parsed, Budget):
+      raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
+                         "batch is that of the least-memory plan it can choose (the nothing_saveable row); give fixed "
+                         "policies (none, nothing_saveable, dots_saveable, min_saved, mincut:<cap>, ...)")
+    if max_rounds < 1:
+      raise JaxckptError(f"max_rounds={max_rounds} must be ≥ 1")
+    jobs = (2 if compiles_only(mesh) else 1) if jobs is None else jobs
+    if jobs < 1:
+      raise JaxckptError(f"jobs={jobs} must be ≥ 1")
+    if axis not in ("batch", "seq_len"):
+      raise JaxckptError(f"axis={axis!r}: valid axes are batch, seq_len")
+    if axis == "seq_len":
+      with_seq_len(target, 1)  # raises for targets without a sequence length
+    unit = batch_unit(mesh) if axis == "batch" else 1
+    lo = unit if min_batch is None else min_batch
+    if lo < 1 or lo % unit:
+      raise JaxckptError(f"min_batch={lo} must be ≥ 1 and a multiple of the mesh's batch axes ({unit} devices)")
+    hi = max_batch - max_batch % unit
+    if hi < lo:
+      raise JaxckptError(f"the batch range is empty: min_batch={lo} > max_batch={max_batch}"
+                         + (f" (in multiples of {unit})" if unit > 1 else ""))
+    limit, _ = resolve_memory(memory, placement=placement)
+    text = str(parsed)
+
+    def lower(batch: int) -> tuple[int, Any, Any, float]:
+      if on_compile is not None:
+        on_compile(text, batch)
+      if axis == "seq_len":
+        return _lowered_point(target, parsed, batch_size_of(target), tx=tx, mesh=mesh, options=compiler_options,
+                              seq_len=batch)
+      return _lowered_point(target, parsed, batch, tx=tx, mesh=mesh, options=compiler_options)
+
+    return cls(target, parsed, text, limit, unit, lo, hi, jobs, axis, lower, started)
+
+  def at(self, *batches: int) -> FitPoint:
+    """Compiles each batch not compiled yet, :attr:`jobs` at once (traced here, compiled in threads); returns the
+    first's point."""
+    todo = [b for b in dict.fromkeys(batches) if b not in self.points and self.lo <= b <= self.hi]
+    if len(todo) > 1 and self.jobs > 1:
+      with concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs) as pool:
+        futures = [pool.submit(_compiled_point, *self.lower(b)) for b in todo]
+        for b, future in zip(todo, futures):
+          self.points[b] = future.result()
+    else:
+      for b in todo:
+        self.points[b] = _compiled_point(*self.lower(b))
+    for b in todo:
+      self.points[b] = dataclasses.replace(self.points[b], batch=b)
+    return self.points[batches[0]]
+
+  def with_next(self, batch: int) -> tuple[int, ...]:
+    """``batch``, and with :attr:`jobs` > 1 its successor too (the verification pair, compiled together)."""
+    return (batch, batch + self.unit) if self.jobs > 1 and batch not in self.points else (batch,)
+
+  def bracket(self) -> tuple[int, int | None]:
+    """(largest batch that fit, or ``lo`` − unit when none did; smallest batch over the limit, or None)."""
+    fit = [b for b, p in self.points.items() if p.footprint_bytes <= self.limit]
+    over = [b for b, p in self.points.items() if p.footprint_bytes > self.limit]
+    return max(fit, default=self.lo - self.unit), min(over, default=None)
+
+  def settled(self) -> bool:
+    """Whether the answer is compiled: the cap fits, or a fitting batch sits next to one over the limit."""
+    lo, hi = self.bracket()
+    return lo == self.hi or (hi is not None and hi == lo + self.unit)
+
+  def answer(self, method: str, model: AffineModel) -> BatchFit:
+    """The :class:`BatchFit` of the largest batch that fit (compiling ``lo`` first when none did)."""
+    best, _ = self.bracket()
+    if best < self.lo:
+      self.at(self.lo)  # the footprint nothing fits at (already compiled when settled)
+    best = best if best >= self.lo else None
+    points, unit = self.points, self.unit
+    over = points[best + unit].footprint_bytes if best is not None and best + unit in points else None
+    foot = points[best if best is not None else self.lo].footprint_bytes
+    beyond = _beyond(points, self.limit, unit) if best == self.hi and self.axis == "batch" else None
+    return BatchFit(self.text, best, foot, self.limit, len(points), model, tuple(points.values()), method,
+                    best == self.hi, over, unit, time.perf_counter() - self.started, beyond)
+
+
+def _probe(search: _Search, probes: Sequence[int], guess: int | None, intercept_hint: float | None
+           ) -> tuple[AffineModel, bool]:
+  """The first compiles and the line through them (:func:`max_batch_size`'s ``probes``, ``guess`` and
+  ``intercept_hint``): ``(model, at_cap)``, ``at_cap`` when a guess at the cap fit (the answer in one compile)."""
+  lo, hi, unit = search.lo, search.hi, search.unit
+  probe_batches = sorted({min(hi, max(lo, p * unit)) for p in probes})
+  at_cap = False
+  if guess is not None:  # the verification pair, whatever the jobs: on a right guess, the whole search
+    guessed = min(hi, max(lo, guess - guess % unit))
+    if guessed < hi:
+      search.at(guessed, guessed + unit)
+    else:
+      at_cap = search.at(guessed).footprint_bytes <= search.limit
+  elif len(probe_batches) == 1 and lo < probe_batches[0]:  # the probes meet at the cap (a global batch below them):
+    search.at(probe_batches[0], lo)  # the cap and the smallest batch make the line, compiled together
+  elif intercept_hint is not None and len(probe_batches) > 1:
+    far = search.at(probe_batches[-1])
+    hinted = AffineModel(float(intercept_hint), (far.footprint_bytes - intercept_hint) / far.batch,
+                         ((0, int(intercept_hint)), (far.batch, far.footprint_bytes)))
+    if hinted.slope > 0:  # the second point: the hint's prediction (next to the crossing), else the other probe
+      predicted = min(max(hinted.largest_within(search.limit, step=unit), lo), hi)
+      if predicted != far.batch:
+        search.at(*search.with_next(predicted))
+      else:
+        search.at(probe_batches[0])
+  if guess is None:  # the probes a line still needs
+    todo = [b for b in probe_batches if b not in search.points][:max(0, 2 - len(search.points))]
+    if todo:
+      search.at(*todo)
+  if len(search.points) < 2 and not at_cap:  # a range of one batch, probes that coincide, a guess over at the cap
+    search.at(lo if lo not in search.points else hi)
+  first = list(search.points.values())[:2]  # the line through the first two compiles (a speculative third left out)
+  if len(search.points) > 1:
+    return fit_affine([(p.batch, p.footprint_bytes) for p in first]), at_cap
+  return AffineModel(float(first[0].footprint_bytes), 0.0, ((first[0].batch, first[0].footprint_bytes),)), at_cap
+
+
+def _predict_and_verify(search: _Search, model: AffineModel, max_rounds: int) -> BatchFit | None:
+  """Up to ``max_rounds`` rounds of: predict the largest batch by the current line, compile it and its neighbour,
+  correct the line by a secant (or a curve's local tangent); the answer once a fitting batch sits next to one over,
+  else ``None`` (left to :func:`_bisect`)."""
+  current, unit = model, search.unit
   for _ in range(0 if model.slope <= 0 else max_rounds):
-    if settled():
-      return answer("affine")
-    lo, hi = bracket()
-    top = hi_b if hi is None else hi - unit
-    pred = min(max(current.largest_within(limit, step=unit), lo_b, lo), top)
-    at(*with_next(pred))
-    if points[pred].footprint_bytes <= limit and pred + unit <= hi_b:
-      at(pred + unit)
-    elif points[pred].footprint_bytes > limit and pred - unit >= lo_b:
-      at(pred - unit)
-    if settled():
-      return answer("affine")
+    if search.settled():
+      return search.answer("affine", model)
+    lo, hi = search.bracket()
+    top = search.hi if hi is None else hi - unit
+    pred = min(max(current.largest_within(search.limit, step=unit), search.lo, lo), top)
+    search.at(*search.with_next(pred))
+    if search.points[pred].footprint_bytes <= search.limit and pred + unit <= search.hi:
+      search.at(pred + unit)
+    elif search.points[pred].footprint_bytes > search.limit and pred - unit >= search.lo:
+      search.at(pred - unit)
+    if search.settled():
+      return search.answer("affine", model)
     # secant: between the largest fitting and the smallest over batch when both are known, else the two nearest;
     # a curved footprint (attention's T² in a sequence length) gets the local tangent of a parabola through the
     # three compiles nearest the limit instead, so the chord of a convex curve does not creep up one side
-    lo, hi = bracket()
-    pair = [points[b] for b in (lo, hi) if b is not None and b in points]
+    lo, hi = search.bracket()
+    pair = [search.points[b] for b in (lo, hi) if b is not None and b in search.points]
     if len(pair) < 2:
-      pair = sorted(points.values(), key=lambda p: abs(p.footprint_bytes - limit))[:2]
+      pair = sorted(search.points.values(), key=lambda p: abs(p.footprint_bytes - search.limit))[:2]
     if pair[0].footprint_bytes == pair[1].footprint_bytes:
-      break
+      return None
     current = fit_affine([(p.batch, p.footprint_bytes) for p in pair])
     if current.slope <= 0:
-      break
-    local = tangent_at_crossing([(p.batch, p.footprint_bytes) for p in points.values()], limit, lo, hi)
+      return None
+    local = tangent_at_crossing([(p.batch, p.footprint_bytes) for p in search.points.values()], search.limit, lo, hi)
     if local is not None:
       current = local
-  lo, hi = bracket()
+  return None
+
+
+def _bisect(search: _Search, model: AffineModel) -> BatchFit:
+  """Where the line did not settle it: grow towards the cap while everything fits, then bisect between the largest
+  batch that fit and the smallest over the limit."""
+  lo, hi = search.bracket()
   if hi is None:  # everything so far fit: grow towards max_batch
-    b = max(lo, lo_b)
-    while b < hi_b and points[b].footprint_bytes <= limit:
-      b = min(hi_b, 2 * b)
-      at(b)
-    lo, hi = bracket()
-  while hi is not None and hi - lo > unit:
-    mid = max(lo_b, (lo + hi) // 2 // unit * unit)
-    at(mid)
-    lo, hi = bracket()
-  return answer("search")
+    b = max(lo, search.lo)
+    while b < search.hi and search.points[b].footprint_bytes <= search.limit:
+      b = min(search.hi, 2 * b)
+      search.at(b)
+    lo, hi = search.bracket()
+  while hi is not None and hi - lo > search.unit:
+    search.at(max(search.lo, (lo + hi) // 2 // search.unit * search.unit))
+    lo, hi = search.bracket()
+  return search.answer("search", model)
 
 
 def max_seq_len(target: Target, policy: Any, memory: int | str = "auto", *, min_seq_len: int = 1,

@@ -465,21 +465,7 @@ def plan_policy(
   cache = PlanCache() if cache is None else cache
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by the probes of the planning
   compiling = builder if mesh is None else step_builder(target, tx=tx, mesh=mesh)  # and by its compiles
-  types = builder.block_types
-  own_layers = plan_layers(target, builder)  # your own model's layers (NNX or Linen), else the Stack's
-  tensors = None
-  if own_layers is not None:
-    stack, num_layers = None, own_layers
-    if candidates is None:
-      candidates = layer_candidates(OwnModelProbe(target, num_layers, tx, builder), types)
-  else:
-    stack, probe = layer_probe(target, builder)
-    num_layers = stack.num_layers
-    if candidates is None:
-      tensors = record_block_graphs(probe) if per_tensor else None
-      candidates = layer_candidates(probe, types, tensor_options(tensors) if tensors else None)
-    elif any(p.name == SAVE_TENSORS for c in candidates for _, p in (c.spec.blocks or (("*", c.spec.default),))):
-      tensors = record_block_graphs(probe)
+  stack, num_layers, candidates, tensors = _layers_and_candidates(target, builder, tx, candidates, per_tensor)
   by_spec = {str(c.spec): c for c in candidates}
 
   def compile_point(policy, saved: int) -> CompiledPoint:
@@ -499,17 +485,7 @@ def plan_policy(
       raise JaxckptError(f"the backend ({mesh_platform(mesh)}) reports no compiled memory stats; budget plans need "
                          "them")
 
-  memory_source = None
-  if parsed.fraction is not None:
-    key, limit = "temp_bytes", int(parsed.fraction * none.temp_bytes)
-  else:
-    key = "footprint_bytes"
-    if parsed.auto:
-      available, memory_source = placement.memory()
-      limit = int(available * (1 - parsed.margin))
-      memory_source = f"{memory_source} {format_bytes(available)} − {parsed.margin * 100:g}% margin"
-    else:
-      limit = parsed.bytes
+  key, limit, memory_source = _budget_limit(parsed, none, placement)
   overhead = none.memory[key] - none.temp_bytes  # argument + output − alias: the same for every plan
   temp_limit = limit - overhead
 
@@ -543,24 +519,10 @@ def plan_policy(
 
   params = nnx.state(stack.layers, nnx.Param) if stack is not None else {}  # own layers: no slicing of a stack
   range_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
-  best, best_assignment, best_predicted = full, uniform(full_cand), full.temp_bytes
-  points = [(none.saved_bytes, False, none.temp_bytes), (full.saved_bytes, False, full.temp_bytes)]
   tried: set[str] = {str(none_spec), str(full_spec)}
-  for _ in range(max_rounds):
-    assignment = _choose(_Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points)), candidates,
-                         num_layers, temp_limit, none.saved_bytes)
-    if assignment is None or str(assignment.policy()) in tried:
-      break
-    policy = assignment.policy()
-    tried.add(str(policy))
-    layered = len(assignment.counts) > 1
-    predicted = int(_Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))(
-        assignment.saved_bytes, layered))
-    point = compile_point(policy, assignment.saved_bytes)
-    history.append(point)
-    points.append((point.saved_bytes, layered, point.temp_bytes))
-    if fits(point) and point.flops < best.flops and not _no_effect(point, none):
-      best, best_assignment, best_predicted = point, assignment, predicted
+  (best, best_assignment, best_predicted), points = _rounds(
+      max_rounds, (full, uniform(full_cand), full.temp_bytes), none, full, range_bytes, candidates, num_layers,
+      temp_limit, tried, history, compile_point, fits)
   predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
   best, best_assignment, best_predicted = _dominance_guard(
       (best, best_assignment, best_predicted), candidates, num_layers, predictor, temp_limit, none, tried, history,
@@ -568,6 +530,62 @@ def plan_policy(
   final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
   converged = final is None or str(final.policy()) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
+
+
+def _layers_and_candidates(target: Target, builder: Any, tx: Any, candidates: Sequence[LayerCandidate] | None,
+                           per_tensor: bool) -> tuple[Any, int, list[LayerCandidate], Any]:
+  """``(stack or None, layers, candidates, per-tensor graphs or None)`` of a plan: your own model's layers (NNX or
+  Linen, :func:`plan_layers`) or the Stack's, and each layer's measured candidates (given ones reused)."""
+  types = builder.block_types
+  own_layers = plan_layers(target, builder)
+  if own_layers is not None:
+    if candidates is None:
+      candidates = layer_candidates(OwnModelProbe(target, own_layers, tx, builder), types)
+    return None, own_layers, list(candidates), None
+  stack, probe = layer_probe(target, builder)
+  tensors = None
+  if candidates is None:
+    tensors = record_block_graphs(probe) if per_tensor else None
+    candidates = layer_candidates(probe, types, tensor_options(tensors) if tensors else None)
+  elif any(p.name == SAVE_TENSORS for c in candidates for _, p in (c.spec.blocks or (("*", c.spec.default),))):
+    tensors = record_block_graphs(probe)
+  return stack, stack.num_layers, list(candidates), tensors
+
+
+def _budget_limit(parsed: Budget, none: CompiledPoint, placement: Placement) -> tuple[str, int, str | None]:
+  """``(key, limit, memory source)`` a budget bounds: ``temp_bytes`` at a share of ``none``'s temp, or
+  ``footprint_bytes`` at a size or at the device's memory less a margin (``auto``: :meth:`Placement.memory`)."""
+  if parsed.fraction is not None:
+    return "temp_bytes", int(parsed.fraction * none.temp_bytes), None
+  if not parsed.auto:
+    return "footprint_bytes", parsed.bytes, None
+  available, source = placement.memory()
+  return ("footprint_bytes", int(available * (1 - parsed.margin)),
+          f"{source} {format_bytes(available)} − {parsed.margin * 100:g}% margin")
+
+
+def _rounds(max_rounds, start, none, full, range_bytes, candidates, num_layers, temp_limit, tried, history,
+            compile_point, fits):
+  """The planner's rounds (:func:`plan_policy`): choose the least-recompute assignment the predictor says fits,
+  compile it, add its point to the predictor; returns ``((best point, its assignment, its predicted temp), the
+  predictor's points)``, ``best`` the fewest-FLOPs compile that fit and had an effect."""
+  best, best_assignment, best_predicted = start
+  points = [(none.saved_bytes, False, none.temp_bytes), (full.saved_bytes, False, full.temp_bytes)]
+  for _ in range(max_rounds):
+    predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
+    assignment = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
+    if assignment is None or str(assignment.policy()) in tried:
+      break
+    policy = assignment.policy()
+    tried.add(str(policy))
+    layered = len(assignment.counts) > 1
+    predicted = int(predictor(assignment.saved_bytes, layered))
+    point = compile_point(policy, assignment.saved_bytes)
+    history.append(point)
+    points.append((point.saved_bytes, layered, point.temp_bytes))
+    if fits(point) and point.flops < best.flops and not _no_effect(point, none):
+      best, best_assignment, best_predicted = point, assignment, predicted
+  return (best, best_assignment, best_predicted), points
 
 
 def _dominance_guard(chosen, candidates, num_layers, predictor, temp_limit, none, tried, history, compile_point,

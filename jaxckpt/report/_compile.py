@@ -147,116 +147,155 @@ def compile_rows(
   for row in rows:
     row["remat_impl"], row["backend"] = impl, backend
   warnings: list[str] = []
-  pending: dict[concurrent.futures.Future, tuple[int, str | None]] = {}
-  comparing: dict[concurrent.futures.Future, int] = {}  # XLA:CPU compiles of cpu_target, by row
-  programs: dict[str, int] = {}  # fingerprint of a lowered program -> the first row that compiles it
-  twins: dict[int, list[int]] = {}  # that row -> later rows with the same program
-  bar = tqdm(total=len(specs), desc="compiling policies", unit="policy", disable=not progress, leave=False)
-
-  def fail(i: int, err: BaseException) -> None:
-    rows[i].update(status=STATUS_ERROR, error=one_line(err))
-
-  def finish(future: concurrent.futures.Future) -> None:
-    i, dump_dir = pending.pop(future)
-    try:
-      compiled = future.result()
-      rows[i]["stages_s"]["compile"] = compiled.compile_s
-      rows[i].update(compiled.memory)
-      rows[i]["flops_xla_raw"] = xla_raw_flops(compiled)
-      rows[i]["compile_s"] = compiled.seconds
-      warnings.extend(f"policy {rows[i]['policy']!r}: the compiler logged: {line}" for line in compiled.compiler_log)
-      if dump_dir is not None:
-        xla_dump.prune_dump(dump_dir)
-        rows[i]["xla_dump"] = {"dir": dump_dir, "files": xla_dump.dump_files(dump_dir),
-                               "peak_buffers": xla_dump.peak_buffers(dump_dir)}
-    except Exception as err:  # noqa: BLE001 - a policy that fails to compile (e.g. out of memory) is an error row
-      fail(i, err)
-    bar.update(1)
-
-  def finish_cpu(future: concurrent.futures.Future) -> None:
-    i = comparing.pop(future)
-    try:
-      compiled = future.result()
-      rows[i]["cpu"] = {"backend": "cpu", "batch_size": batch_size_of(cpu_target), **compiled.memory,
-                        "flops_xla_raw": xla_raw_flops(compiled), "compile_s": compiled.seconds}
-    except Exception as err:  # noqa: BLE001 - the comparison failing leaves the row standing, with a warning
-      warnings.append(f"policy {rows[i]['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
-
   resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
   warnings += [w for w in (offload_warning(p, backend) for p in resolved if p is not None) if w is not None]
   builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
   # On a machine whose default backend is not the CPU, a one-CPU-device mesh puts the comparison on XLA:CPU.
   cpu_mesh = None if jax.default_backend() == "cpu" else make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
   cpu_builder = step_builder(cpu_target, tx=tx, mesh=cpu_mesh) if cpu_target is not None else None
+  bar = tqdm(total=len(specs), desc="compiling policies", unit="policy", disable=not progress, leave=False)
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    work = _RowCompiles(target, rows, warnings, bar, pool, tx=tx, mesh=mesh, options=compiler_options,
+                        stats_only=stats_only, builder=builder, xla_dump_dir=xla_dump_dir, cpu=(cpu_target, cpu_mesh,
+                                                                                                 cpu_builder))
     for i, spec in enumerate(resolved):
-      if spec is None:  # a budget that could not be planned: already an error row
+      lowered = work.lower(i, spec) if spec is not None else None
+      if lowered is None:  # an unplanned budget, an invalid spec, a policy not applied: already an error row
         bar.update(1)
         continue
-      try:
-        lowered = lower_policy(target, spec, tx=tx, mesh=mesh, options=compiler_options, stats_only=stats_only,
-                               builder=builder)
-      except Exception as err:  # noqa: BLE001 - invalid spec for this target, or a tracing error: an error row
-        fail(i, err)
-        if isinstance(err, JaxckptError):
-          warnings.append(f"policy {rows[i]['policy']!r} is invalid for {target.name}: {one_line(err)}")
-        bar.update(1)
-        continue
-      rows[i]["remat_regions"] = count_remat_regions(lowered.traced.jaxpr)
-      _check_applied(rows[i], spec)
-      if rows[i]["status"] == STATUS_ERROR:
-        bar.update(1)
-        continue
-      stages = rows[i]["stages_s"] = dict(lowered.stages)
-      fingerprint = lowered.fingerprint
-      if xla_dump_dir is None and fingerprint in programs:  # the same program: its stats are this row's
-        first = programs[fingerprint]
-        rows[i]["same_program_as"] = rows[first]["policy"]
-        rows[i]["compile_s"] = lowered.lower_s  # traced and lowered, not compiled
-        twins.setdefault(first, []).append(i)
-      else:
-        programs[fingerprint] = i
-        dump_dir, extra = None, {}
-        if xla_dump_dir is not None:
-          dump_dir = os.path.join(xla_dump_dir, _slug(i, rows[i]["policy"]))
-          os.makedirs(dump_dir, exist_ok=True)
-          extra = xla_dump.dump_options(dump_dir)
-        # Submitted before this row's analysis, so XLA never waits for it.
-        pending[pool.submit(lowered.compile, extra)] = (i, dump_dir)
-        if cpu_builder is not None:
-          try:
-            on_cpu = lower_policy(cpu_target, spec, tx=tx, mesh=cpu_mesh, options=compiler_options,
-                                  stats_only=stats_only, builder=cpu_builder)
-            comparing[pool.submit(on_cpu.compile)] = i
-          except Exception as err:  # noqa: BLE001 - as finish_cpu: a warning, the row stands
-            warnings.append(f"policy {rows[i]['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
-      # While XLA compiles: FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis.
-      try:
-        t0 = time.perf_counter()
-        rows[i]["flops"] = lowered.flops
-        t1 = time.perf_counter()
-        stages["flops"] = t1 - t0
-        if residuals:
-          with tracing_for(mesh_platform(mesh)):  # the kernels the compiled step runs (auto attention)
-            summary = analyse_residuals(lowered.step)
-          rows[i]["residual_bytes"] = summary["bytes"]
-          rows[i]["activation_residual_bytes"] = summary["activation_bytes"]
-          rows[i]["residuals"] = summary
-          stages["residuals"] = time.perf_counter() - t1
-      except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
-        warnings.append(f"policy {rows[i]['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")
-      if rows[i]["same_program_as"] is not None:
-        bar.update(1)
-      for future in [f for f in pending if f.done()]:
-        finish(future)
-      for future in [f for f in comparing if f.done()]:
-        finish_cpu(future)
-    for future in concurrent.futures.as_completed(list(pending)):
-      finish(future)
-    for future in concurrent.futures.as_completed(list(comparing)):
-      finish_cpu(future)
-  for first, later in twins.items():
+      work.submit(i, spec, lowered)
+      work.analyse(i, lowered, residuals)  # while XLA compiles
+      work.collect(done_only=True)
+    work.collect(done_only=False)
+  for first, later in work.twins.items():
     for i in later:
       rows[i].update({k: rows[first][k] for k in ("status", "error", *MEMORY_KEYS, "flops_xla_raw", "cpu")})
   bar.close()
   return rows, warnings
+
+
+class _RowCompiles:
+  """The report's compiles in flight (:func:`compile_rows`): each row's step lowered here, compiled in the pool
+  (identical programs once), analysed while XLA compiles, and its statistics collected when done.
+
+  Attributes:
+    rows, warnings: the report's rows and warnings (filled in place).
+    pending, comparing: compiles in flight, and XLA:CPU comparisons, by future.
+    programs: fingerprint of a lowered program -> the first row that compiles it; twins: that row -> later rows.
+  """
+
+  def __init__(self, target: Target, rows: list[dict[str, Any]], warnings: list[str], bar: Any,
+               pool: concurrent.futures.Executor, *, tx: Any, mesh: Any, options: Any, stats_only: bool,
+               builder: StepBuilder, xla_dump_dir: str | None, cpu: tuple[Any, Any, Any]):
+    self.target, self.rows, self.warnings, self.bar, self.pool = target, rows, warnings, bar, pool
+    self.tx, self.mesh, self.options, self.stats_only, self.builder = tx, mesh, options, stats_only, builder
+    self.xla_dump_dir = xla_dump_dir
+    self.cpu_target, self.cpu_mesh, self.cpu_builder = cpu
+    self.pending: dict[concurrent.futures.Future, tuple[int, str | None]] = {}
+    self.comparing: dict[concurrent.futures.Future, int] = {}
+    self.programs: dict[str, int] = {}
+    self.twins: dict[int, list[int]] = {}
+
+  def fail(self, i: int, err: BaseException) -> None:
+    self.rows[i].update(status=STATUS_ERROR, error=one_line(err))
+
+  def lower(self, i: int, spec: Any) -> Any:
+    """Row ``i``'s step traced and lowered, or ``None`` (the row an error: invalid for the target, not applied)."""
+    row = self.rows[i]
+    try:
+      lowered = lower_policy(self.target, spec, tx=self.tx, mesh=self.mesh, options=self.options,
+                             stats_only=self.stats_only, builder=self.builder)
+    except Exception as err:  # noqa: BLE001 - invalid spec for this target, or a tracing error: an error row
+      self.fail(i, err)
+      if isinstance(err, JaxckptError):
+        self.warnings.append(f"policy {row['policy']!r} is invalid for {self.target.name}: {one_line(err)}")
+      return None
+    row["remat_regions"] = count_remat_regions(lowered.traced.jaxpr)
+    _check_applied(row, spec)
+    if row["status"] == STATUS_ERROR:
+      return None
+    row["stages_s"] = dict(lowered.stages)
+    return lowered
+
+  def submit(self, i: int, spec: Any, lowered: Any) -> None:
+    """Compiles row ``i``'s program in the pool (once per identical program; a later twin takes the first's
+    statistics), and its XLA:CPU comparison."""
+    row = self.rows[i]
+    if self.xla_dump_dir is None and lowered.fingerprint in self.programs:  # the same program: its stats are ours
+      first = self.programs[lowered.fingerprint]
+      row["same_program_as"] = self.rows[first]["policy"]
+      row["compile_s"] = lowered.lower_s  # traced and lowered, not compiled
+      self.twins.setdefault(first, []).append(i)
+      self.bar.update(1)
+      return
+    self.programs[lowered.fingerprint] = i
+    dump_dir, extra = None, {}
+    if self.xla_dump_dir is not None:
+      dump_dir = os.path.join(self.xla_dump_dir, _slug(i, row["policy"]))
+      os.makedirs(dump_dir, exist_ok=True)
+      extra = xla_dump.dump_options(dump_dir)
+    self.pending[self.pool.submit(lowered.compile, extra)] = (i, dump_dir)  # before the analysis: XLA never waits
+    if self.cpu_builder is not None:
+      try:
+        on_cpu = lower_policy(self.cpu_target, spec, tx=self.tx, mesh=self.cpu_mesh, options=self.options,
+                              stats_only=self.stats_only, builder=self.cpu_builder)
+        self.comparing[self.pool.submit(on_cpu.compile)] = i
+      except Exception as err:  # noqa: BLE001 - as _finish_cpu: a warning, the row stands
+        self.warnings.append(f"policy {row['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
+
+  def analyse(self, i: int, lowered: Any, residuals: bool) -> None:
+    """FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis of row ``i``."""
+    row, stages = self.rows[i], self.rows[i]["stages_s"]
+    try:
+      t0 = time.perf_counter()
+      row["flops"] = lowered.flops
+      t1 = time.perf_counter()
+      stages["flops"] = t1 - t0
+      if residuals:
+        with tracing_for(mesh_platform(self.mesh)):  # the kernels the compiled step runs (auto attention)
+          summary = analyse_residuals(lowered.step)
+        row["residual_bytes"], row["activation_residual_bytes"] = summary["bytes"], summary["activation_bytes"]
+        row["residuals"] = summary
+        stages["residuals"] = time.perf_counter() - t1
+    except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
+      self.warnings.append(f"policy {row['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")
+
+  def collect(self, *, done_only: bool) -> None:
+    """Fills in the rows of finished compiles (``done_only``), or waits for every one."""
+    if done_only:
+      for future in [f for f in self.pending if f.done()]:
+        self._finish(future)
+      for future in [f for f in self.comparing if f.done()]:
+        self._finish_cpu(future)
+      return
+    for future in concurrent.futures.as_completed(list(self.pending)):
+      self._finish(future)
+    for future in concurrent.futures.as_completed(list(self.comparing)):
+      self._finish_cpu(future)
+
+  def _finish(self, future: concurrent.futures.Future) -> None:
+    i, dump_dir = self.pending.pop(future)
+    row = self.rows[i]
+    try:
+      compiled = future.result()
+      row["stages_s"]["compile"] = compiled.compile_s
+      row.update(compiled.memory)
+      row["flops_xla_raw"] = xla_raw_flops(compiled)
+      row["compile_s"] = compiled.seconds
+      self.warnings.extend(f"policy {row['policy']!r}: the compiler logged: {line}" for line in compiled.compiler_log)
+      if dump_dir is not None:
+        xla_dump.prune_dump(dump_dir)
+        row["xla_dump"] = {"dir": dump_dir, "files": xla_dump.dump_files(dump_dir),
+                           "peak_buffers": xla_dump.peak_buffers(dump_dir)}
+    except Exception as err:  # noqa: BLE001 - a policy that fails to compile (e.g. out of memory) is an error row
+      self.fail(i, err)
+    self.bar.update(1)
+
+  def _finish_cpu(self, future: concurrent.futures.Future) -> None:
+    i = self.comparing.pop(future)
+    try:
+      compiled = future.result()
+      self.rows[i]["cpu"] = {"backend": "cpu", "batch_size": batch_size_of(self.cpu_target), **compiled.memory,
+                             "flops_xla_raw": xla_raw_flops(compiled), "compile_s": compiled.seconds}
+    except Exception as err:  # noqa: BLE001 - the comparison failing leaves the row standing, with a warning
+      self.warnings.append(f"policy {self.rows[i]['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
