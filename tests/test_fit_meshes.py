@@ -73,7 +73,9 @@ def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
     (["--mesh", "auto", "--topology", TOPOLOGY, "--global-batch-size", "16", "--min-batch", "32"],
      "--min-batch 32 > --global-batch-size 16: no micro-batch between"),
 ])
-def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys):
+def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys, monkeypatch):
+  """A bad flag is one line before the compiler is looked for: the same line with libtpu missing."""
+  monkeypatch.setattr("jaxckpt.sharding._topology.libtpu_version", lambda: None)
   assert main(["--model", "llm", "--preset", "tiny", *argv]) == 2
   err = capsys.readouterr().err
   assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -31,7 +31,7 @@ from jaxckpt.fit._speed import ACCELERATORS, accelerator
 from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
                                placement_from_args, target_from_args)
-from jaxckpt.sharding import parse_topology
+from jaxckpt.sharding import check_topology_name, parse_topology
 from jaxckpt._units import parse_bytes
 
 
@@ -185,6 +185,11 @@ def _check_args(args: argparse.Namespace) -> None:
     args.mesh = "auto"  # more than one chip and no mesh named: the mesh is part of the answer
   if args.max_meshes < 1:
     raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
+  if args.min_batch is not None and args.min_batch < 1:
+    raise JaxckptError(f"--min-batch {args.min_batch} must be ≥ 1")
+  if args.min_batch is not None and args.global_batch_size is not None and args.min_batch > args.global_batch_size:
+    raise JaxckptError(f"--min-batch {args.min_batch} > --global-batch-size {args.global_batch_size}: no "
+                       "micro-batch between")
   searched = False
   parsed = []
   for spec in args.policies:
@@ -220,8 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   bar = None
   try:
-    check_placement_flags(args, runs=("measure",))
-    _check_args(args)
+    check_placement_flags(args, runs=("measure",), compiler=False)
+    _check_args(args)  # every flag before the compiler: a bad flag is one line whatever is installed
+    if args.topology is not None:
+      check_topology_name(args.topology)
     search = None
     auto = args.mesh == "auto"
     placement = placement_from_args(args)

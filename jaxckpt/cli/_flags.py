@@ -155,7 +155,7 @@ def add_placement_flags(parser: argparse.ArgumentParser, *, mesh_help: str, auto
                            "published GPU recipes run: --xla_disable_hlo_passes=rematerialization)")
 
 
-def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = ()) -> None:
+def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = (), compiler: bool = True) -> None:
   """Checks the placement flags without loading anything (a bad flag is one line whatever is installed): the
   topology's name and its compiler, the memory fraction, and no flag that runs steps beside ``--topology``.
 
@@ -163,6 +163,9 @@ def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = ())
     args: parsed flags of :func:`add_placement_flags`.
     runs: the ``dest`` of every flag that runs steps (``measure``, ``profile``): set (truthy) beside ``--topology``
       is refused.
+    compiler: also check that the topology's compiler is installed (:func:`jaxckpt.sharding.check_topology_name`).
+      A tool with more flags to check passes False and calls that itself after them, so a bad flag is reported
+      before a missing package.
 
   Raises:
     TopologyError: a flag that runs steps beside ``--topology``; a bad topology name or its compiler missing.
@@ -184,7 +187,7 @@ def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = ())
                                                                     args.xla_rematerialization or None)):
     if value is not None and not gpu:
       raise JaxckptError(f"{flag} applies to a GPU --topology (e.g. --topology h100:8); drop it or give one")
-  if args.topology is not None:
+  if compiler and args.topology is not None:
     check_topology_name(args.topology)
 
 
