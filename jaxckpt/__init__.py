@@ -60,7 +60,7 @@ from jaxckpt.training._train import TrainState, create_train_state, make_eval_st
 from jaxckpt.training._xla import RematIneffectiveWarning, compile_step, jit, memory_stats, remat_compiler_options
 from jaxckpt._units import format_bytes, parse_bytes
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 MOVED_MODULES = _deprecations.MOVED_MODULES
 """Old module path -> the private module behind it (:mod:`jaxckpt._deprecations`)."""
