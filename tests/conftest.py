@@ -9,9 +9,9 @@ pytest-xdist worker and in the subprocesses of CLI and example tests. JAX's pers
 executable, later ones load it (a tiny preset's step: ~6 s → ~0.6 s on the 2-core machine). A cache hit returns the
 same executable, so every compiled statistic is unchanged (memory stats and XLA's cost analysis checked equal).
 
-With libtpu installed (the ``tpu`` extra, for ``tests/test_topology.py``'s deviceless TPU compiles) every JAX process
-would probe for a TPU when its backend starts: about 0.1 s and eight lines of libtpu warnings on stderr per process
-(measured), which the one-line error checks of CLI subprocesses would read. The suite runs on CPU, so it sets
+With libtpu installed (the ``tpu`` extra, for ``tests/sharding/test_topology.py``'s deviceless TPU compiles) every JAX
+process would probe for a TPU when its backend starts: about 0.1 s and eight lines of libtpu warnings on stderr per
+process (measured), which the one-line error checks of CLI subprocesses would read. The suite runs on CPU, so it sets
 ``JAX_PLATFORMS=cpu`` (unless the tester set it) for itself and every subprocess: the probe is skipped, and TPU
 topologies still load (libtpu is loaded on demand, :mod:`jaxckpt.sharding`).
 
@@ -37,8 +37,9 @@ _FAST_CODEGEN = "--xla_backend_optimization_level=0"
 """XLA:CPU's LLVM code generation at -O0 for every executable the tests compile (in this process, the workers and
 the CLI subprocesses, through ``XLA_FLAGS``). It changes no HLO pass, so buffer assignment and every compiled memory
 stat are the same (:data:`jaxckpt.step.STATS_ONLY_OPTIONS` already compiles the report's stats this way), and matmuls
-run in XLA's runtime library either way; compiles of tiny models take a third of the time (tests/test_gradients.py:
-264 s -> 95 s on the 2-core machine). Set ``JAXCKPT_TESTS_FULL_OPT=1`` to test with XLA's default code generation."""
+run in XLA's runtime library either way; compiles of tiny models take a third of the time
+(tests/policies/test_gradients.py: 264 s -> 95 s on the 2-core machine). Set ``JAXCKPT_TESTS_FULL_OPT=1`` to test with
+XLA's default code generation."""
 
 
 def _use_run_cache() -> None:
@@ -54,7 +55,8 @@ def _use_run_cache() -> None:
 _use_run_cache()
 
 # The compiled-stats cache of topology compiles (jaxckpt.step._stats_cache) is off in the tests unless the tester sets
-# it: a test that counts compiles or times them must see them run; tests/test_stats_cache.py turns it on in a tmp dir.
+# it: a test that counts compiles or times them must see them run; tests/step/test_stats_cache.py turns it on in a
+# tmp dir.
 os.environ.setdefault("JAXCKPT_STATS_CACHE", "off")
 
 
@@ -95,25 +97,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 REMAT3_CASES: tuple[tuple[str, str], ...] = (
-    ("test_remat3.py", ""),
-    ("test_policies.py", ""),
-    ("test_effect.py", ""),
-    ("test_residuals.py", ""),
-    ("test_gradients.py", r"test_gradients_equal_no_remat\[vit-|test_gradients_equal_no_remat\[(mlp|cnn)-"
+    ("house/test_remat3.py", ""),
+    ("policies/test_grammar.py", ""),
+    ("analysis/test_effect.py", ""),
+    ("analysis/test_residuals.py", ""),
+    ("policies/test_gradients.py", r"test_gradients_equal_no_remat\[vit-|test_gradients_equal_no_remat\[(mlp|cnn)-"
                           r"(nothing_saveable|dots_saveable|mlp=|conv=)|test_unrolled_vit"),
-    ("test_layers.py", r"test_policy_none_adds_no_remat|test_block_emits|test_remat_wraps_a_function|"
+    ("nnx/test_layers.py", r"test_policy_none_adds_no_remat|test_block_emits|test_remat_wraps_a_function|"
                        r"test_transformer_block_gives|test_scan_and_unrolled"),
-    ("test_linen.py", r"test_gradients_equal_no_remat_under_jaxckpt_jit|test_remat_present_iff|test_each_sublayer"),
-    ("test_structure.py", r"test_gradients_equal_no_remat\[(scan|unrolled)-dots_saveable-"),
-    ("test_own_model.py", r"test_all_expands|test_target_names|test_policy_not_applied"),
-    ("test_mincut.py", r"test_segmented_plan_saves_what_it_predicts|test_one_region_equals|test_a_mincut_policy_cannot"),
-    ("test_autonames.py", r"test_gradients_equal_no_remat|test_a_custom_layer_name_policy|test_custom_layers_get_names"),
-    ("test_linen_plans.py", r"test_layered_policy_per_layer|test_min_saved_for_an_nnx"),
-    ("test_linen_unedited.py", r"test_nn_jit_decoder_traces_each_policy|test_nnx_jit_and_jax_jit"),
-    ("test_face.py", r"test_the_verbs_mean_the_same"),
+    ("linen/test_layers.py", r"test_gradients_equal_no_remat_under_jaxckpt_jit|test_remat_present_iff|test_each_sublayer"),
+    ("core/test_structure.py", r"test_gradients_equal_no_remat\[(scan|unrolled)-dots_saveable-"),
+    ("report/test_own_model.py", r"test_all_expands|test_target_names|test_policy_not_applied"),
+    ("planner/test_mincut.py", r"test_segmented_plan_saves_what_it_predicts|test_one_region_equals|test_a_mincut_policy_cannot"),
+    ("core/test_autonames.py", r"test_gradients_equal_no_remat|test_a_custom_layer_name_policy|test_custom_layers_get_names"),
+    ("linen/test_plans.py", r"test_layered_policy_per_layer|test_min_saved_for_an_nnx"),
+    ("linen/test_unedited.py", r"test_nn_jit_decoder_traces_each_policy|test_nnx_jit_and_jax_jit"),
+    ("house/test_face.py", r"test_the_verbs_mean_the_same"),
 )
 """The remat-semantics cases ``.ci/run`` runs again under JAX's next remat (``JAX_REMAT3=1 python -m pytest -m
-remat3``): ``(test file, regex on the test's name with its parameters; "" = the whole file)``. Region detection, the
+remat3``): ``(test file under tests/, regex on the test's name with its parameters; "" = the whole file)``. Region detection, the
 policies' meaning and refusals, no-effect warnings and residuals whole; gradients equal to no remat for every policy
 on one model and the mixed and extreme ones on the others; each front-end (NNX blocks, Linen blocks, your own NNX and
 Linen models, nn.jit models), checkpoint structures, automatic names and min-cut plans by a few cases each. One
@@ -123,10 +125,10 @@ table, so the leg's selection is read in one place."""
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
   """Marks the :data:`REMAT3_CASES` ``remat3``."""
-  del config
   cases = [(name, re.compile(pattern)) for name, pattern in REMAT3_CASES]
   for item in items:
-    if any(item.path.name == name and pattern.search(item.name) for name, pattern in cases):
+    path = item.path.relative_to(config.rootpath / "tests").as_posix()
+    if any(path == name and pattern.search(item.name) for name, pattern in cases):
       item.add_marker(pytest.mark.remat3)
 
 

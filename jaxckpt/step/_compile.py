@@ -51,10 +51,10 @@ __all__ = ["STATS_ONLY_OPTIONS", "HOST_OFFLOAD_OPTIONS", "step_compiler_options"
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
-touch HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles
-~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation. Not given to other
-compilers: the TPU compiler accepts the option but compiles no faster with it (measured with libtpu 0.0.42.1: the
-same stats, the same seconds)."""
+touch HLO buffer assignment, so every memory stat is identical (checked in tests/report/test_report.py) and XLA:CPU
+compiles ~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation. Not given
+to other compilers: the TPU compiler accepts the option but compiles no faster with it (measured with libtpu 0.0.42.1:
+the same stats, the same seconds)."""
 
 
 HOST_OFFLOAD_OPTIONS: dict[str, Any] = {
