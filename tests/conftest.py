@@ -70,11 +70,20 @@ def _use_fast_codegen() -> None:
 
 _use_fast_codegen()
 
+def _findable(module: str) -> bool:
+  """Whether ``module`` can be imported; ``False`` also when a parent package is missing (``jax_plugins`` without
+  the ``gpu`` extra: ``importlib.util.find_spec`` raises there)."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
 def _skip_tpu_probe() -> None:
   """``JAX_PLATFORMS=cpu`` before JAX is imported, when libtpu or JAX's CUDA plugin is installed and the tester did
   not choose platforms: the suite runs on the CPU; TPU topologies load libtpu on demand, and XLA:GPU compiles for a
   GPU topology only when JAX's backends are the CPU's (:mod:`jaxckpt.sharding`)."""
-  installed = any(importlib.util.find_spec(name) is not None for name in ("libtpu", "jax_plugins.xla_cuda12"))
+  installed = any(_findable(name) for name in ("libtpu", "jax_plugins.xla_cuda12"))
   if "JAX_PLATFORMS" not in os.environ and installed:
     os.environ["JAX_PLATFORMS"] = "cpu"
 

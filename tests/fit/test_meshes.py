@@ -15,7 +15,8 @@ from jaxckpt.fit._meshes import STATE_COPIES, state_bytes
 from jaxckpt.fit._plan import tensor_bytes_per_example
 from jaxckpt.fit._speed import collective_bytes
 from jaxckpt.step import shipped_target
-from tests.sharding.test_topology import TOPOLOGY, needs_libtpu
+from tests.extras import needs_libtpu
+from tests.sharding.test_topology import TOPOLOGY
 
 
 def test_mesh_shapes_are_every_factorization_with_tensor_bounded():
@@ -67,11 +68,13 @@ def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
 
 @pytest.mark.parametrize("argv, expected", [
     (["--mesh", "auto", "--global-batch-size", "16"], "--mesh auto searches the mesh of a --topology"),
-    (["--mesh", "auto", "--topology", TOPOLOGY], "--mesh auto searches the mesh of a --topology"),
-    (["--mesh", "fsdp=4", "--topology", TOPOLOGY, "--global-batch-size", "16", "--max-meshes", "0"],
-     "--max-meshes 0 must be ≥ 1"),
-    (["--mesh", "auto", "--topology", TOPOLOGY, "--global-batch-size", "16", "--min-batch", "32"],
-     "--min-batch 32 > --global-batch-size 16: no micro-batch between"),
+    # with --topology the CLI looks for libtpu before it reads the mesh flags
+    pytest.param(["--mesh", "auto", "--topology", TOPOLOGY], "--mesh auto searches the mesh of a --topology",
+                 marks=needs_libtpu),
+    pytest.param(["--mesh", "fsdp=4", "--topology", TOPOLOGY, "--global-batch-size", "16", "--max-meshes", "0"],
+                 "--max-meshes 0 must be ≥ 1", marks=needs_libtpu),
+    pytest.param(["--mesh", "auto", "--topology", TOPOLOGY, "--global-batch-size", "16", "--min-batch", "32"],
+                 "--min-batch 32 > --global-batch-size 16: no micro-batch between", marks=needs_libtpu),
 ])
 def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys):
   assert main(["--model", "llm", "--preset", "tiny", *argv]) == 2

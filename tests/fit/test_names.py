@@ -15,7 +15,7 @@ from jaxckpt.cli._fit import main
 from jaxckpt.fit._names import name_lists
 from jaxckpt.models.llm import LLM_PRESETS
 from jaxckpt.step import shipped_target
-from tests.sharding.test_topology import needs_libtpu
+from tests.extras import needs_libtpu
 
 SEQ = 256
 

@@ -40,7 +40,6 @@ Which fenced blocks run (the rule; new examples are picked up automatically):
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import subprocess
@@ -50,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import extras
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -145,16 +146,14 @@ SLOW: tuple[tuple[str, str], ...] = (
 )
 """``(pattern, reason)``: blocks with a matching command are marked ``slow``."""
 
-NEEDS_COMPILER: tuple[tuple[str, str, str, str], ...] = (
-    (r"--topology +v\d", "libtpu", "JAXCKPT_REQUIRE_TPU",
-     "compiles with the TPU compiler of libtpu (pip install -e '.[tpu]'), not installed here; JAXCKPT_REQUIRE_TPU=1 "
-     "turns this skip into a failure"),
-    (r"--topology +(a100|h100|h200|b200)", "jax_plugins.xla_cuda12", "JAXCKPT_REQUIRE_GPU",
-     "compiles with XLA:GPU of JAX's CUDA plugin (pip install -e '.[gpu]'), not installed here; JAXCKPT_REQUIRE_GPU=1 "
-     "turns this skip into a failure"),
+NEEDS_COMPILER: tuple[tuple[str, bool, str], ...] = (
+    (r"--topology +v\d", extras.HAS_LIBTPU or extras.REQUIRE_TPU,
+     "compiles with the TPU compiler of libtpu: " + extras.TPU_REASON),
+    (r"--topology +(a100|h100|h200|b200)", extras.HAS_CUDA_PLUGIN or extras.REQUIRE_GPU,
+     "compiles with XLA:GPU of JAX's CUDA plugin: " + extras.GPU_REASON),
 )
-"""``(pattern, module, variable, reason)``: blocks with a matching command need that compiler's module (skipped
-without it, unless the variable is 1) (:mod:`jaxckpt.sharding`)."""
+"""``(pattern, runs, reason)``: blocks with a matching command need that compiler (an optional extra,
+:mod:`tests.extras`): skipped without it, unless ``JAXCKPT_REQUIRE_TPU=1`` / ``JAXCKPT_REQUIRE_GPU=1``."""
 
 
 def _npz_images(root: Path) -> None:
@@ -429,9 +428,8 @@ def test_shell_example_runs(block: Block, tmp_path: Path):
   if not commands:
     reasons = sorted({skip_reason(c) for c in shell_commands(block.text)})
     pytest.skip(f"{block.where}: nothing to run ({'; '.join(reasons)})")
-  for pattern, module, variable, reason in NEEDS_COMPILER:
-    if any(re.search(pattern, c) for c in commands) and importlib.util.find_spec(module) is None \
-        and os.environ.get(variable) != "1":
+  for pattern, runs, reason in NEEDS_COMPILER:
+    if any(re.search(pattern, c) for c in commands) and not runs:
       pytest.skip(f"{block.where}: {reason}")
   for pattern, make in SETUP:
     if any(re.search(pattern, c) for c in commands):

@@ -29,6 +29,7 @@ from jaxckpt.models import MODEL_REGISTRY
 from jaxckpt.models.llm import (LLM, LLM_PRESETS, DecoderBlock, attention, build_llm, cross_entropy, llm_loss,
                                 rope_frequencies, select_kernel, xla_attention)
 from jaxckpt.policies._spec import MAXTEXT_PRESETS
+from tests.extras import needs_libtpu, skip_without_libtpu
 from tests.numerics import assert_trees_close
 
 
@@ -323,7 +324,7 @@ def test_grouped_query_attention_equals_repeated_kv_heads():
 def test_auto_is_xla_off_a_tpu_and_splash_on_one_from_128_tokens():
   assert select_kernel("auto", 8192) == "xla" and select_kernel("xla", 8192) == "xla"
   assert select_kernel("splash", 64) == "splash"
-  pytest.importorskip("libtpu")
+  skip_without_libtpu()
   mesh = jaxckpt.sharding.topology_mesh("v5e:2x2")
   with jax.set_mesh(mesh):
     assert select_kernel("auto", 128) == "splash" and select_kernel("auto", 64) == "xla"
@@ -419,11 +420,11 @@ def test_the_model_on_the_splash_kernel_equals_the_model_on_xla():
                      what="gemma2-tiny on splash vs xla, minimal_with_context")
 
 
+@needs_libtpu
 @pytest.mark.slow  # three TPU compiles of the tiny preset on v5e:2x2 (~30 s on 2 cores)
 def test_report_rows_ok_on_a_topology_with_a_tensor_axis(tmp_path):
   """fsdp=2 × tensor=2 on v5e:2x2 (deviceless): every row compiles; ``none`` (whose blocks gather their parameters
   in a checkpoint of the gather alone) is not taken for a model that remats by itself; remat lowers the footprint."""
-  pytest.importorskip("libtpu")
   import json
   from jaxckpt.cli._report import main as report_main
   out = tmp_path / "r.json"
@@ -436,13 +437,13 @@ def test_report_rows_ok_on_a_topology_with_a_tensor_axis(tmp_path):
   assert full["footprint_bytes"] < rows["minimal"]["footprint_bytes"] < rows["none"]["footprint_bytes"], rows
 
 
+@needs_libtpu
 @pytest.mark.slow  # five TPU compiles of the tiny preset at 8 layers on v5e:2x2 (~1 min on 2 cores)
 def test_offload_row_on_a_topology_is_below_every_fixed_policy_and_within_the_host(tmp_path):
   """MaxText's T1 policy (the layer input and q/k/v/out_proj offloaded) on llama tiny at 8 layers × 1024 tokens,
   bfloat16, fsdp=4 on v5e:2x2: its device footprint is below every fixed policy's at the same batch (full remat keeps
   each layer's input on the device, the offload row on the host), and its host bytes per chip hold the offloaded
   residuals, within the chip table's host memory."""
-  pytest.importorskip("libtpu")
   import json
   from jaxckpt.cli._report import main as report_main
   from jaxckpt.sharding import CHIPS

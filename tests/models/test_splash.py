@@ -4,7 +4,7 @@ On XLA:CPU the kernel runs in Pallas' interpret mode (``interpret=True``): its f
 must equal a plain einsum attention written here, for causal, sliding-window, soft-capped and grouped-query
 attention; its residuals must carry the checkpoint name ``context``. With libtpu (the ``tpu`` extra) the gradient is
 compiled by the TPU compiler for a v5e:2x2 topology under its mesh (``jax.set_mesh``), as the step core traces it:
-skipped without libtpu, unless ``JAXCKPT_REQUIRE_TPU=1`` (as in ``tests/sharding/test_topology.py``). Bad inputs are
+skipped without libtpu (the ``[tpu]`` extra), unless ``JAXCKPT_REQUIRE_TPU=1`` (``tests/extras.py``). Bad inputs are
 one line.
 
 Shapes are tiny (B=2, S=256 in two blocks of 128, N=4, K=2, Dh=64, float32): each interpreted case runs in a few
@@ -15,7 +15,6 @@ in interpret mode too), so S=256 is the shortest sequence with more than one blo
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +27,9 @@ from jaxckpt import sharding as topology
 from jaxckpt import names
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models.llm._splash import LANES, SplashBlockSizes, splash_attention
+from tests.extras import needs_libtpu
 from tests.numerics import C, assert_trees_close, unit_roundoff
 
-REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"
-"""CI sets ``JAXCKPT_REQUIRE_TPU=1`` after installing ``.[tpu]``: then no test here may be skipped."""
-
-needs_libtpu = pytest.mark.skipif(
-    topology.libtpu_version() is None and not REQUIRED,
-    reason="libtpu is not installed (pip install -e '.[tpu]'); JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure")
 
 BATCH, SEQ, HEAD_DIM = 2, 256, 64
 BLOCKS = SplashBlockSizes(q=128, kv=128)

@@ -12,7 +12,6 @@ module-scoped fixtures and the expensive ones are ``slow``.
 from __future__ import annotations
 
 import json
-import os
 from importlib import metadata
 
 import jax
@@ -31,13 +30,7 @@ from jaxckpt.fit import with_batch
 from jaxckpt.sharding import _topology as topology
 from jaxckpt.sharding import (CHIPS, chip_for_kind, get_topology, parse_topology, topology_header,
                                       topology_mesh)
-
-REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"
-"""CI sets ``JAXCKPT_REQUIRE_TPU=1`` after installing ``.[tpu]``: then no test here may be skipped."""
-
-needs_libtpu = pytest.mark.skipif(
-    topology.libtpu_version() is None and not REQUIRED,
-    reason="libtpu is not installed (pip install -e '.[tpu]'); JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure")
+from tests.extras import needs_libtpu
 
 TOPOLOGY = "v5e:2x2"
 POLICIES = ("none", "nothing_saveable", "dots_saveable")

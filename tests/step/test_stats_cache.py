@@ -10,8 +10,7 @@ import jaxckpt
 from jaxckpt.step import shipped_target
 from jaxckpt.step._compile import CachedRefusal, lower_policy
 from jaxckpt.step._stats_cache import ENV, CachedStats, StatsCache, stats_cache
-
-from tests.sharding.test_topology import needs_libtpu  # noqa: E402 - the topology tests' skip rule
+from tests.extras import needs_libtpu
 
 
 def test_entries_round_trip_and_a_torn_file_is_a_miss(tmp_path):
