@@ -1,7 +1,8 @@
 """Session setup shared by every test file: one JAX persistent compilation cache for the whole run, and the tiers.
 
 Tiers: ``python -m pytest -q -n 2`` runs the fast tier (pyproject's ``addopts`` has ``-m 'not slow'``);
-``-m slow`` runs the slow tier alone; ``--all`` runs both.
+``-m slow`` runs the slow tier alone; ``--all`` runs both. The remat3 cases (run again under ``JAX_REMAT3=1`` by
+``.ci/run``) are marked ``@pytest.mark.remat3`` at each test.
 
 Many tests compile the same train steps (the tiny presets under the same policies), in this process, in the other
 pytest-xdist worker and in the subprocesses of CLI and example tests. JAX's persistent compilation cache (JAX docs,
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
 import tempfile
 
@@ -103,42 +103,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.markexpr not in ("", "not slow"):
       raise pytest.UsageError(f"--all runs every test; it cannot be combined with -m {config.option.markexpr!r}")
     config.option.markexpr = ""
-
-
-REMAT3_CASES: tuple[tuple[str, str], ...] = (
-    ("house/test_remat3.py", ""),
-    ("policies/test_grammar.py", ""),
-    ("analysis/test_effect.py", ""),
-    ("analysis/test_residuals.py", ""),
-    ("policies/test_gradients.py", r"test_gradients_equal_no_remat\[vit-|test_gradients_equal_no_remat\[(mlp|cnn)-"
-                          r"(nothing_saveable|dots_saveable|mlp=|conv=)|test_unrolled_vit"),
-    ("nnx/test_layers.py", r"test_policy_none_adds_no_remat|test_block_emits|test_remat_wraps_a_function|"
-                       r"test_transformer_block_gives|test_scan_and_unrolled"),
-    ("linen/test_layers.py", r"test_gradients_equal_no_remat_under_jaxckpt_jit|test_remat_present_iff|test_each_sublayer"),
-    ("core/test_structure.py", r"test_gradients_equal_no_remat\[(scan|unrolled)-dots_saveable-"),
-    ("report/test_own_model.py", r"test_all_expands|test_target_names|test_policy_not_applied"),
-    ("planner/test_mincut.py", r"test_segmented_plan_saves_what_it_predicts|test_one_region_equals|test_a_mincut_policy_cannot"),
-    ("core/test_autonames.py", r"test_gradients_equal_no_remat|test_a_custom_layer_name_policy|test_custom_layers_get_names"),
-    ("linen/test_plans.py", r"test_layered_policy_per_layer|test_min_saved_for_an_nnx"),
-    ("linen/test_unedited.py", r"test_nn_jit_decoder_traces_each_policy|test_nnx_jit_and_jax_jit"),
-    ("house/test_face.py", r"test_the_verbs_mean_the_same"),
-)
-"""The remat-semantics cases ``.ci/run`` runs again under JAX's next remat (``JAX_REMAT3=1 python -m pytest -m
-remat3``): ``(test file under tests/, regex on the test's name with its parameters; "" = the whole file)``. Region detection, the
-policies' meaning and refusals, no-effect warnings and residuals whole; gradients equal to no remat for every policy
-on one model and the mixed and extreme ones on the others; each front-end (NNX blocks, Linen blocks, your own NNX and
-Linen models, nn.jit models), checkpoint structures, automatic names and min-cut plans by a few cases each. One
-table, so the leg's selection is read in one place."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-  """Marks the :data:`REMAT3_CASES` ``remat3``."""
-  cases = [(name, re.compile(pattern)) for name, pattern in REMAT3_CASES]
-  for item in items:
-    path = item.path.relative_to(config.rootpath / "tests").as_posix()
-    if any(path == name and pattern.search(item.name) for name, pattern in cases):
-      item.add_marker(pytest.mark.remat3)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

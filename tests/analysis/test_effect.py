@@ -19,6 +19,9 @@ from jaxckpt.report._outputs import to_csv, to_json, to_markdown, to_table
 from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.training._xla import CPU_REMAT_FIX
 
+# Run again under JAX's next remat (.ci/run's remat3 leg): whether a policy has a compiled effect.
+pytestmark = pytest.mark.remat3
+
 L, D, H, B = 4, 64, 256, 256  # layers, width, hidden width, batch: NOTES.md §1's residual MLP, small
 
 

@@ -27,6 +27,9 @@ from jaxckpt.analysis._residuals import (
 )
 from tests.numerics import assert_trees_close
 
+# Run again under JAX's next remat (.ci/run's remat3 leg): what each policy saves.
+pytestmark = pytest.mark.remat3
+
 SDS = jax.ShapeDtypeStruct
 F32 = jnp.float32
 B, D, H, L = 4, 8, 16, 3

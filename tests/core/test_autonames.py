@@ -200,6 +200,7 @@ def linen_names(model) -> dict:
 # ------------------------------------------------------------------------------------------------------- listing
 
 
+@pytest.mark.remat3
 def test_custom_layers_get_names_nnx_and_linen():
   """The default rule names the Conv1D outputs (they hold a weight); not norms (custom or Flax), dropout, or
   modules that only hold submodules (attn, mlp)."""
@@ -291,6 +292,7 @@ def test_parameter_tree_and_classes_unchanged_split_merge_eval_shape():
   assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, LinenGPT2().init(jax.random.key(0), tokens))
 
 
+@pytest.mark.remat3
 @pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_gradients_equal_no_remat():
   batch = {"tokens": jax.random.randint(jax.random.key(1), (B, T + 1), 0, VOCAB)}
@@ -314,6 +316,7 @@ POLICIES = ["none", "nothing_saveable", "save_only_these_names:attn.c_attn"]
 BIG_TOKENS = jax.ShapeDtypeStruct((32, 33), jnp.int32)  # activations dominate the temp
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize("front_end", ["nnx", "linen"])
 def test_a_custom_layer_name_policy_compiles_between_none_and_nothing(front_end):
   """jaxckpt's compile path (the report's train step, with the CPU remat option): saving the attention's Conv1D

@@ -67,7 +67,7 @@ def reference():
 
 
 @pytest.mark.parametrize("structure", ["every:1", "every:3", "nested", "nested:3"])
-@pytest.mark.parametrize("policy", ["none", "full", "dots_saveable"])
+@pytest.mark.parametrize("policy", ["none", "full", pytest.param("dots_saveable", marks=pytest.mark.remat3)])
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 def test_gradients_equal_no_remat(reference, structure, policy, scan):
   x, key, (ref_loss, ref_grads) = reference

@@ -107,6 +107,7 @@ def _nnx_model():
                              blocks={"block": _Block})
 
 
+@pytest.mark.remat3
 def test_the_verbs_mean_the_same_on_nnx_and_linen():
   model = _nnx_model()
   linen = jaxckpt.apply_remat(_LinenModel(), "none", blocks={"block": _LinenBlock})

@@ -19,6 +19,9 @@ from jaxckpt._remat_impl import check_env, remat_implementation
 from jaxckpt.analysis._residuals import recomputed_residuals, saved_residuals
 from tests.numerics import assert_trees_close
 
+# This file is about both remat implementations: .ci/run's remat3 leg runs all of it again under JAX_REMAT3=1.
+pytestmark = pytest.mark.remat3
+
 IMPL = remat_implementation()
 
 

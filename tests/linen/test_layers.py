@@ -166,6 +166,7 @@ def no_remat_grads():
   return get
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize(
     "kind,scan,policy", GRAD_CASES, ids=[f"{k}-{'scan' if s else 'unrolled'}-{p}" for k, s, p in GRAD_CASES]
 )
@@ -227,6 +228,7 @@ def test_deterministic_as_static_argname_and_traced_flag_error():
     jax.jit(apply)(params, x, key, True)  # a traced flag: a clear error, not TracerBoolConversionError
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize("kind,scan", STRUCTURES, ids=IDS)
 def test_remat_present_iff_policy_is_not_none_and_names_match_nnx(kind, scan):
   key = _key(0)
@@ -242,6 +244,7 @@ def test_remat_present_iff_policy_is_not_none_and_names_match_nnx(kind, scan):
   assert emitted == nnx_emitted == frozenset().union(*L.block_types(module).values())
 
 
+@pytest.mark.remat3
 def test_each_sublayer_gets_its_own_policy():
   module, shape = _linen("transformer", "attn=dots_saveable,mlp=none")
   x = jax.ShapeDtypeStruct(shape, jnp.float32)

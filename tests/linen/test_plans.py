@@ -74,6 +74,7 @@ def test_scanned_linen_model_has_one_layer_and_refuses_a_layered_policy():
     compile_policy(target, parse_model_policy(LAYERED))
 
 
+@pytest.mark.remat3
 def test_layered_policy_per_layer_and_params_unchanged():
   tokens = jnp.zeros((2, 8), jnp.int32)
   model = apply_remat(LlamaForCausalLM(), "none", blocks={"layer": LlamaDecoderLayer})
@@ -255,6 +256,7 @@ def test_report_rows_for_a_linen_target():
   assert rows["nothing_saveable"]["temp_bytes"] < rows["save_only_these_names:attn.c_attn"]["temp_bytes"] < none
 
 
+@pytest.mark.remat3
 @pytest.mark.slow  # moved from the fast tier: README's test command ≤ 10 min on 2 cores
 def test_min_saved_for_an_nnx_own_model_through_the_same_path():
   from tests.own_models import decoder_target

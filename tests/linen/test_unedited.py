@@ -52,6 +52,7 @@ def decoder():
   return model, params, reference
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize("policy, kinds", [
     ("nothing_saveable", ["nothing_saveable"] * 4),
     ("dots_saveable", ["DotsSaveable"] * 4),
@@ -201,6 +202,7 @@ class NNXInnerJit(NNXJitted):
     return x
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize("cls", [NNXJitted, NNXInnerJit])
 def test_nnx_jit_and_jax_jit_inside_an_nnx_model(cls):
   model, x = cls(rngs=nnx.Rngs(0)), jax.random.normal(jax.random.key(2), (4, 16))

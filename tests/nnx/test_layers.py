@@ -28,6 +28,7 @@ def _names(block, shape):
   )
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize("block_type", sorted(BLOCKS))
 def test_block_emits_exactly_its_declared_names(block_type):
   make, shape = BLOCKS[block_type]
@@ -53,6 +54,7 @@ def test_models_declare_their_block_types(name):
   assert traced == frozenset().union(*types.values())
 
 
+@pytest.mark.remat3
 def test_policy_none_adds_no_remat_and_full_does():
   make, shape = BLOCKS["mlp"]
   for policy, expected in (("none", False), ("full", True), ("attn=full", False), ("mlp=full", True)):
@@ -101,6 +103,7 @@ def test_dropout_without_key_is_a_clear_error():
     block(jnp.ones((2, 5, 16)), deterministic=False)
 
 
+@pytest.mark.remat3
 def test_scan_and_unrolled_stacks_agree():
   x = jax.random.normal(jax.random.key(1), (4, 8))
   key = jax.random.key(3)
@@ -129,6 +132,7 @@ def test_remat_wraps_a_user_module_in_one_call():
   assert uses_remat(jax.make_jaxpr(lambda x: wrapped(x))(x))
 
 
+@pytest.mark.remat3
 def test_remat_wraps_a_function_and_keeps_gradients():
   f = lambda w, x: jnp.sin(jnp.tanh(x @ w) @ w).sum()  # noqa: E731
   w, x = jax.random.normal(jax.random.key(0), (2, 8, 8))
@@ -149,6 +153,7 @@ def test_remat_rejects_what_it_cannot_wrap():
     jaxckpt.remat(NoCall(), "full")
 
 
+@pytest.mark.remat3
 def test_transformer_block_gives_each_sublayer_its_policy():
   block = TransformerBlock(16, 2, 32, policy="attn=dots_saveable,mlp=full", rngs=nnx.Rngs(0))
   assert block.attn.policy.for_block("attn").name == "dots_saveable"

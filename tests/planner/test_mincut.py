@@ -111,6 +111,7 @@ def test_a_pooled_classifier_is_cut_between_its_blocks_not_only_at_its_pooled_fe
   assert_trees_close(have, want, depth=L, what="pooled classifier gradients, segmented plan vs no remat")
 
 
+@pytest.mark.remat3
 def test_one_region_equals_the_whole_loss_plan(toy):
   loss, graph = toy
   one = segment_loss(loss, 1, graph)
@@ -122,6 +123,7 @@ def test_one_region_equals_the_whole_loss_plan(toy):
     assert seg.activation_bytes == pytest.approx(whole.activation_bytes, abs=64), share
 
 
+@pytest.mark.remat3
 @pytest.mark.parametrize("share", [1.0, 0.6, 0.3])
 def test_segmented_plan_saves_what_it_predicts_and_gradients_equal(toy, share):
   loss, graph = toy
@@ -248,6 +250,7 @@ def test_mincut_in_the_report_saves_at_most_its_cap_and_steps_like_none():
   assert int(new_state.step) == 1 and np.isfinite(metrics["loss"])
 
 
+@pytest.mark.remat3
 def test_a_mincut_policy_cannot_be_set_on_a_model():
   model = build_gpt(GPT_PRESETS["tiny"])
   with pytest.raises(JaxckptError, match="remats the whole loss"):

@@ -13,6 +13,9 @@ from jaxckpt.policies._spec import refused
 from jaxckpt.analysis._policy_meaning import PROMISES, broken_policies, check_policy_meaning, saved_kinds
 from jaxckpt._remat_impl import remat_implementation
 
+# Run again under JAX's next remat (.ci/run's remat3 leg): what each policy means and refuses.
+pytestmark = pytest.mark.remat3
+
 OFFLOAD = ("save_and_offload_only_these_names", "offload_dot_with_no_batch_dims")
 
 NAMED_ARGS = {"names": "qkv+mlp_hidden", "save/offload": "qkv/mlp_hidden"}

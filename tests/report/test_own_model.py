@@ -83,6 +83,7 @@ def test_report_on_own_decoder_orders_and_equals_hand_written():
   assert report.data["warnings"] == []
 
 
+@pytest.mark.remat3
 def test_all_expands_the_automatic_names():
   types = target_block_types(decoder_target())
   assert types == {"layer": frozenset({"attn.q_einsum", "attn.kv_einsum", "attn.attn_vec_einsum", "mlp.gate_proj",
@@ -92,6 +93,7 @@ def test_all_expands_the_automatic_names():
   assert specs[0] == "none" and "dots_saveable" in specs
 
 
+@pytest.mark.remat3
 def test_target_names_include_the_models_own_tags():
   def make():
     model = Decoder(rngs=nnx.Rngs(0))
@@ -103,6 +105,7 @@ def test_target_names_include_the_models_own_tags():
   assert types == {"mlp": frozenset({"gate_proj", "up_proj", "down_proj", "mlp.up_proj"})}
 
 
+@pytest.mark.remat3
 def test_policy_not_applied_is_an_error_row():
   class SpareDecoder(Decoder):  # a block that is never called: the policy cannot apply
     def __init__(self, **kwargs):
