@@ -119,7 +119,7 @@ def nnx_gpt2(policy="none", names=None):
 
 
 def nnx_target():
-  """``--target test_autonames:nnx_target``."""
+  """``--target tests.core.test_autonames:nnx_target``."""
   return ModelTarget(make_model=nnx_gpt2, batch={"tokens": TOKENS}, loss_fn=gpt2_loss, name="nnx-gpt2")
 
 
@@ -188,7 +188,7 @@ def linen_loss(apply_fn, params, batch):
 
 
 def linen_gpt2_target():
-  """``--target test_autonames:linen_gpt2_target``."""
+  """``--target tests.core.test_autonames:linen_gpt2_target``."""
   return linen_target(linen_gpt2(), batch={"tokens": TOKENS}, loss_fn=linen_loss,
                       init_args=(jax.ShapeDtypeStruct((B, T), jnp.int32),), name="linen-gpt2")
 
@@ -212,7 +212,7 @@ def test_custom_layers_get_names_nnx_and_linen():
 
 @pytest.mark.parametrize("target", ["nnx_target", "linen_gpt2_target"])
 def test_list_blocks_shows_the_custom_layer_names(target, capsys):
-  assert report_main(["--target", f"test_autonames:{target}", "--list-blocks"]) == 0
+  assert report_main(["--target", f"tests.core.test_autonames:{target}", "--list-blocks"]) == 0
   assert capsys.readouterr().out.strip() == "block: " + ", ".join(sorted(GPT2_NAMES))
 
 
@@ -236,7 +236,7 @@ def test_names_argument_classes_predicate_all_and_none():
 
 
 def test_no_names_still_says_so(capsys):
-  assert report_main(["--target", "test_autonames:nnx_target_without_names", "--list-blocks"]) == 0
+  assert report_main(["--target", "tests.core.test_autonames:nnx_target_without_names", "--list-blocks"]) == 0
   assert capsys.readouterr().out.strip() == "block: (no checkpoint names)"
 
 
@@ -525,7 +525,7 @@ def test_a_part_that_is_not_there_is_one_line(gemma):
 
 
 def nnx_gated_target():
-  """``--target test_autonames:nnx_gated_target``: the NNX GeGLU LM as a ModelTarget."""
+  """``--target tests.core.test_autonames:nnx_gated_target``: the NNX GeGLU LM as a ModelTarget."""
   def make():
     return jaxckpt.apply_remat(NNXGatedLM(rngs=nnx.Rngs(0)), "none", blocks={"block": NNXGatedBlock})
 
@@ -541,7 +541,7 @@ def test_a_target_lists_and_saves_parts(capsys):
   from jaxckpt.report._residuals import analyse_residuals
   from jaxckpt.step import default_optimizer, policy_step
 
-  assert report_main(["--target", "test_autonames:nnx_gated_target", "--list-blocks"]) == 0
+  assert report_main(["--target", "tests.core.test_autonames:nnx_gated_target", "--list-blocks"]) == 0
   assert capsys.readouterr().out.strip() == "block: mlp, mlp.0, mlp.1"
   step = policy_step(nnx_gated_target(), jaxckpt.parse_policy("save_only_these_names:mlp.0+mlp.1"),
                      default_optimizer())

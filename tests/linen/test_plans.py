@@ -226,7 +226,7 @@ def tiny_llama_target():
 
 @pytest.mark.slow
 def test_plan_cli_infeasible_budget_is_one_line(capsys):
-  assert plan_main(["--target", "test_linen_plans:tiny_llama_target", "--budget", "1%"]) == 2
+  assert plan_main(["--target", "tests.linen.test_plans:tiny_llama_target", "--budget", "1%"]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "no plan fits budget:1%" in err and "LlamaForCausalLM" in err
 
@@ -237,7 +237,7 @@ def bad_blocks_target():
 
 
 def test_plan_cli_bad_block_class_is_one_line(capsys):
-  assert plan_main(["--target", "test_linen_plans:bad_blocks_target", "--budget", "50%"]) == 2
+  assert plan_main(["--target", "tests.linen.test_plans:bad_blocks_target", "--budget", "50%"]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "matched no module called in FlaxGPT2LMHeadModel" in err
 

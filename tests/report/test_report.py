@@ -150,7 +150,9 @@ def test_xla_dump_peak_buffers_and_links(tmp_path):
   assert 'href="dump/00-none/' in page and "memory-usage-report" in page
 
 
-# --- user targets (also the --target protocol: this module is importable as test_report) -----------------------
+# --- user targets (also the --target protocol: this module is importable as tests.report.test_report) -----------
+
+LOSS_TARGET = "tests.report.test_report:loss_target"
 
 
 def loss_target():
@@ -192,14 +194,14 @@ def test_target_function_takes_the_cli_sizes(tmp_path):
   out = {}
   for layers, width in ((2, 32), (3, 64)):
     path = tmp_path / f"{layers}-{width}.json"
-    assert _exit_status(["--target", "test_report:sized_target", "--batch-size", "8", "--layers", str(layers),
-                         "--target-arg", f"width={width}", "--policies", "none", "--no-progress", "--json",
-                         str(path)]) == 0
+    assert _exit_status(["--target", "tests.report.test_report:sized_target", "--batch-size", "8", "--layers",
+                         str(layers), "--target-arg", f"width={width}", "--policies", "none", "--no-progress",
+                         "--json", str(path)]) == 0
     out[layers, width] = json.loads(path.read_text())["rows"][0]
   small, big = out[2, 32], out[3, 64]
   assert big["argument_bytes"] - small["argument_bytes"] >= 3 * 64 * 64 * 4 * 3 - 2 * 32 * 32 * 4 * 3  # w, mu, nu
-  target = jaxckpt.step.load_target("test_report:sized_target", {"batch_size": 8, "num_layers": 3})
-  assert target.ref == {"target": "test_report:sized_target", "kwargs": {"batch_size": 8, "num_layers": 3}}
+  target = jaxckpt.step.load_target("tests.report.test_report:sized_target", {"batch_size": 8, "num_layers": 3})
+  assert target.ref == {"target": "tests.report.test_report:sized_target", "kwargs": {"batch_size": 8, "num_layers": 3}}
   assert jaxckpt.step.rebuild_target(target.ref).batch["x"].shape == (8, 32)  # --measure rebuilds it with them
 
 
@@ -257,9 +259,9 @@ def _exit_status(argv):
     (["--policies", "none", "dots_savable"], "unknown policy 'dots_savable'"),
     (["--seq-len", "128"], "--seq-len applies to sequence models only"),
     (["--target", "no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
-    (["--target", "test_report:loss_target", "--batch-size", "4"], "takes no keyword argument --batch-size 4"),
-    (["--target", "test_report:loss_target", "--structure", "nested"], "--structure apply to --model only"),
-    (["--target", "test_report:loss_target", "--target-arg", "depth"], "bad --target-arg 'depth': write KEY=VALUE"),
+    (["--target", LOSS_TARGET, "--batch-size", "4"], "takes no keyword argument --batch-size 4"),
+    (["--target", LOSS_TARGET, "--structure", "nested"], "--structure apply to --model only"),
+    (["--target", LOSS_TARGET, "--target-arg", "depth"], "bad --target-arg 'depth': write KEY=VALUE"),
     (["--model", "mlp", "--target-arg", "depth=3"], "--target-arg applies to --target only"),
     (["--steps", "0"], "--steps must be ≥ 1"),
     (["--compute-dtype", "float16"], "invalid choice: 'float16'"),
@@ -304,7 +306,7 @@ def test_cli_exit_1_when_no_policy_succeeds(tmp_path, capsys):
 
 def test_cli_user_target(tmp_path):
   path = tmp_path / "r.json"
-  assert main(["--target", "test_report:loss_target", "--policies", "none", "full", "--no-progress",
+  assert main(["--target", LOSS_TARGET, "--policies", "none", "full", "--no-progress",
                "--json", str(path)]) == 0
   data = json.loads(path.read_text())
   assert data["model"] == "tanh-mlp" and [r["status"] for r in data["rows"]] == ["ok", "ok"]
