@@ -32,7 +32,9 @@ import tempfile
 
 import pytest
 
-_OWNED = "JAXCKPT_TESTS_OWN_JAX_CACHE"  # set (to the directory) when this run made the cache directory
+_MADE_HERE: list[str] = []
+"""The cache directory this process made (the controlling pytest process): removed at its end. Workers and
+subprocesses, pytest runs among them (tests/house/test_layout.py), inherit the directory, not its ownership."""
 _FAST_CODEGEN = "--xla_backend_optimization_level=0"
 """XLA:CPU's LLVM code generation at -O0 for every executable the tests compile (in this process, the workers and
 the CLI subprocesses, through ``XLA_FLAGS``). It changes no HLO pass, so buffer assignment and every compiled memory
@@ -47,7 +49,8 @@ def _use_run_cache() -> None:
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # a worker (inherited) or the tester's own cache
     return
   directory = tempfile.mkdtemp(prefix="jaxckpt-tests-jax-cache-")
-  os.environ.update({"JAX_COMPILATION_CACHE_DIR": directory, _OWNED: directory,
+  _MADE_HERE.append(directory)
+  os.environ.update({"JAX_COMPILATION_CACHE_DIR": directory,
                      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
 
@@ -107,6 +110,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
   """The controlling process removes the cache directory it made (workers and subprocesses leave it)."""
-  directory = os.environ.get(_OWNED)
-  if directory and not hasattr(config, "workerinput") and directory == os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+  del config
+  for directory in _MADE_HERE:
     shutil.rmtree(directory, ignore_errors=True)
