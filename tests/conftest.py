@@ -108,6 +108,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.markexpr = ""
 
 
+@pytest.fixture(scope="session")
+def llm_tiny_reference():
+  """``get(preset) -> (model, (loss, grads), layers)`` for ``"llama-tiny"`` or ``"gemma2-tiny"``: the preset at 32
+  tokens built without remat, and its loss and gradients (:func:`tests.tiny.llm_reference`), computed once per run
+  (per pytest-xdist worker) for the files that compare remat against it (tests/models/test_llm.py,
+  tests/policies/test_maxtext_presets.py). A test that sets a policy on the model sets ``none`` back (``finally``)."""
+  from tests import tiny  # noqa: PLC0415 - imports JAX, which must start after the environment set above
+
+  built: dict[str, tuple] = {}
+
+  def get(preset: str) -> tuple:
+    if preset not in built:
+      built[preset] = tiny.llm_reference(preset)
+    return built[preset]
+
+  return get
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
   """The controlling process removes the cache directory it made (workers and subprocesses leave it)."""
   del config

@@ -31,6 +31,7 @@ from jaxckpt.models.llm import (LLM, LLM_PRESETS, DecoderBlock, attention, build
 from jaxckpt.policies._spec import MAXTEXT_PRESETS
 from tests.extras import needs_libtpu, skip_without_libtpu
 from tests.numerics import assert_trees_close
+from tests.tiny import LLM_GRAD_SEQ, llm_batch, llm_loss_and_grads
 
 
 PUBLIC_BILLIONS = {  # the model cards' and papers' parameter counts, as published (rounded as there)
@@ -97,27 +98,10 @@ def test_parameters_carry_logical_axis_names_in_their_dtype():
 
 # --- remat keeps the numbers ------------------------------------------------------------------------------------------
 
-GRAD_SEQ = 32  # longer than gemma2-tiny's 16-token window, so its local layers mask
-
-
-def _tokens(batch=2, seq=GRAD_SEQ, vocab=256, seed=0):
-  return {"tokens": jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (batch, seq + 1)), jnp.int32)}
-
-
-def _loss_and_grads(model, batch):
-  graphdef, params, other = nnx.split(model, nnx.Param, ...)
-
-  def loss(params):
-    return llm_loss(nnx.merge(graphdef, params, other), batch)[0]
-
-  return jaxckpt.jit(jax.value_and_grad(loss))(params)
-
-
 @pytest.fixture(scope="module", params=TINY)
-def reference(request):
-  """A tiny preset at GRAD_SEQ tokens without remat, and its loss and gradients."""
-  model = build_llm(dataclasses.replace(LLM_PRESETS[request.param], seq_len=GRAD_SEQ), policy="none")
-  return model, _loss_and_grads(model, _tokens()), LLM_PRESETS[request.param].num_layers
+def reference(request, llm_tiny_reference):
+  """A tiny preset at LLM_GRAD_SEQ tokens without remat, and its loss and gradients (built once a run: conftest.py)."""
+  return llm_tiny_reference(request.param)
 
 
 @pytest.mark.parametrize("policy", ["full", "dots_saveable", "save_only_these_names:query_proj+key_proj+value_proj",
@@ -126,16 +110,16 @@ def test_gradients_equal_no_remat(reference, policy):
   model, (ref_loss, ref_grads), depth = reference
   jaxckpt.set_policy(model, policy)
   try:
-    loss, grads = _loss_and_grads(model, _tokens())
+    loss, grads = llm_loss_and_grads(model, llm_batch())
   finally:
     jaxckpt.set_policy(model, "none")
   assert_trees_close((loss, grads), (ref_loss, ref_grads), depth=depth, what=f"loss and gradients, {policy} vs none")
 
 
 def test_training_lowers_the_loss():
-  model = build_llm(dataclasses.replace(LLM_PRESETS["llama-tiny"], seq_len=GRAD_SEQ), policy="full")
+  model = build_llm(dataclasses.replace(LLM_PRESETS["llama-tiny"], seq_len=LLM_GRAD_SEQ), policy="full")
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-  batch = _tokens(vocab=16)  # a small alphabet: learnable in a few steps
+  batch = llm_batch(vocab=16)  # a small alphabet: learnable in a few steps
 
   @nnx.jit
   def step(model, optimizer):
@@ -243,11 +227,11 @@ def test_cross_entropy_keeps_no_float32_copy_of_the_logits():
 
 @pytest.mark.parametrize("preset", TINY)
 def test_vocab_tiling_equals_the_plain_loss(preset):
-  config = dataclasses.replace(LLM_PRESETS[preset], seq_len=GRAD_SEQ)
+  config = dataclasses.replace(LLM_PRESETS[preset], seq_len=LLM_GRAD_SEQ)
   plain = build_llm(config)
   tiled = build_llm(dataclasses.replace(config, vocab_tiles=4))
-  batch = _tokens()
-  (loss, grads), (tiled_loss, tiled_grads) = _loss_and_grads(plain, batch), _loss_and_grads(tiled, batch)
+  batch = llm_batch()
+  (loss, grads), (tiled_loss, tiled_grads) = llm_loss_and_grads(plain, batch), llm_loss_and_grads(tiled, batch)
   assert_trees_close((tiled_loss, tiled_grads), (loss, grads), depth=config.num_layers, what="vocab tiles 4 vs 1")
   metrics = [llm_loss(m, batch)[1] for m in (plain, tiled)]
   assert_trees_close(metrics[1], metrics[0], depth=config.num_layers, what="metrics, vocab tiles 4 vs 1")
@@ -274,9 +258,9 @@ def test_vocab_tiling_never_holds_the_whole_logits():
 
 
 def test_local_layers_see_only_their_window():
-  config = dataclasses.replace(LLM_PRESETS["gemma2-tiny"], seq_len=GRAD_SEQ)
+  config = dataclasses.replace(LLM_PRESETS["gemma2-tiny"], seq_len=LLM_GRAD_SEQ)
   window = config.sliding_window
-  tokens = _tokens(batch=1)["tokens"][:, :-1]
+  tokens = llm_batch(batch=1)["tokens"][:, :-1]
   local_global = build_llm(config)(tokens)
   all_global = build_llm(dataclasses.replace(config, layer_pattern=("global", "global")))(tokens)
   # the same parameters (same tree, same seed): within the window nothing differs, beyond it the local layers do
@@ -295,7 +279,7 @@ def test_sliding_window_masks_keys_older_than_the_window():
 
 def test_soft_caps_bound_and_change_the_logits():
   config = LLM_PRESETS["gemma2-tiny"]
-  tokens = _tokens(batch=1, seq=16)["tokens"][:, :-1]
+  tokens = llm_batch(batch=1, seq=16)["tokens"][:, :-1]
   capped = build_llm(dataclasses.replace(config, final_logit_softcap=0.5))(tokens)
   free = build_llm(dataclasses.replace(config, final_logit_softcap=None))(tokens)
   assert float(jnp.abs(capped).max()) <= 0.5 and float(jnp.abs(free).max()) > 0.5
@@ -411,11 +395,11 @@ def test_the_model_on_the_splash_kernel_equals_the_model_on_xla():
   CPU), under a policy that saves its context: the loss and gradients of the xla model (the suite's rule, depth the
   layers: float32 through a blocked softmax)."""
   config = dataclasses.replace(LLM_PRESETS["gemma2-tiny"], seq_len=128)
-  batch = _tokens(batch=1, seq=128)
+  batch = llm_batch(batch=1, seq=128)
   xla = build_llm(config, policy="minimal_with_context")
   splash = build_llm(dataclasses.replace(config, attention="splash", splash_interpret=True),
                      policy="minimal_with_context")
-  (loss, grads), (splash_loss, splash_grads) = _loss_and_grads(xla, batch), _loss_and_grads(splash, batch)
+  (loss, grads), (splash_loss, splash_grads) = llm_loss_and_grads(xla, batch), llm_loss_and_grads(splash, batch)
   assert_trees_close((splash_loss, splash_grads), (loss, grads), depth=config.num_layers,
                      what="gemma2-tiny on splash vs xla, minimal_with_context")
 

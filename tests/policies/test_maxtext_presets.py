@@ -13,6 +13,8 @@ from jax.ad_checkpoint import checkpoint_name
 import jaxckpt
 from jaxckpt.errors import PolicySpecError
 from jaxckpt.policies._spec import MAXTEXT_OTHER_ARCHITECTURES, MAXTEXT_PRESETS
+from tests.numerics import assert_trees_close
+from tests.tiny import llm_batch, llm_loss_and_grads
 
 ALL_MAXTEXT_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "kv_proj", "qkv_proj", "context",
                      "out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
@@ -102,27 +104,15 @@ def _presets_to_compile() -> list[str]:
   return [name for name in MAXTEXT_PRESETS if not (remat3 and jaxckpt.parse_policy(name).offloads)]
 
 
-@pytest.fixture(scope="module")
-def llama_tiny():
-  """llama-tiny (float32, 2 layers) at 32 tokens, its batch, and its loss and gradients without remat."""
-  import dataclasses
-  from tests.models.test_llm import _loss_and_grads, _tokens
-  from jaxckpt.models.llm import LLM_PRESETS, build_llm
-  config = dataclasses.replace(LLM_PRESETS["llama-tiny"], seq_len=32)
-  model = build_llm(config, policy="none")
-  return model, _loss_and_grads(model, _tokens()), config.num_layers
-
-
 @pytest.mark.parametrize("preset", _presets_to_compile())
-def test_preset_gradients_equal_no_remat(llama_tiny, preset):
-  """Each preset on the llm family (which emits MaxText's names): the loss and gradients of no remat, by the suite's
-  float rule (tests/numerics.py), depth the decoder layers."""
-  from tests.models.test_llm import _loss_and_grads, _tokens
-  from tests.numerics import assert_trees_close
-  model, want, depth = llama_tiny
+def test_preset_gradients_equal_no_remat(llm_tiny_reference, preset):
+  """Each preset on the llm family (which emits MaxText's names): the loss and gradients of no remat (llama-tiny,
+  float32, 2 layers, at 32 tokens: conftest.py), by the suite's float rule (tests/numerics.py), depth the decoder
+  layers."""
+  model, want, depth = llm_tiny_reference("llama-tiny")
   jaxckpt.set_policy(model, preset)
   try:
-    got = _loss_and_grads(model, _tokens())
+    got = llm_loss_and_grads(model, llm_batch())
   finally:
     jaxckpt.set_policy(model, "none")
   assert_trees_close(got, want, depth=depth, what=f"llama-tiny loss and gradients, {preset} vs none")
