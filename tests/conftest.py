@@ -126,6 +126,19 @@ def llm_tiny_reference():
   return get
 
 
+@pytest.fixture(scope="session")
+def gpt_tiny_whole_loss():
+  """``(target, loss, graph)``: GPT ``tiny``'s train-step loss as one whole loss (layers unrolled, no remat:
+  :func:`jaxckpt.planner.target_whole_loss`) and its min-cut graph, traced once per run (per pytest-xdist
+  worker) for the whole-loss planners' tests (tests/planner/test_whole_loss.py, tests/planner/test_mincut.py)."""
+  from jaxckpt.planner import target_whole_loss, whole_graph  # noqa: PLC0415 - JAX after the environment above
+  from jaxckpt.step import shipped_target  # noqa: PLC0415
+
+  target = shipped_target("gpt", "tiny")
+  loss = target_whole_loss(target)
+  return target, loss, whole_graph(loss)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
   """The controlling process removes the cache directory it made (workers and subprocesses leave it)."""
   del config

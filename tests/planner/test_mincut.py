@@ -14,7 +14,7 @@ from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.models._gpt import GPT_PRESETS, build_gpt
 from jaxckpt.planner import resolve_policy
 from jaxckpt.planner import (measure_whole, mincut_policy, narrow_cuts, remat_segments, segment_loss,
-                             segmented_plan, target_whole_loss, whole_graph, whole_loss, whole_plan)
+                             segmented_plan, whole_graph, whole_loss, whole_plan)
 from jaxckpt.policies import LossPolicy, MinCut
 from jaxckpt import parse_model_policy
 from jaxckpt.report import build_report
@@ -184,9 +184,8 @@ def test_bad_caps_and_names_are_refused(toy):
 
 
 @pytest.fixture(scope="module")
-def gpt_tiny():
-  loss = target_whole_loss(shipped_target("gpt", "tiny"))
-  graph = whole_graph(loss)
+def gpt_tiny(gpt_tiny_whole_loss):
+  _, loss, graph = gpt_tiny_whole_loss  # conftest.py: traced once a run
   return loss, graph, segment_loss(loss, None, graph)
 
 

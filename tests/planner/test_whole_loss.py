@@ -9,9 +9,8 @@ import pytest
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._gpt import GPT_PRESETS
 from jaxckpt.planner._tensors import PARAMETER_ONLY_WEIGHT, exhaustive_block, recompute_closure
-from jaxckpt.planner._whole import (measure_whole, remat_whole_loss, target_whole_loss, whole_graph, whole_loss,
-                                   whole_plan)
-from jaxckpt.step import concrete_inputs, default_optimizer, shipped_target
+from jaxckpt.planner._whole import measure_whole, remat_whole_loss, whole_graph, whole_loss, whole_plan
+from jaxckpt.step import concrete_inputs, default_optimizer
 from tests.numerics import assert_trees_close
 
 B, D, H = 4, 6, 8
@@ -134,10 +133,9 @@ def test_bad_losses_and_names_are_refused_not_silently_planned(toy):
 
 
 @pytest.fixture(scope="module")
-def gpt_tiny():
-  target = shipped_target("gpt", "tiny")
-  loss = target_whole_loss(target)
-  return target, loss, whole_graph(loss), measure_whole(loss)
+def gpt_tiny(gpt_tiny_whole_loss):
+  target, loss, graph = gpt_tiny_whole_loss  # conftest.py: traced once a run
+  return target, loss, graph, measure_whole(loss)
 
 
 def test_gpt_whole_plan_saves_the_chosen_set_within_the_cap(gpt_tiny):
