@@ -26,7 +26,9 @@ running the tests is left alone (and not removed). Compiles that dump XLA's pass
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -94,18 +96,54 @@ def _skip_tpu_probe() -> None:
 _skip_tpu_probe()
 
 
+DURATIONS = "tests/durations.json"
+"""The committed seconds of each fast-tier test (setup + call, on the 2-core machine), written by
+``--write-durations``: what the fast tier costs, test by test."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-  """``--all``: both tiers (the fast default of ``addopts`` and the ``slow`` end-to-end cases)."""
+  """``--all``: both tiers (the fast default of ``addopts`` and the ``slow`` end-to-end cases); ``--write-durations``:
+  record each test's seconds in :data:`DURATIONS`."""
   parser.addoption("--all", action="store_true", default=False,
                    help="run the slow tier too (the default -m 'not slow' of pyproject's addopts is dropped)")
+  parser.addoption("--write-durations", nargs="?", const=DURATIONS, default=None, metavar="PATH",
+                   help=f"write each test's setup + call seconds to PATH (default {DURATIONS}, relative to the "
+                        "repository): the tests of the files that ran replace theirs, other files' entries stay")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-  """``--all`` clears the marker expression, so every test is collected; an explicit ``-m`` with it is refused."""
+  """``--all`` clears the marker expression, so every test is collected; an explicit ``-m`` with it is refused.
+  ``--write-durations`` registers the :class:`_Durations` recorder in the controlling process."""
   if config.getoption("all"):
     if config.option.markexpr not in ("", "not slow"):
       raise pytest.UsageError(f"--all runs every test; it cannot be combined with -m {config.option.markexpr!r}")
     config.option.markexpr = ""
+  path = config.getoption("write_durations")
+  if path and not hasattr(config, "workerinput"):  # the workers' reports reach the controller's hook
+    config.pluginmanager.register(_Durations(config.rootpath, config.rootpath / path), "jaxckpt-durations")
+
+
+class _Durations:
+  """Sums each test's setup and call seconds (pytest's reports, forwarded by pytest-xdist's workers) and writes them
+  as one JSON object, node id -> seconds, sorted by node id. Entries of test files that did not run are kept while
+  their file exists, so a run of one file updates that file's tests."""
+
+  def __init__(self, root: pathlib.Path, path: pathlib.Path):
+    self.root, self.path = root, path
+    self.seconds: dict[str, float] = {}
+
+  def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    if report.when in ("setup", "call"):
+      self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+  def pytest_sessionfinish(self) -> None:
+    if not self.seconds:
+      return
+    ran = {nodeid.split("::")[0] for nodeid in self.seconds}
+    old = json.loads(self.path.read_text()) if self.path.exists() else {}
+    kept = {k: v for k, v in old.items() if k.split("::")[0] not in ran and (self.root / k.split("::")[0]).exists()}
+    merged = {**kept, **{k: round(v, 2) for k, v in self.seconds.items()}}
+    self.path.write_text(json.dumps(dict(sorted(merged.items())), indent=1, ensure_ascii=False) + "\n")
 
 
 @pytest.fixture(scope="session")
