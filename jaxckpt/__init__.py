@@ -23,8 +23,8 @@ them are private, ``_name.py``, as optax keeps ``optax._src``):
   :mod:`jaxckpt.analysis`,
   :mod:`jaxckpt.schema`.
 
-The folders, bottom up (imports run one way; ``tests/test_architecture.py`` checks it): ground modules → analysis →
-policies → core → the front-ends nnx and linen → training → models → step → planner → report → fit.
+The folders, bottom up (imports run one way; ``tests/house/test_architecture.py`` checks it): ground modules →
+analysis → policies → core → the front-ends nnx and linen → training → models → step → planner → report → fit.
 
 Old paths still work and warn (``DeprecationWarning``) with the public path: module paths of earlier layouts
 (``jaxckpt.layers``, ``jaxckpt.report.compile``: table :data:`jaxckpt._deprecations.MOVED_MODULES`) and names that

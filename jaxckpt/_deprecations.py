@@ -29,7 +29,7 @@ PUBLIC_FACES: tuple[str, ...] = (
     "jaxckpt.training", "jaxckpt.analysis", "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
 )
 """The modules whose ``__all__`` names are public; every public name is on exactly one of them
-(``tests/test_face.py``)."""
+(``tests/house/test_face.py``)."""
 
 _OLD_TOP_LEVEL = {
     "jaxckpt.remat": "jaxckpt.core._remat", "jaxckpt.blocks": "jaxckpt.core._blocks",

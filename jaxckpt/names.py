@@ -1,7 +1,7 @@
 """Checkpoint names: the tags jaxckpt's layers give their intermediates with ``jax.ad_checkpoint.checkpoint_name``.
 
 A name-based policy (``save_only_these_names:qkv+mlp_hidden``) saves exactly the tagged values whose names it lists.
-Every name a shipped layer emits is defined here, once; ``tests/test_layers.py`` checks that each is emitted.
+Every name a shipped layer emits is defined here, once; ``tests/nnx/test_layers.py`` checks that each is emitted.
 
 Shapes use B = batch, T = tokens, D = model width, H = heads, K = head width (D / H), F = MLP hidden width,
 h/w/C = image height, width and channels.

@@ -94,7 +94,7 @@ class GemmaLM(nn.Module):
 
 
 def gemma_target(policy: str = "none"):
-  """``--target gemma_lm:gemma_target``: the Gemma-style LM, its ``Block`` s the blocks."""
+  """``--target tests.gemma_lm:gemma_target``: the Gemma-style LM, its ``Block`` s the blocks."""
   import jaxckpt
 
   model = jaxckpt.linen.apply_remat(GemmaLM(), policy, blocks={"block": Block})

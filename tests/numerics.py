@@ -68,7 +68,7 @@ every other file          —       ≤ 0.93  —       0.00
 C = 16 leaves ≥ 1.9× headroom over the worst measured case (8.37: splash in Pallas' interpret mode against XLA
 attention, depth 2) and is still tight: a residual rounded to bfloat16 in the backward pass (2⁻⁹ relative on one
 tensor), a residual that lost one row, or a recomputation with another dropout key is reported by more than 10×
-the limit (``tests/test_numerics.py``). Without vectorisation (SSE4_2, AVX here) many comparisons are exact: the
+the limit (``tests/house/test_numerics.py``). Without vectorisation (SSE4_2, AVX here) many comparisons are exact: the
 rounding the rule allows for is the vector width's.
 
 Re-calibrate (another CPU, another XLA) with ``JAXCKPT_TESTS_NUMERICS_LOG=/tmp/n`` set: every comparison appends its
@@ -133,7 +133,7 @@ def mismatches(got: Any, want: Any, *, depth: int, compute_dtype: Any = np.float
 
   Float leaves are held to ``C · u · depth · scale``; integer and bool leaves must be equal; a NaN or inf in a
   float leaf must be matched by the same value at the same place. Used by :func:`assert_trees_close`, and directly
-  where the check runs in a subprocess (``tests/sharding_helper.py``).
+  where the check runs in a subprocess (``tests/sharding/sharding_helper.py``).
   """
   if not (isinstance(depth, int) and depth >= 1):
     raise ValueError(f"depth={depth!r} must be an int ≥ 1: the number of layers the values pass through")

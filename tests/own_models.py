@@ -183,7 +183,7 @@ class LinenTransformerLM(nn.Module):
 
 
 def decoder_target(policy: str = "none", *, batch: int = BATCH, blocks=None):
-  """``--target own_models:decoder_target``: the NNX decoder, its layers named as blocks, a plain loss."""
+  """``--target tests.own_models:decoder_target``: the NNX decoder, its layers named as blocks, a plain loss."""
   import jaxckpt
   from jaxckpt.step import ModelTarget
 
@@ -202,7 +202,7 @@ def linen_loss(apply_fn, params, batch):
 
 
 def linen_lm_target():
-  """``--target own_models:linen_lm_target``: the Linen LM, its decoder blocks named."""
+  """``--target tests.own_models:linen_lm_target``: the Linen LM, its decoder blocks named."""
   from jaxckpt.linen import _apply as linen_apply
   from jaxckpt.step import linen_target
 

@@ -142,7 +142,7 @@ def shared_layer_traces(*, layers: bool) -> Iterator[None]:
   so JAX traces and differentiates a layer once and reuses it for the other L - 1 (the jit trace cache; its
   linearization is cached per jaxpr). The jaxpr then holds these calls where the unrolled trace has their
   equations: :func:`jaxckpt.analysis._jaxprs.inline_calls` puts them back, with the same source lines, and JAX's
-  saved-residual analysis of the result lists the same values (checked: tests/test_residuals.py).
+  saved-residual analysis of the result lists the same values (checked: tests/analysis/test_residuals.py).
 
   Differentiating a jitted call treats a literal it saves as a constant of the backward pass, while inline code
   lists it as a residual (``from a literal``): with ``layers=True``, layers without remat lose those entries, which

@@ -12,7 +12,7 @@ made from a model instead, and only the chosen lists are compiled:
   keeping saves per example (the step's jaxpr FLOPs under full remat less those under ``save_only_these_names`` of
   that name alone: JAX's own partial evaluation decides what is then not recomputed). The search assumes those
   savings add up; one more lowering, every name kept at once, checks it (:attr:`CustomSearch.additivity_error`,
-  shown with the table): on the LLM family they add up exactly (``llama-tiny`` on CPU, tests/test_fit_names.py;
+  shown with the table): on the LLM family they add up exactly (``llama-tiny`` on CPU, tests/fit/test_names.py;
   ``llama3.1-8b`` with splash on v6e-256, where keeping ``context``, the splash kernel's residuals, saves no FLOPs
   alone or with ``out_proj``: the kernel's forward pass still runs in the backward).
   A name whose value is the input of the remat region itself (``decoder_layer_input`` under per-layer remat) is a

@@ -3,7 +3,7 @@
 This mirrors the multi-task case of the PyTorch DDP bug report (gradient checkpointing plus a loss summed over two
 heads broke gradient synchronisation between GPUs). Here both heads read one remat'd backbone, the loss is one
 scalar function of all parameters, and ``jax.grad`` of it is exact whatever the policy or the mesh
-(``tests/test_sharding.py`` checks gradients against the single-device, no-remat ones).
+(``tests/sharding/test_sharded_training.py`` checks gradients against the single-device, no-remat ones).
 
 Auxiliary tasks (:data:`AUX_TASKS`) derive their labels from the main labels, so no extra data is needed:
 

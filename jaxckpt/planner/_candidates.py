@@ -218,7 +218,8 @@ def layer_candidates(probe: LayerProbe, block_types: Mapping[str, Sequence[str]]
     estimates.append(LayerCandidate(spec, nbytes, flops, flops - none_flops, exact=False))
   # Stage 2: the uniform built-ins and the front's combinations with a `none` block are traced as whole layers; the
   # other combinations on the front keep their sum: blocks that are each remat'd are independent given their inputs
-  # (tests/test_planner.py checks sum = whole-layer trace), and tracing them all took half the planning time.
+  # (tests/planner/test_budget_plans.py checks sum = whole-layer trace), and tracing them all took half the planning
+  # time.
   uniform = [_uniform(Policy(name), blocks) for name in _FIXED_OPTIONS]
   front = [c for c in pareto_front(estimates) if c.spec not in uniform]
   measured = []

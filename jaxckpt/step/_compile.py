@@ -47,10 +47,10 @@ from jaxckpt.training._xla import compiler_log, memory_stats, remat_compiler_opt
 
 STATS_ONLY_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Options of the stats-only compiles on XLA:CPU (executables that are never run): LLVM's optimisation level does not
-touch HLO buffer assignment, so every memory stat is identical (checked in tests/test_report.py) and XLA:CPU compiles
-~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation. Not given to other
-compilers: the TPU compiler accepts the option but compiles no faster with it (measured with libtpu 0.0.42.1: the
-same stats, the same seconds)."""
+touch HLO buffer assignment, so every memory stat is identical (checked in tests/report/test_report.py) and XLA:CPU
+compiles ~3× faster. Compiles whose executable runs (``--measure``, the experiments) use full optimisation. Not given
+to other compilers: the TPU compiler accepts the option but compiles no faster with it (measured with libtpu 0.0.42.1:
+the same stats, the same seconds)."""
 
 
 HOST_OFFLOAD_OPTIONS: dict[str, Any] = {

@@ -8,34 +8,25 @@ three ``[B, D] x [D, D]`` matmuls per layer (forward, d/dx, d/dw): ``2*B*D*D*L*3
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxckpt import parse_policy, topology
+from jaxckpt import parse_policy, sharding
 from jaxckpt.analysis import (HloParseError, count_flops, jaxpr_flops, parse_hlo, read_compiled,
                               replica_groups)
 from jaxckpt.step import compile_policy, shipped_target
+from tests.extras import needs_cuda_plugin, needs_libtpu
 
 L, B, D = 4, 64, 256
 MATMUL_FLOPS = 2 * B * D * D  # one [B, D] x [D, D] matmul
 OFFLOAD = jax.checkpoint_policies.save_and_offload_only_these_names(
     names_which_can_be_saved=[], names_which_can_be_offloaded=["x"], offload_src="device", offload_dst="pinned_host")
 
-REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"
-needs_libtpu = pytest.mark.skipif(
-    topology.libtpu_version() is None and not REQUIRED,
-    reason="libtpu is not installed (pip install -e '.[tpu]'); JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure")
-needs_cuda_plugin = pytest.mark.skipif(
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
-    reason="jax-cuda12-plugin is not installed (pip install 'jax-cuda12-plugin==0.10.2' 'jax-cuda12-pjrt==0.10.2')")
 
 H100 = """gpu_device_info { threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
   shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
@@ -256,7 +247,7 @@ def test_text_that_is_not_hlo_is_refused_with_what_to_pass():
 @pytest.fixture(scope="module")
 def tpu_steps():
   """The MLP step in bf16 on v5e:2x2, weights FSDP-sharded over fsdp=4: without remat, and offloading ``x``."""
-  mesh = topology.get_topology("v5e:2x2").mesh("fsdp=4")
+  mesh = sharding.get_topology("v5e:2x2").mesh("fsdp=4")
   w_sharding, x_sharding = NamedSharding(mesh, P(None, "fsdp", None)), NamedSharding(mesh, P("fsdp", None))
   args = _args(jnp.bfloat16, w_sharding, x_sharding)
   return {name: read_compiled(jax.jit(mlp_grad_step(policy), out_shardings=w_sharding).lower(*args).compile())

@@ -19,9 +19,8 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: numerics
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/sharding/: own_llama
+# the repository root: jaxckpt, tests.numerics and tests.sharding.own_llama
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 FAST = {"xla_backend_optimization_level": 0}  # LLVM -O0: faster CPU compiles; same HLO, same partitioning
 RUNS = (("tensor=4", 4, "none", "path"), ("fsdp=2,tensor=4", 8, "full", "path"), ("tensor=4", 4, "full", "auto"))
@@ -45,8 +44,8 @@ def main() -> dict:
   import optax
 
   import jaxckpt
-  import numerics
-  import own_llama
+  from tests import numerics
+  from tests.sharding import own_llama
   from jaxckpt import sharding
   from jaxckpt.analysis import read_compiled
   from jaxckpt.errors import MeshSpecError

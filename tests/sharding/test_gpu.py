@@ -21,14 +21,7 @@ from jaxckpt.sharding import (CHIPS, GPU_CHIPS, chip_for_kind, device_memory, ge
                               memory_fraction, parse_topology, resolve_placement, target_config)
 from jaxckpt.sharding import _topology as topology
 from jaxckpt.step import shipped_target, step_compiler_options
-
-REQUIRED = os.environ.get("JAXCKPT_REQUIRE_GPU") == "1"
-"""CI sets ``JAXCKPT_REQUIRE_GPU=1`` after installing ``.[gpu]``: then no test here may be skipped."""
-
-needs_plugin = pytest.mark.skipif(
-    topology._version("jax-cuda12-plugin") is None and not REQUIRED,  # noqa: SLF001
-    reason="JAX's CUDA plugin is not installed (pip install -e '.[gpu]'); JAXCKPT_REQUIRE_GPU=1 turns this skip into "
-           "a failure")
+from tests.extras import needs_cuda_plugin
 
 NODE = "h100:8"
 
@@ -128,7 +121,7 @@ def test_a_missing_plugin_is_one_line_naming_the_extra(monkeypatch, capsys):
 # --- with the plugin: compiled by XLA:GPU, no GPU ---
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_a_cluster_is_nodes_of_gpus_in_node_order():
   topo = get_topology("h100:2x8")
   assert (topo.chips, topo.platform, topo.device_kind, topo.nodes) == (16, "gpu", "NVIDIA H100 80GB HBM3", 2)
@@ -139,7 +132,7 @@ def test_a_cluster_is_nodes_of_gpus_in_node_order():
   assert topo.describe().startswith("NVIDIA H100 SXM, 2 nodes × 8 GPUs (16 GPUs), compiled without a GPU by XLA:GPU")
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_the_memory_a_gpu_may_use_is_its_memory_times_the_fraction():
   placement = resolve_placement(None, NODE, memory_fraction=0.9)
   limit, source = placement.memory()
@@ -159,7 +152,7 @@ def gpu_report(tmp_path_factory):
   return json.loads(path.read_text())
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_the_report_on_a_gpu_node_names_the_gpu_and_its_compiler(gpu_report):
   data = gpu_report
   assert (data["backend"], data["device_kind"], data["topology"], data["device_count"]) == (
@@ -172,7 +165,7 @@ def test_the_report_on_a_gpu_node_names_the_gpu_and_its_compiler(gpu_report):
   assert rows["nothing_saveable"]["footprint_bytes"] < rows["minimal_with_context"]["footprint_bytes"]
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_a_step_over_the_gpus_memory_is_reported_as_not_fitting_with_its_bytes(capsys):
   argv = ["--model", "llm", "--preset", "llama-tiny", "--topology", NODE, "--mesh", "fsdp=8", "--batch-size", "16",
           "--seq-len", "128", "--policies", "none", "--memory-fraction", "1e-6", "--no-residuals"]
@@ -182,7 +175,7 @@ def test_a_step_over_the_gpus_memory_is_reported_as_not_fitting_with_its_bytes(c
   assert "× 1e-06 memory fraction (given)" in out
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_auto_attention_on_a_gpu_is_the_pallas_flash_kernel_in_shard_map():
   from jaxckpt.analysis import read_compiled
   from jaxckpt.step import compile_policy
@@ -195,7 +188,7 @@ def test_auto_attention_on_a_gpu_is_the_pallas_flash_kernel_in_shard_map():
   assert any("triton" in t for t in targets), targets  # the Pallas Triton kernels, not XLA's einsum attention
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_the_fit_searches_meshes_on_a_cluster_unless_one_is_named(tmp_path, capsys):
   path = tmp_path / "fit.json"
   argv = ["--model", "llm", "--preset", "llama-tiny", "--topology", "h100:2x8", "--seq-len", "128",

@@ -22,7 +22,7 @@ import optax
 import pytest
 from flax import nnx
 
-import own_llama
+from tests.sharding import own_llama
 from jaxckpt import nnx_model_target, sharding
 from jaxckpt.errors import MeshSpecError, TensorPlanError
 from jaxckpt.fit._meshes import mesh_shapes, state_bytes
@@ -104,7 +104,7 @@ def test_a_layer_given_two_styles_and_a_kernel_no_style_splits_are_refused():
   with pytest.raises(TensorPlanError, match=r"gives layers/0/mlp/up_proj/kernel two styles: "
                                             r"'layers/\*/mlp/up_proj'=colwise and 'layers/0/mlp/\*'=rowwise"):
     own_llama.target(tensor_plan="layers/*/mlp/up_proj=colwise,layers/0/mlp/*=rowwise")
-  import own_models  # tests/own_models.py: a decoder with nnx.Einsum projections (3-D kernels)
+  from tests import own_models  # tests/own_models.py: a decoder with nnx.Einsum projections (3-D kernels)
 
   with pytest.raises(TensorPlanError, match=r"matches layers/0/attn/q_einsum/kernel of shape \(32, 4, 8\); a style "
                                             r"splits 2-D kernels"):
@@ -189,8 +189,8 @@ def test_auto_refuses_a_block_without_pairs_in_one_line():
 
 
 def test_a_target_function_gets_its_plan_as_text_as_the_cli_passes_it():
-  """``--target own_llama:target --target-arg tensor_plan=...`` calls ``target(tensor_plan="...")``."""
-  target = load_target("own_llama:target", {"tensor_plan": "layers/*/mlp/up_proj=colwise,"
+  """``--target tests.sharding.own_llama:target --target-arg tensor_plan=...`` calls ``target(tensor_plan="...")``."""
+  target = load_target("tests.sharding.own_llama:target", {"tensor_plan": "layers/*/mlp/up_proj=colwise,"
                                                            "layers/*/mlp/down_proj=rowwise"})
   assert target.tensor_plan == TensorPlan({"layers/*/mlp/up_proj": "colwise", "layers/*/mlp/down_proj": "rowwise"})
   model = nnx.eval_shape(target.make_model)
