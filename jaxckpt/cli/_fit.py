@@ -152,10 +152,11 @@ def _search(args: argparse.Namespace, target, placement, device, on_compile, bar
 
 
 def _check_args(args: argparse.Namespace) -> None:
-  """Checks the flags that need no compile (output paths, flag combinations, policy specs) before any work.
+  """Checks the flags that need no compile (output paths, flag combinations, policy specs), then that the
+  topology's compiler is installed, before any work.
 
   Raises:
-    JaxckptError: the first bad flag or combination, naming it.
+    JaxckptError: the first bad flag or combination, naming it. TopologyError: the topology's compiler missing.
   """
   if (args.batch_size is not None and args.max_seq_len is None) or args.grad_accum_steps != 1:
     raise JaxckptError("--batch-size and --grad-accum-steps are what jaxckpt-fit chooses; give --min-batch, "
@@ -217,6 +218,8 @@ def _check_args(args: argparse.Namespace) -> None:
     raise JaxckptError(f"--custom-lists {args.custom_lists} must be ≥ 1")
   if args.max_batch is None and args.global_batch_size is None:
     args.max_batch = DEFAULT_MAX_BATCH  # with a global batch: G, or the one given (at most G)
+  if args.topology is not None:  # every flag before the compiler: a bad flag is one line whatever is installed
+    check_topology_name(args.topology)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,9 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   bar = None
   try:
     check_placement_flags(args, runs=("measure",), compiler=False)
-    _check_args(args)  # every flag before the compiler: a bad flag is one line whatever is installed
-    if args.topology is not None:
-      check_topology_name(args.topology)
+    _check_args(args)
     search = None
     auto = args.mesh == "auto"
     placement = placement_from_args(args)

@@ -68,13 +68,11 @@ def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
 
 @pytest.mark.parametrize("argv, expected", [
     (["--mesh", "auto", "--global-batch-size", "16"], "--mesh auto searches the mesh of a --topology"),
-    # with --topology the CLI looks for libtpu before it reads the mesh flags
-    pytest.param(["--mesh", "auto", "--topology", TOPOLOGY], "--mesh auto searches the mesh of a --topology",
-                 marks=needs_libtpu),
-    pytest.param(["--mesh", "fsdp=4", "--topology", TOPOLOGY, "--global-batch-size", "16", "--max-meshes", "0"],
-                 "--max-meshes 0 must be ≥ 1", marks=needs_libtpu),
-    pytest.param(["--mesh", "auto", "--topology", TOPOLOGY, "--global-batch-size", "16", "--min-batch", "32"],
-                 "--min-batch 32 > --global-batch-size 16: no micro-batch between", marks=needs_libtpu),
+    (["--mesh", "auto", "--topology", TOPOLOGY], "--mesh auto searches the mesh of a --topology"),
+    (["--mesh", "fsdp=4", "--topology", TOPOLOGY, "--global-batch-size", "16", "--max-meshes", "0"],
+     "--max-meshes 0 must be ≥ 1"),
+    (["--mesh", "auto", "--topology", TOPOLOGY, "--global-batch-size", "16", "--min-batch", "32"],
+     "--min-batch 32 > --global-batch-size 16: no micro-batch between"),
 ])
 def test_mesh_auto_bad_flags_are_one_line(argv, expected, capsys, monkeypatch):
   """A bad flag is one line before the compiler is looked for: the same line with libtpu missing."""
