@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import platform
+import re
 import resource
 import statistics
 import time
@@ -27,12 +28,32 @@ from jaxckpt.cli import CLIParser, check_output_file  # noqa: F401 - CLIParser r
 from jaxckpt.errors import JaxckptError
 
 __all__ = ["RESULTS_DIR", "MIN_ROUNDS", "run_record", "finish_record", "interleaved", "write_json", "markdown_table",
-           "parser", "out_path", "check_out", "header", "CompileLog", "mib"]
+           "parser", "out_path", "check_out", "header", "CompileLog", "mib", "own_stderr_lines"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 """Where the scripts write their JSON (``benchmarks/results/``)."""
 MIN_ROUNDS = 5
 """Fewest interleaved rounds of a full (not ``--quick``) run."""
+
+_CUDA_PLUGIN_LOG = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+                              r"|I\d{4} \S+\s+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine")
+
+
+def own_stderr_lines(text: str) -> list[str]:
+  """A program's standard error as lines, less what JAX's CUDA plugin writes when ``import jax`` loads it.
+
+  With the ``[gpu]`` extra installed (the compile-only ``jax-cuda12-plugin``), every ``import jax`` on a machine
+  without a CUDA driver writes three ``cudart_stub.cc ... Could not find cuda drivers`` lines, each after absl's
+  ``All log messages before absl::InitializeLog()`` line, straight to file descriptor 2 from C++ before JAX's logging
+  starts (docs/gpu.md): not the program's own output, and no environment variable silences them.
+
+  Args:
+    text: the captured standard error (``str``).
+
+  Returns:
+    Its lines (``list[str]``, no line ends), those lines left out.
+  """
+  return [line for line in text.splitlines() if not _CUDA_PLUGIN_LOG.match(line)]
 
 
 def parser(name: str, doc: str) -> argparse.ArgumentParser:

@@ -91,7 +91,7 @@ def interrupted_sequence(tmp: str, rng: random.Random, *, faults: int, signals: 
     kind = ("a save" if unfinished(ckpt) else "start-up/compile" if latest_step(ckpt) == before
             else "training steps")
     if sig != signal.SIGKILL:  # a clean stop: its exit code, one line, no half-written save left
-      err_lines = open(f"{log_path}.err").read().splitlines()
+      err_lines = common.own_stderr_lines(open(f"{log_path}.err").read())
       if code == -sig or (code == 0 and "KeyboardInterrupt" in "".join(err_lines)):
         # Python's default action: the signal came while Python imported jax, before run() installed its handlers
         # (or Python dropped the KeyboardInterrupt, raised in a gc callback, and the run went on to the end)
@@ -121,7 +121,7 @@ def concurrent_pair(tmp: str) -> dict[str, Any]:
   results = [(p.returncode, out, err) for p in procs for out, err in [p.communicate()]]
   codes = [code for code, _, _ in results]
   winners = [seed for seed, code in enumerate(codes) if code == 0]
-  refused = [seed for seed, (code, _, err) in enumerate(results) if code == 2 and err.count("\n") == 1]
+  refused = [seed for seed, (code, _, err) in enumerate(results) if code == 2 and len(common.own_stderr_lines(err)) == 1]
   intact = (len(winners) == 1 and len(refused) == 1 and os.path.exists(f"{out}/metrics.json")
             and json.load(open(f"{out}/metrics.json"))["config"]["seed"] == winners[0])
   return {"codes": codes, "lost": not intact, "winner": winners[0] if len(winners) == 1 else None,

@@ -20,6 +20,7 @@ import jaxckpt
 from experiments import classifier
 from experiments.classifier import ClassifierConfig, main, train
 from experiments.options import configure
+from benchmarks.common import own_stderr_lines
 from experiments.outputs import params_digest
 from jaxckpt.training._saving import TMP_MARKER
 
@@ -375,7 +376,7 @@ def test_sigint_to_a_real_process_then_resume_is_bit_identical(tmp_path):
   assert proc.returncode == 130, rest + err
   # The signal lands at a step, or (on a loaded machine) still before the first one: either way one line.
   stopped = "stopped by SIGINT at step" in err or "stopped by SIGINT before training began" in err
-  assert err.count("\n") == 1 and stopped and "Traceback" not in err, err
+  assert len(own_stderr_lines(err)) == 1 and stopped and "Traceback" not in err, err
   command = err.split("resume with: ")[1].split()
   assert command[:3] == ["python", "-m", "experiments.classifier"]
   done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True)

@@ -29,6 +29,7 @@ from jaxckpt.planner import (
     solve,
 )
 from jaxckpt.planner import _plan as plan_module
+from jaxckpt.sharding import _placement as placement_module
 from jaxckpt.cli._plan import main as plan_main
 from jaxckpt.planner._tensors import record_block_graphs, tensor_options
 from jaxckpt import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
@@ -369,7 +370,7 @@ def test_footprint_budget_and_auto(monkeypatch):
   cache = PlanCache()
   roomy = plan_policy(target, "budget:1GiB", cache=cache)
   assert roomy.key == "footprint_bytes" and roomy.policy == parse_policy("none")
-  monkeypatch.setattr(plan_module, "device_memory_bytes", lambda device=None: (2**30, "test RAM"))
+  monkeypatch.setattr(placement_module, "device_memory", lambda device=None, fraction=None: (2**30, "test RAM"))
   auto = plan_policy(target, "auto:margin=50%", cache=cache)
   assert auto.limit_bytes == 2**29 and "test RAM" in auto.memory_source
   tight = cache.points["nothing_saveable"].memory["footprint_bytes"] - 1

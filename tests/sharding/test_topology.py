@@ -312,7 +312,8 @@ def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
   path = tmp_path / "p.json"
   assert plan_main(["--model", "gpt", "--preset", "tiny", "--batch-size", "32", "--topology", TOPOLOGY,
                     "--budget", "40%", "--max-rounds", "1", "--json", str(path)]) == 0
-  assert capsys.readouterr().out.startswith("TPU v5e 2x2 (4 chips), compiled without a TPU; mesh data=4")
+  compiler = f"XLA:TPU (libtpu {topology.libtpu_version()})"
+  assert capsys.readouterr().out.startswith(f"TPU v5e 2x2 (4 chips), compiled without a TPU by {compiler}; mesh data=4")
   plan = json.loads(path.read_text())
   assert (plan["backend"], plan["topology"], plan["device_count"]) == ("tpu", TOPOLOGY, 4)
   compiled = plan["compiled"]
