@@ -407,17 +407,32 @@ def _parse_instruction(line: str, computation: str) -> HloInstruction:
       op_name=op_name.group(1) if op_name else None, channel_id=int(channel) if channel else None)
 
 
+def _opened(line: str) -> int:
+  """Brackets a line opens and does not close (``{`` and ``(``): > 0 where an instruction goes on to the next line
+  (the TPU compiler prints a Pallas kernel's ``frontend_attributes={kernel_metadata={`` with newlines inside)."""
+  return line.count("{") - line.count("}") + line.count("(") - line.count(")")
+
+
 def _parse_text(text: str) -> tuple[str, dict[str, str], list[HloComputation]]:
   """Module name, header attributes and computations of an HLO text."""
   name, header, computations = None, {}, []
   current: tuple[str, bool, list[HloInstruction]] | None = None
+  held = ""  # an instruction whose attributes go on over more lines (a Pallas call's kernel_metadata holds newlines)
   for line in text.splitlines():
     if current is not None:
-      if line.strip() == "}":
+      if held:
+        held += "\n" + line
+        if _opened(held) <= 0:
+          current[2].append(_parse_instruction(held, current[0]))
+          held = ""
+      elif line.strip() == "}":
         computations.append(HloComputation(current[0], tuple(current[2]), current[1]))
         current = None
       elif line.strip():
-        current[2].append(_parse_instruction(line, current[0]))
+        if _opened(line) > 0:
+          held = line
+        else:
+          current[2].append(_parse_instruction(line, current[0]))
     elif line.startswith("HloModule "):
       first, _, rest = line[len("HloModule "):].partition(",")
       name, header = first.strip(), _attributes(rest)
