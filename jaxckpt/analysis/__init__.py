@@ -15,7 +15,7 @@ from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
 from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, HloComputation,
                                    HloExecution, HloInstruction, HloModule, HloParseError, HloTotals, HostTransfer,
-                                   parse_hlo, read_compiled, replica_groups)
+                                   instruction_flops, parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 
@@ -32,6 +32,7 @@ __all__ = [
     "parse_hlo",
     "read_compiled",
     "replica_groups",
+    "instruction_flops",
     "HloModule",
     "HloComputation",
     "HloInstruction",

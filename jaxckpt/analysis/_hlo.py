@@ -48,7 +48,7 @@ from jaxckpt.errors import JaxckptError, shorten
 
 __all__ = ["HOST_MEMORY_SPACE", "COLLECTIVE_KINDS", "HloParseError", "ArrayShape", "HloInstruction",
            "HloComputation", "HloModule", "HloExecution", "Collective", "HostTransfer", "HloTotals", "parse_hlo",
-           "read_compiled", "replica_groups"]
+           "read_compiled", "replica_groups", "instruction_flops"]
 
 HOST_MEMORY_SPACE = 5
 """The memory space XLA gives host memory (``S(5)`` in a layout; ``Layout::kHostMemorySpace``): a buffer there lives in
@@ -780,6 +780,13 @@ def _dot_flops(ins: HloInstruction, comp: HloComputation) -> int:
     contracting = [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
     return _matmul_flops(out.elements, math.prod(lhs.dims[d] for d in contracting))
   return 0
+
+
+def instruction_flops(module: HloModule, instruction: HloInstruction) -> int:
+  """FLOPs of one run of a single ``dot``, ``convolution`` or cuBLAS GEMM custom call of ``module`` (0 for anything
+  else; a fusion's are :attr:`HloExecution.dot_flops`): the rule of :meth:`HloModule.executions`, for callers that
+  need them per matmul (e.g. its shape)."""
+  return _dot_flops(instruction, module.computations[instruction.computation])
 
 
 def _called_instructions(computations: Mapping[str, HloComputation], ins: HloInstruction) -> Iterator[HloInstruction]:
