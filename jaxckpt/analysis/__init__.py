@@ -2,7 +2,8 @@
 :func:`count_live_flops`), the saved residuals of a policy (:func:`saved_residuals`, grouped by checkpoint name,
 primitive or source line), remat regions in every form the installed JAX has (:data:`REMAT_FORMS`), and compiled
 programs read from their HLO text (:func:`parse_hlo`, :func:`read_compiled`: every instruction with its runs per step,
-dot FLOPs, bytes, collectives and host transfers).
+dot FLOPs, bytes, collectives and host transfers), and the bytes a compile's buffer assignment puts in each memory
+space (:func:`read_memory_spaces`: the device's HBM and the host's, from XLA's dump).
 
 The floor below the policies: nothing here imports :mod:`jaxckpt.policies`, :mod:`jaxckpt.core` or anything above,
 so the policy parser can check what a policy saves. Implementation modules are private (``_flops``, ``_residuals``,
@@ -17,6 +18,8 @@ from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArraySha
                                    HloExecution, HloInstruction, HloModule, HloParseError, HloTotals, HostTransfer,
                                    instruction_flops, parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
+from jaxckpt.analysis._memory_spaces import (DEVICE_MEMORY_SPACE, MemorySpace, MemorySpaces, offload_device_bytes,
+                                             read_memory_spaces)
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 
 __all__ = [
@@ -43,6 +46,11 @@ __all__ = [
     "HloTotals",
     "HloParseError",
     "HOST_MEMORY_SPACE",
+    "DEVICE_MEMORY_SPACE",
+    "MemorySpace",
+    "MemorySpaces",
+    "read_memory_spaces",
+    "offload_device_bytes",
     "COLLECTIVE_KINDS",
 ]
 
