@@ -26,8 +26,9 @@ class Chip(NamedTuple):
       own links: half the datasheet's bidirectional bandwidth (TPU ICI: equals the "all-reduce bandwidth per Pod"
       divided by its chips where Cloud states it: v6e 102.4 TB/s / 256, v5e 51.2 TB/s / 256; a GPU: NVLink's
       inside a node).
-    host_bandwidth: bytes/s per direction between the chip and its host's memory (PCIe x16, nominal: Gen5 63 GB/s,
-      Gen4 31.5 GB/s): what host offload moves residuals at.
+    host_bandwidth: bytes/s per direction between the chip and its host's memory: what host offload moves
+      residuals at (a GPU: PCIe x16, nominal, Gen5 63 GB/s, Gen4 31.5 GB/s; a TPU chip: the scaling book's per-chip
+      figures, below).
     host_memory_bytes: the host's DRAM per chip (Cloud's "DRAM per host" or VM RAM over its chips; a DGX's over
       its GPUs): what host offload may fill.
     network_bandwidth: a GPU: bytes/s per GPU per direction between nodes (the node's NICs over its GPUs; DGX
@@ -95,16 +96,16 @@ CHIPS: dict[str, Chip] = {
                  network_bandwidth=_NICS, gpus_per_node=8,
                  target_config="b200.txtpb", sm_count=148),
     "v4": Chip("TPU v4", ("TPU v4",), 32 * _GiB, 275e12, 1.2e12, 3, "megacore", 2, "v4",
-               ici_bandwidth=1.1e15 / 4096, host_bandwidth=_GEN4, host_memory_bytes=407 * 10**9 // 4,
+               ici_bandwidth=1.1e15 / 4096, host_bandwidth=16e9, host_memory_bytes=407 * 10**9 // 4,
                clock_hz=1.05e9, mxu_dim=128, ici_link_bandwidth=45e9),
     "v5e": Chip("TPU v5e", ("TPU v5 lite", "TPU v5e"), 16 * _GiB, 197e12, 819e9, 2, "default", 1, "v5litepod",
-                ici_bandwidth=200e9, host_bandwidth=_GEN4, host_memory_bytes=512 * _GiB // 8,
+                ici_bandwidth=200e9, host_bandwidth=15e9, host_memory_bytes=512 * _GiB // 8,
                 clock_hz=1.5e9, mxu_dim=128, ici_link_bandwidth=50e9),
     "v5p": Chip("TPU v5p", ("TPU v5", "TPU v5p"), 95 * _GiB, 459e12, 2.765e12, 3, "megacore", 2, "v5p",
-                ici_bandwidth=600e9, host_bandwidth=_GEN4, host_memory_bytes=448 * 10**9 // 4,
+                ici_bandwidth=600e9, host_bandwidth=15e9, host_memory_bytes=448 * 10**9 // 4,
                 clock_hz=459e12 / (2 * 4 * 128 * 128 * 2), mxu_dim=128, ici_link_bandwidth=100e9),
     "v6e": Chip("TPU v6e", ("TPU v6 lite", "TPU v6e"), 32 * _GiB, 918e12, 1.64e12, 2, "default", 1, "v6e",
-                ici_bandwidth=400e9, host_bandwidth=_GEN5, host_memory_bytes=1536 * _GiB // 8,
+                ici_bandwidth=400e9, host_bandwidth=32e9, host_memory_bytes=1536 * _GiB // 8,
                 clock_hz=918e12 / (4 * 256 * 256 * 2), mxu_dim=256, ici_link_bandwidth=100e9),
 }
 """Chip key -> :class:`Chip`: the one table of accelerator facts (the memory verdict, the time model, the tools'
@@ -122,7 +123,10 @@ per direction); DGX A100 8 × 200 Gb/s. Host memory: a DGX H100/H200's 2 TB, a D
 (BF16 peak compute, HBM capacity and bandwidth per chip; bidirectional ICI bandwidth per chip: v5e 400 GB/s, v6e
 800 GB/s, v5p 1200 GB/s; v4's all-reduce bandwidth per Pod, 1.1 PB/s over 4096 chips; DRAM per host: v5e 512 GiB
 and v6e 1536 GiB over 8 chips, the 4-chip VM's RAM for v5p (448 GB) and v4 (407 GB); v6e "connects to the host
-through a PCIe Gen5 interface", the others assumed Gen4 x16).
+through a PCIe Gen5 interface"). Host link per TPU chip, per direction ("How to Scale Your Model", "How to Think
+About TPUs"): v4 16 GB/s ("PCIe bandwidth for TPU v4 is 16GB / second each way"), v5e and v5p 15 GB/s ("typically
+around 1.5e10 bytes / second per chip"), v6e 32 GB/s ("Trillium (TPU v6e) has 32GB/s, about 2x higher than v5"): a
+chip's share of its host's PCIe, about half a x16 link.
 
 The time model's figures (:mod:`jaxckpt.timing`). **Clocks**: v5e 1.5 GHz, stated in "How to Scale Your Model"
 (Austin et al., Google DeepMind 2025, "How to Think About TPUs": "about 5e13 bf16 FLOPs/s per MXU at 1.5GHz on TPU
