@@ -158,7 +158,7 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   parameter bytes from its abstract model); no HBM term (the rows do not keep XLA's bytes accessed). Returns
   ``{"step_s", "bound", "tokens_per_s_chip", terms...}``, or ``None`` for a row without FLOPs."""
   from jaxckpt.fit._meshes import state_bytes
-  from jaxckpt.fit._speed import accelerator, collective_bytes
+  from jaxckpt.fit._speed import accelerator, collective_seconds
 
   if not r.get("flops") or r.get("status") != "ok":
     return None
@@ -166,7 +166,7 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   params = state_bytes(target(row, num_layers=r.get("num_layers"))[0])[0]
   chip = accelerator(r["topology"].split(":")[0])
   terms = chip.terms(r["flops"] / r["chips"], None, host_bytes=2.0 * (r["host_footprint_bytes"] or 0),
-                     collective_bytes=collective_bytes(params, {"fsdp": r["chips"]})[0])
+                     collective_s=collective_seconds(chip, params, {"fsdp": r["chips"]})[0])
   terms.pop("hbm_s")
   step = max(terms.values()) + chip.overhead_s
   return {"step_s": step, "bound": max(terms, key=terms.get).removesuffix("_s"),
