@@ -10,7 +10,7 @@ and its block sizes (the ``kernel_metadata`` the TPU compiler prints with it). I
 | ``splash_mha_fwd…`` | 2: QKᵀ, PV | ``block_q`` × ``block_kv`` |
 | ``splash_mha_dkv…`` | 4: QKᵀ again, dV = Pᵀ dO, dP = dO Vᵀ, dK = dSᵀ Q | ``block_q_dkv`` × ``block_kv_dkv`` |
 | ``splash_mha_dq…`` | 3: QKᵀ again, dP = dO Vᵀ, dQ = dS K | ``block_q_dq`` × ``block_kv_dq`` |
-| ``splash_mha_dkv…`` with ``use_fused_bwd_kernel`` (dQ in the dKV kernel) | 5 | ``block_q_dkv`` × ``block_kv_dkv`` |
+| ``splash_mha_dkv…`` with ``use_fused_bwd_kernel`` (dQ in the dKV kernel: a result ending in the query's shape) | 5 | ``block_q_dkv`` × ``block_kv_dkv`` |
 
 each matmul 2 × heads × block_q × block_kv × head_dim FLOPs per block pair (heads: the query's leading dimension,
 the batch folded in under ``vmap``), over the block pairs a causal mask leaves (splash skips a block wholly above
@@ -86,8 +86,9 @@ def kernel_flops(module: HloModule, *, causal: bool = True) -> dict[str, float]:
       seq_kv = k.dims[1]
       meta = _metadata(ins)
       matmuls, q_key, kv_key = KERNEL_MATMULS[kind]
-      if kind == "splash_mha_dkv" and meta.get("use_fused_bwd_kernel"):
-        matmuls = 5
+      fused = meta.get("use_fused_bwd_kernel") or any(a.dims[-3:] == q.dims for a in ins.arrays)
+      if kind == "splash_mha_dkv" and fused:
+        matmuls = 5  # the fused backward: dQ computed in the dK/dV kernel (a result ending in the query's shape)
       block_q = int(meta.get(q_key) or seq_q)
       block_kv = int(meta.get(kv_key) or seq_kv)
       fraction = causal_block_fraction(seq_q, seq_kv, block_q, block_kv) if causal else 1.0
