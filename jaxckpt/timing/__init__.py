@@ -20,7 +20,7 @@ tools above (the step core, the report, the fit) call it.
 
 from __future__ import annotations
 
-from jaxckpt.timing._kernels import causal_block_fraction, kernel_flops
+from jaxckpt.timing._kernels import causal_block_fraction, kernel_flops, kernel_matmuls
 from jaxckpt.timing._links import Links, collective_seconds, links_for, tpu_wraps
 from jaxckpt.timing._ops import OpCost, matmul_efficiency, op_costs
 from jaxckpt.timing._schedule import OVERLAP_RULES, with_trip_counts
@@ -40,6 +40,7 @@ __all__ = [
     "with_trip_counts",
     "matmul_efficiency",
     "kernel_flops",
+    "kernel_matmuls",
     "causal_block_fraction",
     "op_costs",
     "OpCost",

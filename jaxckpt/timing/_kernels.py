@@ -15,6 +15,9 @@ and its block sizes (the ``kernel_metadata`` the TPU compiler prints with it). I
 each matmul 2 × heads × block_q × block_kv × head_dim FLOPs per block pair (heads: the query's leading dimension,
 the batch folded in under ``vmap``), over the block pairs a causal mask leaves (splash skips a block wholly above
 the diagonal and computes a block the diagonal crosses in full). The mask is taken causal, as every decoder's is.
+Each matmul has the head dimension as one of its sides (QKᵀ contracts over it, PV produces it), so on a chip whose
+matrix unit is wider than the head dimension (v6e's 256 against a head of 128) it fills part of the unit: the
+kernel's matmuls are derated by their shape as any matmul without a cycle estimate (:mod:`._ops`).
 """
 
 from __future__ import annotations
@@ -25,15 +28,19 @@ from collections.abc import Mapping
 
 from jaxckpt.analysis import HloInstruction, HloModule
 
-__all__ = ["KERNEL_MATMULS", "kernel_flops", "causal_block_fraction"]
+__all__ = ["KERNEL_MATMULS", "kernel_flops", "kernel_matmuls", "causal_block_fraction"]
 
-KERNEL_MATMULS: dict[str, tuple[int, str, str]] = {
-    "splash_mha_fwd": (2, "block_q", "block_kv"),
-    "splash_mha_dkv": (4, "block_q_dkv", "block_kv_dkv"),
-    "splash_mha_dq": (3, "block_q_dq", "block_kv_dq"),
+KERNEL_MATMULS: dict[str, tuple[tuple[tuple[str, str, str], ...], str, str]] = {
+    "splash_mha_fwd": ((("q", "kv", "d"), ("q", "d", "kv")), "block_q", "block_kv"),
+    "splash_mha_dkv": ((("q", "kv", "d"), ("kv", "d", "q"), ("q", "kv", "d"), ("kv", "d", "q")),
+                       "block_q_dkv", "block_kv_dkv"),
+    "splash_mha_dq": ((("q", "kv", "d"), ("q", "kv", "d"), ("q", "d", "kv")), "block_q_dq", "block_kv_dq"),
 }
-"""Kernel name prefix -> (matmuls per block pair, its query block key, its key block key) (module docstring); the dKV
-kernel with ``use_fused_bwd_kernel`` does 5."""
+"""Kernel name prefix -> (its matmuls per block pair as (M, N, K) over the query block ``q``, the key block ``kv`` and
+the head dimension ``d``; its query block key; its key block key) (module docstring); the fused backward adds dQ =
+dS K, ``("q", "d", "kv")``, to the dK/dV kernel."""
+
+_FUSED_DQ = ("q", "d", "kv")
 
 _METADATA = re.compile(r'"xprof_metadata":"((?:[^"\\]|\\.)*)"')
 
@@ -57,19 +64,16 @@ def _metadata(ins: HloInstruction) -> Mapping[str, object]:
     return {}
 
 
-def kernel_flops(module: HloModule, *, causal: bool = True) -> dict[str, float]:
-  """FLOPs per run of each known kernel of ``module`` without a cost estimate (module docstring), by custom-call
-  instruction name.
+def kernel_matmuls(module: HloModule, *, causal: bool = True) -> dict[str, list[tuple[float, tuple[int, int, int]]]]:
+  """The matmuls of each known kernel of ``module`` without a cost estimate (module docstring), by custom-call
+  instruction name: ``[(FLOPs per run, (M, N, K) of one block pair's matmul)]``, for the shape efficiency of each
+  (:func:`jaxckpt.timing.matmul_efficiency`: a head dimension of 128 fills half of v6e's 256-wide matrix unit).
 
   Args:
     module: the program.
     causal: the attention mask is causal (else every block pair is computed).
-
-  Returns:
-    ``{instruction name: FLOPs}`` of the splash kernels found (their query ``[heads, seq_q, head_dim]`` and key
-    ``[kv heads, seq_kv, head_dim]`` operands read from the call); empty where there are none.
   """
-  out: dict[str, float] = {}
+  out: dict[str, list[tuple[float, tuple[int, int, int]]]] = {}
   for comp in module.computations.values():
     for ins in comp.instructions:
       if ins.opcode != "custom-call" or ins.custom_call_target != "tpu_custom_call":
@@ -85,13 +89,20 @@ def kernel_flops(module: HloModule, *, causal: bool = True) -> dict[str, float]:
       heads, seq_q, head_dim = q.dims
       seq_kv = k.dims[1]
       meta = _metadata(ins)
-      matmuls, q_key, kv_key = KERNEL_MATMULS[kind]
+      shapes, q_key, kv_key = KERNEL_MATMULS[kind]
       fused = meta.get("use_fused_bwd_kernel") or any(a.dims[-3:] == q.dims for a in ins.arrays)
-      if kind == "splash_mha_dkv" and fused:
-        matmuls = 5  # the fused backward: dQ computed in the dK/dV kernel (a result ending in the query's shape)
-      block_q = int(meta.get(q_key) or seq_q)
-      block_kv = int(meta.get(kv_key) or seq_kv)
+      if kind == "splash_mha_dkv" and fused:  # the fused backward: dQ in the dK/dV kernel (a query-shaped result)
+        shapes = (*shapes, _FUSED_DQ)
+      block_q = min(seq_q, int(meta.get(q_key) or seq_q))
+      block_kv = min(seq_kv, int(meta.get(kv_key) or seq_kv))
       fraction = causal_block_fraction(seq_q, seq_kv, block_q, block_kv) if causal else 1.0
-      out[ins.name] = matmuls * 2.0 * heads * seq_q * seq_kv * head_dim * fraction
+      size = {"q": block_q, "kv": block_kv, "d": head_dim}
+      flops = 2.0 * heads * seq_q * seq_kv * head_dim * fraction
+      out[ins.name] = [(flops, tuple(size[x] for x in shape)) for shape in shapes]
   return out
 
+
+def kernel_flops(module: HloModule, *, causal: bool = True) -> dict[str, float]:
+  """FLOPs per run of each known kernel of ``module`` without a cost estimate (:func:`kernel_matmuls` summed), by
+  custom-call instruction name; empty where there are none."""
+  return {name: sum(f for f, _ in matmuls) for name, matmuls in kernel_matmuls(module, causal=causal).items()}

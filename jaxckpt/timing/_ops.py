@@ -8,7 +8,7 @@ its seconds are found.
 | a collective (an async ``-start``, a TPU async collective fusion, a plain one) | its bytes over the links its replica group crosses | ``collectives:<link>`` |
 | a copy to or from host memory (``S(5)``) | its bytes over the host link, per direction | ``host:to_host`` / ``host:to_device`` |
 | an async copy or slice inside the device (TPU's prefetches into on-chip memory) | its bytes / HBM bandwidth | ``copies`` |
-| a custom call (a Pallas kernel, cuDNN) | its cost estimate (``cost_estimate`` in its backend config) as a roofline; a known kernel's FLOPs (:mod:`._kernels`: splash attention) and its bytes as a roofline; else its bytes / HBM bandwidth | ``custom_calls`` |
+| a custom call (a Pallas kernel, cuDNN) | its cost estimate (``cost_estimate`` in its backend config) as a roofline; a known kernel's FLOPs (:mod:`._kernels`: splash attention, its matmuls derated by their shapes) and its bytes as a roofline; else its bytes / HBM bandwidth | ``custom_calls`` |
 | loop, call, tuple, bitcast, parameter, ``-done`` | 0 (a loop's body is timed as its own instructions; a ``-done`` waits, :mod:`._schedule`) | ``free`` |
 
 A matmul's shape efficiency (the roofline's compute term where there is no cycle estimate): a TPU pads each of
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from jaxckpt.analysis import Collective, HloInstruction, HloModule, HostTransfer, instruction_flops
 from jaxckpt.sharding import Chip
-from jaxckpt.timing._kernels import kernel_flops as known_kernel_flops
+from jaxckpt.timing._kernels import kernel_matmuls
 from jaxckpt.timing._links import Links, collective_seconds
 
 __all__ = ["OpCost", "op_costs", "matmul_efficiency", "ASYNC_DONE"]
@@ -160,7 +160,8 @@ def op_costs(module: HloModule, chip: Chip, links: Links | None, *,
   transfers: dict[str, list[HostTransfer]] = {}
   for t in module.host_transfers():
     transfers.setdefault(t.unit, []).append(t)
-  kernel_flops = {**known_kernel_flops(module), **(kernel_flops or {})}
+  known = kernel_matmuls(module)
+  kernel_flops = {**{k: sum(f for f, _ in v) for k, v in known.items()}, **(kernel_flops or {})}
   out: dict[str, OpCost] = {}
   for run in module.executions():
     ins = run.instruction
@@ -168,13 +169,13 @@ def op_costs(module: HloModule, chip: Chip, links: Links | None, *,
       continue
     nbytes = float(run.bytes_read + run.bytes_written)
     out[ins.name] = _cost(module, ins, run, nbytes, chip, links, collectives.get(ins.name),
-                          transfers.get(ins.name), kernel_flops.get(ins.name))
+                          transfers.get(ins.name), kernel_flops.get(ins.name), known.get(ins.name))
   return out
 
 
 def _cost(module: HloModule, ins: HloInstruction, run: Any, nbytes: float, chip: Chip, links: Links | None,
           collectives: list[Collective] | None, transfers: list[HostTransfer] | None,
-          kernel_flops: float | None) -> OpCost:
+          kernel_flops: float | None, kernel_shapes: list[tuple[float, tuple[int, int, int]]] | None) -> OpCost:
   opcode = ins.opcode
   is_start = opcode.endswith("-start")
   if opcode in _FREE or opcode.endswith(ASYNC_DONE) or opcode.endswith("-update"):
@@ -210,7 +211,10 @@ def _cost(module: HloModule, ins: HloInstruction, run: Any, nbytes: float, chip:
       _, seconds = _roofline(flops, accessed, 1.0, chip)
       return OpCost(CUSTOM, seconds, "cost_estimate", is_start, flops, accessed)
     flops = float(kernel_flops or 0.0)
-    _, seconds = _roofline(flops, nbytes, 1.0, chip)
+    efficiency = 1.0
+    if kernel_shapes and flops:
+      efficiency = sum(f for f, _ in kernel_shapes) / sum(f / matmul_efficiency(d, chip) for f, d in kernel_shapes)
+    _, seconds = _roofline(flops, nbytes, efficiency, chip)
     return OpCost(CUSTOM, seconds, "roofline" if flops else "bytes", is_start, flops, nbytes)
   if is_start or opcode in ("copy-start", "slice-start"):  # an async copy inside the device (TPU prefetch)
     return OpCost(COPIES, nbytes / chip.bandwidth, "bytes", True, 0.0, nbytes)
