@@ -157,8 +157,7 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   link, and FSDP's gathers and reduce-scatter over ICI (:func:`jaxckpt.fit._speed.collective_bytes`, the preset's
   parameter bytes from its abstract model); no HBM term (the rows do not keep XLA's bytes accessed). Returns
   ``{"step_s", "bound", "tokens_per_s_chip", terms...}``, or ``None`` for a row without FLOPs."""
-  from jaxckpt.fit import state_bytes
-  from jaxckpt.fit import accelerator, collective_bytes
+  from jaxckpt.fit import accelerator, collective_seconds, state_bytes
 
   if not r.get("flops") or r.get("status") != "ok":
     return None
@@ -166,7 +165,7 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   params = state_bytes(target(row, num_layers=r.get("num_layers"))[0])[0]
   chip = accelerator(r["topology"].split(":")[0])
   terms = chip.terms(r["flops"] / r["chips"], None, host_bytes=2.0 * (r["host_footprint_bytes"] or 0),
-                     collective_bytes=collective_bytes(params, {"fsdp": r["chips"]})[0])
+                     collective_s=collective_seconds(chip, params, {"fsdp": r["chips"]})[0])
   terms.pop("hbm_s")
   step = max(terms.values()) + chip.overhead_s
   return {"step_s": step, "bound": max(terms, key=terms.get).removesuffix("_s"),

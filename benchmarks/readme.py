@@ -5,7 +5,8 @@ differs).
 
 Each script's ``render(json)`` output goes between ``<!-- benchmark:NAME -->`` and ``<!-- /benchmark:NAME -->`` in
 its page (:data:`PAGES`: docs/benchmarks.md, the benchmark log linked from README.md, docs/plans.md for the
-budget plans, docs/tpu.md for the TPU topologies, docs/llm.md for MaxText's published configurations); a script without a committed ``benchmarks/results/NAME.json`` (or
+budget plans, docs/tpu.md for the TPU topologies, docs/llm.md for MaxText's published configurations,
+docs/timing.md for the step-time model beside their throughput); a script without a committed ``benchmarks/results/NAME.json`` (or
 without markers) is skipped.
 """
 
@@ -22,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import (budget_plans, common, faults, fit_planner, policy_sweep, published_configs, report_speed,
-                        runner_overhead, structure_depth, tpu_topology, truth_check)
+                        runner_overhead, step_time, structure_depth, tpu_topology, truth_check)
 
 _DOCS = os.path.normpath(os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs"))
 PAGE = os.path.join(_DOCS, "benchmarks.md")
@@ -30,7 +31,8 @@ PAGE = os.path.join(_DOCS, "benchmarks.md")
 MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fit_planner)
 """The scripts whose tables are on :data:`PAGE`."""
 PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,),
-         os.path.join(_DOCS, "tpu.md"): (tpu_topology,), os.path.join(_DOCS, "llm.md"): (published_configs,)}
+         os.path.join(_DOCS, "tpu.md"): (tpu_topology,), os.path.join(_DOCS, "llm.md"): (published_configs,),
+         os.path.join(_DOCS, "timing.md"): (step_time,)}
 """Each page holding tables -> the scripts whose tables it holds."""
 
 

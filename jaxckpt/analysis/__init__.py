@@ -2,7 +2,8 @@
 :func:`count_live_flops`), the saved residuals of a policy (:func:`saved_residuals`, grouped by checkpoint name,
 primitive or source line), remat regions in every form the installed JAX has (:data:`REMAT_FORMS`), and compiled
 programs read from their HLO text (:func:`parse_hlo`, :func:`read_compiled`: every instruction with its runs per step,
-dot FLOPs, bytes, collectives and host transfers).
+dot FLOPs, bytes, collectives and host transfers), and the bytes a compile's buffer assignment puts in each memory
+space (:func:`read_memory_spaces`: the device's HBM and the host's, from XLA's dump).
 
 The floor below the policies: nothing here imports :mod:`jaxckpt.policies`, :mod:`jaxckpt.core` or anything above,
 so the policy parser can check what a policy saves. Implementation modules are private (``_flops``, ``_residuals``,
@@ -15,8 +16,10 @@ from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
 from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, HloComputation,
                                    HloExecution, HloInstruction, HloModule, HloParseError, HloTotals, HostTransfer,
-                                   parse_hlo, read_compiled, replica_groups)
+                                   instruction_flops, parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
+from jaxckpt.analysis._memory_spaces import (DEVICE_MEMORY_SPACE, MemorySpace, MemorySpaces, offload_device_bytes,
+                                             read_memory_spaces)
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 from jaxckpt.analysis._render import memory_table, policy_summary
 
@@ -35,6 +38,7 @@ __all__ = [
     "parse_hlo",
     "read_compiled",
     "replica_groups",
+    "instruction_flops",
     "HloModule",
     "HloComputation",
     "HloInstruction",
@@ -45,6 +49,11 @@ __all__ = [
     "HloTotals",
     "HloParseError",
     "HOST_MEMORY_SPACE",
+    "DEVICE_MEMORY_SPACE",
+    "MemorySpace",
+    "MemorySpaces",
+    "read_memory_spaces",
+    "offload_device_bytes",
     "COLLECTIVE_KINDS",
 ]
 

@@ -403,17 +403,32 @@ def _parse_instruction(line: str, computation: str) -> HloInstruction:
       op_name=op_name.group(1) if op_name else None, channel_id=int(channel) if channel else None)
 
 
+def _opened(line: str) -> int:
+  """Brackets a line opens and does not close (``{`` and ``(``): > 0 where an instruction goes on to the next line
+  (the TPU compiler prints a Pallas kernel's ``frontend_attributes={kernel_metadata={`` with newlines inside)."""
+  return line.count("{") - line.count("}") + line.count("(") - line.count(")")
+
+
 def _parse_text(text: str) -> tuple[str, dict[str, str], list[HloComputation]]:
   """Module name, header attributes and computations of an HLO text."""
   name, header, computations = None, {}, []
   current: tuple[str, bool, list[HloInstruction]] | None = None
+  held = ""  # an instruction whose attributes go on over more lines (a Pallas call's kernel_metadata holds newlines)
   for line in text.splitlines():
     if current is not None:
-      if line.strip() == "}":
+      if held:
+        held += "\n" + line
+        if _opened(held) <= 0:
+          current[2].append(_parse_instruction(held, current[0]))
+          held = ""
+      elif line.strip() == "}":
         computations.append(HloComputation(current[0], tuple(current[2]), current[1]))
         current = None
       elif line.strip():
-        current[2].append(_parse_instruction(line, current[0]))
+        if _opened(line) > 0:
+          held = line
+        else:
+          current[2].append(_parse_instruction(line, current[0]))
     elif line.startswith("HloModule "):
       first, _, rest = line[len("HloModule "):].partition(",")
       name, header = first.strip(), _attributes(rest)
@@ -690,6 +705,59 @@ def _matmul_flops(out_elements: int, contracted: int) -> int:
   return out_elements if contracted == 1 else 2 * out_elements * contracted
 
 
+_WINDOW_FIELD = re.compile(r"(\w+)=([\d_x-]+)")
+
+
+def _window(text: str) -> dict[str, list[list[int]] | list[int]]:
+  """``window={size=1x32 pad=0_0x31_31 stride=1x1 lhs_dilate=... rhs_dilate=...}`` -> lists per spatial dimension
+  (``pad`` as ``[low, high]`` pairs)."""
+  out: dict[str, list] = {}
+  for key, value in _WINDOW_FIELD.findall(text or ""):
+    dims = value.split("x")
+    out[key] = [[int(v) for v in d.split("_")] for d in dims] if key == "pad" else [int(d) for d in dims]
+  return out
+
+
+def _taps(size: int, kernel: int, out: int, low: int, stride: int, lhs_dilate: int, rhs_dilate: int) -> int:
+  """(output position, kernel position) pairs of one spatial dimension whose input position is a real element, not
+  padding or a dilation hole: what a convolution multiplies along it."""
+  o = np.arange(out)[:, None]
+  k = np.arange(kernel)[None, :]
+  position = o * stride + k * rhs_dilate - low  # in the lhs-dilated input
+  real = (position >= 0) & (position <= (size - 1) * lhs_dilate) & (position % lhs_dilate == 0)
+  return int(real.sum())
+
+
+def _convolution_flops(ins: HloInstruction, out: ArrayShape, lhs: ArrayShape | None, rhs: ArrayShape | None) -> int:
+  """FLOPs of a convolution: 2 × (output elements / output spatial positions) × input features per group × the
+  kernel taps that land on real input along each spatial dimension (:func:`_taps`; padding and dilation holes
+  excluded). The TPU compiler writes some matmuls as convolutions over padded windows: a projection to 32 heads as
+  ``dim_labels=0bf1_i1o0->0b1f, window={size=1x32 pad=0_0x31_31 rhs_reversal=0x1}`` over an input of spatial size 1,
+  where 31 of each output's 32 kernel taps are padding."""
+  labels = ins.attributes.get("dim_labels", "")
+  operands, _, out_labels = labels.partition("->")
+  lhs_labels, _, rhs_labels = operands.partition("_")
+  if lhs is None or rhs is None or len(rhs_labels) != len(rhs.dims) or len(lhs_labels) != len(lhs.dims) \
+      or len(out_labels) != len(out.dims):
+    return 0
+  window = _window(ins.attributes.get("window", ""))
+  features = math.prod(rhs.dims[i] for i, c in enumerate(rhs_labels) if c == "i")
+  spatial = sorted({c for c in rhs_labels if c.isdigit()}, key=int)
+  taps, positions = 1, 1
+  for j, label in enumerate(spatial):
+    size = lhs.dims[lhs_labels.index(label)]
+    kernel = rhs.dims[rhs_labels.index(label)]
+    count = out.dims[out_labels.index(label)]
+    pick = lambda key, default: window.get(key, [default] * len(spatial))[j]  # noqa: E731
+    low = pick("pad", [0, 0])[0]
+    taps *= _taps(size, kernel, count, low, pick("stride", 1), pick("lhs_dilate", 1), pick("rhs_dilate", 1))
+    positions *= count
+  if not positions:
+    return 0
+  macs = out.elements // positions * taps * features
+  return _matmul_flops(out.elements, macs // out.elements) if macs == out.elements else 2 * macs
+
+
 def _dot_flops(ins: HloInstruction, comp: HloComputation) -> int:
   """FLOPs of a ``dot``, ``convolution`` or cuBLAS GEMM custom call, from shapes and dimension numbers; else 0."""
   out = _first_array(ins.shape)
@@ -701,19 +769,20 @@ def _dot_flops(ins: HloInstruction, comp: HloComputation) -> int:
     return _matmul_flops(out.elements, math.prod(lhs.dims[d] for d in _dim_list(ins.attributes,
                                                                                   "lhs_contracting_dims")))
   if ins.opcode == "convolution":
-    labels = ins.attributes.get("dim_labels", "")
-    rhs_labels = labels.split("->")[0].split("_")[1] if "_" in labels else ""
-    rhs = operand_shape(1)
-    if len(rhs_labels) != len(rhs.dims):
-      return 0
-    kernel = math.prod(rhs.dims[i] for i, c in enumerate(rhs_labels) if c == "i" or c.isdigit())
-    return _matmul_flops(out.elements, kernel)
+    return _convolution_flops(ins, out, operand_shape(0), operand_shape(1))
   if ins.opcode == "custom-call" and ins.custom_call_target in _GEMM_TARGETS:
     numbers = ((ins.backend_config or {}).get("gemm_backend_config") or {}).get("dot_dimension_numbers") or {}
     lhs = operand_shape(0)
     contracting = [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
     return _matmul_flops(out.elements, math.prod(lhs.dims[d] for d in contracting))
   return 0
+
+
+def instruction_flops(module: HloModule, instruction: HloInstruction) -> int:
+  """FLOPs of one run of a single ``dot``, ``convolution`` or cuBLAS GEMM custom call of ``module`` (0 for anything
+  else; a fusion's are :attr:`HloExecution.dot_flops`): the rule of :meth:`HloModule.executions`, for callers that
+  need them per matmul (e.g. its shape)."""
+  return _dot_flops(instruction, module.computations[instruction.computation])
 
 
 def _called_instructions(computations: Mapping[str, HloComputation], ins: HloInstruction) -> Iterator[HloInstruction]:

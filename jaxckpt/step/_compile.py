@@ -34,7 +34,7 @@ from flax import nnx
 
 from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.step._stats_cache import CachedStats, cache_key, stats_cache
+from jaxckpt.step._stats_cache import CachedStats, cache_key, read_program, stats_cache
 from jaxckpt import sharding
 from jaxckpt.analysis._flops import jaxpr_flops
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
@@ -171,6 +171,8 @@ class CompiledPolicy:
     compiler_log: the warnings and errors the compiler logged while compiling (XLA:GPU's C++ log, e.g. its
       rematerialization pass failing to reach its memory estimate; :func:`jaxckpt.training._xla.compiler_log`);
       ``()`` elsewhere.
+    program_path: where the cache keeps the compiled program's text (gzip), when it was served from the cache
+      with it; ``None`` otherwise (:meth:`hlo_text` reads the executable's own text then).
   """
 
   step: PolicyStep
@@ -185,11 +187,29 @@ class CompiledPolicy:
   cost: Mapping[str, float] = dataclasses.field(default_factory=dict)
   cached: bool = False
   compiler_log: tuple[str, ...] = ()
+  program_path: str | None = None
 
   @property
   def seconds(self) -> float:
     """Trace + lower + compile seconds."""
     return self.lower_s + self.compile_s
+
+  def hlo_text(self) -> str:
+    """The compiled program's HLO text (``compiled.as_text()``): the executable's, or the text the compiled-stats
+    cache kept of it (what :func:`jaxckpt.timing.step_time_of` reads).
+
+    Raises:
+      JaxckptError: served from the cache by an entry written before the cache kept program texts: compile again
+        with ``LoweredPolicy.compile(program_text=True)`` (or ``JAXCKPT_STATS_CACHE=off``).
+    """
+    if self.compiled is not None:
+      return self.compiled.as_text()
+    text = read_program(self.program_path) if self.program_path else None
+    if text is None:
+      raise JaxckptError("this compiled step was served from the compiled-stats cache by an entry without its program "
+                         "text (written before the cache kept it): compile again with "
+                         "lower_policy(...).compile(program_text=True), or with JAXCKPT_STATS_CACHE=off")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,12 +249,17 @@ class LoweredPolicy:
     """FLOPs of the step from its jaxpr (:func:`jaxckpt.analysis._flops.jaxpr_flops`)."""
     return jaxpr_flops(self.traced.jaxpr).total
 
-  def compile(self, extra_options: Mapping[str, Any] | None = None) -> CompiledPolicy:
+  def compile(self, extra_options: Mapping[str, Any] | None = None, *, program_text: bool = False) -> CompiledPolicy:
     """Compiles with :attr:`options` (plus ``extra_options``, e.g. XLA dump flags).
 
     JAX's persistent compilation cache (``jax_compilation_cache_dir``), when the user enabled it, serves repeated
     compiles; a compile with ``xla_dump_*`` options bypasses it, since its key ignores dump options and a cache hit
     would write no dump, and so does a compile for a TPU topology (not :attr:`cacheable`).
+
+    Args:
+      extra_options: XLA options added to :attr:`options`.
+      program_text: the caller needs the compiled program's text (:meth:`CompiledPolicy.hlo_text`, the step-time
+        model): a compiled-stats cache entry without it is not served; the compile runs and keeps it.
 
     Returns:
       The :class:`CompiledPolicy`.
@@ -250,12 +275,12 @@ class LoweredPolicy:
     if cache is not None:  # a topology compile: its statistics may be kept from an earlier compile
       key = cache_key(self.lowered.as_text(), options, **self.target_device)
       hit = cache.get(key)
-      if hit is not None:
-        if hit.error is not None:
-          raise CachedRefusal(hit.error)
+      if hit is not None and hit.error is not None:
+        raise CachedRefusal(hit.error)
+      if hit is not None and (hit.has_program or not program_text):
         return CompiledPolicy(self.step, self.traced, None, dict(hit.memory), self.flops, self.lower_s,
                               hit.compile_s, self.fingerprint, {**self.stages, "compile": 0.0}, dict(hit.cost),
-                              cached=True)
+                              cached=True, program_path=cache.program_path(key) if hit.has_program else None)
     started = time.perf_counter()
     try:
       with compilation_cache_switch(False) if bypass else contextlib.nullcontext(), \
@@ -268,7 +293,7 @@ class LoweredPolicy:
     compile_s = time.perf_counter() - started
     memory, cost = memory_stats(compiled), xla_cost(compiled)
     if cache is not None:
-      cache.put(key, CachedStats(memory, cost, compile_s))
+      cache.put(key, CachedStats(memory, cost, compile_s), program_text=compiled.as_text())
     return CompiledPolicy(self.step, self.traced, compiled, memory, self.flops, self.lower_s,
                           compile_s, self.fingerprint, {**self.stages, "compile": compile_s}, cost,
                           compiler_log=tuple(log))

@@ -198,6 +198,47 @@ def test_a_literal_module_reads_into_typed_records():
       "all-gather", ((0, 1), (2, 3)), 2, 16 * 16 * 4, False)
 
 
+PALLAS = """HloModule jit_g, num_partitions=1
+
+ENTRY %main (q: bf16[8,128]) -> bf16[8,128] {
+  %q = bf16[8,128]{1,0} parameter(0)
+  %kernel = bf16[8,128]{1,0} custom-call(%q), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 2048, \\"use_fused_bwd_kernel\\": false}"
+}}, metadata={op_name="jit(g)/pallas_call"}, backend_config={"custom_call_config":{"body":"TUzvUg"}}
+  ROOT %out = bf16[8,128]{1,0} copy(%kernel), frontend_attributes={kernel_metadata={
+"xprof_metadata":"{}"
+}}
+}
+"""
+
+
+def test_an_instruction_whose_attributes_span_lines_is_one_instruction():
+  """The TPU compiler prints a Pallas kernel's ``frontend_attributes={kernel_metadata={`` with newlines inside (the
+  splash attention kernel of an LLM step): the lines up to the closing brackets are one instruction."""
+  module = parse_hlo(PALLAS)
+  kernel = module.instructions["kernel"]
+  assert (kernel.custom_call_target, kernel.op_name, kernel.operands) == ("tpu_custom_call", "jit(g)/pallas_call", ("q",))
+  assert kernel.backend_config["custom_call_config"]["body"] == "TUzvUg"
+  assert module.instructions["out"].is_root and len(module.computations["main"].instructions) == 3
+
+
+PADDED_CONV = """HloModule jit_p, num_partitions=1
+
+ENTRY %main (x: bf16[2,16,64,1], w: bf16[64,4,8,1]) -> bf16[2,16,4,8] {
+  %x = bf16[2,16,64,1]{3,2,1,0} parameter(0)
+  %w = bf16[64,4,8,1]{3,2,1,0} parameter(1)
+  ROOT %heads = bf16[2,16,4,8]{3,2,1,0} convolution(%x, %w), window={size=1x4 pad=0_0x3_3 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+}
+"""
+
+
+def test_a_matmul_written_as_a_convolution_over_a_padded_window_counts_its_real_taps():
+  """The TPU compiler writes a projection to heads (``bse,enh->bsnh``) as a convolution whose head dimension is a
+  window of 4 over an input of spatial size 1 padded by 3 on each side: 3 of each output's 4 taps are padding, so
+  the FLOPs are the matmul's, 2 × (2·16) × 64 × (4·8), not 4 times that."""
+  assert parse_hlo(PADDED_CONV).totals().dot_flops == 2 * (2 * 16) * 64 * (4 * 8)
+
+
 @pytest.mark.parametrize("text, expected", [
     ("{{0,1},{2,3}}", ((0, 1), (2, 3))),
     ("{{0,2,4,6},{1,3,5,7}}", ((0, 2, 4, 6), (1, 3, 5, 7))),

@@ -213,3 +213,26 @@ def test_published_rows_are_valid_llm_configurations():
     model = nnx.eval_shape(target.make_model)
     assert jaxckpt.parse_policy(row.policy).validate({"decoder": set(DECODER_NAMES)}) is not None, row.key
     assert model.seq_len == row.seq_len
+
+
+def test_step_time_rows_have_published_rates_flags_and_a_table():
+  """benchmarks/step_time.py: every row with a published throughput (T1–T8, T13) has its rate parsed, MaxText's flags,
+  its model's depth; the table renders from a record (no compile: each row is a multi-minute TPU program)."""
+  from benchmarks import step_time
+
+  rows = {r.key: r for r in step_time.PUBLISHED_ROWS if r.key in step_time.ROW_KEYS}
+  assert list(rows) == list(step_time.ROW_KEYS) and set(step_time.MAXTEXT_FLAGS) == set(rows)
+  assert [step_time.published_tokens(rows[k]) for k in step_time.ORDER] == [960, 942, 921, 877]
+  assert step_time.real_layers(rows["T4"]) == 80 and step_time.real_layers(rows["T13"]) == 32
+  estimate = {"schedule": {"terms": {"compute": 2.0, "collectives:ici": 0.5, "host:to_host": 1.0}, "bound": "compute",
+                           "exposed": {"host:to_host": 0.25}, "seconds": 2.5},
+              "roofline": {"tokens_per_s_chip": 20000.0}}
+  record = {"date_utc": "2026-12-05 00:00", "machine": {"cpu_count": 2, "backend": "cpu", "loadavg_start": [1.0],
+                                                       "loadavg_end": [1.0]}, "wall_s": 1.0,
+            "cpu_s": 1.0, "layers": 4, "full_depth": [],
+            "rows": [{"key": "T13", "preset": "mistral-7b", "topology": "v6e:2x4", "seq_len": 8192, "per_device": 6,
+                      "predicted_tokens_per_s_chip": 19660.8, "published_tokens_per_s_chip": 7777.0,
+                      "error": 19660.8 / 7777 - 1, "estimates": estimate}]}
+  table = step_time.render(record)
+  assert "| T13 | mistral-7b | v6e:2x4 | 8192 × 6 | 19,661 | 7,777 | +152.8% | compute | 2.50 | 2.00 |" in table
+  assert "0.50 (0.00) | 1.00 (0.25) | 20,000 (+157.2%) |" in table and "Within ±15% of the published: 0 of 1." in table

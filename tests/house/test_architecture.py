@@ -20,6 +20,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("jaxckpt.analysis",),
     ("jaxckpt.policies",),
     ("jaxckpt.sharding",),
+    ("jaxckpt.timing",),
     ("jaxckpt.core",),
     ("jaxckpt.nnx", "jaxckpt.linen"),
     ("jaxckpt.training",),

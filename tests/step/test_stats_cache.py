@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 import jaxckpt
+from jaxckpt.analysis import parse_hlo
+from jaxckpt.errors import JaxckptError
 from jaxckpt.step import shipped_target
 from jaxckpt.step._compile import CachedRefusal, lower_policy
 from jaxckpt.step._stats_cache import ENV, CachedStats, StatsCache, stats_cache
@@ -58,3 +60,35 @@ def test_a_refused_compile_is_remembered(monkeypatch, tmp_path):
     lower_policy(target, jaxckpt.parse_policy("none"), mesh=mesh).compile()
   assert str(again.value) == str(first.value)
   assert len(list(tmp_path.rglob("*.json"))) == 1
+
+
+def test_the_program_text_is_kept_beside_an_entry_and_an_entry_without_it_is_one(tmp_path):
+  """``put(..., program_text=...)`` writes the compiled program's text compressed before the JSON that names it;
+  an entry written without it reads back without it."""
+  cache = StatsCache(str(tmp_path))
+  key, bare = "ef" + "2" * 62, "ef" + "3" * 62
+  cache.put(key, CachedStats({"temp_bytes": 5}, {}, 1.0), program_text="HloModule m\n\nENTRY %e () -> () {\n}\n")
+  cache.put(bare, CachedStats({"temp_bytes": 5}, {}, 1.0))
+  assert cache.get(key).has_program and cache.program_text(key).startswith("HloModule m")
+  assert not cache.get(bare).has_program and cache.program_text(bare) is None
+
+
+@needs_libtpu
+def test_a_cached_topology_compile_keeps_its_program_text(monkeypatch, tmp_path):
+  """The second compile is served from the cache with the program's text (the step-time model reads it); an entry
+  without it is not served to a caller that needs the text (``program_text=True``), which compiles again."""
+  monkeypatch.setenv(ENV, str(tmp_path))
+  mesh = jaxckpt.sharding.get_topology("v5e:2x2").mesh()
+  target = shipped_target("gpt", "tiny", batch_size=8)
+  first = lower_policy(target, jaxckpt.parse_policy("full"), mesh=mesh).compile()
+  second = lower_policy(target, jaxckpt.parse_policy("full"), mesh=mesh).compile(program_text=True)
+  assert second.cached and second.hlo_text() == first.compiled.as_text()
+  for path in tmp_path.rglob("*.hlo.gz"):
+    path.unlink()
+  third = lower_policy(target, jaxckpt.parse_policy("full"), mesh=mesh).compile()
+  assert third.cached and third.program_path is None
+  with pytest.raises(JaxckptError, match="program_text=True"):
+    third.hlo_text()
+  fourth = lower_policy(target, jaxckpt.parse_policy("full"), mesh=mesh).compile(program_text=True)
+  assert not fourth.cached  # the same program (its text differs only in the source lines of the trace)
+  assert parse_hlo(fourth.hlo_text()).totals() == parse_hlo(first.compiled.as_text()).totals()

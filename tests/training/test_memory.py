@@ -150,16 +150,18 @@ class _TpuOffloadStats(_TpuStats):
   peak_memory_in_bytes = 1000 + 24 - 24 + 8000
 
 
-def test_on_tpu_with_host_offload_the_peak_holds_the_host_bytes_so_they_leave_the_temps():
-  """With ``host_temp_size_in_bytes`` > 0 the TPU peak counts ``pinned_host`` buffers: temp_bytes = max(XLA's
-  temp_size, peak − host − (argument + output − alias)); the host bytes stay the host footprint's."""
+def test_on_tpu_with_host_offload_the_peak_is_the_larger_of_hbm_and_host_plus_resident():
+  """With ``host_temp_size_in_bytes`` > 0 the TPU peak is max(HBM, host + resident bytes) (measured against the
+  buffer assignment, docs/tpu.md): equal to host + resident it says nothing of the HBM (temp_bytes = XLA's
+  temp_size); above it, it is the HBM's (temp_bytes = peak − resident); the host bytes stay the host footprint's."""
   compiled = type("Compiled", (), {"memory_analysis": lambda self: _TpuOffloadStats()})()
   record = jaxckpt.memory_stats(compiled, backend="tpu")
   assert record["temp_bytes"] == 512 and record["footprint_bytes"] == 1000 + 24 + 512 - 24
   assert record["host_footprint_bytes"] == 8000
-  bigger = type("Stats", (_TpuOffloadStats,), {"peak_memory_in_bytes": 1000 + 8000 + 3000})
+  bigger = type("Stats", (_TpuOffloadStats,), {"peak_memory_in_bytes": 1000 + 8000 + (1 << 21)})
   compiled = type("Compiled", (), {"memory_analysis": lambda self: bigger()})()
-  assert jaxckpt.memory_stats(compiled, backend="tpu")["temp_bytes"] == 3000  # the peak's device part when larger
+  record = jaxckpt.memory_stats(compiled, backend="tpu")
+  assert record["temp_bytes"] == 8000 + (1 << 21) and record["footprint_bytes"] == bigger.peak_memory_in_bytes
 
 
 def test_cpu_peak_field_is_not_a_peak_so_it_is_none():

@@ -1,0 +1,157 @@
+"""Where a program's devices sit, and what a collective's replica groups cross: a TPU slice's ICI torus, NVLink inside
+a GPU node, the network between nodes.
+
+A compiled SPMD program names its devices by partition id, their position in the mesh's ``devices.flat``
+(``docs/hlo-reading.md``, "Replica groups"). :func:`links_for` maps each partition id to where that device sits: a
+TPU chip's torus coordinates (``device.coords``), a GPU's node. A collective over a group then moves its bytes over:
+
+- **ICI** (TPU): every torus dimension along which the group's chips differ carries part of it, over two links per
+  chip (both directions of a ring) where the group spans the whole dimension and the dimension wraps around, one
+  where it does not: the bandwidth of a group is the sum over the dimensions it spans ("How to Scale Your Model",
+  Austin et al. 2025, "Sharding": an AllGather over several torus axes has the bandwidth of all of them; a v5e or
+  v6e dimension wraps around only at its full 16 chips, a v4 or v5p slice of whole 4×4×4 cubes on every dimension;
+  without the wraparound a ring's data crosses one link per chip, "typically doubles the time").
+- **NVLink** (GPU): a group inside one node, at the GPU's NVLink bandwidth per direction.
+- **the network** (GPU): a group spanning nodes, at each GPU's share of its node's NICs per direction (the ring
+  through the nodes crosses them; NCCL's rings each cross the network once per node).
+
+The seconds of one collective on one device (:func:`collective_seconds`) are the bytes it moves over that
+bandwidth: all-gather and reduce-scatter (n − 1)/n of the full array, all-reduce twice that (a reduce-scatter then an
+all-gather, Patarasuk & Yuan 2009), all-to-all (n − 1)/n of its input, a collective-permute its input over one link.
+Latency (about 1 µs per ICI hop, the scaling book) is not counted: the collectives of a train step move megabytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from jaxckpt.errors import JaxckptError
+from jaxckpt.sharding import Chip, Topology
+
+_ICI, _NVLINK, _NETWORK, _LOCAL = "ici", "nvlink", "network", "local"
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+  """The devices of a program (by partition id) and the links between them.
+
+  Attributes:
+    platform: ``"tpu"`` (one ICI torus), ``"gpu"`` (NVLink inside a node, the network between nodes) or ``"cpu"``
+      (one device: no collectives to time).
+    positions: per partition id, where its device sits: a TPU chip's torus coordinates (one per dimension), a GPU's
+      ``(node, gpu in node)``.
+    torus: a TPU slice's chips per dimension (``(16, 16)``); a GPU cluster's ``(nodes, gpus per node)``.
+    wraps: a TPU: per torus dimension, whether it wraps around (a ring); empty for a GPU.
+    ici_link: a TPU: bytes/s one way over one ICI link (:attr:`jaxckpt.sharding.Chip.ici_link_bandwidth`).
+    nvlink: a GPU: bytes/s per direction over NVLink (:attr:`jaxckpt.sharding.Chip.ici_bandwidth`).
+    network: a GPU: bytes/s per direction per GPU between nodes (:attr:`jaxckpt.sharding.Chip.network_bandwidth`).
+  """
+
+  platform: str
+  positions: tuple[tuple[int, ...], ...]
+  torus: tuple[int, ...] = ()
+  wraps: tuple[bool, ...] = ()
+  ici_link: float = 0.0
+  nvlink: float = 0.0
+  network: float = 0.0
+
+  @classmethod
+  def tpu(cls, chip: Chip, torus: Sequence[int], coords: Sequence[Sequence[int]] | None = None) -> Links:
+    """A TPU slice of ``torus`` chips (``(16, 16)``), devices at ``coords`` per partition id (default: row-major
+    over the torus, the first dimension fastest, as libtpu numbers chips)."""
+    torus = tuple(int(n) for n in torus)
+    if coords is None:
+      coords = [tuple((i // math.prod(torus[:d])) % torus[d] for d in range(len(torus)))
+                for i in range(math.prod(torus))]
+    return cls("tpu", tuple(tuple(int(c) for c in p[:len(torus)]) for p in coords), torus, tpu_wraps(chip, torus),
+               ici_link=chip.ici_link_bandwidth)
+
+  @classmethod
+  def gpu(cls, chip: Chip, nodes: int, gpus_per_node: int) -> Links:
+    """A GPU cluster of ``nodes`` × ``gpus_per_node`` GPUs, partition ids in node order (node 0's GPUs first, as
+    :meth:`jaxckpt.sharding.Topology.mesh` lays a mesh)."""
+    return cls("gpu", tuple((i // gpus_per_node, i % gpus_per_node) for i in range(nodes * gpus_per_node)),
+               (nodes, gpus_per_node), nvlink=chip.ici_bandwidth, network=chip.network_bandwidth)
+
+  def route(self, group: Sequence[int]) -> tuple[str, float]:
+    """``(link, bytes/s)`` of a collective over ``group`` (partition ids): ``"ici"`` with the bandwidth of the torus
+    dimensions it spans, ``"nvlink"``, ``"network"``, or ``("local", inf)`` for a group of one device.
+
+    Raises:
+      JaxckptError: a partition id outside :attr:`positions` (the program was compiled for more devices).
+    """
+    if len(set(group)) <= 1:
+      return _LOCAL, math.inf
+    try:
+      where = [self.positions[i] for i in group]
+    except IndexError:
+      raise JaxckptError(f"replica group {tuple(group)} names partition {max(group)}, but the links describe "
+                         f"{len(self.positions)} devices: give links= of the mesh the program was compiled for") from None
+    if self.platform == "gpu":
+      return (_NVLINK, self.nvlink) if len({p[0] for p in where}) == 1 else (_NETWORK, self.network)
+    bandwidth = 0.0
+    for d, size in enumerate(self.torus):
+      along = {p[d] for p in where}
+      if len(along) > 1:
+        ring = self.wraps[d] and len(along) == size
+        bandwidth += self.ici_link * (2 if ring else 1)
+    return _ICI, bandwidth
+
+
+def tpu_wraps(chip: Chip, torus: Sequence[int]) -> tuple[bool, ...]:
+  """Which dimensions of a TPU slice wrap around: on v5e and v6e (2-D pods of 16 × 16) a dimension of 16 chips; on v4
+  and v5p (3-D, cubes of 4 × 4 × 4 joined by optical switches) every dimension when all are multiples of 4, none
+  otherwise (the scaling book, "How to Think About TPUs")."""
+  if chip.torus == 3:
+    whole = all(n % 4 == 0 for n in torus)
+    return tuple(whole for _ in torus)
+  return tuple(n == 16 for n in torus)
+
+
+def links_for(topology: Topology, mesh: Any) -> Links:
+  """The :class:`Links` of a program compiled on ``topology`` over ``mesh`` (partition id i is
+  ``mesh.devices.flat[i]``).
+
+  Args:
+    topology: a :class:`jaxckpt.sharding.Topology` (``get_topology("v6e:16x16")``).
+    mesh: the ``jax.sharding.Mesh`` over its devices the step was sharded over (:meth:`Topology.mesh`).
+
+  Returns:
+    TPU: each device's torus coordinates (``device.coords``); GPU: each device's node (its place in the topology's
+    devices, node order).
+  """
+  devices = list(mesh.devices.flat)
+  chip = topology.chip
+  if chip.is_gpu:
+    order = {d: i for i, d in enumerate(topology.devices)}
+    per_node = topology.shape[1]
+    base = Links.gpu(chip, topology.shape[0], per_node)
+    return dataclasses.replace(base, positions=tuple((order[d] // per_node, order[d] % per_node) for d in devices))
+  return Links.tpu(chip, topology.shape, [tuple(d.coords) for d in devices])
+
+
+def collective_seconds(kind: str, payload_bytes: float, group: Sequence[int], links: Links) -> tuple[str, float]:
+  """``(link, seconds)`` one device spends in one run of a collective (module docstring).
+
+  Args:
+    kind: a :data:`jaxckpt.analysis.COLLECTIVE_KINDS` entry.
+    payload_bytes: :attr:`jaxckpt.analysis.Collective.payload_bytes` (all-gather: its output; reduce-scatter: its
+      input; all-reduce: its buffer; else its input).
+    group: one replica group (partition ids); a collective-permute's source-target pair.
+    links: the program's :class:`Links`.
+  """
+  link, bandwidth = links.route(group)
+  n = len(set(group))
+  if link == _LOCAL or payload_bytes <= 0:
+    return link, 0.0
+  if not bandwidth:
+    return link, 0.0
+  if kind == "collective-permute":
+    one_link = links.ici_link if link == _ICI else bandwidth
+    return link, payload_bytes / one_link
+  share = (n - 1) / n
+  factor = 2 * share if kind == "all-reduce" else share
+  return link, factor * payload_bytes / bandwidth
