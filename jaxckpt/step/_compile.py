@@ -327,6 +327,23 @@ def _expert_dims(model: Any) -> set[int]:
   return sizes
 
 
+def mesh_use_notes(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> list[str]:
+  """What a mesh does less for the target than its axes suggest, one line each (the report's warnings): an
+  ``expert`` axis over Mixture-of-Experts layers whose dispatch gathers the experts' weights instead of splitting
+  their work (modules that declare ``splits_experts = False``, the LLM family's dropless dispatches)."""
+  size = 0 if mesh is None else sharding.mesh_shape(mesh).get("expert", 1)
+  if size <= 1 or not builder.is_model:
+    return []
+  gathered = {type(m).__name__ for _, m in nnx.iter_modules(builder.abstract_model)
+              if getattr(m, "splits_experts", None) is False}
+  if not gathered:
+    return []
+  return [f"mesh axis expert={size}: the dropless dispatch of {', '.join(sorted(gathered))} gathers the experts' "
+          "weights over it per layer (each device computes every expert for its own tokens; the weights are split at "
+          "rest only): moe_dispatch='dropping' (--moe-dispatch dropping) splits the experts' work over it, with "
+          "all-to-alls"]
+
+
 def check_mesh_use(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> None:
   """Refuses a mesh axis the target cannot use, and a parameter's logical axis name the rule table does not know.
 

@@ -171,3 +171,16 @@ def test_the_dropping_dispatch_moves_tokens_by_all_to_all_over_the_expert_axis(s
       assert "all-to-all" in kinds, (run["mesh"], kinds)
     if run["model"] == "llm/ragged":  # dropless: each device sorts its own tokens, the experts gathered
       assert "all-to-all" not in kinds, (run["mesh"], kinds)
+
+
+def test_a_dropless_dispatch_under_an_expert_axis_says_it_gathers_the_experts():
+  from jaxckpt.sharding import get_topology
+  from jaxckpt.step._compile import mesh_use_notes, step_builder
+
+  mesh = get_topology("v5e:2x2").mesh({"fsdp": 2, "expert": 2})
+  for dispatch, expected in (("auto", 1), ("ragged", 1), ("dropping", 0)):
+    target = shipped_target("llm", "mixtral-tiny", batch_size=8, moe_dispatch=dispatch)
+    notes = mesh_use_notes(step_builder(target, mesh=mesh), mesh)
+    assert len(notes) == expected, (dispatch, notes)
+    assert all("expert=2" in n and "--moe-dispatch dropping" in n and "\n" not in n for n in notes)
+  assert mesh_use_notes(step_builder(shipped_target("llm", "mixtral-tiny", batch_size=8)), None) == []

@@ -278,6 +278,13 @@ class MoE(nnx.Module):
     self.router, self.routed_scale, self.activation = router, routed_scale, activation
     self.gmm_interpret, self.dtype = gmm_interpret, dtype
 
+  @property
+  def splits_experts(self) -> bool:
+    """Whether an ``expert`` mesh axis splits the experts' work (the dropping dispatch's all-to-alls), not only their
+    weights at rest (the dropless dispatches gather them per layer); read by
+    :func:`jaxckpt.step._compile.mesh_use_notes`."""
+    return self.dispatch == "dropping"
+
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x: [B, S, E]`` (compute dtype) -> ``[B, S, E]`` (compute dtype), the routed experts' weighted sum."""
     dtype = self.dtype
