@@ -467,8 +467,7 @@ def plan_policy(
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by the probes of the planning
   compiling = builder if mesh is None else step_builder(target, tx=tx, mesh=mesh)  # and by its compiles
   stack, num_layers, candidates, tensors = _layers_and_candidates(target, builder, tx, candidates, per_tensor)
-  by_spec = {str(c.spec): c for c in candidates}
-  layered_ok = not (stack is None and isinstance(target, ModelTarget) and scanned_layers(builder.abstract_model))
+  by_spec, layered_ok = {str(c.spec): c for c in candidates}, _layered_ok(target, stack, builder)
 
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
@@ -532,6 +531,12 @@ def plan_policy(
   final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes, layered_ok=layered_ok)
   converged = final is None or str(final.policy()) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
+
+
+def _layered_ok(target: Target, stack: Any, builder: Any) -> bool:
+  """Whether a plan may give its layer ranges different policies: not for your own scanned stack (its scan body
+  takes one policy, :func:`jaxckpt.planner._own.scanned_layers`)."""
+  return not (stack is None and isinstance(target, ModelTarget) and scanned_layers(builder.abstract_model))
 
 
 def _layers_and_candidates(target: Target, builder: Any, tx: Any, candidates: Sequence[LayerCandidate] | None,

@@ -373,11 +373,11 @@ def decoder_checkpoint_names(config: LLMConfig, *, experts: bool = False) -> tup
   out = list(names.DECODER_NAMES)
   if config.is_mla:
     out += [n for n in names.MLA_NAMES if config.q_lora_rank or n not in (names.QUERY_WA_PROJ, names.MLA_Q)]
-  if experts:
-    dropping = config.moe_dispatch == "dropping"
-    out += [n for n in names.MOE_NAMES if dropping is False or n in (names.MOE_MLPWI_0, names.MOE_MLPWI_1,
-                                                                    names.MOE_MLPWO)]
-    if not dropping and not config.shared_experts:
+  if experts and config.moe_dispatch == "dropping":
+    out += [names.MOE_MLPWI_0, names.MOE_MLPWI_1, names.MOE_MLPWO]
+  elif experts:
+    out += list(names.MOE_NAMES)
+    if not config.shared_experts:  # the dropless experts' up projection is moe_mlpwi_1 alone
       out.remove(names.MLPWI_1)
   return tuple(out)
 

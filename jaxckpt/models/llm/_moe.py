@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.sharding import PartitionSpec
 
 from jaxckpt import names
@@ -183,8 +184,6 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, ke
     raise JaxckptError(f"moe_dispatch='gmm' runs the megablox Pallas TPU kernel, but this step is compiled for "
                        f"{platform}: use moe_dispatch='ragged' (or 'auto'), or gmm_interpret=True (Pallas interpret "
                        "mode: slow, for tests)")
-  from jax.experimental.pallas.ops.tpu.megablox import ops as megablox  # TPU kernels: imported where used
-
   tiling = (_tile(lhs.shape[0]), _tile(lhs.shape[1]), _tile(rhs.shape[2]))
   return megablox.gmm(lhs, rhs, group_sizes, preferred_element_type=lhs.dtype, tiling=tiling, interpret=interpret)
 
