@@ -35,6 +35,7 @@ on 2 cores; the whole table takes about an hour.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -213,7 +214,10 @@ def _gib(num_bytes: int | None) -> str:
 def render(data: Mapping[str, Any]) -> str:
   """The docs table: per row the footprint per chip against HBM, the host bytes per chip, the compile seconds."""
   lines = [f"Run: {common.header(data)}; compile s is the TPU compile's when it ran (a row compiled before is read "
-           "back from the compiled-stats cache in seconds, docs/tpu.md).", "",
+           "back from the compiled-stats cache in seconds, docs/tpu.md)."]
+  lines += [f"Rows {', '.join(run['rows'])} compiled in a later run: {common.header(run)}." for run in
+            data.get("later_runs", ())]
+  lines += ["",
            "| row | model | slice | seq × per chip | policy | footprint/chip | HBM | fits | host/chip | compile s |"
            " predicted step (bound by) | predicted tok/s/chip | published |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -240,11 +244,22 @@ def render(data: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def merge(done: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
+  """``done`` (a run's JSON) with the rows of ``later`` (a run of other rows) put in, replacing rows of the same key,
+  and ``later``'s run line kept under ``later_runs`` (the table says which rows it compiled)."""
+  keys = {r["key"] for r in later["rows"]}
+  run = {k: later[k] for k in ("date_utc", "machine", "wall_s", "cpu_s") if k in later}
+  return {**done, "rows": [r for r in done["rows"] if r["key"] not in keys] + list(later["rows"]),
+          "later_runs": [*done.get("later_runs", ()), {**run, "rows": sorted(keys)}]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Compiles the rows asked for (default all) and writes ``benchmarks/results/published_configs.json``."""
   parser = common.parser(NAME, __doc__)
   parser.add_argument("--rows", nargs="+", default=None, help=f"rows to compile, in this order (default all: "
                       f"{' '.join(r.key for r in ROWS)})")
+  parser.add_argument("--merge", default=None, metavar="JSON",
+                      help="afterwards, put this run's rows into that earlier run's JSON (its other rows kept)")
   args = parser.parse_args(argv)
   keys = {r.key for r in ROWS}
   chosen = args.rows or ([r.key for r in ROWS] if not args.quick else ["T13"])
@@ -259,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   for key in dict.fromkeys(chosen):  # in the order asked; the JSON after every row: a run stopped part-way keeps them
     data["rows"].append(run_row(by_key[key], num_layers=2 if args.quick else None))
     common.write_json(path, common.finish_record(data, started))
+  if args.merge is not None:
+    with open(args.merge) as f:
+      data = merge(json.load(f), data)
+    common.write_json(args.merge, data)
   print(render(data))
   return 0
 
