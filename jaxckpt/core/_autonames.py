@@ -25,7 +25,8 @@ Which layers are named, the ``names=`` argument of both ``apply_remat`` s (:func
   ``names=lambda path, m: jaxckpt.core._autonames.auto_named(path, m) or isinstance(m, MyNorm)``.
 
 **Names below one scope** (:func:`tag_parts`). A named layer whose own code runs several projections -- matmuls
-(``dot_general``, grouped ``ragged_dot_general``) or convolutions between something computed from its inputs and something that is not (a weight) --
+(``dot_general``, grouped ``ragged_dot_general``) or convolutions between something computed from its inputs and
+something that is not (a weight) --
 covers several tensors with one name, e.g. a GeGLU MLP that keeps its gate and up projections in one scope, one
 ``einsum`` each on one stacked ``(2, d, f)`` parameter. Its projections are named ``<layer>.<k>``, ``k`` counting
 them in the order the layer's code runs them from 0: ``mlp.0`` (gate), ``mlp.1`` (up); the one whose result is the

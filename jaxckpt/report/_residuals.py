@@ -157,8 +157,8 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
   Returns:
     ``{"count", "bytes", "in_kernel_bytes", "in_kernel_sources", "activation_bytes", "argument_bytes", "analysed",
     "levels", "groups", "by_source", "items"}``: ``in_kernel_bytes`` are the unnamed residuals a kernel makes inside
-    itself (:data:`KERNEL_PRIMITIVES`), from ``in_kernel_sources``; ``bytes`` excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``) and,
-    under a structure, sums the levels (group inputs + what one group keeps while recomputed, see the module
+    itself (:data:`KERNEL_PRIMITIVES`), from ``in_kernel_sources``; ``bytes`` excludes arguments (the params are
+    alive anyway; it is the row's ``residual_bytes``) and, under a structure, sums the levels (group inputs + what one group keeps while recomputed, see the module
     docstring); ``activation_bytes`` also excludes values that depend on the params only (per-layer parameter
     slices, :mod:`jaxckpt.analysis._activations`; the row's ``activation_residual_bytes``);
     ``argument_bytes`` is the arguments'; ``levels``: ``[{"level", "analysed", "count", "bytes"}]``, one per level

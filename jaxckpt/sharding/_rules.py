@@ -33,7 +33,7 @@ import jax
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from jaxckpt.errors import JaxckptError, closest
+from jaxckpt.errors import JaxckptError, LogicalAxisError, closest
 
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # Activations. The residual stream [B, T, D] is split over the batch only (Megatron-style tensor parallelism keeps
@@ -79,16 +79,12 @@ _GATHERED: tuple[str, ...] = ("fsdp",)
 """Mesh axes a block's parameters are gathered over inside the block (FSDP); ``tensor`` splits stay."""
 
 
-class LogicalAxisError(JaxckptError):
-  """A logical axis name the rule table does not know (:data:`LOGICAL_RULES`): one line naming it, where it was
-  found, the closest valid name and the valid ones."""
-
-
 def unknown_logical_name(name: str, what: str) -> LogicalAxisError:
   """The one-line error for logical axis name ``name`` found in ``what`` (a parameter's path, ``constrain``…)."""
   hint = closest(name, LOGICAL_NAMES)
-  return LogicalAxisError(f"unknown logical axis name {name!r} in {what}" + (f" (did you mean {hint!r}?)" if hint else "")
-                          + f"; valid names: {', '.join(LOGICAL_NAMES)}")
+  suggestion = f" (did you mean {hint!r}?)" if hint else ""
+  return LogicalAxisError(f"unknown logical axis name {name!r} in {what}{suggestion}; valid names: "
+                          f"{', '.join(LOGICAL_NAMES)}")
 
 
 def _check_names(names: Sequence[str | None], what: str) -> None:

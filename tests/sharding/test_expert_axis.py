@@ -25,7 +25,7 @@ from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit import Traffic, collective_bytes, traffic_of
 from jaxckpt.fit._meshes import _Bounds, expert_count, mesh_shapes
 from jaxckpt.fit._speed import accelerator
-from jaxckpt.sharding._rules import LogicalAxisError
+from jaxckpt.errors import LogicalAxisError
 from jaxckpt.step import shipped_target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
