@@ -1,11 +1,12 @@
 """The published MaxText configurations on Trillium (v6e), compiled deviceless by the TPU compiler: do they fit?
 
-Every row of ../shared/published-configs.md §2 that names a dense model (T1–T8, T13, T17–T20) is compiled with
-jaxckpt's LLM family (:mod:`jaxckpt.models.llm`) on its topology, without a TPU (:mod:`jaxckpt.sharding`): its
-per-device batch × chips sequences of its length, its remat policy (MaxText's ``custom`` tensors as
-``save_and_offload_only_these_names``, its presets by name), bfloat16 activations and its weight dtype, the splash
-kernel with its block sizes, and FSDP over every chip. The table gives the footprint per chip against the chip's HBM,
-the host bytes per chip of the offload policies, and the compile seconds.
+Every row of ../shared/published-configs.md §2 that names a dense model (T1–T8, T13, T17–T20) and the two Mixtral
+rows with a published throughput (T11, T12) are compiled with jaxckpt's LLM family (:mod:`jaxckpt.models.llm`) on
+their topology, without a TPU (:mod:`jaxckpt.sharding`): its per-device batch × chips sequences of its length, its
+remat policy (MaxText's ``custom`` tensors as ``save_and_offload_only_these_names``, its presets by name), bfloat16
+activations and its weight dtype, the splash kernel with its block sizes, and its mesh (FSDP over every chip; T12:
+``fsdp=64,expert=4``). The table gives the footprint per chip against the chip's HBM, the host bytes per chip of the
+offload policies, and the compile seconds.
 
 Mapping of MaxText's settings:
 
@@ -14,6 +15,11 @@ Mapping of MaxText's settings:
   ring the axis is laid on (MaxText's ``mesh_axes``), which a per-chip memory figure does not see.
 - ``sa_block_*`` are the splash kernel's blocks (:class:`jaxckpt.models.llm.SplashBlockSizes`); an unset one is
   MaxText's default 512. ``sa_use_fused_bwd_kernel`` is ``fused_bwd``.
+- The Mixtral rows are MaxText's ``*_dropped`` configurations: ``megablox: false``, ``sparse_matmul: false``,
+  ``capacity_factor: 1.25`` is the dropping dispatch (``moe_dispatch="dropping"``, :mod:`jaxckpt.models.llm._moe`);
+  T12's ``ici_expert_parallelism: 4`` with ``ici_fsdp_parallelism: 64`` is ``--mesh fsdp=64,expert=4`` (its
+  ``custom_mesh: hybrid_ring_64x4``, a layout of the same axes over the torus, is not given); their
+  ``MOE_VMEM_LIMIT_FLAG`` is 81920 KiB. T23 (Mixtral 8x7B dropless, full remat, no published number) is left out.
 - MaxText's scoped VMEM limit is given as its runs give it (``xla_tpu_scoped_vmem_limit_kib``: 98304 KiB, MaxText's
   ``DENSE_VMEM_LIMIT_FLAG`` in ``benchmarks/xla_flags_library.py``, on every dense row; 114688 and 122880 KiB on the
   Gemma 2 rows, their ``CUSTOM_VMEM_LIMIT_FLAG``): without it the splash kernel at 2048-token blocks is refused
@@ -29,6 +35,7 @@ on 2 cores; the whole table takes about an hour.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -79,6 +86,9 @@ class Row:
     vmem_kib: MaxText's ``xla_tpu_scoped_vmem_limit_kib`` for the row (KiB).
     published: the published throughput, as the source states it.
     note: what else the row says.
+    moe_dispatch: a Mixture of Experts' dispatch (``dropping`` for MaxText's ``*_dropped`` rows), else ``None``.
+    capacity_factor: the dropping dispatch's capacity factor.
+    mesh: the mesh, ``None``: FSDP over every chip.
   """
 
   key: str
@@ -92,6 +102,9 @@ class Row:
   published: str = ""
   note: str = ""
   vmem_kib: int = 98304
+  moe_dispatch: str | None = None
+  capacity_factor: float | None = None
+  mesh: tuple[tuple[str, int], ...] | None = None
 
 
 ROWS: tuple[Row, ...] = (
@@ -106,6 +119,13 @@ ROWS: tuple[Row, ...] = (
         published="48.3% MFU, 921 tok/s/chip"),
     Row("T8", "llama2-70b", "v6e:16x16", 2, 4096, "qkv_proj_offloaded", Q1024, published="43.8% MFU, 905 tok/s/chip",
         note="fsdp_transpose 256 as fsdp=256; pdb 2 of the published log (the config now says 3)"),
+    Row("T11", "mixtral-8x7b", "v6e:16x16", 12, 4096, OFFLOAD_5, Q2048, published="35.23% MFU, 3,899 tok/s/chip",
+        note="dropping MoE (megablox, sparse_matmul false), capacity factor 1.25", vmem_kib=81920,
+        moe_dispatch="dropping", capacity_factor=1.25),
+    Row("T12", "mixtral-8x22b", "v6e:16x16", 8, 4096, OFFLOAD_5, Q2048, "bfloat16", published="36.2% MFU, "
+        "1,326 tok/s/chip", note="dropping MoE, capacity factor 1.25; ici fsdp 64 × expert 4 (hybrid_ring_64x4 not "
+        "given); dtype and weight_dtype bfloat16", vmem_kib=81920, moe_dispatch="dropping", capacity_factor=1.25,
+        mesh=(("fsdp", 64), ("expert", 4))),
     Row("T13", "mistral-7b", "v6e:2x4", 6, 8192, OFFLOAD_5, Q2048, published="47.1% MFU, 7,777 tok/s/chip"),
     Row("T17", "gemma2-9b", "v6e:16x16", 3, 8192, "full", Q2048, note="fsdp_transpose 256 as fsdp=256; tuned, "
         "no published number", vmem_kib=114688),
@@ -115,7 +135,7 @@ ROWS: tuple[Row, ...] = (
     Row("T20", "llama3.1-8b", "v6e:16x16", 8, 8192, "full", SplashBlockSizes(),
         note="llama3-8b = llama3.1-8b's dimensions (§3); v6e-256 compiled"),
 )
-"""The dense Trillium rows of published-configs.md §2, in its order."""
+"""The dense Trillium rows and the Mixtral rows with a published number of published-configs.md §2, in its order."""
 
 
 def target(row: Row, *, num_layers: int | None = None) -> tuple[ModelTarget, int]:
@@ -123,9 +143,15 @@ def target(row: Row, *, num_layers: int | None = None) -> tuple[ModelTarget, int
   entry = model_entry("llm")
   chips = get_topology(row.topology).chips
   config = entry.override(row.preset, seq_len=row.seq_len, weight_dtype=row.weight_dtype, attention="splash",
-                          splash_blocks=row.blocks, num_layers=num_layers, batch_size=row.per_device * chips)
+                          splash_blocks=row.blocks, num_layers=num_layers, batch_size=row.per_device * chips,
+                          moe_dispatch=row.moe_dispatch, capacity_factor=row.capacity_factor)
   batch = entry.batch(row.per_device * chips, config)
   return ModelTarget(lambda: entry.build(config), batch, entry.loss_fn, name="llm", preset=row.preset), chips
+
+
+def mesh_of(row: Row) -> dict[str, int]:
+  """The row's mesh: its own, else FSDP over every chip of its topology."""
+  return dict(row.mesh) if row.mesh else {"fsdp": get_topology(row.topology).chips}
 
 
 def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
@@ -133,7 +159,7 @@ def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
   built, chips = target(row, num_layers=num_layers)
   topo = get_topology(row.topology)
   started = time.perf_counter()
-  report = build_report(built, [row.policy], topology=topo, mesh={"fsdp": chips}, residuals=False, progress=False,
+  report = build_report(built, [row.policy], topology=topo, mesh=mesh_of(row), residuals=False, progress=False,
                         compiler_options={"xla_tpu_scoped_vmem_limit_kib": row.vmem_kib})
   r = report.rows[0]
   hbm = topo.chip.memory_bytes
@@ -143,6 +169,7 @@ def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
          "footprint_bytes": r["footprint_bytes"], "host_footprint_bytes": r["host_footprint_bytes"],
          "argument_bytes": r["argument_bytes"], "temp_bytes": r["temp_bytes"], "hbm_bytes": hbm,
          "fits": r["footprint_bytes"] is not None and r["footprint_bytes"] <= hbm, "flops": r["flops"],
+         "mesh": mesh_of(row), "moe_dispatch": row.moe_dispatch,
          "compile_s": r["compile_s"], "wall_s": time.perf_counter() - started, "published": row.published,
          "note": row.note, "warnings": report.data["warnings"]}
   print(f"{row.key} {row.preset} {row.topology} pdb {row.per_device}: {r['status']} footprint "
@@ -154,18 +181,22 @@ def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
 def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   """The fit planner's time model (:mod:`jaxckpt.fit._speed`) for a compiled row: one micro-step per chip of the
   row's FLOPs (jaxpr count, recompute included) ÷ chips at v6e's peak, its host bytes moved out and back over the host
-  link, and FSDP's gathers and reduce-scatter over ICI (:func:`jaxckpt.fit._speed.collective_bytes`, the preset's
-  parameter bytes from its abstract model); no HBM term (the rows do not keep XLA's bytes accessed). Returns
+  link, and the collectives over ICI (:func:`jaxckpt.fit.collective_seconds`: FSDP's gathers and reduce-scatter, an
+  expert axis's all-to-alls and gradient all-reduce, from the preset's parameter bytes and its
+  :func:`jaxckpt.fit.traffic_of`); no HBM term (the rows do not keep XLA's bytes accessed). Returns
   ``{"step_s", "bound", "tokens_per_s_chip", terms...}``, or ``None`` for a row without FLOPs."""
-  from jaxckpt.fit import accelerator, collective_seconds, state_bytes
+  from jaxckpt.fit import accelerator, collective_seconds, state_bytes, traffic_of
 
   if not r.get("flops") or r.get("status") != "ok":
     return None
   row = next(x for x in ROWS if x.key == r["key"])
-  params = state_bytes(target(row, num_layers=r.get("num_layers"))[0])[0]
+  built = target(row, num_layers=r.get("num_layers"))[0]
+  params, traffic = state_bytes(built)[0], traffic_of(built)
+  mesh = r.get("mesh") or mesh_of(row)
   chip = accelerator(r["topology"].split(":")[0])
+  micro, step_s = collective_seconds(chip, params, mesh, **traffic.per_device(r["per_device"]))
   terms = chip.terms(r["flops"] / r["chips"], None, host_bytes=2.0 * (r["host_footprint_bytes"] or 0),
-                     collective_s=collective_seconds(chip, params, {"fsdp": r["chips"]})[0])
+                     collective_s=micro + step_s)
   terms.pop("hbm_s")
   step = max(terms.values()) + chip.overhead_s
   return {"step_s": step, "bound": max(terms, key=terms.get).removesuffix("_s"),
@@ -183,7 +214,10 @@ def _gib(num_bytes: int | None) -> str:
 def render(data: Mapping[str, Any]) -> str:
   """The docs table: per row the footprint per chip against HBM, the host bytes per chip, the compile seconds."""
   lines = [f"Run: {common.header(data)}; compile s is the TPU compile's when it ran (a row compiled before is read "
-           "back from the compiled-stats cache in seconds, docs/tpu.md).", "",
+           "back from the compiled-stats cache in seconds, docs/tpu.md)."]
+  lines += [f"Rows {', '.join(run['rows'])} compiled in a later run: {common.header(run)}." for run in
+            data.get("later_runs", ())]
+  lines += ["",
            "| row | model | slice | seq × per chip | policy | footprint/chip | HBM | fits | host/chip | compile s |"
            " predicted step (bound by) | predicted tok/s/chip | published |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -210,11 +244,22 @@ def render(data: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def merge(done: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
+  """``done`` (a run's JSON) with the rows of ``later`` (a run of other rows) put in, replacing rows of the same key,
+  and ``later``'s run line kept under ``later_runs`` (the table says which rows it compiled)."""
+  keys = {r["key"] for r in later["rows"]}
+  run = {k: later[k] for k in ("date_utc", "machine", "wall_s", "cpu_s") if k in later}
+  return {**done, "rows": [r for r in done["rows"] if r["key"] not in keys] + list(later["rows"]),
+          "later_runs": [*done.get("later_runs", ()), {**run, "rows": sorted(keys)}]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Compiles the rows asked for (default all) and writes ``benchmarks/results/published_configs.json``."""
   parser = common.parser(NAME, __doc__)
   parser.add_argument("--rows", nargs="+", default=None, help=f"rows to compile, in this order (default all: "
                       f"{' '.join(r.key for r in ROWS)})")
+  parser.add_argument("--merge", default=None, metavar="JSON",
+                      help="afterwards, put this run's rows into that earlier run's JSON (its other rows kept)")
   args = parser.parse_args(argv)
   keys = {r.key for r in ROWS}
   chosen = args.rows or ([r.key for r in ROWS] if not args.quick else ["T13"])
@@ -229,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   for key in dict.fromkeys(chosen):  # in the order asked; the JSON after every row: a run stopped part-way keeps them
     data["rows"].append(run_row(by_key[key], num_layers=2 if args.quick else None))
     common.write_json(path, common.finish_record(data, started))
+  if args.merge is not None:
+    with open(args.merge) as f:
+      data = merge(json.load(f), data)
+    common.write_json(args.merge, data)
   print(render(data))
   return 0
 

@@ -17,7 +17,8 @@ __all__ = [
     "raised_at",
     "TracingError",
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
-    "MeshSpecError", "TensorPlanError", "TopologyError", "StaticArgumentError", "EnvSettingError", "closest", "shorten",
+    "MeshSpecError", "LogicalAxisError", "TensorPlanError", "TopologyError", "StaticArgumentError", "EnvSettingError",
+    "closest", "shorten",
 ]
 
 
@@ -136,6 +137,12 @@ class MeshSpecError(JaxckptError):
   """A ``--mesh`` spec (``name=size[,name=size]``) or a multi-process setting is invalid: unknown axis name,
   malformed or non-positive size, repeated axis, a product of sizes that is not the device count, or a batch size
   the mesh cannot split."""
+
+
+class LogicalAxisError(JaxckptError):
+  """A logical axis name the rule table does not know (:data:`jaxckpt.sharding.LOGICAL_RULES`): on a parameter
+  (``nnx.with_partitioning(init, ("exps", "embed"))``) or in ``constrain``: one line naming it, where it was found, the
+  closest valid name and the valid ones."""
 
 
 class TensorPlanError(JaxckptError):

@@ -59,6 +59,42 @@ DECODER_NAMES: tuple[str, ...] = (DECODER_LAYER_INPUT, QUERY_PROJ, KEY_PROJ, VAL
                                   MLPWI_1, MLPWO)
 """The checkpoint names of the LLM family's decoder layer, MaxText's names."""
 
+# The experts of a Mixture-of-Experts layer (MaxText's layers/moe.py, commit e591f30c). Every expert matmul is tagged
+# twice, as MaxText tags it: the inner tag is the dense MLP's name, so MaxText's presets that save mlpwi_0 / mlpwo
+# (minimal…) save the experts' too; the outer one is the MoE knob's. X = experts, C = capacity per sequence (the
+# dropping dispatch), T·k = tokens × experts per token (the dropless dispatch, tokens sorted by expert), F = each
+# expert's hidden width.
+MOE_MLPWI_0 = "moe_mlpwi_0"
+"""The experts' gate projection, before the activation: ``[X, B, C, F]`` (dropping) or ``[T·k, F]`` (dropless);
+tagged ``mlpwi_0`` inside."""
+MOE_MLPWI_1 = "moe_mlpwi_1"
+"""The experts' up projection: ``[X, B, C, F]`` (dropping, tagged ``mlpwi_1`` inside) or ``[T·k, F]`` (dropless: this
+name only, as MaxText's sparse path tags it, so ``minimal`` does not save it there)."""
+MOE_MLPWO = "moe_mlpwo"
+"""The experts' output projection: ``[X, B, C, E]`` or ``[T·k, E]``; tagged ``mlpwo`` inside."""
+MOE_X_SORTED = "moe_x_sorted"
+"""Dropless dispatch: the tokens sorted by expert, what the first grouped matmul reads, ``[T·k, E]`` (MaxText's knob
+``moe_x_sorted``)."""
+MOE_ROUTING_MAPS = "moe_routing_maps"
+"""Dropless dispatch: the routing metadata the backward pass needs to undo the sort: the sort order ``[T·k]`` int32,
+the tokens per expert ``[X]`` int32 and the routing weights ``[T·k]`` float32 (MaxText's knob ``moe_routing_maps``)."""
+
+MOE_NAMES: tuple[str, ...] = (MOE_MLPWI_0, MOE_MLPWI_1, MOE_MLPWO, MOE_X_SORTED, MOE_ROUTING_MAPS)
+"""The checkpoint names only an MoE layer emits."""
+
+# Multi-head latent attention (DeepSeek's MLA; MaxText's layers/attention_mla.py): R = a low rank.
+QUERY_WA_PROJ = "query_wa_proj"
+"""MLA: the query's low-rank projection, before its norm, ``[B, S, Rq]``."""
+MLA_Q = "mla_q"
+"""MLA: the normalised low-rank query, ``[B, S, Rq]``."""
+KV_WA_PROJ = "kv_wa_proj"
+"""MLA: the key/value latent and the shared RoPE key, before the norm, ``[B, S, Rkv + Dr]``."""
+MLA_KV = "mla_kv"
+"""MLA: the normalised key/value latent, ``[B, S, Rkv]``."""
+
+MLA_NAMES: tuple[str, ...] = (QUERY_WA_PROJ, MLA_Q, KV_WA_PROJ, MLA_KV)
+"""The checkpoint names only multi-head latent attention emits."""
+
 ALL_NAMES: tuple[str, ...] = (QKV, ATTN_WEIGHTS, ATTN_CONTEXT, ATTN_OUT, MLP_HIDDEN, MLP_OUT, CONV_HIDDEN, CONV_OUT,
-                              *DECODER_NAMES)
+                              *DECODER_NAMES, *MOE_NAMES, *MLA_NAMES)
 """Every checkpoint name a shipped layer emits."""

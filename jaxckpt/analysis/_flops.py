@@ -190,6 +190,22 @@ def _dot_general_flops(eqn: Any) -> int:
   return 2 * batch * m * n * contract
 
 
+def _ragged_dot_flops(eqn: Any) -> int:
+  """``ragged_dot_general`` (``jax.lax.ragged_dot``: a grouped matmul, e.g. the expert matmuls of a dropless MoE):
+  ``2 · (lhs elements) · (rhs dimensions neither contracted, batch nor group)`` multiply-adds, in every mode of the
+  primitive: rows of a ragged non-contracting dimension each meet one group's ``[K, N]`` matrix (the forward pass,
+  ``[M, K] × [G, K, N]``: 2·M·K·N), a ragged contracting dimension sums each group's rows into its own ``[K, N]``
+  output (the weight gradient, ``[M, K] × [M, N] → [G, K, N]``: 2·M·K·N again), and a ragged batch dimension is a
+  batched matmul. The group sizes are values, not shapes: every row is counted, also rows past the sum of the group
+  sizes (padding a kernel skips), so an upper bound there and exact where the groups cover the rows."""
+  lhs, rhs = (v.aval for v in eqn.invars[:2])
+  numbers = eqn.params["ragged_dot_dimension_numbers"]
+  (_, rc), (_, rb) = numbers.dot_dimension_numbers
+  skip = set(rc) | set(rb) | set(numbers.rhs_group_dimensions)
+  n = math.prod(int(s) for i, s in enumerate(rhs.shape) if i not in skip)
+  return 2 * _size(lhs) * n
+
+
 def _conv_flops(eqn: Any) -> int:
   rhs = eqn.invars[1].aval
   dn = eqn.params["dimension_numbers"]
@@ -444,6 +460,7 @@ def _rules() -> dict[str, Rule]:
       ("integer_pow", _flops_rule(lambda e: _integer_pow_multiplies(e.params["y"]) * _out_size(e))),
       ("select_n", _flops_rule(lambda e: max(len(e.invars) - 2, 0) * _out_size(e))),  # one select per extra case
       ("dot_general", _flops_rule(_dot_general_flops)),
+      ("ragged_dot_general", _flops_rule(_ragged_dot_flops)),
       ("conv_general_dilated", _flops_rule(_conv_flops)),
       *((name, _flops_rule(lambda e, c=cost: c * _reduction_steps(e))) for name, cost in _REDUCTIONS.items()),
       *((name, _flops_rule(_out_size)) for name in _CUMULATIVE - {"cumlogsumexp"}),
@@ -451,6 +468,7 @@ def _rules() -> dict[str, Rule]:
       *((name, _flops_rule(_window_steps)) for name in _REDUCE_WINDOW),
       *((name, _flops_rule(lambda e: _size(e.invars[-1].aval))) for name in _SCATTER_COMBINE),  # per update
       ("sort", _flops_rule(_sort_flops)),
+      ("top_k", _flops_rule(_sort_flops)),  # XLA's TopkDecomposer makes it a sort of each row
       ("scan", _scan_rule),
       ("cond", _cond_rule),
       ("while", _while_rule),

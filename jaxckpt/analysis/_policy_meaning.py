@@ -8,6 +8,11 @@ named non-matmul value, a batched matmul and unnamed elementwise values -- lists
 (:func:`jaxckpt.analysis._residuals.saved_residuals`) and compares it with :data:`PROMISES`. :func:`broken_policies` gives the
 registry's policies whose meaning the installed JAX does not deliver; the parser refuses those with one line.
 
+Grouped matmuls (``jax.lax.ragged_dot``, a dropless MoE's expert matmuls) are matmuls too, and the dots policies'
+names promise to save matmul outputs: :func:`grouped_matmul_gap` checks, on :func:`grouped_probe`, whether the
+installed JAX's dots policy saves them (jax 0.10.2's ``DotsSaveable`` saves ``dot_general`` and convolutions only,
+so it recomputes every expert matmul), and the report says so on the rows it concerns.
+
 Also here: :func:`check_policy`, which refuses under remat3 a policy JAX would silently run as full remat.
 """
 
@@ -124,6 +129,44 @@ def check_policy_meaning(name: str) -> str | None:
     return None
   return (f"jax {jax.__version__}'s {name} saves {sorted(got) or 'nothing'} on a graph where its name promises "
           f"{sorted(promised) or 'nothing'}")
+
+
+GROUPED_MATMULS: tuple[str, ...] = ("ragged_dot_general",)
+"""Primitives that are grouped matmuls (``jax.lax.ragged_dot`` / ``ragged_dot_general``)."""
+
+MATMUL_PROMISES: dict[str, str] = {"dots_saveable": "save", "dots_with_no_batch_dims_saveable": "save",
+                                   "offload_dot_with_no_batch_dims": "offload"}
+"""Policies whose names promise to keep matmul outputs -> what they promise to do with them. A grouped matmul has no
+batch dimension, so the ``no_batch_dims`` policies promise it too."""
+
+
+def grouped_probe(x: jax.Array, w: jax.Array) -> jax.Array:
+  """The grouped-matmul check's graph: ``x: [8, 4] float32``, ``w: [2, 4, 4] float32`` (two groups of four rows);
+  ``sum(sin(ragged_dot(x, w)))``, whose backward pass needs the ``ragged_dot`` output."""
+  return jnp.sum(jnp.sin(jax.lax.ragged_dot(x, w, jnp.array([4, 4], jnp.int32))))
+
+
+@functools.cache
+def grouped_matmul_gap(name: str) -> str | None:
+  """Whether JAX's policy ``name`` keeps grouped-matmul outputs as its name promises (:data:`MATMUL_PROMISES`), on
+  :func:`grouped_probe` (a trace; nothing compiled).
+
+  Args:
+    name: a canonical policy name; a policy that promises nothing about matmuls gives ``None``.
+
+  Returns:
+    ``None`` when it keeps them (or promises nothing), else one line: what the installed JAX does instead.
+  """
+  verb = MATMUL_PROMISES.get(name)
+  if verb is None:
+    return None
+  args = (jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((2, 4, 4), jnp.float32))
+  kept = [r for r in saved_residuals(jax.checkpoint(grouped_probe, policy=_jax_policy(name)), *args)
+          if r.kind != "argument" and r.primitive in (*GROUPED_MATMULS, "device_put")]
+  if kept:
+    return None
+  return (f"jax {jax.__version__}'s {name} does not {verb} the outputs of ragged_dot_general (grouped matmuls: a "
+          f"dropless MoE's experts), only dot_general's: it recomputes them")
 
 
 def broken_policies() -> dict[str, str]:

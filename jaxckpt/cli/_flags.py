@@ -13,6 +13,7 @@ from jaxckpt.sharding import (CHIPS, DEFAULT_MEMORY_FRACTION, Placement, check_t
                               parse_topology, resolve_placement)
 from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
 from jaxckpt.models._configs import COMPUTE_DTYPES
+from jaxckpt.models.llm import MOE_DISPATCHES
 from jaxckpt.models._registry import DEFAULT_BATCH_SIZE
 from jaxckpt.step._targets import SHIPPED_MODELS, Target, load_target, shipped_target
 from jaxckpt.sharding import TOPOLOGY_FORMS
@@ -46,6 +47,13 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--vocab-tiles", type=int, default=None,
                       help="--model llm: the loss computes logits one sequence chunk at a time, in this many chunks "
                            "(MaxText's num_vocab_tiling; divides --seq-len; default 1)")
+  parser.add_argument("--moe-dispatch", default=None, choices=list(MOE_DISPATCHES),
+                      help="--model llm, a Mixture of Experts: dropping (capacity factor, one-hot einsums), ragged "
+                           "(dropless, jax.lax.ragged_dot), gmm (dropless, the megablox Pallas kernel, TPU), auto "
+                           "(gmm on a TPU, else ragged) (default: the preset's, auto)")
+  parser.add_argument("--capacity-factor", type=float, default=None,
+                      help="--moe-dispatch dropping: each expert takes ceil(S·k/X)·factor tokens of a sequence "
+                           "(default 1.25)")
   parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=None,
                       help="scan over layers or --no-scan to unroll them (default: the preset's)")
   parser.add_argument("--structure", default=None,
@@ -71,7 +79,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
     JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
   """
   if args.target is not None:
-    given = [f for f in ("preset", "scan", "structure", "attention", "vocab_tiles")
+    given = [f for f in ("preset", "scan", "structure", "attention", "vocab_tiles", "moe_dispatch", "capacity_factor")
              if getattr(args, f, None) is not None]
     if args.grad_accum_steps != 1:
       given.append("grad_accum_steps")
@@ -88,7 +96,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
       batch_size=args.batch_size,
       seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
       structure=args.structure, grad_accum_steps=args.grad_accum_steps, weight_dtype=args.weight_dtype,
-      attention=args.attention, vocab_tiles=args.vocab_tiles)
+      attention=args.attention, vocab_tiles=args.vocab_tiles, moe_dispatch=args.moe_dispatch,
+      capacity_factor=args.capacity_factor)
 
 
 TARGET_SIZE_ARGS: tuple[str, ...] = ("batch_size", "seq_len", "num_layers", "compute_dtype", "weight_dtype")

@@ -25,7 +25,8 @@ Which layers are named, the ``names=`` argument of both ``apply_remat`` s (:func
   ``names=lambda path, m: jaxckpt.core._autonames.auto_named(path, m) or isinstance(m, MyNorm)``.
 
 **Names below one scope** (:func:`tag_parts`). A named layer whose own code runs several projections -- matmuls
-(``dot_general``) or convolutions between something computed from its inputs and something that is not (a weight) --
+(``dot_general``, grouped ``ragged_dot_general``) or convolutions between something computed from its inputs and
+something that is not (a weight) --
 covers several tensors with one name, e.g. a GeGLU MLP that keeps its gate and up projections in one scope, one
 ``einsum`` each on one stacked ``(2, d, f)`` parameter. Its projections are named ``<layer>.<k>``, ``k`` counting
 them in the order the layer's code runs them from 0: ``mlp.0`` (gate), ``mlp.1`` (up); the one whose result is the
@@ -277,8 +278,10 @@ def tag_output(out: Any, name: str) -> tuple[Any, bool]:
 
 # ------------------------------------------------------------------------------------------- names below one scope
 
-PROJECTIONS: tuple[str, ...] = ("dot_general", "conv_general_dilated")
-"""Primitives that are a layer's projections when one operand comes from its inputs and another does not."""
+PROJECTIONS: tuple[str, ...] = ("dot_general", "ragged_dot_general", "conv_general_dilated")
+"""Primitives that are a layer's projections when one operand comes from its inputs and another does not
+(``ragged_dot_general``: the grouped matmuls of a dropless Mixture of Experts, ``jax.lax.ragged_dot``, whose group
+sizes come from the inputs and whose experts' weights do not)."""
 
 _PART_NAME = re.compile(r".+\.[0-9]+\Z")
 _ENTER = "jaxckpt.part-enter:"

@@ -23,7 +23,7 @@ Example::
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.fit._model import AffineModel, fit_affine
-from jaxckpt.fit._plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread
+from jaxckpt.fit._plan import FitPlan, GlobalChoice, measure_candidates, plan_fit, spread, traffic_of
 from jaxckpt.fit._names import (CUSTOM_SEARCH, CustomPlan, CustomSearch, NameCost, custom_plans, custom_policy,
                                name_costs)
 from jaxckpt.fit._meshes import MeshOption, MeshSearch, mesh_shapes, search_meshes
@@ -32,7 +32,7 @@ from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFi
                                 with_batch, with_seq_len)
 from jaxckpt.fit._tables import mesh_table, to_table
 from jaxckpt.fit._speed import (ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates,
-                               collective_bytes, collective_seconds, estimate_step, measure_cpu)
+                               Traffic, collective_bytes, collective_seconds, estimate_step, measure_cpu)
 from jaxckpt.fit._meshes import state_bytes
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu", "estimate_step",
-           "collective_bytes", "collective_seconds",
+           "collective_bytes", "collective_seconds", "Traffic", "traffic_of",
            "CUSTOM_SEARCH", "CustomPlan", "CustomSearch", "NameCost", "custom_plans", "custom_policy", "name_costs",
            "to_table", "mesh_table"]
 

@@ -1,15 +1,18 @@
-"""The mesh in the fit search: which ``data`` × ``fsdp`` × ``tensor`` factorization of a slice's chips, with which
-policy, micro-batch and accumulation, trains a global batch fastest.
+"""The mesh in the fit search: which ``data`` × ``fsdp`` × ``expert`` × ``tensor`` factorization of a slice's chips,
+with which policy, micro-batch and accumulation, trains a global batch fastest.
 
 A mesh changes two things the fit planner measures: the bytes per device (FSDP and tensor parallelism divide the
-parameters and optimizer state, ``data`` replicates them; ``tensor`` divides each example's activations, the
-batch axes divide the batch) and the collectives per step (:func:`jaxckpt.fit._speed.collective_bytes`). Compiles
-are what cost, so the search spends them where they decide (issue 40):
+parameters and optimizer state, ``data`` replicates them, ``expert`` divides a Mixture of Experts' experts; ``tensor``
+divides each example's activations, the batch axes divide the batch) and the collectives per step
+(:func:`jaxckpt.fit._speed.collective_bytes`). Compiles are what cost, so the search spends them where they decide
+(issue 40):
 
-1. **Enumerate** every factorization ``data × fsdp × tensor`` of the chips with ``tensor`` ≤ ``max_tensor`` (8 by
-   default: tensor parallelism all-reduces activations every layer, so it stays within the fastest links, as
+1. **Enumerate** every factorization ``data × fsdp × expert × tensor`` of the chips with ``tensor`` ≤ ``max_tensor``
+   (8 by default: tensor parallelism all-reduces activations every layer, so it stays within the fastest links, as
    Megatron-LM keeps it within a node and MaxText's recipes use ``tensor`` ≤ 8) and ``tensor`` dividing the
-   model's attention heads when it says how many it has (``num_heads``) (a model without ``tensor`` axis names gets ``tensor=1``).
+   model's attention heads when it says how many it has (``num_heads``) (a model without ``tensor`` axis names gets
+   ``tensor=1``), and ``expert`` dividing its number of experts (a model without experts, parameters named ``exp``,
+   gets ``expert=1``).
 2. **Drop without compiling** the meshes whose train state alone — parameters, gradients and optimizer state,
    divided by ``fsdp × tensor`` — exceeds the memory per device: no batch can fit.
 3. **Calibrate on one mesh**: the mesh with the least state per device (``fsdp`` = all chips) is fitted first; each
@@ -39,12 +42,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
+from jaxckpt.sharding._rules import mesh_axes_of, param_logical_axes
 from jaxckpt.sharding._tensor_plan import tensor_split_sizes
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.fit._plan import FitPlan, plan_fit, tensor_bytes_per_example
+from jaxckpt.fit._plan import FitPlan, plan_fit, traffic_of
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
-from jaxckpt.fit._speed import Accelerator, accelerator, collective_seconds
+from jaxckpt.fit._speed import Accelerator, Traffic, accelerator, collective_seconds
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.sharding import format_mesh
 from jaxckpt.sharding import MemoryFraction, Topology, resolve_placement
@@ -66,17 +69,18 @@ def _divisors(n: int) -> list[int]:
 
 
 def mesh_shapes(chips: int, *, max_tensor: int = DEFAULT_MAX_TENSOR, tensor_divides: int | None = None,
-                tensor: bool = True) -> list[dict[str, int]]:
-  """Every ``{"data": d, "fsdp": f, "tensor": t}`` with d·f·t = ``chips`` (axes of size 1 left out).
+                tensor: bool = True, experts: int = 0) -> list[dict[str, int]]:
+  """Every ``{"data": d, "fsdp": f, "expert": e, "tensor": t}`` with d·f·e·t = ``chips`` (axes of size 1 left out).
 
   Args:
     chips: devices of the slice (≥ 1).
     max_tensor: the largest ``tensor`` size enumerated.
     tensor_divides: a count the ``tensor`` size must divide (the model's attention heads), or ``None``.
     tensor: whether the model can use a ``tensor`` axis at all (parameters with logical axis names).
+    experts: the model's number of experts (an ``expert`` size must divide it); 0: no ``expert`` axis.
 
   Returns:
-    The shapes, ``tensor`` ascending, then ``data`` ascending (``{"fsdp": chips}`` first).
+    The shapes, ``tensor`` ascending, then ``expert``, then ``data`` ascending (``{"fsdp": chips}`` first).
 
   Raises:
     JaxckptError: ``chips`` < 1 or ``max_tensor`` < 1.
@@ -87,9 +91,13 @@ def mesh_shapes(chips: int, *, max_tensor: int = DEFAULT_MAX_TENSOR, tensor_divi
   for t in _divisors(chips):
     if t > 1 and (not tensor or t > max_tensor or (tensor_divides is not None and tensor_divides % t)):
       continue
-    for d in _divisors(chips // t):
-      f = chips // t // d
-      out.append({k: v for k, v in (("data", d), ("fsdp", f), ("tensor", t)) if v > 1} or {"fsdp": 1})
+    for e in _divisors(chips // t):
+      if e > 1 and (not experts or experts % e):
+        continue
+      for d in _divisors(chips // t // e):
+        f = chips // t // e // d
+        out.append({k: v for k, v in (("data", d), ("fsdp", f), ("expert", e), ("tensor", t)) if v > 1}
+                   or {"fsdp": 1})
   return out
 
 
@@ -108,10 +116,24 @@ def state_bytes(target: Target) -> tuple[int, int, int | None, bool]:
   leaves = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
   params = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in leaves)
   names = {n for v in leaves for n in (param_logical_axes(v) or ()) if n is not None}
-  uses_tensor = any("tensor" in LOGICAL_RULES[n] for n in names)
+  uses_tensor = any("tensor" in mesh_axes_of(n, what=f"a parameter of {target.name}") for n in names)
   heads = getattr(model, "num_heads", None)
   divides = math.gcd(*([heads] if heads else []), *(n for _, n in tensor_split_sizes(model)))
   return params, STATE_COPIES * params, divides or None, uses_tensor
+
+
+def expert_count(target: Target) -> int:
+  """The number of experts of a model target (the size of its parameters' dimensions named ``exp``; their greatest
+  common divisor if they differ), 0 without experts (a dense model, a loss target)."""
+  if not isinstance(target, ModelTarget):
+    return 0
+  model = nnx.eval_shape(target.make_model)
+  sizes = set()
+  for leaf in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    axes, shape = param_logical_axes(leaf) or (), leaf.get_value().shape
+    if len(axes) == len(shape):
+      sizes |= {int(n) for a, n in zip(axes, shape) if a is not None and "expert" in mesh_axes_of(a)}
+  return math.gcd(*sizes) if sizes else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,30 +303,39 @@ class _Bounds:
 
   def __init__(self, target: Target, global_batch: int, device: Accelerator):
     self.params, self.state, self.heads, self.uses_tensor = state_bytes(target)
-    self.per_example = tensor_bytes_per_example(target) or 0.0
+    self.traffic = traffic_of(target) or Traffic()
+    self.experts = expert_count(target)
     self.global_batch = global_batch
     self.device = device
+
+  def state_per_device(self, shape: Mapping[str, int]) -> int:
+    """Train-state bytes per device: ÷ (fsdp × tensor), the experts' share ÷ expert too."""
+    split = shape.get("fsdp", 1) * shape.get("tensor", 1)
+    experts = STATE_COPIES * self.traffic.expert_param_bytes
+    return int((self.state - experts) // split + experts // (split * shape.get("expert", 1)))
 
   def bound(self, shape: Mapping[str, int], accum: int = 1) -> float:
     """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute),
     each axis over its link (:func:`jaxckpt.fit._speed.collective_seconds`)."""
-    units = shape.get("data", 1) * shape.get("fsdp", 1)
-    fsdp_micro, per_step = collective_seconds(self.device, self.params, shape)
-    tensor_step = collective_seconds(self.device, 0.0, shape,
-                                     tensor_bytes=self.per_example * self.global_batch / units)[0]
-    return accum * fsdp_micro + tensor_step + per_step
+    units = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
+    fsdp_micro, per_step = collective_seconds(self.device, self.params, shape,
+                                              expert_param_bytes=self.traffic.expert_param_bytes)
+    traffic = dataclasses.replace(self.traffic, expert_param_bytes=0.0)  # the activations' terms of the whole step
+    activations = collective_seconds(self.device, 0.0, shape, **traffic.per_device(self.global_batch / units))[0]
+    return accum * fsdp_micro + activations + per_step
 
   def options(self, chips: int, limit: int, max_tensor: int) -> list[MeshOption]:
     """Every mesh of ``chips`` with its state per device and bound; ``too big`` where the state exceeds ``limit``
     bytes or ``data × fsdp`` does not divide the global batch."""
     out = []
-    for shape in mesh_shapes(chips, max_tensor=max_tensor, tensor_divides=self.heads, tensor=self.uses_tensor):
-      per_device = self.state // (shape.get("fsdp", 1) * shape.get("tensor", 1))
-      units = shape.get("data", 1) * shape.get("fsdp", 1)
+    for shape in mesh_shapes(chips, max_tensor=max_tensor, tensor_divides=self.heads, tensor=self.uses_tensor,
+                             experts=self.experts):
+      per_device = self.state_per_device(shape)
+      units = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
       if per_device > limit:
         reason = f"train state {format_bytes(per_device)} per device > {format_bytes(limit)}"
       elif self.global_batch % units:
-        reason = f"global batch {self.global_batch} is not a multiple of data × fsdp = {units}"
+        reason = f"global batch {self.global_batch} is not a multiple of data × fsdp × expert = {units}"
       else:
         reason = ""
       out.append(MeshOption(shape, per_device, self.bound(shape), "too big" if reason else "not fitted",
@@ -316,7 +347,7 @@ class _Bounds:
     bytes beside the train state, bytes per example of a data × fsdp group ÷ tensor; the line through its compiles
     the compiler did not refuse, else its first two), at most the global batch; none where not one example fits.
     The fit compiles that batch and its successor first (:func:`jaxckpt.fit.max_batch_size`'s ``guess``)."""
-    units = option.shape.get("data", 1) * option.shape.get("fsdp", 1)
+    units = option.shape.get("data", 1) * option.shape.get("fsdp", 1) * option.shape.get("expert", 1)
     out: dict[str, int] = {}
     for f in calibration.plan.fits if calibration.plan is not None else ():
       line = f.compiled_line()
@@ -343,7 +374,7 @@ class _Bounds:
     for i, o in enumerate(options):
       if o.status != "not fitted":
         continue
-      units = o.shape.get("data", 1) * o.shape.get("fsdp", 1)
+      units = o.shape.get("data", 1) * o.shape.get("fsdp", 1) * o.shape.get("expert", 1)
       per_group = max((limit - fixed - o.state_bytes_per_device) / (slope / o.shape.get("tensor", 1))
                       for fixed, slope in lines)
       if per_group < 1:

@@ -47,7 +47,7 @@ from jaxckpt.analysis._tables import render_table
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
-from jaxckpt.fit._speed import Accelerator, collective_seconds, estimate_step
+from jaxckpt.fit._speed import Accelerator, Traffic, collective_seconds, estimate_step
 from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.step._compile import boundary_names, checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
@@ -203,7 +203,7 @@ def _options(cost: NameCost, offload: bool) -> tuple[str, ...]:
 
 def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, device: Accelerator, *,
                  mesh_shape: Mapping[str, int] | None = None, tensor_bytes_per_example: float | None = None,
-                 top: int = 1, offload_device: Mapping[str, float] | None = None,
+                 traffic: Traffic | None = None, top: int = 1, offload_device: Mapping[str, float] | None = None,
                  exclude: Sequence[str] = (), min_batch: int = 1, margin_bytes: float = 0.0) -> list[CustomPlan]:
   """The fastest name assignments that fit, each at its best micro-batch (module docstring).
 
@@ -215,7 +215,7 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
     device: the time model's accelerator (its host bandwidth prices offload, and without one — a CPU, whose host
       and device memory are the same RAM — nothing is offloaded; its ``host_memory_bytes`` bounds it).
     mesh_shape: ``{axis: size}`` of the mesh (collectives), ``None`` for one device.
-    tensor_bytes_per_example: as :func:`jaxckpt.fit.candidates`.
+    tensor_bytes_per_example, traffic: as :func:`jaxckpt.fit.candidates`.
     top: how many distinct assignments to return.
     offload_device: per name, the share of its bytes that stays on the device when it is offloaded (0 when not
       given: the values leave the device), learnt from a compile (:func:`offload_excess`).
@@ -256,13 +256,13 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   tensor = dict(mesh_shape or {}).get("tensor", 1)
   share = unit * tensor
   choices = [_options(c, device.host_bandwidth > 0) for c in costs]
+  traffic = traffic or Traffic(tensor_bytes_per_example=tensor_bytes_per_example or 0.0)
   best: dict[str, CustomPlan] = {}
   baseline = math.inf
   for b in sizes:
     k = global_batch // b
     per_device = b / unit  # examples per device of the batch split
-    per_micro, per_step = collective_seconds(device, params, mesh_shape,
-                                             tensor_bytes=(tensor_bytes_per_example or 0.0) * per_device)
+    per_micro, per_step = collective_seconds(device, params, mesh_shape, **traffic.per_device(per_device))
     base_foot = foot_line(b)
     base_flops = flops_line(b)
     accessed = bytes_line(b) if bytes_line else None

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.fit._model import fit_affine
@@ -17,9 +18,10 @@ from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_
                                custom_plans, name_costs, name_lists, offload_excess, predicted_footprint)
 from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, batch_unit, compile_point, fit_policies, max_batch_size,
                                 nothing_fits_error, resolve_memory, with_batch)
-from jaxckpt.fit._speed import Accelerator, Candidate, accelerator, candidates
+from jaxckpt.fit._speed import Accelerator, Candidate, Traffic, accelerator, candidates
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.sharding import check_batch_size
+from jaxckpt.sharding._rules import mesh_axes_of, param_logical_axes
 from jaxckpt.sharding import Placement, Topology, resolve_placement
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
@@ -224,6 +226,28 @@ def measure_candidates(target: Target, table: Sequence[Candidate], global_batch:
   return [dataclasses.replace(cand, measured_step_s=t) for (cand, *_), t in zip(runs, best)]
 
 
+def traffic_of(target: Target) -> Traffic | None:
+  """What ``target``'s model moves over the mesh axes beyond its parameters (:class:`jaxckpt.fit.Traffic`): its
+  ``tensor_allreduce_bytes_per_example()`` and ``expert_alltoall_bytes_per_example()`` (e.g. :class:`jaxckpt.models.
+  llm.LLM`'s), and the bytes of its parameters an ``expert`` axis splits (logical name ``exp``); read from the
+  abstract model, nothing allocated. ``None`` for a loss target."""
+  if not isinstance(target, ModelTarget):
+    return None
+  from flax import nnx
+
+  model = nnx.eval_shape(target.make_model)
+  tensor = getattr(model, "tensor_allreduce_bytes_per_example", None)
+  expert = getattr(model, "expert_alltoall_bytes_per_example", None)
+  split = 0
+  for leaf in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    axes = param_logical_axes(leaf) or ()
+    if any(a is not None and "expert" in mesh_axes_of(a) for a in axes):
+      value = leaf.get_value()
+      split += int(np.prod(value.shape)) * np.dtype(value.dtype).itemsize
+  return Traffic(float(tensor()) if callable(tensor) else 0.0, float(expert()) if callable(expert) else 0.0,
+                 float(split))
+
+
 def tensor_bytes_per_example(target: Target) -> float | None:
   """Activation bytes a ``tensor`` axis all-reduces per example per step for ``target``: its model's
   ``tensor_allreduce_bytes_per_example()`` (e.g. :meth:`jaxckpt.models.llm.LLM.tensor_allreduce_bytes_per_example`,
@@ -325,7 +349,7 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
   (``started``: when the names' costing began, for its seconds)."""
   full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
   shape = None if mesh is None else dict(mesh.shape)
-  tensor = tensor_bytes_per_example(target) if shape else None
+  traffic = traffic_of(target) if shape else None
   hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
       if len({p.batch for p in full.points}) > 1 else None
   fitted = [f.policy for f in fits]
@@ -339,7 +363,7 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
   stopped = f"custom_lists={custom_lists} reached"
   margin = 0.0
   for _ in range(custom_lists):
-    plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, tensor_bytes_per_example=tensor,
+    plans = custom_plans(costs, full, global_batch, device, mesh_shape=shape, traffic=traffic,
                          offload_device=learnt, exclude=fitted, min_batch=kwargs.get("min_batch") or 1,
                          margin_bytes=margin)
     if not plans:
@@ -470,8 +494,7 @@ def plan_fit(
   choice = None
   if global_batch is not None:
     shape = None if mesh is None else dict(mesh.shape)
-    table = candidates(fits, global_batch, device, mesh_shape=shape,
-                       tensor_bytes_per_example=tensor_bytes_per_example(target) if shape else None)
+    table = candidates(fits, global_batch, device, mesh_shape=shape, traffic=traffic_of(target) if shape else None)
     table = _at_least(table, kwargs.get("min_batch") or 1, global_batch)
     compiles = 0
 

@@ -37,8 +37,15 @@ dominates:
   parallelism, Shoeybi et al. 2019) each layer's attention and MLP outputs are all-reduced in the forward pass and
   their gradients in the backward pass, 2 (t − 1)/t of the target's activation bytes per example
   (``tensor_allreduce_bytes_per_example`` of the model, e.g. :class:`jaxckpt.models.llm.LLM`; a model without it
-  has no tensor term) × the examples per device; all over the chip's ICI bandwidth (``ici_bandwidth``). With
-  ``tensor`` the FSDP and data terms move 1/t of the parameters per device (each tensor rank holds its slice).
+  has no tensor term) × the examples per device; over ``expert`` (size e, expert parallelism, Lepikhin et al. 2020,
+  GShard) a Mixture of Experts' dispatch and combine are all-to-alls, each moving (e − 1)/e of a device's buffer (every
+  device keeps 1/e of it: the pairwise-exchange all-to-all of Thakur, Rabenseifner & Gropp 2005, "Optimization of
+  Collective Communication Operations in MPICH", §3), two in the forward pass and two in the backward pass per MoE
+  layer (``expert_alltoall_bytes_per_example`` of the model, :class:`jaxckpt.models.llm.LLM`), and the gradients of
+  the parameters an expert axis does not split (the batch is split over it) are all-reduced over it once per step,
+  2 (e − 1)/e of their bytes; all over the chip's ICI bandwidth (``ici_bandwidth``). With ``tensor`` the FSDP and
+  data terms move 1/t of the parameters per device (each tensor rank holds its slice), with ``expert`` 1/e of the
+  experts' parameters.
 
 XLA overlaps collectives and host transfers with compute (asynchronous collectives, MaxText's host-offload
 flags), so one micro-step takes the largest of its terms — compute, HBM, host, collectives — plus the overhead:
@@ -329,30 +336,62 @@ class Candidate:
     return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+  """What a model moves over the mesh axes beyond its parameters, read from its abstract model
+  (:func:`jaxckpt.fit.traffic_of`).
+
+  Attributes:
+    tensor_bytes_per_example: activation bytes a ``tensor`` axis all-reduces per example per step, before the ring
+      factor (the model's ``tensor_allreduce_bytes_per_example``); 0: none known.
+    expert_bytes_per_example: activation bytes an ``expert`` axis's all-to-alls move per example per step, before
+      the (e − 1)/e factor (the model's ``expert_alltoall_bytes_per_example``); 0: none (a dense model, a dropless
+      dispatch that gathers its experts instead).
+    expert_param_bytes: bytes of the parameters an ``expert`` axis splits (logical name ``exp``), unsharded.
+  """
+
+  tensor_bytes_per_example: float = 0.0
+  expert_bytes_per_example: float = 0.0
+  expert_param_bytes: float = 0.0
+
+  def per_device(self, examples: float) -> dict[str, float]:
+    """The keyword arguments of :func:`collective_seconds` for ``examples`` examples per device per micro-step."""
+    return {"tensor_bytes": self.tensor_bytes_per_example * examples,
+            "expert_bytes": self.expert_bytes_per_example * examples, "expert_param_bytes": self.expert_param_bytes}
+
+
 def collective_bytes_by_axis(param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
-                             tensor_bytes: float = 0.0) -> dict[str, tuple[float, float]]:
+                             tensor_bytes: float = 0.0, expert_bytes: float = 0.0,
+                             expert_param_bytes: float = 0.0) -> dict[str, tuple[float, float]]:
   """Bytes one device moves in collectives per mesh axis: ``{axis: (per micro-step, per step)}`` for the axes that
   move any (:func:`collective_bytes` sums them; the formulas are there)."""
   shape = dict(mesh_shape or {})
-  f, d, t = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1)
+  f, d, t, e = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1), shape.get("expert", 1)
+  dense = max(param_bytes - expert_param_bytes, 0.0)
+  local = (dense + expert_param_bytes / e) / t  # a device's share once gathered over fsdp
   out = {}
   if f > 1:
-    out["fsdp"] = (3 * (f - 1) / f * param_bytes / t, 0.0)
+    out["fsdp"] = (3 * (f - 1) / f * local, 0.0)
   if t > 1 and tensor_bytes:
     out["tensor"] = (2 * (t - 1) / t * tensor_bytes, 0.0)
+  if e > 1:
+    out["expert"] = ((e - 1) / e * expert_bytes, 2 * (e - 1) / e * dense / (f * t))
   if d > 1:
-    out["data"] = (0.0, 2 * (d - 1) / d * param_bytes / (f * t))
+    out["data"] = (0.0, 2 * (d - 1) / d * local / f)
   return out
 
 
 def collective_seconds(device: Accelerator, param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
-                       tensor_bytes: float = 0.0) -> tuple[float, float]:
+                       tensor_bytes: float = 0.0, expert_bytes: float = 0.0,
+                       expert_param_bytes: float = 0.0) -> tuple[float, float]:
   """Seconds of one device's collectives, ``(per micro-step, per step)``: each axis's bytes
   (:func:`collective_bytes_by_axis`) over its link (:meth:`Accelerator.link_bandwidth`: ICI on a TPU slice, NVLink
   inside a GPU node, the network across nodes); 0 where the bandwidth is unknown."""
   shape = dict(mesh_shape or {})
   micro = step = 0.0
-  for axis, (per_micro, per_step) in collective_bytes_by_axis(param_bytes, shape, tensor_bytes=tensor_bytes).items():
+  for axis, (per_micro, per_step) in collective_bytes_by_axis(
+      param_bytes, shape, tensor_bytes=tensor_bytes, expert_bytes=expert_bytes,
+      expert_param_bytes=expert_param_bytes).items():
     bandwidth = device.link_bandwidth(axis, shape)
     if bandwidth:
       micro, step = micro + per_micro / bandwidth, step + per_step / bandwidth
@@ -360,7 +399,8 @@ def collective_seconds(device: Accelerator, param_bytes: float, mesh_shape: Mapp
 
 
 def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
-                     tensor_bytes: float = 0.0) -> tuple[float, float]:
+                     tensor_bytes: float = 0.0, expert_bytes: float = 0.0,
+                     expert_param_bytes: float = 0.0) -> tuple[float, float]:
   """Bytes one device moves in collectives: ``(per micro-step, per step)`` (module docstring).
 
   Args:
@@ -368,14 +408,20 @@ def collective_bytes(param_bytes: float, mesh_shape: Mapping[str, int] | None, *
     mesh_shape: ``{axis: size}`` of the mesh, or ``None`` (one device: no collectives).
     tensor_bytes: activation bytes a ``tensor`` axis all-reduces per device per micro-step, before the ring factor
       (the model's ``tensor_allreduce_bytes_per_example`` × examples per device); 0 when unknown.
+    expert_bytes: activation bytes an ``expert`` axis's all-to-alls move per device per micro-step, before the
+      (e − 1)/e factor (the model's ``expert_alltoall_bytes_per_example`` × examples per device); 0 when unknown.
+    expert_param_bytes: the part of ``param_bytes`` an ``expert`` axis splits (the experts').
 
   Returns:
-    Per micro-step: FSDP's two all-gathers and one reduce-scatter, 3 (f − 1)/f × ``param_bytes`` / t (f the
-    ``fsdp`` size, t the ``tensor`` size), and the tensor all-reduces, 2 (t − 1)/t × ``tensor_bytes``. Per step: the
-    gradient all-reduce over ``data`` (size d), 2 (d − 1)/d × ``param_bytes`` / (f·t) (each device's gradient
-    shard), once per step (gradients accumulate locally).
+    Per micro-step: FSDP's two all-gathers and one reduce-scatter, 3 (f − 1)/f × P (f the ``fsdp`` size, P a
+    device's parameters once gathered: (``param_bytes`` − X + X / e) / t, X the experts' bytes, e the ``expert``
+    size, t the ``tensor`` size); the tensor all-reduces, 2 (t − 1)/t × ``tensor_bytes``; the expert all-to-alls,
+    (e − 1)/e × ``expert_bytes``. Per step: the gradient all-reduce over ``data`` (size d), 2 (d − 1)/d × P / f
+    (each device's gradient shard), and over ``expert`` of the parameters it does not split, 2 (e − 1)/e ×
+    (``param_bytes`` − X) / (f·t), once per step (gradients accumulate locally).
   """
-  by_axis = collective_bytes_by_axis(param_bytes, mesh_shape, tensor_bytes=tensor_bytes).values()
+  by_axis = collective_bytes_by_axis(param_bytes, mesh_shape, tensor_bytes=tensor_bytes, expert_bytes=expert_bytes,
+                                     expert_param_bytes=expert_param_bytes).values()
   return sum(m for m, _ in by_axis), sum(s for _, s in by_axis)
 
 
@@ -408,7 +454,7 @@ def estimate_step(device: Accelerator, *, flops: float, bytes_accessed: float | 
 
 def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator, *,
                mesh_shape: Mapping[str, int] | None = None,
-               tensor_bytes_per_example: float | None = None) -> list[Candidate]:
+               tensor_bytes_per_example: float | None = None, traffic: Traffic | None = None) -> list[Candidate]:
   """Every (policy, micro-batch, accumulation) reaching ``global_batch`` within memory, fastest estimate first.
 
   Args:
@@ -419,6 +465,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
       term (:func:`collective_bytes`); the parameter bytes come from the fits' compiles.
     tensor_bytes_per_example: activation bytes a ``tensor`` axis all-reduces per example per step (the model's
       ``tensor_allreduce_bytes_per_example``), or ``None``: no tensor term.
+    traffic: the model's :class:`Traffic` (its tensor and expert terms; supersedes ``tensor_bytes_per_example``).
 
   Returns:
     Candidates sorted by estimated step time (ties: fewer FLOPs, then larger micro-batch); a candidate whose host
@@ -435,6 +482,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
   out: list[Candidate] = []
   over_host: list[str] = []
+  traffic = traffic or Traffic(tensor_bytes_per_example=tensor_bytes_per_example or 0.0)
   for fit in fits:
     sizes = [b for b in range(fit.unit, (fit.max_batch_size or 0) + 1, fit.unit) if global_batch % b == 0]
     if not sizes:
@@ -453,8 +501,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     tensor = dict(mesh_shape or {}).get("tensor", 1)
     by_batch = fit.by_batch
     for b in sizes:
-      per_micro, per_step = collective_seconds(device, params, mesh_shape,
-                                               tensor_bytes=(tensor_bytes_per_example or 0.0) * b / fit.unit)
+      per_micro, per_step = collective_seconds(device, params, mesh_shape, **traffic.per_device(b / fit.unit))
       k = global_batch // b
       point = by_batch.get(b)
       flops = float(point.flops) if point else flops_model(b)

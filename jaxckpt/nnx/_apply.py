@@ -41,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import re
 import contextvars
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
@@ -53,7 +54,7 @@ from jaxckpt.core._arguments import split_arguments
 from jaxckpt.core._autonames import (NameRule, layer_axes, mark_layer_call, mark_layer_return, names_parts, names_rule,
                                     outside_parts, path_name, tag_output, tag_parts)
 from jaxckpt.core._matching import block_matchers, describe_blocks_value
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis._jaxprs import checkpoint_name_of, iter_eqns
 from jaxckpt.policies._spec import Policy, PolicySpec, parse_policy
 from jaxckpt.core._remat import Remat, module_call
@@ -68,6 +69,9 @@ _TYPE = "_jaxckpt_block_type"
 """Instance attribute (static) holding the block type of an applied block."""
 _LEARNED = "_jaxckpt_names"
 """Instance attribute (static): checkpoint names the model tags itself, learned by :func:`checkpoint_names`."""
+_PENDING = "_jaxckpt_pending_names"
+"""Instance attribute (static): checkpoint names a policy set on the block refers to that no trace has shown yet (the
+model tags them itself: known only once traced); checked when the block is first traced (:func:`_verify_pending`)."""
 _NAMED_PATHS = "_jaxckpt_named_paths"
 """Instance attribute (static): paths (relative to the block) of the layers whose outputs get automatic names,
 decided by ``names=`` when :func:`apply_remat` ran."""
@@ -200,19 +204,88 @@ def _run_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any:
     with _auto_names(module):
       return cls.__call__(module, *call_args, **call_kwargs)
 
-  record = _RECORD.get()
-  if record is not None:  # listing names: trace the block once more, on a copy, to see every name it emits
+  def traced_names() -> set[str]:
+    """Every checkpoint name the block emits: a trace of it once more, on a copy."""
     graphdef, state = nnx.split(self)
     token = _RECORD.set(None)
     try:
       jaxpr = jax.make_jaxpr(tag_parts(lambda st, *arrs: method(nnx.merge(graphdef, st), *arrs)))(state, *arrays)
     finally:
       _RECORD.reset(token)
-    record.setdefault(block_type, set()).update(
-        n for e in iter_eqns(jaxpr) if (n := checkpoint_name_of(e)) is not None)
+    return {n for e in iter_eqns(jaxpr) if (n := checkpoint_name_of(e)) is not None}
+
+  record = _RECORD.get()
+  if record is not None:  # listing names: trace the block once more, on a copy, to see every name it emits
+    record.setdefault(block_type, set()).update(traced_names())
+  if set(getattr(self, _PENDING, ())) & set(policy.checkpoint_names):
+    _verify_pending(self, block_type, policy, traced_names)
   if not policy.remat:
     return cls.__call__(self, *args, **kwargs)
   return module_call(method, policy, parts=names_parts(policy.checkpoint_names))(self, *arrays)
+
+
+def _verify_pending(block: nnx.Module, block_type: str, policy: Policy, traced_names: Callable[[], set[str]]) -> None:
+  """The first trace of a block whose policy names checkpoint names no earlier trace showed: learn what it emits
+  (the model's own ``checkpoint_name`` tags) and refuse a name it never emits, as validation would have.
+
+  Raises:
+    PolicySpecError: a pending name the block does not emit (one line, listing what it emits).
+  """
+  emitted = traced_names() | set(_static_names(block))
+  missing = sorted(set(getattr(block, _PENDING)) & set(policy.checkpoint_names) - emitted)
+  vars(block)[_LEARNED] = tuple(sorted(emitted - {path_name(p) for p in _auto_name_paths(block)}))
+  vars(block).pop(_PENDING, None)  # plain attributes: this may be a copy of the block inside a trace
+  if missing:
+    raise PolicySpecError.unknown("checkpoint name", missing[0], sorted(emitted), spec=str(policy),
+                                  context=f" (never emitted by block {block_type!r}, so it would save nothing)")
+
+
+_PART = re.compile(r"(.*?)(?:\.[0-9]+)?\Z")
+
+
+def _automatic_forms(block: nnx.Module) -> set[str]:
+  """The names only jaxckpt's automatic naming gives in ``block``: the path of each of its submodules
+  (``attn.q_proj``; a part is ``<path>.<k>``), whether the ``names=`` rule names that layer or not."""
+  return {path_name(path) for path, _ in nnx.iter_modules(block) if path}
+
+
+def validate_applied(model: nnx.Module, parsed: Any, types: Mapping[str, Collection[str]]) -> Any:
+  """Validates a parsed policy against ``model``'s block types (``types``: block type -> names known now), letting
+  through the checkpoint names of applied blocks that no trace has shown yet and that are not automatic names: a
+  model may tag its own values (``checkpoint_name``), which only a trace sees. Those names are checked when each
+  block is first traced (:func:`_verify_pending`), so a typo is still refused, then; a name of the automatic form (a
+  submodule's path, or a part ``<path>.<k>``) that the blocks do not emit is refused now, as before.
+
+  Args:
+    model: the NNX model (its applied blocks get the pending names).
+    parsed: a :class:`~jaxckpt.PolicySpec` or layered policy (anything with ``validate`` and ``segments_for``).
+    types: block type -> checkpoint names known without tracing (:func:`jaxckpt.block_types`).
+
+  Returns:
+    ``parsed.validate(...)``'s result.
+
+  Raises:
+    PolicySpecError: a block type the model lacks; a name a jaxckpt block (whose names are all declared) never
+      emits.
+  """
+  blocks = applied_blocks(model)
+  specs = [s for _, s in parsed.layered.segments] if parsed.layered is not None else [parsed.base_spec]
+  pending: dict[str, set[str]] = {}
+  automatic = set().union(*(_automatic_forms(b) for _, b in blocks))
+  for block_type in {getattr(b, _TYPE) for _, b in blocks}:
+    wanted = set().union(*(s.for_block(block_type).checkpoint_names for s in specs))
+    unseen = wanted - set(types.get(block_type, ()))
+    unseen = {n for n in unseen if n not in automatic and _PART.match(n).group(1) not in automatic}
+    if unseen:
+      pending[block_type] = unseen
+  result = parsed.validate({b: set(names) | pending.get(b, set()) for b, names in types.items()})
+  for _, block in blocks:
+    names = pending.get(getattr(block, _TYPE))
+    if names:
+      setattr(block, _PENDING, tuple(sorted(names)))
+    elif _PENDING in vars(block):
+      delattr(block, _PENDING)
+  return result
 
 
 def _applied_class(cls: type) -> type:
@@ -235,7 +308,7 @@ def _applied_class(cls: type) -> type:
 
 def _unapply(module: nnx.Module) -> None:
   object.__setattr__(module, "__class__", original_class(module))
-  for attr in (_POLICY, _TYPE, _LEARNED, _NAMED_PATHS):
+  for attr in (_POLICY, _TYPE, _LEARNED, _NAMED_PATHS, _PENDING):
     if attr in vars(module):
       delattr(module, attr)
 
@@ -353,7 +426,7 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
       setattr(module, _TYPE, block_type)
   for _, block in applied_blocks(model):  # after every swap, so layers inside nested blocks are left to them
     setattr(block, _NAMED_PATHS, _named_paths(block, rule))
-  spec.validate(applied_block_types(model))
+  validate_applied(model, spec, applied_block_types(model))  # names your model tags itself: checked when traced
   set_applied_policy(model, spec)
   return model
 

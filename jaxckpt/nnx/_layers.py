@@ -31,7 +31,8 @@ from flax import nnx
 from jaxckpt import names
 from jaxckpt.core import _blocks as blocks
 from jaxckpt.sharding._rules import BATCH, constrain
-from jaxckpt.nnx._apply import applied_block_types, linen_error, no_blocks_error, set_applied_policy, set_layered_policy
+from jaxckpt.nnx._apply import (applied_block_types, linen_error, no_blocks_error, set_applied_policy,
+                               set_layered_policy, validate_applied)
 from jaxckpt.errors import JaxckptError
 from jaxckpt.policies._spec import SAVE_TENSORS, PolicySpec, parse_policy
 from jaxckpt.policies._model import LayeredPolicy, parse_model_policy
@@ -470,7 +471,7 @@ def set_policy(module: nnx.Module, policy: "PolicyLike | LayeredPolicy") -> Poli
   types = block_types(module)
   if not types and parsed.remat:  # ``none`` on a model without blocks is true as it is; a remat policy is not
     raise no_blocks_error(module, f"set_policy({str(parsed)!r})")
-  parsed = parsed.validate(types)
+  parsed = validate_applied(module, parsed, types)  # names your own blocks tag themselves: checked when traced
   found = stacks(module)
   layered = parsed.layered
   if layered is not None and not found and applied_block_types(module):

@@ -28,6 +28,7 @@ import jax
 import optax
 from flax import nnx
 
+from jaxckpt.core._autonames import layer_axes
 from jaxckpt.nnx._apply import applied_block_types, applied_layers
 from jaxckpt.analysis._flops import count_flops
 from jaxckpt.nnx._layers import stacks
@@ -38,13 +39,30 @@ from jaxckpt.step._build import StepBuilder, dropout_key_struct
 
 
 def own_model_layers(model: nnx.Module) -> int | None:
-  """The number of layers a plan has for a model whose blocks :func:`jaxckpt.apply_remat` applied (separate layer
-  instances; 1 when its blocks are not in a list), or ``None`` for a model with a jaxckpt Stack or without applied
-  blocks (the Stack planner's case)."""
+  """The number of layers a plan has for a model whose blocks :func:`jaxckpt.apply_remat` applied: its separate
+  layer instances (blocks in a list), else the layers of a scanned stack (blocks made with ``nnx.vmap`` and called in
+  ``nnx.scan``: the leading axis of their stacked parameters, :func:`scanned_layers`), else 1; ``None`` for a model
+  with a jaxckpt Stack or without applied blocks (the Stack planner's case)."""
   if stacks(model) or not applied_block_types(model):
     return None
   layers, _ = applied_layers(model)
-  return len(layers) or 1
+  return len(layers) or scanned_layers(model) or 1
+
+
+def scanned_layers(model: nnx.Module) -> int | None:
+  """The layers of a model whose applied blocks are one scanned stack (no list of layer instances, the blocks'
+  parameters stacked on a leading layer axis, :func:`jaxckpt.core._autonames.layer_axes`): that axis's size; ``None``
+  otherwise. A scan body has one policy, so a plan gives every such layer the same one."""
+  layers, outside = applied_layers(model)
+  if layers or not outside:
+    return None
+  sizes = set()
+  for block in outside:
+    leaves = jax.tree.leaves(nnx.state(block))
+    if not layer_axes(leaves):
+      return None
+    sizes.add(int(leaves[0].shape[0]))
+  return sizes.pop() if len(sizes) == 1 else None
 
 
 def plan_layers(target: Target, builder: StepBuilder | None = None) -> int | None:

@@ -34,7 +34,7 @@ from jaxckpt.nnx._layers import Stack, record_stack_inputs, stacks
 from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._candidates import LayerCandidate, LayerProbe, candidate_table, layer_candidates, pareto_front
 from jaxckpt.nnx._apply import applied_block_types, no_blocks_error
-from jaxckpt.planner._own import OwnModelProbe, plan_layers
+from jaxckpt.planner._own import OwnModelProbe, plan_layers, scanned_layers
 from jaxckpt.planner._solve import Assignment, solve
 from jaxckpt.planner._tensors import BlockGraph, min_saved_layer, record_block_graphs, tensor_options
 from jaxckpt.planner._segmented import mincut_policy
@@ -364,11 +364,12 @@ class _Predictor:
 
 
 def _choose(predictor: _Predictor, candidates: Sequence[LayerCandidate], num_layers: int, temp_limit: int,
-            high: int) -> Assignment | None:
+            high: int, *, layered_ok: bool = True) -> Assignment | None:
   """The least-recompute assignment predicted to fit: one candidate for every layer (one range) or a mix (several
-  ranges, each slicing the stacked parameters), whichever recomputes less."""
+  ranges, each slicing the stacked parameters), whichever recomputes less; one range only without ``layered_ok``
+  (your own scanned stack: its scan body takes one policy)."""
   choices = []
-  for layered in (False, True):
+  for layered in (False, True) if layered_ok else (False,):
     cap = predictor.cap(temp_limit, layered, high)
     if layered:
       found = solve(candidates, num_layers, cap)
@@ -466,7 +467,7 @@ def plan_policy(
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by the probes of the planning
   compiling = builder if mesh is None else step_builder(target, tx=tx, mesh=mesh)  # and by its compiles
   stack, num_layers, candidates, tensors = _layers_and_candidates(target, builder, tx, candidates, per_tensor)
-  by_spec = {str(c.spec): c for c in candidates}
+  by_spec, layered_ok = {str(c.spec): c for c in candidates}, _layered_ok(target, stack, builder)
 
   def compile_point(policy, saved: int) -> CompiledPoint:
     text = str(policy)
@@ -522,14 +523,20 @@ def plan_policy(
   tried: set[str] = {str(none_spec), str(full_spec)}
   (best, best_assignment, best_predicted), points = _rounds(
       max_rounds, (full, uniform(full_cand), full.temp_bytes), none, full, range_bytes, candidates, num_layers,
-      temp_limit, tried, history, compile_point, fits)
+      temp_limit, tried, history, compile_point, fits, layered_ok=layered_ok)
   predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
   best, best_assignment, best_predicted = _dominance_guard(
       (best, best_assignment, best_predicted), candidates, num_layers, predictor, temp_limit, none, tried, history,
       compile_point, fits, uniform, set(cache.points))
-  final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
+  final = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes, layered_ok=layered_ok)
   converged = final is None or str(final.policy()) in tried
   return make(best, best_assignment, best_predicted, predictor, converged)
+
+
+def _layered_ok(target: Target, stack: Any, builder: Any) -> bool:
+  """Whether a plan may give its layer ranges different policies: not for your own scanned stack (its scan body
+  takes one policy, :func:`jaxckpt.planner._own.scanned_layers`)."""
+  return not (stack is None and isinstance(target, ModelTarget) and scanned_layers(builder.abstract_model))
 
 
 def _layers_and_candidates(target: Target, builder: Any, tx: Any, candidates: Sequence[LayerCandidate] | None,
@@ -565,7 +572,7 @@ def _budget_limit(parsed: Budget, none: CompiledPoint, placement: Placement) -> 
 
 
 def _rounds(max_rounds, start, none, full, range_bytes, candidates, num_layers, temp_limit, tried, history,
-            compile_point, fits):
+            compile_point, fits, *, layered_ok: bool = True):
   """The planner's rounds (:func:`plan_policy`): choose the least-recompute assignment the predictor says fits,
   compile it, add its point to the predictor; returns ``((best point, its assignment, its predicted temp), the
   predictor's points)``, ``best`` the fewest-FLOPs compile that fit and had an effect."""
@@ -573,7 +580,7 @@ def _rounds(max_rounds, start, none, full, range_bytes, candidates, num_layers, 
   points = [(none.saved_bytes, False, none.temp_bytes), (full.saved_bytes, False, full.temp_bytes)]
   for _ in range(max_rounds):
     predictor = _Predictor(full.saved_bytes, full.temp_bytes, range_bytes, tuple(points))
-    assignment = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes)
+    assignment = _choose(predictor, candidates, num_layers, temp_limit, none.saved_bytes, layered_ok=layered_ok)
     if assignment is None or str(assignment.policy()) in tried:
       break
     policy = assignment.policy()

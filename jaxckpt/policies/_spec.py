@@ -126,6 +126,12 @@ MAXTEXT_OTHER_ARCHITECTURES: tuple[str, ...] = ("kv_proj", "qkv_proj", "mlpwi")
 """Names in MaxText's presets that only other architectures emit: ``kv_proj`` (compressed/shared KV attention),
 ``qkv_proj`` (``fused_qkv``), ``mlpwi`` (a single-activation or fused MLP)."""
 
+MAXTEXT_MOE_TWINS: dict[str, str] = {"mlpwi_0": "moe_mlpwi_0", "mlpwi_1": "moe_mlpwi_1", "mlpwo": "moe_mlpwo"}
+"""A dense MLP name -> the MoE knob's name of the same expert matmul (:data:`jaxckpt.names.MOE_NAMES`). MaxText tags
+each expert matmul with both, except its dropless path's up projection, tagged ``moe_mlpwi_1`` only
+(``layers/moe.py`` at e591f30c): a preset naming ``mlpwi_1`` applies to such a block (and saves nothing there, as in
+MaxText)."""
+
 MAXTEXT_PRESETS: dict[str, MaxTextPreset] = {
     "minimal_with_context": MaxTextPreset(save=(*_S, "out_proj", *_MLP, "context")),
     "minimal": MaxTextPreset(save=(*_S, "out_proj", *_MLP)),
@@ -397,6 +403,10 @@ class PolicySpec:
   @staticmethod
   def _check_names(policy: Policy, emitted: Collection[str], where: str, spec: str) -> None:
     missing = sorted(policy.checkpoint_names - set(emitted))
+    if policy.preset is not None:  # an MoE's dropless experts emit some dense names only as their MoE twin
+      missing = [n for n in missing if MAXTEXT_MOE_TWINS.get(n) not in emitted]
+      if not missing:
+        return
     if policy.preset is not None and missing:
       raise PolicySpecError(
           f"MaxText preset {policy.name!r} saves MaxText's checkpoint names, but {where} never emit "

@@ -31,7 +31,7 @@ from jaxckpt.report._measure import measure_policy
 from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
 from jaxckpt.step._build import default_optimizer, target_structure
-from jaxckpt.step._compile import check_mesh_use, step_builder
+from jaxckpt.step._compile import check_mesh_use, mesh_use_notes, step_builder
 from jaxckpt.sharding import Placement, Topology, resolve_placement
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
@@ -310,6 +310,7 @@ def build_report(
     rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
                                   compiler_options=compiler_options, residuals=residuals, progress=progress,
                                   mesh=mesh, cpu_target=cpu_target)
+  warnings += mesh_use_notes(builder, mesh)
   warnings += memory_verdicts(rows, placement)
   warnings += saving_warnings(rows)
   warnings += annotate_rows(rows, backend=platform, compiler_options=report_compiler_options(

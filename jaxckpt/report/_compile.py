@@ -24,13 +24,16 @@ from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError, raised_at
 from jaxckpt.analysis._jaxprs import count_remat_regions
+from jaxckpt.analysis._policy_meaning import GROUPED_MATMULS, grouped_matmul_gap
 from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.policies._model import ModelPolicy
+from jaxckpt.policies._spec import Policy
 from jaxckpt.report import _xla_dump as xla_dump
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.report._keys import STATUS_ERROR, empty_row
 from jaxckpt.schema import MEMORY_KEYS
+from jaxckpt._units import format_bytes
 from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.sharding import make_mesh, mesh_platform
 from jaxckpt.sharding._rules import tracing_for
@@ -54,6 +57,23 @@ def one_line(err: BaseException) -> str:
   model while its step is traced)."""
   text = str(err).strip().splitlines()[0] if str(err).strip() else ""
   return text if isinstance(err, JaxckptError) else raised_at(err)
+
+
+def uncounted_warning(primitives: Sequence[str]) -> str:
+  """The report's line for primitives the FLOP count has no rule for (:func:`jaxckpt.analysis.jaxpr_flops`): counted
+  as 0, so every FLOPs figure is a lower bound."""
+  return (f"FLOPs do not count {', '.join(primitives)} (no rule in jaxckpt's FLOP count: each counted as 0, so the "
+          "FLOPs column is a lower bound); docs/flops.md lists the rules")
+
+
+def spec_policies(spec: Any) -> list[Policy]:
+  """Every :class:`~jaxckpt.policies.Policy` a concrete model policy applies: its block specs' (each layer range's
+  for a layered policy); none for a whole-loss plan or ``None``."""
+  if spec is None or getattr(spec, "scope", "blocks") != "blocks":
+    return []
+  layered = getattr(spec, "layered", None)
+  specs = [s for _, s in layered.segments] if layered is not None else [spec.base_spec]
+  return [p for s in specs for p in (s.default, *(q for _, q in s.blocks))]
 
 
 def _slug(index: int, policy: str) -> str:
@@ -164,7 +184,7 @@ def compile_rows(
         bar.update(1)
         continue
       work.submit(i, spec, lowered)
-      work.analyse(i, lowered, residuals)  # while XLA compiles
+      work.analyse(i, lowered, residuals, spec)  # while XLA compiles
       work.collect(done_only=True)
     work.collect(done_only=False)
   for first, later in work.twins.items():
@@ -243,19 +263,34 @@ class _RowCompiles:
       except Exception as err:  # noqa: BLE001 - as _finish_cpu: a warning, the row stands
         self.warnings.append(f"policy {row['policy']!r}: the XLA:CPU comparison failed: {one_line(err)}")
 
-  def analyse(self, i: int, lowered: Any, residuals: bool) -> None:
-    """FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis of row ``i``."""
+  def analyse(self, i: int, lowered: Any, residuals: bool, spec: Any = None) -> None:
+    """FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis of row ``i``; a warning for
+    primitives the FLOP count has no rule for, and one for a policy that recomputes grouped matmuls its name promises
+    to keep (:func:`jaxckpt.analysis._policy_meaning.grouped_matmul_gap`)."""
     row, stages = self.rows[i], self.rows[i]["stages_s"]
     try:
       t0 = time.perf_counter()
-      row["flops"] = lowered.flops
+      count = lowered.flop_count
+      row["flops"] = count.total
       t1 = time.perf_counter()
       stages["flops"] = t1 - t0
+      if count.uncounted_primitives:
+        note = uncounted_warning(count.uncounted_primitives)
+        if note not in self.warnings:
+          self.warnings.append(note)
+      if any(p in count.by_primitive for p in GROUPED_MATMULS):
+        for gap in sorted({g for p in spec_policies(spec) if (g := grouped_matmul_gap(p.name)) is not None}):
+          self.warnings.append(f"policy {row['policy']!r}: {gap} (in its FLOPs)")
       if residuals:
         with tracing_for(mesh_platform(self.mesh)):  # the kernels the compiled step runs (auto attention)
           summary = analyse_residuals(lowered.step)
         row["residual_bytes"], row["activation_residual_bytes"] = summary["bytes"], summary["activation_bytes"]
         row["residuals"] = summary
+        if summary["in_kernel_bytes"]:
+          self.warnings.append(
+              f"policy {row['policy']!r}: {format_bytes(summary['in_kernel_bytes'])} of residuals are kept inside "
+              f"kernels ({', '.join(summary['in_kernel_sources'][:3])}), unnamed: no name policy saves or offloads "
+              "them; only a policy that recomputes the kernel's region drops them")
         stages["residuals"] = time.perf_counter() - t1
     except Exception as err:  # noqa: BLE001 - analysis failures leave the compiled stats standing
       self.warnings.append(f"policy {row['policy']!r}: FLOP/residual analysis failed: {one_line(err)}")

@@ -88,7 +88,8 @@ def row_value(row: Mapping[str, Any], key: str) -> Any:
 
 
 OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
-             "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide"}
+             "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide",
+             "ragged_dot_general": "grouped matmul", "pallas_call": "kept inside a kernel"}
 """Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
 
 

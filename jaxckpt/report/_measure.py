@@ -36,7 +36,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
+from jaxckpt.errors import NonFiniteLossError
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.training._profile import profile_trace, trace_files
 from jaxckpt.step._targets import Target, rebuild_target
@@ -68,7 +70,12 @@ def _reset_peak() -> bool:
 
 
 def _run_steps(compiled, state, batch, count: int, *, annotate: bool = False):
-  """Runs ``count`` steps, each waited for; returns ``(state, metrics, seconds per step)``."""
+  """Runs ``count`` steps, each waited for; returns ``(state, metrics, seconds per step)``.
+
+  Raises:
+    NonFiniteLossError: a step's loss (or another float metric) is NaN or infinite: the step ran, but what it
+      computes is broken (a NaN in the model, e.g. its router), so its time and memory measure nothing useful.
+  """
   times, metrics = [], None
   for i in range(count):
     started = time.perf_counter()
@@ -76,7 +83,19 @@ def _run_steps(compiled, state, batch, count: int, *, annotate: bool = False):
       state, metrics = compiled(state, batch)
       jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - started)
+    _check_finite(metrics, i)
   return state, metrics, times
+
+
+def _check_finite(metrics: Any, step: int) -> None:
+  """Raises :class:`NonFiniteLossError` when a float scalar of ``metrics`` (the loss first) is not finite."""
+  items = metrics.items() if isinstance(metrics, Mapping) else [("loss", metrics)]
+  for name, value in sorted(items, key=lambda kv: kv[0] != "loss"):
+    array = np.asarray(value)
+    if array.size == 1 and np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+      raise NonFiniteLossError(f"the step's {name} is {float(array.reshape(()))} at step {step}: it runs, but computes "
+                               "NaN/Inf (a NaN in the model or its inputs, e.g. a router's logits), so it is not "
+                               "measured", step=step)
 
 
 def measure_in_process(target: Target, policy: str, *, steps: int = 5, warmup: int = 2,

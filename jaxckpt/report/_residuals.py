@@ -34,6 +34,12 @@ from jaxckpt.policies._spec import SAVE_TENSORS, PolicySpec
 from jaxckpt.policies._model import LayeredPolicy
 from jaxckpt.step._build import PolicyStep, dropout_key_struct
 
+KERNEL_PRIMITIVES: tuple[str, ...] = ("pallas_call", "custom_call", "triton_kernel_call")
+"""Primitives whose outputs a kernel makes inside itself (Pallas, custom calls): a residual among them without a
+checkpoint name (the splash kernel names its own ``context``) is one no name policy can choose, and the dots
+policies do not count it a matmul: kept whole when the kernel's region is not recomputed, dropped only by
+recomputing the kernel."""
+
 LITERAL = "from a literal"
 """JAX's description of a residual that is a literal (``jax._src.ad_checkpoint._saved_residuals``)."""
 
@@ -149,9 +155,10 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
     step: from :func:`jaxckpt.step._build.policy_step`.
 
   Returns:
-    ``{"count", "bytes", "activation_bytes", "argument_bytes", "analysed", "levels", "groups", "by_source",
-    "items"}``: ``bytes`` excludes arguments (the params are alive anyway; it is the row's ``residual_bytes``) and,
-    under a structure, sums the levels (group inputs + what one group keeps while recomputed, see the module
+    ``{"count", "bytes", "in_kernel_bytes", "in_kernel_sources", "activation_bytes", "argument_bytes", "analysed",
+    "levels", "groups", "by_source", "items"}``: ``in_kernel_bytes`` are the unnamed residuals a kernel makes inside
+    itself (:data:`KERNEL_PRIMITIVES`), from ``in_kernel_sources``; ``bytes`` excludes arguments (the params are
+    alive anyway; it is the row's ``residual_bytes``) and, under a structure, sums the levels (group inputs + what one group keeps while recomputed, see the module
     docstring); ``activation_bytes`` also excludes values that depend on the params only (per-layer parameter
     slices, :mod:`jaxckpt.analysis._activations`; the row's ``activation_residual_bytes``);
     ``argument_bytes`` is the arguments'; ``levels``: ``[{"level", "analysed", "count", "bytes"}]``, one per level
@@ -165,9 +172,12 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
   residuals = [r for _, r in tagged]
   saved = [r for r in residuals if r.kind != "argument"]
   nbytes = total_residual_bytes(residuals, include_arguments=False)
+  in_kernel = [r for r in saved if r.primitive in KERNEL_PRIMITIVES and r.name is None]
   return {
       "count": len(saved),
       "bytes": nbytes,
+      "in_kernel_bytes": sum(r.bytes for r in in_kernel),
+      "in_kernel_sources": sorted({r.source or "no source line" for r in in_kernel}),
       "activation_bytes": nbytes - param_only,
       "argument_bytes": sum(r.bytes for r in residuals if r.kind == "argument"),
       "analysed": levels[0][0] if len(levels) == 1 else "; ".join(text for text, _ in levels),

@@ -8,6 +8,8 @@ Mesh axes (:data:`MESH_AXES`):
   (:mod:`jaxckpt.sharding._state`).
 - ``tensor``: Megatron-style tensor parallelism (Shoeybi et al. 2019): heads, the MLP hidden width and the vocabulary
   split by the logical-axis rules (:mod:`jaxckpt.sharding._rules`); the batch is not split over it.
+- ``expert``: expert parallelism (GShard, Lepikhin et al. 2020): a Mixture of Experts' experts (logical name ``exp``)
+  split over it, and the batch too (outside the experts it is data parallel, as MaxText's ``expert`` axis).
 
 ``jax.make_mesh`` lays the axes over the devices in the hardware's order (ICI on TPU, NVLink inside a GPU node), so
 the last axis lands on the fastest links.
@@ -24,12 +26,13 @@ from jax.sharding import Mesh
 
 from jaxckpt.errors import MeshSpecError, closest, shorten
 
-MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
-"""Valid mesh axis names: ``data`` (batch split, state replicated), ``fsdp`` (batch and state split), ``tensor``
-(Megatron-style tensor parallelism: heads, the MLP hidden width and the vocabulary split, for models whose
-parameters carry logical axis names, :mod:`jaxckpt.sharding._rules`; the batch is not split over it)."""
+MESH_AXES: tuple[str, ...] = ("data", "fsdp", "expert", "tensor")
+"""Valid mesh axis names: ``data`` (batch split, state replicated), ``fsdp`` (batch and state split), ``expert``
+(batch split, a Mixture of Experts' experts split), ``tensor`` (Megatron-style tensor parallelism: heads, the MLP
+hidden width and the vocabulary split, for models whose parameters carry logical axis names,
+:mod:`jaxckpt.sharding._rules`; the batch is not split over it)."""
 
-BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
+BATCH_AXES: tuple[str, ...] = ("data", "fsdp", "expert")
 """Mesh axes the batch dimension (axis 0 of every batch array) is split over, in this order."""
 
 _ENTRY = re.compile(r"\s*([^=\s]*)\s*=\s*([^=\s]*)\s*\Z")

@@ -33,12 +33,17 @@ import jax
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, LogicalAxisError, closest
 
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # Activations. The residual stream [B, T, D] is split over the batch only (Megatron-style tensor parallelism keeps
-    # it whole on every tensor rank); heads, the MLP hidden width and the vocabulary are split over ``tensor``.
-    "activation_batch": ("data", "fsdp"),
+    # it whole on every tensor rank); heads, the MLP hidden width and the vocabulary are split over ``tensor``. The
+    # batch is split over ``expert`` too (MaxText's activation_batch): outside its experts an expert axis is data
+    # parallel; inside them (the dropping dispatch) the experts are split over it and the batch over the rest, so
+    # XLA moves the tokens there and back with all-to-alls (GShard, Lepikhin et al. 2020).
+    "activation_batch": ("data", "fsdp", "expert"),
+    "activation_batch_no_exp": ("data", "fsdp"),
+    "activation_exp": ("expert",),
     "activation_length": (),
     "activation_embed": (),
     "activation_heads": ("tensor",),
@@ -46,7 +51,8 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "activation_head_dim": (),
     "activation_mlp": ("tensor",),
     "activation_vocab": ("tensor",),
-    # Parameters. FSDP splits the model width; tensor parallelism the heads, the MLP hidden width and the vocabulary.
+    # Parameters. FSDP splits the model width; tensor parallelism the heads, the MLP hidden width and the vocabulary;
+    # expert parallelism the experts (MaxText's "exp"; "expert" is taken as the same name).
     "layers": (),
     "embed": ("fsdp",),
     "vocab": ("tensor",),
@@ -54,6 +60,10 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),
     "head_dim": (),
     "mlp": ("tensor",),
+    "exp": ("expert",),
+    "expert": ("expert",),
+    "q_lora": ("fsdp",),
+    "kv_lora": ("fsdp",),
     "norm": (),
 }
 """Logical axis name -> the mesh axes it is split over, in order (empty: never split). Mesh axes the mesh lacks, or of
@@ -69,10 +79,29 @@ _GATHERED: tuple[str, ...] = ("fsdp",)
 """Mesh axes a block's parameters are gathered over inside the block (FSDP); ``tensor`` splits stay."""
 
 
+def unknown_logical_name(name: str, what: str) -> LogicalAxisError:
+  """The one-line error for logical axis name ``name`` found in ``what`` (a parameter's path, ``constrain``…)."""
+  hint = closest(name, LOGICAL_NAMES)
+  suggestion = f" (did you mean {hint!r}?)" if hint else ""
+  return LogicalAxisError(f"unknown logical axis name {name!r} in {what}{suggestion}; valid names: "
+                          f"{', '.join(LOGICAL_NAMES)}")
+
+
 def _check_names(names: Sequence[str | None], what: str) -> None:
   for name in names:
     if name is not None and name not in LOGICAL_RULES:
-      raise ValueError(f"unknown logical axis name {name!r} in {what}; valid names: {', '.join(LOGICAL_NAMES)}")
+      raise unknown_logical_name(name, what)
+
+
+def mesh_axes_of(name: str, *, what: str = "a parameter") -> tuple[str, ...]:
+  """The mesh axes logical axis ``name`` is split over (:data:`LOGICAL_RULES`).
+
+  Raises:
+    LogicalAxisError: an unknown name, naming ``what`` carried it (one line).
+  """
+  if name not in LOGICAL_RULES:
+    raise unknown_logical_name(name, what)
+  return LOGICAL_RULES[name]
 
 
 def logical_spec(names: Sequence[str | None], mesh_shape: Mapping[str, int], shape: Sequence[int] | None = None, *,
@@ -205,6 +234,32 @@ def kernel_split(mesh: Any, batch: int, heads: int, kv_heads: int, *, kernel: st
                        f"K={kv_heads} key/value heads are not both multiples of tensor={tensor} (mesh {shape}): use "
                        "a tensor size dividing both, or attention='xla'")
   return batch_axes, "tensor"
+
+
+def moe_split(mesh: Any, batch: int, hidden: int) -> tuple[tuple[str, ...], str | None]:
+  """The mesh axes a dropless MoE dispatch's ``jax.shard_map`` splits over (:mod:`jaxckpt.models.llm._moe`): (the
+  batch's axes, the experts' hidden width's axis or ``None``), by the rules' ``activation_batch`` and ``mlp``. Its
+  sort of the tokens by expert must see each device's own tokens only: left to the SPMD partitioner, a sort over the
+  batch would gather it.
+
+  Args:
+    mesh: the mesh in context.
+    batch: B of the call; hidden: the experts' hidden width F.
+
+  Raises:
+    JaxckptError: the batch not a multiple of its axes' product; F not a multiple of the ``tensor`` size.
+  """
+  shape = {str(k): int(v) for k, v in mesh.shape.items()}
+  batch_axes = tuple(a for a in LOGICAL_RULES["activation_batch"] if shape.get(a, 1) > 1)
+  ways = math.prod(shape[a] for a in batch_axes)
+  if batch % ways:
+    raise JaxckptError(f"the dropless MoE dispatch splits the batch over {'×'.join(batch_axes)}={ways} of the mesh "
+                       f"{shape}, but batch={batch} is not a multiple of it: use a batch size that is")
+  tensor = shape.get("tensor", 1)
+  if tensor > 1 and hidden % tensor:
+    raise JaxckptError(f"the dropless MoE dispatch splits the experts' hidden width over tensor={tensor}, but "
+                       f"moe_mlp_dim={hidden} is not a multiple of it (mesh {shape}): use a tensor size dividing it")
+  return batch_axes, ("tensor" if tensor > 1 else None)
 
 
 def param_logical_axes(variable: Any) -> tuple[str | None, ...] | None:

@@ -64,14 +64,24 @@ def _stand_in(leaf: Any) -> Any:
 
 
 def target_block_types(target: Target) -> dict[str, frozenset[str]]:
-  """Block type -> checkpoint names its blocks emit (for validating specs and expanding ``all``)."""
-  if isinstance(target, ModelTarget):
-    own = loss_block_types(target.make_model, target.loss_fn, target.batch)  # your own blocks: traced names too
-    return {**block_types(nnx.eval_shape(target.make_model)), **own}
-  if target.block_types is not None:
-    return {k: frozenset(v) for k, v in target.block_types.items()}
-  loss = lambda p, b: target.loss(p, b, policy=PolicySpec())  # noqa: E731
-  return {"default": emitted_checkpoint_names(loss, target.params, target.batch)}
+  """Block type -> checkpoint names its blocks emit (for validating specs and expanding ``all``).
+
+  Raises:
+    TracingError: building the model or tracing its loss raised (one line naming your file and line,
+      :func:`jaxckpt.errors.raised_at`).
+  """
+  try:
+    if isinstance(target, ModelTarget):
+      own = loss_block_types(target.make_model, target.loss_fn, target.batch)  # your own blocks: traced names too
+      return {**block_types(nnx.eval_shape(target.make_model)), **own}
+    if target.block_types is not None:
+      return {k: frozenset(v) for k, v in target.block_types.items()}
+    loss = lambda p, b: target.loss(p, b, policy=PolicySpec())  # noqa: E731
+    return {"default": emitted_checkpoint_names(loss, target.params, target.batch)}
+  except JaxckptError:
+    raise
+  except Exception as err:  # noqa: BLE001 - your model raised while traced: one line, not a traceback
+    raise TracingError(f"tracing the loss of {target.name} failed: {raised_at(err)}") from err
 
 
 def target_structure(target: Target, *, model: nnx.Module | None = None, scanned: bool | None = None) -> str:
@@ -151,12 +161,7 @@ class StepBuilder:
   def block_types(self) -> dict[str, frozenset[str]]:
     """Block type -> checkpoint names (:func:`target_block_types`), computed once."""
     if self._block_types is None:
-      try:
-        self._block_types = target_block_types(self.target)
-      except JaxckptError:
-        raise
-      except Exception as err:  # your model raised while traced: one line naming your file:line, not a traceback
-        raise TracingError(f"tracing the loss of {self.target.name} failed: {raised_at(err)}") from err
+      self._block_types = target_block_types(self.target)  # your model raised while traced: a TracingError
     return self._block_types
 
   @property

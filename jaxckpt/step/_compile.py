@@ -32,11 +32,12 @@ import optax
 
 from flax import nnx
 
-from jaxckpt.sharding._rules import LOGICAL_RULES, param_logical_axes
+from jaxckpt.sharding._rules import mesh_axes_of, param_logical_axes
+from jaxckpt.sharding._state import path_names
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.step._stats_cache import CachedStats, cache_key, read_program, stats_cache
 from jaxckpt import sharding
-from jaxckpt.analysis._flops import jaxpr_flops
+from jaxckpt.analysis._flops import FlopCount, jaxpr_flops
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
 from jaxckpt.analysis._internals import compilation_cache_switch
 from jaxckpt.policies._model import ConcretePolicy, parse_model_policy
@@ -245,9 +246,15 @@ class LoweredPolicy:
     return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()[:16]
 
   @functools.cached_property
+  def flop_count(self) -> FlopCount:
+    """The step's :class:`~jaxckpt.analysis.FlopCount` from its jaxpr (:func:`jaxckpt.analysis._flops.jaxpr_flops`):
+    the total, FLOPs per primitive, and the primitives no rule counts (``uncounted_primitives``)."""
+    return jaxpr_flops(self.traced.jaxpr)
+
+  @property
   def flops(self) -> int:
-    """FLOPs of the step from its jaxpr (:func:`jaxckpt.analysis._flops.jaxpr_flops`)."""
-    return jaxpr_flops(self.traced.jaxpr).total
+    """FLOPs of the step from its jaxpr (:attr:`flop_count`'s total)."""
+    return self.flop_count.total
 
   def compile(self, extra_options: Mapping[str, Any] | None = None, *, program_text: bool = False) -> CompiledPolicy:
     """Compiles with :attr:`options` (plus ``extra_options``, e.g. XLA dump flags).
@@ -317,25 +324,85 @@ def sharded_target(target: Target, mesh: jax.sharding.Mesh) -> Target:
       target, loss=lambda params, batch, *, policy: loss(sharding.gathered_params(params, mesh), batch, policy=policy))
 
 
+def model_logical_names(model: Any) -> dict[str, str]:
+  """Logical axis name -> the path of the first parameter of ``model`` that carries it (an abstract model is fine).
+
+  Raises:
+    LogicalAxisError: a name the rule table does not know (:data:`jaxckpt.sharding.LOGICAL_RULES`): one line naming
+      the parameter, the name, the closest valid one and the valid ones.
+  """
+  found: dict[str, str] = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param),
+                                                        is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    where = "/".join(path_names(path))
+    for name in param_logical_axes(leaf) or ():
+      if name is not None:
+        mesh_axes_of(name, what=f"parameter {where}")  # an unknown name: one line, here, before any compile
+        found.setdefault(name, where)
+  return found
+
+
+def _expert_dims(model: Any) -> set[int]:
+  """The sizes of the dimensions of ``model``'s parameters whose logical name splits over ``expert`` (its experts)."""
+  sizes = set()
+  for leaf in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    axes, shape = param_logical_axes(leaf) or (), leaf.get_value().shape
+    if len(axes) == len(shape):
+      sizes |= {int(n) for a, n in zip(axes, shape) if a is not None and "expert" in mesh_axes_of(a)}
+  return sizes
+
+
+def mesh_use_notes(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> list[str]:
+  """What a mesh does less for the target than its axes suggest, one line each (the report's warnings): an
+  ``expert`` axis over Mixture-of-Experts layers whose dispatch gathers the experts' weights instead of splitting
+  their work (modules that declare ``splits_experts = False``, the LLM family's dropless dispatches)."""
+  size = 0 if mesh is None else sharding.mesh_shape(mesh).get("expert", 1)
+  if size <= 1 or not builder.is_model:
+    return []
+  gathered = {type(m).__name__ for _, m in nnx.iter_modules(builder.abstract_model)
+              if getattr(m, "splits_experts", None) is False}
+  if not gathered:
+    return []
+  return [f"mesh axis expert={size}: the dropless dispatch of {', '.join(sorted(gathered))} gathers the experts' "
+          "weights over it per layer (each device computes every expert for its own tokens; the weights are split at "
+          "rest only): moe_dispatch='dropping' (--moe-dispatch dropping) splits the experts' work over it, with "
+          "all-to-alls"]
+
+
 def check_mesh_use(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> None:
-  """Refuses a mesh axis the target cannot use: a ``tensor`` axis of size > 1 needs parameters that carry logical
-  axis names splitting over it (:mod:`jaxckpt.sharding._rules`: the LLM family's heads, MLP width and vocabulary, or
-  the names a model target's tensor plan writes, :class:`jaxckpt.sharding.TensorPlan`); without them every tensor
-  rank would run the whole model on the same batch. A ``tensor`` size that does not divide a dimension the plan
-  splits is refused too (:func:`jaxckpt.sharding.check_tensor_splits`).
+  """Refuses a mesh axis the target cannot use, and a parameter's logical axis name the rule table does not know.
+
+  A ``tensor`` axis of size > 1 needs parameters that carry logical axis names splitting over it
+  (:mod:`jaxckpt.sharding._rules`: the LLM family's heads, MLP width and vocabulary, or the names a model target's
+  tensor plan writes, :class:`jaxckpt.sharding.TensorPlan`); without them every tensor rank would run the whole model
+  on the same batch. A ``tensor`` size that does not divide a dimension the plan splits is refused too
+  (:func:`jaxckpt.sharding.check_tensor_splits`). An ``expert`` axis of size > 1 needs experts, parameters with the
+  logical name ``exp`` (or ``expert``), and a size dividing their number.
 
   Raises:
     MeshSpecError: one line naming the axis, the target and what would use it (for a model target: a tensor plan).
+    LogicalAxisError: a parameter's unknown logical axis name (one line naming the parameter).
   """
-  size = 0 if mesh is None else sharding.mesh_shape(mesh).get("tensor", 1)
+  shape = {} if mesh is None else sharding.mesh_shape(mesh)
+  from_names = model_logical_names(builder.abstract_model) if builder.is_model else {}
+  experts = shape.get("expert", 1)
+  if experts > 1:
+    sizes = _expert_dims(builder.abstract_model) if builder.is_model else set()
+    if not sizes:
+      raise MeshSpecError(f"mesh axis expert={experts} splits a Mixture of Experts' experts (parameters with the "
+                          f"logical axis name 'exp'), but no parameter of {builder.target.name} carries one: use "
+                          f"data={experts} to split the batch, or name your experts' axis 'exp' "
+                          "(nnx.with_partitioning(init, ('exp', 'embed', 'mlp')))")
+    bad = sorted(n for n in sizes if n % experts)
+    if bad:
+      raise MeshSpecError(f"mesh axis expert={experts} must divide the number of experts of {builder.target.name} "
+                          f"({', '.join(map(str, sorted(sizes)))}): use an expert size dividing it")
+  size = shape.get("tensor", 1)
   if size <= 1:
     return
   if builder.is_model:
     model = builder.abstract_model
-    from_names = {name for leaf in jax.tree.leaves(nnx.state(model, nnx.Param),
-                                                   is_leaf=lambda x: isinstance(x, nnx.Variable))
-                  for name in (param_logical_axes(leaf) or ()) if name is not None}
-    if any("tensor" in LOGICAL_RULES[name] for name in from_names):
+    if any("tensor" in mesh_axes_of(name) for name in from_names):
       sharding.check_tensor_splits(model, sharding.mesh_shape(mesh))
       return
     raise MeshSpecError(f"mesh axis tensor={size} splits parameters by their logical axis names, but no parameter "

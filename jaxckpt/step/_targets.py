@@ -480,6 +480,8 @@ def shipped_target(
     weight_dtype: str | None = None,
     attention: str | None = None,
     vocab_tiles: int | None = None,
+    moe_dispatch: str | None = None,
+    capacity_factor: float | None = None,
 ) -> ModelTarget:
   """A shipped model of :data:`jaxckpt.models.MODEL_REGISTRY` with a preset and overrides: the entry builds it, gives
   its example batch (image classifiers: the digits' image shape) and its loss (e.g. :func:`jaxckpt.models._gpt.lm_loss`).
@@ -503,6 +505,9 @@ def shipped_target(
     attention: the attention implementation: ``xla`` or ``dot_product_attention`` (``gpt``); ``auto``, ``xla`` or
       ``splash`` (``llm``).
     vocab_tiles: sequence chunks the loss computes logits for one at a time (``llm`` only; divides ``seq_len``).
+    moe_dispatch: an ``llm`` Mixture of Experts' dispatch: ``auto``, ``dropping``, ``ragged`` or ``gmm``
+      (:data:`jaxckpt.models.llm.MOE_DISPATCHES`).
+    capacity_factor: the dropping dispatch's capacity factor (> 0).
 
   Returns:
     The :class:`ModelTarget` (rebuildable in a fresh process through its ``ref``).
@@ -518,7 +523,8 @@ def shipped_target(
   entry = model_entry(model)
   config = entry.override(preset, seq_len=seq_len, num_layers=num_layers, compute_dtype=compute_dtype, scan=scan,
                           structure=None if structure is None else str(parse_structure(structure)),
-                          weight_dtype=weight_dtype, attention=attention, vocab_tiles=vocab_tiles)
+                          weight_dtype=weight_dtype, attention=attention, vocab_tiles=vocab_tiles,
+                          moe_dispatch=moe_dispatch, capacity_factor=capacity_factor)
   if batch_size is None:
     batch_size = entry.default_batch_size(config)
   batch = entry.batch(batch_size, config)
@@ -528,7 +534,8 @@ def shipped_target(
     raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide the batch size {batch_size}")
   ref = {"model": model, "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "num_layers": num_layers,
          "compute_dtype": compute_dtype, "scan": scan, "structure": structure, "grad_accum_steps": grad_accum_steps,
-         "weight_dtype": weight_dtype, "attention": attention, "vocab_tiles": vocab_tiles}
+         "weight_dtype": weight_dtype, "attention": attention, "vocab_tiles": vocab_tiles,
+         "moe_dispatch": moe_dispatch, "capacity_factor": capacity_factor}
   return ModelTarget(make_model=lambda: entry.build(config), batch=batch, loss_fn=entry.loss_fn, name=model,
                      preset=preset, ref=ref, grad_accum_steps=grad_accum_steps)
 

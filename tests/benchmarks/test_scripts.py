@@ -204,8 +204,8 @@ def test_published_rows_are_valid_llm_configurations():
   from jaxckpt.names import DECODER_NAMES
   from jaxckpt.sharding import get_topology
 
-  assert [r.key for r in published_configs.ROWS] == ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T13", "T17",
-                                                      "T18", "T19", "T20"]
+  assert [r.key for r in published_configs.ROWS] == ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T11", "T12",
+                                                      "T13", "T17", "T18", "T19", "T20"]
   for row in published_configs.ROWS:
     target, chips = published_configs.target(row, num_layers=2)
     assert chips == get_topology(row.topology).chips

@@ -123,6 +123,14 @@ OVERRIDES: tuple[Override, ...] = (
              "Llama 3.1 70B on 256 H200s: 25 XLA:GPU compiles, 1 min 44 s on 2 cores (docs/gpu.md); the tiny preset on "
              "two nodes of H100s runs the same mesh search over nodes (after the --topology override above, so its "
              "sizes win)"),
+    Override(r"jaxckpt-(report|fit) .*--preset mixtral-8x(7|22)b", "--preset mixtral-tiny --layers 2 --topology v5e:2x2 "
+             "--seq-len 256", "Mixtral on 256 chips compiles for 10–30 min per program on 2 cores (docs/llm.md's "
+             "figures); the tiny Mixtral on 4 chips runs the same path, its dispatch and the offload included (after "
+             "the --topology and --model overrides above, so its sizes win)"),
+    Override(r"jaxckpt-report .*--preset mixtral-8x(7|22)b", "--mesh fsdp=2,expert=2 --batch-size 8",
+             "the expert axis on the 4 chips of the shrunk report"),
+    Override(r"jaxckpt-fit .*--preset mixtral-8x(7|22)b", "--global-batch-size 8 --memory 64MiB --max-meshes 2",
+             "the mesh search of the shrunk fit: the 4 chips' meshes, an expert axis among them"),
     Override(r"jaxckpt-plan .*--budget (\d+%|auto)", "--preset tiny",
              "a relative budget (percent, auto) means the same on the tiny preset"),
     Override(r"jaxckpt-plan .*--mincut \d+%", "--preset tiny",

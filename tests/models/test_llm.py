@@ -37,6 +37,9 @@ from tests.tiny import LLM_GRAD_SEQ, llm_batch, llm_loss_and_grads
 PUBLIC_BILLIONS = {  # the model cards' and papers' parameter counts, as published (rounded as there)
     "llama2-7b": "6.74", "llama2-13b": "13.0", "llama2-70b": "69.0", "llama3.1-8b": "8.03", "llama3.1-70b": "70.6",
     "llama3.1-405b": "405.9", "mistral-7b": "7.24", "gemma-7b": "8.54", "gemma2-9b": "9.24", "gemma2-27b": "27.2",
+    # Mixtures of Experts (sources: tests/models/test_moe.py)
+    "mixtral-8x7b": "46.7", "mixtral-8x22b": "141", "qwen3-30b-a3b": "30.5", "qwen3-235b-a22b": "235",
+    "deepseek-v3": "671",
 }
 TINY = ("llama-tiny", "gemma2-tiny")
 

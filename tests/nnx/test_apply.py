@@ -141,8 +141,11 @@ def test_automatic_names_are_emitted_and_model_names_kept():
     object.__setattr__(layer.mlp, "__class__", TaggedFeedForward)
   jaxckpt.apply_remat(model, "full", blocks={"layer": DecoderLayer})
   x = jax.ShapeDtypeStruct((2, 8), jnp.int32)
-  with pytest.raises(PolicySpecError, match="ffw_hidden"):  # not known before tracing
-    jaxckpt.set_policy(model, "save_only_these_names:ffw_hidden")
+  jaxckpt.set_policy(model, "save_only_these_names:ffw_hidden")  # the model's own name: checked when traced
+  jaxckpt.set_policy(model, "save_only_these_names:ffw_hiden")
+  with pytest.raises(PolicySpecError, match="ffw_hiden.*did you mean 'ffw_hidden'"):  # a typo: refused then
+    jax.eval_shape(lambda: model(jnp.zeros((2, 8), jnp.int32)))
+  jaxckpt.set_policy(model, "full")
   names = jaxckpt.nnx.checkpoint_names(model, x)
   assert names == {"layer": frozenset(LAYER_NAMES | {"ffw_hidden"})}
   jaxckpt.set_policy(model, "save_only_these_names:ffw_hidden+mlp.up_proj")
@@ -193,8 +196,12 @@ def test_block_map_over_unknown_block_type_lists_the_applied_ones():
   with pytest.raises(PolicySpecError) as err:
     jaxckpt.set_policy(model, "layer=full")
   assert "valid block types: attn, default, mlp" in one_line(err)
+  jaxckpt.set_policy(model, "save_only_these_names:q_proj")  # not an automatic name: the model's own, until traced
   with pytest.raises(PolicySpecError) as err:
-    jaxckpt.set_policy(model, "save_only_these_names:q_proj")
+    jax.eval_shape(lambda: model(jnp.zeros((2, 8), jnp.int32)))
+  assert "q_einsum" in one_line(err)
+  with pytest.raises(PolicySpecError) as err:  # an automatic name's form (a part of a layer) is refused at once
+    jaxckpt.set_policy(model, "save_only_these_names:q_einsum.7")
   assert "q_einsum" in one_line(err)
 
 

@@ -52,7 +52,7 @@ def check_report_schema(data):
     if row["residuals"] is not None:
       res = row["residuals"]
       assert set(res) == {"count", "bytes", "activation_bytes", "argument_bytes", "analysed", "levels", "groups",
-                          "by_source", "items"}
+                          "by_source", "items", "in_kernel_bytes", "in_kernel_sources"}
       assert res["bytes"] == sum(level["bytes"] for level in res["levels"])
       assert row["residual_bytes"] == res["bytes"] == sum(i["bytes"] for i in res["items"] if i["kind"] != "argument")
       assert row["activation_residual_bytes"] == res["activation_bytes"] <= res["bytes"]

@@ -1,5 +1,5 @@
-"""The LLM family: Llama 2, Llama 3.1, Mistral, Gemma and Gemma 2 at their real sizes (Flax NNX), for remat plans
-that read as MaxText configs.
+"""The LLM family: Llama 2, Llama 3.1, Mistral, Gemma, Gemma 2 and the Mixtures of Experts Mixtral, Qwen3-MoE and
+DeepSeek-V3 at their real sizes (Flax NNX), for remat plans that read as MaxText configs.
 
 - :class:`LLMConfig` and :data:`LLM_PRESETS` (``_config.py``): one frozen config, a preset per released model with
   MaxText's dimensions, the parameter count derived (``LLM_PRESETS["llama3.1-8b"].num_params``).
@@ -10,6 +10,9 @@ that read as MaxText configs.
   splash kernel on a TPU (``_splash.py``: :func:`splash_attention`, :class:`SplashBlockSizes`), or flash attention
   on a GPU (``_gpu_kernels.py``: :func:`pallas_attention`, Pallas Triton; :func:`cudnn_attention`, cuDNN); ``auto``
   picks by the platform compiled for.
+- Mixtures of Experts (``_moe.py``): :class:`MoE` (the router :func:`route`, the dispatches ``dropping``,
+  ``ragged`` and ``gmm``: :func:`dropping_moe`, :func:`sorted_moe`, :func:`grouped_matmul`), MaxText's MoE
+  checkpoint names; DeepSeek's multi-head latent attention :class:`LatentAttention` (``_layers.py``).
 - :class:`LLM` and :func:`build_llm` (``_model.py``); :func:`llm_loss` (``_loss.py``) with a float32-logsumexp
   cross-entropy and MaxText's vocabulary tiling.
 
@@ -40,6 +43,17 @@ from jaxckpt.models.llm._kernels import (
     select_kernel,
     xla_attention,
 )
+from jaxckpt.models.llm._moe import (
+    MOE_DISPATCHES,
+    ROUTERS,
+    MoE,
+    dropping_moe,
+    expert_capacity,
+    grouped_matmul,
+    route,
+    select_dispatch,
+    sorted_moe,
+)
 from jaxckpt.models.llm._gpu_kernels import cudnn_attention, pallas_attention
 from jaxckpt.models.llm._splash import SplashBlockSizes, splash_attention
 from jaxckpt.models.llm._layers import (
@@ -47,6 +61,7 @@ from jaxckpt.models.llm._layers import (
     rope_frequencies,
     apply_rope,
     Attention,
+    LatentAttention,
     GatedMLP,
     DecoderLayer,
     DecoderBlock,
@@ -74,7 +89,17 @@ __all__ = [
     "rope_frequencies",
     "apply_rope",
     "Attention",
+    "LatentAttention",
     "GatedMLP",
+    "MoE",
+    "MOE_DISPATCHES",
+    "ROUTERS",
+    "route",
+    "select_dispatch",
+    "expert_capacity",
+    "dropping_moe",
+    "sorted_moe",
+    "grouped_matmul",
     "DecoderLayer",
     "DecoderBlock",
     "LLM",

@@ -2,9 +2,12 @@
 
 The dimensions are those of MaxText's model configs (AI-Hypercomputer/maxtext, ``configs/models/*.yml``), which
 follow the model cards: Llama 2 (Touvron et al. 2023), Llama 3 / 3.1 (Grattafiori et al. 2024, "The Llama 3 Herd of
-Models"), Mistral 7B (Jiang et al. 2023), Gemma (Gemma Team 2024) and Gemma 2 (Gemma Team 2024). The parameter
-count is derived from the config (:attr:`LLMConfig.num_params`), never typed, and tested against the built model.
-Presets are a table, as Flax's NNX Gemma example keeps ``TransformerConfig`` presets named as the released models.
+Models"), Mistral 7B (Jiang et al. 2023), Gemma (Gemma Team 2024), Gemma 2 (Gemma Team 2024), and the Mixtures of
+Experts Mixtral 8x7B / 8x22B (Jiang et al. 2024, "Mixtral of Experts"), Qwen3-MoE (Qwen Team 2025, "Qwen3 Technical
+Report") and DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report"). The parameter count is derived from the
+config (:attr:`LLMConfig.num_params`, and :attr:`LLMConfig.active_params` for an MoE), never typed, and tested
+against the built model. Presets are a table, as Flax's NNX Gemma example keeps ``TransformerConfig`` presets named
+as the released models.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import dataclasses
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import check_fields, dtype_named
 from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
+from jaxckpt.models.llm._moe import MOE_DISPATCHES, ROUTERS
 from jaxckpt.models.llm._splash import SplashBlockSizes
 
 MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu")
@@ -39,7 +43,14 @@ class LLMConfig:
   """A decoder-only language model of the Llama / Mistral / Gemma family (``llm``); presets in :data:`LLM_PRESETS`.
 
   Shapes use B = batch, S = tokens per sequence, E = ``dim``, N = ``num_heads``, K = ``num_kv_heads``,
-  Dh = ``head_dim``, M = ``mlp_dim``, V = ``vocab_size``, L = ``num_layers``.
+  Dh = ``head_dim``, M = ``mlp_dim``, V = ``vocab_size``, L = ``num_layers``; for a Mixture of Experts X =
+  ``num_experts``, k = ``experts_per_token``, F = ``moe_mlp_dim`` (each expert's hidden width).
+
+  A config with ``num_experts`` > 0 is a Mixture of Experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020): each
+  layer after the first ``first_dense_layers`` replaces the gated MLP by X gated experts of width F, each token routed
+  to k of them (:class:`~jaxckpt.models.llm.MoE`), plus ``shared_experts`` experts every token passes. With
+  ``kv_lora_rank`` > 0 attention is DeepSeek's multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2"):
+  queries and keys have ``head_dim`` + ``qk_rope_head_dim`` channels, values ``v_head_dim``.
 
   Checked when made: sizes are whole numbers ≥ 1 (``vocab_size`` ≥ 2), N a multiple of K, L a multiple of the
   pattern's length, dtypes, kernels, activations and layer kinds known, a ``local`` layer has a sliding window,
@@ -86,6 +97,27 @@ class LLMConfig:
   vocab_tiles: int = 1  # Sequence chunks the loss computes logits for one at a time (MaxText's num_vocab_tiling).
   scan: bool = True  # Scan over blocks (True) or unroll them.
   structure: str = "block"  # Remat structure of the stack: "block", "every:K", "nested", "nested:D" (see Stack).
+  qk_norm: bool = False  # RMSNorm over each head's Dh channels of q and k before RoPE (Qwen3).
+  # Mixture of Experts (num_experts = 0: a dense gated MLP in every layer).
+  num_experts: int = 0  # Routed experts X per MoE layer; 0: no MoE.
+  experts_per_token: int = 2  # Experts k each token is routed to (top-k of the router's scores), 1 ≤ k ≤ X.
+  moe_mlp_dim: int = 0  # Hidden width F of each expert (MaxText's moe_mlp_dim); 0: mlp_dim.
+  shared_experts: int = 0  # Experts every token passes besides its k routed ones (DeepSeek: 1), width F each.
+  first_dense_layers: int = 0  # Leading layers with a dense gated MLP of mlp_dim (DeepSeek-V3: 3); a multiple of
+  # the pattern's length.
+  moe_dispatch: str = "auto"  # "dropping" (capacity_factor, one-hot dispatch einsums: MaxText's dense_matmul),
+  # "ragged" (dropless: tokens sorted by expert, jax.lax.ragged_dot), "gmm" (dropless, the megablox Pallas grouped
+  # matmul, TPU), "auto": gmm on a TPU, else ragged (MaxText's defaults megablox and sparse_matmul).
+  capacity_factor: float = 1.25  # "dropping": each expert takes ceil(S·k / X · factor) tokens per sequence.
+  router: str = "softmax"  # "softmax": weights = softmax of the top-k logits (Mixtral; Qwen3 with norm_topk_prob);
+  # "sigmoid": sigmoid scores, top-k by score + a bias, weights the chosen scores normalised (DeepSeek-V3).
+  routed_scale: float = 1.0  # Factor of the routed experts' output (DeepSeek-V3: 2.5, routed_scaling_factor).
+  gmm_interpret: bool = False  # Run the megablox kernel in Pallas' interpret mode (any platform; slow, for tests).
+  # Multi-head latent attention (kv_lora_rank = 0: grouped-query attention).
+  q_lora_rank: int = 0  # Rank of the query's low-rank projection (DeepSeek-V3: 1536); 0: a full-rank query.
+  kv_lora_rank: int = 0  # Rank of the compressed key/value latent (DeepSeek-V3: 512); > 0 makes attention MLA.
+  qk_rope_head_dim: int = 0  # MLA: channels per head that carry RoPE (DeepSeek-V3: 64), besides head_dim's.
+  v_head_dim: int = 0  # MLA: channels per value head (DeepSeek-V3: 128).
 
   def __post_init__(self):
     check_fields(self)
@@ -97,15 +129,67 @@ class LLMConfig:
     return self.num_layers // len(self.layer_pattern)
 
   @property
+  def is_moe(self) -> bool:
+    """Whether the model is a Mixture of Experts (``num_experts`` > 0)."""
+    return self.num_experts > 0
+
+  @property
+  def is_mla(self) -> bool:
+    """Whether attention is multi-head latent attention (``kv_lora_rank`` > 0)."""
+    return self.kv_lora_rank > 0
+
+  @property
+  def expert_dim(self) -> int:
+    """Each expert's hidden width F: ``moe_mlp_dim``, else ``mlp_dim``."""
+    return self.moe_mlp_dim or self.mlp_dim
+
+  @property
+  def num_dense_layers(self) -> int:
+    """Layers with a dense gated MLP: every layer of a dense model, ``first_dense_layers`` of an MoE."""
+    return self.first_dense_layers if self.is_moe else self.num_layers
+
+  @property
+  def num_moe_layers(self) -> int:
+    """Layers with experts: ``num_layers - first_dense_layers`` of an MoE, 0 of a dense model."""
+    return self.num_layers - self.num_dense_layers
+
+  @property
+  def attention_params(self) -> int:
+    """Parameters of one layer's attention: ``E·Dh·(2N + 2K)`` (grouped-query), plus ``2·Dh`` with ``qk_norm``;
+    MLA: the query's ``E·Rq + Rq + Rq·N·(Dh + Dr)`` (or ``E·N·(Dh + Dr)`` at full rank), the latent's
+    ``E·(Rkv + Dr) + Rkv``, its up-projection ``Rkv·N·(Dh + Dv)`` and the output ``N·Dv·E`` (Rq, Rkv the ranks, Dr
+    ``qk_rope_head_dim``, Dv ``v_head_dim``)."""
+    e, n, dh = self.dim, self.num_heads, self.head_dim
+    if not self.is_mla:
+      return e * dh * (2 * n + 2 * self.num_kv_heads) + (2 * dh if self.qk_norm else 0)
+    rq, rkv, dr, dv = self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim
+    query = e * rq + rq + rq * n * (dh + dr) if rq else e * n * (dh + dr)
+    return query + e * (rkv + dr) + rkv + rkv * n * (dh + dv) + n * dv * e
+
+  @property
+  def moe_layer_params(self) -> int:
+    """Parameters of one MoE layer's experts: the router ``E·X`` (and X biases with ``router="sigmoid"``), X routed
+    experts of ``3·E·F`` and the shared experts' ``3·E·F`` each."""
+    experts = (self.num_experts + self.shared_experts) * 3 * self.dim * self.expert_dim
+    return self.dim * self.num_experts + (self.num_experts if self.router == "sigmoid" else 0) + experts
+
+  @property
   def num_params(self) -> int:
     """Parameters of the model, in closed form (no model built): embedding ``V·E``, an untied head ``E·V``, the
-    final norm ``E``, and per layer the attention ``E·Dh·(2N + 2K)``, the gated MLP ``3·E·M`` and 2 norms of E
-    (4 with ``post_norms``)."""
-    e, dh = self.dim, self.head_dim
-    attention = e * dh * (2 * self.num_heads + 2 * self.num_kv_heads)
-    per_layer = attention + 3 * e * self.mlp_dim + (4 if self.post_norms else 2) * e
+    final norm ``E``, and per layer the attention (:attr:`attention_params`), 2 norms of E (4 with ``post_norms``),
+    and the gated MLP ``3·E·M`` or, in an MoE layer, the experts (:attr:`moe_layer_params`)."""
+    e = self.dim
+    per_layer = self.attention_params + (4 if self.post_norms else 2) * e
     embedding = self.vocab_size * e * (1 if self.tie_embeddings else 2)
-    return embedding + e + self.num_layers * per_layer
+    return (embedding + e + self.num_layers * per_layer + self.num_dense_layers * 3 * e * self.mlp_dim
+            + self.num_moe_layers * self.moe_layer_params)
+
+  @property
+  def active_params(self) -> int:
+    """Parameters one token meets (an MoE's "activated" count; :attr:`num_params` for a dense model): the MoE layers'
+    k routed experts instead of X, the router and the shared experts as they are."""
+    idle = (self.num_experts - self.experts_per_token) * 3 * self.dim * self.expert_dim
+    return self.num_params - self.num_moe_layers * idle
 
 
 def _check(config: LLMConfig) -> None:
@@ -147,6 +231,56 @@ def _check(config: LLMConfig) -> None:
     raise JaxckptError(f"splash_blocks={config.splash_blocks!r} must be a SplashBlockSizes")
   if config.attention == "splash":
     config.splash_blocks.for_length(config.seq_len)  # blocks that do not tile seq_len: one line naming both
+  _check_moe(config)
+  _check_mla(config)
+
+
+def _check_moe(config: LLMConfig) -> None:
+  """The Mixture-of-Experts fields (checked also on a dense config, so a bad value never waits for num_experts)."""
+  for name in ("num_experts", "moe_mlp_dim", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank",
+               "qk_rope_head_dim", "v_head_dim"):
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise JaxckptError(f"{name}={value!r} must be a whole number ≥ 0")
+  for name, value, valid in (("moe_dispatch", config.moe_dispatch, MOE_DISPATCHES), ("router", config.router, ROUTERS)):
+    if value not in valid:
+      raise JaxckptError(f"{name}={value!r} is unknown; valid: {', '.join(valid)}")
+  for name in ("capacity_factor", "routed_scale"):
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      raise JaxckptError(f"{name}={value!r} must be a number > 0")
+  for name in ("qk_norm", "gmm_interpret"):
+    if not isinstance(getattr(config, name), bool):
+      raise JaxckptError(f"{name}={getattr(config, name)!r} must be True or False")
+  k = config.experts_per_token
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    raise JaxckptError(f"experts_per_token={k!r} must be a whole number ≥ 1")
+  if not config.is_moe:
+    return
+  if k > config.num_experts:
+    raise JaxckptError(f"experts_per_token={k} must be at most num_experts={config.num_experts}")
+  if config.first_dense_layers >= config.num_layers:
+    raise JaxckptError(f"first_dense_layers={config.first_dense_layers} must be below num_layers={config.num_layers} "
+                       "(an MoE keeps at least one layer of experts)")
+  if config.first_dense_layers % len(config.layer_pattern):
+    raise JaxckptError(f"first_dense_layers={config.first_dense_layers} must be a multiple of "
+                       f"len(layer_pattern)={len(config.layer_pattern)}")
+
+
+def _check_mla(config: LLMConfig) -> None:
+  if not config.is_mla:
+    if config.q_lora_rank or config.qk_rope_head_dim or config.v_head_dim:
+      raise JaxckptError("q_lora_rank, qk_rope_head_dim and v_head_dim are multi-head latent attention's: give "
+                         "kv_lora_rank > 0 too (DeepSeek-V3: 512), or leave them 0")
+    return
+  if config.qk_rope_head_dim < 2 or config.qk_rope_head_dim % 2:
+    raise JaxckptError(f"qk_rope_head_dim={config.qk_rope_head_dim} must be even and ≥ 2 with kv_lora_rank > 0 (RoPE "
+                       "rotates pairs of channels; DeepSeek-V3: 64)")
+  if config.v_head_dim < 1:
+    raise JaxckptError(f"v_head_dim={config.v_head_dim} must be ≥ 1 with kv_lora_rank > 0 (DeepSeek-V3: 128)")
+  if config.num_kv_heads != config.num_heads:
+    raise JaxckptError(f"num_kv_heads={config.num_kv_heads} must equal num_heads={config.num_heads} with "
+                       "kv_lora_rank > 0 (MLA gives every query head its own key and value)")
 
 
 def _llama(**fields) -> LLMConfig:
@@ -160,6 +294,21 @@ def _gemma2(**fields) -> LLMConfig:
   return _llama(mlp_activation="gelu", vocab_size=256_128, norm_eps=1e-6, tie_embeddings=True,
                 scale_embeddings=True, norm_scale_offset=1.0, attn_logit_softcap=50.0, final_logit_softcap=30.0,
                 sliding_window=4096, layer_pattern=("local", "global"), post_norms=True, seq_len=8192, **fields)
+
+
+def _mixtral(**fields) -> LLMConfig:
+  """Mixtral's shared settings (MaxText's ``mixtral-8x7b.yml`` / ``mixtral-8x22b.yml``): a Mistral-style decoder,
+  8 experts of which each token takes 2, RoPE base 1M, a 32k vocabulary, untied, 4096-token sequences."""
+  return _llama(num_experts=8, experts_per_token=2, rope_theta=1_000_000.0, seq_len=4096, head_dim=128,
+                num_kv_heads=8, **fields)
+
+
+def _qwen3_moe(**fields) -> LLMConfig:
+  """Qwen3-MoE's shared settings (MaxText's ``qwen3-30b-a3b.yml`` / ``qwen3-235b-a22b.yml``; the Qwen3 model cards):
+  RMSNorm over q and k per head, 128 experts of which each token takes 8 (weights renormalised over them), epsilon
+  1e-6, a 151936-token vocabulary, untied; no published training configuration (4096 tokens, one sequence)."""
+  return _llama(qk_norm=True, num_experts=128, experts_per_token=8, head_dim=128, num_kv_heads=4, norm_eps=1e-6,
+                vocab_size=151_936, seq_len=4096, batch_size=1, **fields)
 
 
 _LLAMA_TINY = LLMConfig()
@@ -189,6 +338,21 @@ LLM_PRESETS: dict[str, LLMConfig] = {
                          batch_size=3),
     "gemma2-27b": _gemma2(num_layers=46, dim=4608, num_heads=32, num_kv_heads=16, head_dim=128, mlp_dim=36864,
                           query_scale=(4608 / 32) ** -0.5, batch_size=2),
+    # Mixtures of Experts (Jiang et al. 2024; Qwen Team 2025; DeepSeek-AI 2024): MaxText's dimensions, its dropless
+    # dispatch by default (moe_dispatch="auto": the megablox kernel on a TPU); T11/T12 give "dropping".
+    "mixtral-8x7b": _mixtral(num_layers=32, dim=4096, num_heads=32, mlp_dim=14336, moe_mlp_dim=14336,
+                             vocab_size=32_000, batch_size=12),
+    "mixtral-8x22b": _mixtral(num_layers=56, dim=6144, num_heads=48, mlp_dim=16384, moe_mlp_dim=16384,
+                              vocab_size=32_768, batch_size=8),
+    "qwen3-30b-a3b": _qwen3_moe(num_layers=48, dim=2048, num_heads=32, mlp_dim=768, moe_mlp_dim=768,
+                                rope_theta=10_000_000.0),
+    "qwen3-235b-a22b": _qwen3_moe(num_layers=94, dim=4096, num_heads=64, mlp_dim=1536, moe_mlp_dim=1536,
+                                  rope_theta=5_000_000.0),
+    "deepseek-v3": _llama(num_layers=61, first_dense_layers=3, dim=7168, num_heads=128, num_kv_heads=128,
+                          head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+                          mlp_dim=18432, moe_mlp_dim=2048, num_experts=256, experts_per_token=8, shared_experts=1,
+                          router="sigmoid", routed_scale=2.5, vocab_size=129_280, norm_eps=1e-6, seq_len=4096,
+                          batch_size=1),
     # Tiny ones for tests and CPU training: float32 compute so gradients compare closely, xla attention, bytes.
     "llama-tiny": _LLAMA_TINY,
     "tiny": _LLAMA_TINY,  # every shipped model has a "tiny" preset: the tools' default
@@ -197,8 +361,16 @@ LLM_PRESETS: dict[str, LLMConfig] = {
                              norm_scale_offset=1.0, attn_logit_softcap=50.0, final_logit_softcap=30.0,
                              sliding_window=16, layer_pattern=("local", "global"), post_norms=True,
                              query_scale=(64 / 4) ** -0.5),
+    "mixtral-tiny": LLMConfig(num_experts=4, experts_per_token=2, moe_mlp_dim=64),
+    "deepseek-tiny": LLMConfig(num_layers=3, first_dense_layers=1, num_heads=4, num_kv_heads=4, head_dim=16,
+                               qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=32, kv_lora_rank=16, num_experts=8,
+                               experts_per_token=2, moe_mlp_dim=32, shared_experts=1, router="sigmoid",
+                               routed_scale=2.5, norm_eps=1e-6),
 }
 """Preset name -> :class:`LLMConfig`. Real sizes with MaxText's dimensions (``llama2-7b`` … ``gemma2-27b``): bfloat16
 compute, float32 weights, ``attention="auto"``; ``seq_len`` and ``batch_size`` are MaxText's published training
 settings where it publishes one (per-device batch; ``batch_size=1`` where it does not). Tiny ones for tests and CPU
-training: ``llama-tiny`` (also ``tiny``) and ``gemma2-tiny`` (a local/global pair of blocks, soft caps, post norms)."""
+training: ``llama-tiny`` (also ``tiny``) and ``gemma2-tiny`` (a local/global pair of blocks, soft caps, post norms).
+Mixtures of Experts at real size: ``mixtral-8x7b``, ``mixtral-8x22b``, ``qwen3-30b-a3b``, ``qwen3-235b-a22b`` and
+``deepseek-v3`` (MLA, a shared expert, three dense layers first, sigmoid routing); tiny: ``mixtral-tiny`` (4 experts,
+top-2) and ``deepseek-tiny``."""

@@ -88,13 +88,13 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = Tr
   Args:
     q: ``[B, S, N, Dh]`` queries, already scaled (compute dtype, e.g. bfloat16).
     k: ``[B, S, K, Dh]`` keys, K dividing N.
-    v: ``[B, S, K, Dh]`` values.
+    v: ``[B, S, K, Dv]`` values (Dv may differ from Dh: MLA).
     causal: position s attends to positions ≤ s only.
     sliding_window: attend to the last ``sliding_window`` positions only (s - t < window), or ``None``.
     logit_soft_cap: ``c``: scores become ``tanh(score / c) · c`` before the mask, or ``None``.
 
   Returns:
-    ``[B, S, N, Dh]`` in the dtype of ``v``.
+    ``[B, S, N, Dv]`` in the dtype of ``v``.
   """
   batch, seq, heads, head_dim = q.shape
   kv_heads = k.shape[2]
@@ -106,7 +106,7 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = Tr
   if mask is not None:
     scores = jnp.where(mask, scores, _MASKED)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  context = jnp.einsum("bkgst,btkd->bskgd", weights, v).reshape(batch, seq, heads, head_dim)  # [B, S, N, Dh]
+  context = jnp.einsum("bkgst,btkd->bskgd", weights, v).reshape(batch, seq, heads, v.shape[3])  # [B, S, N, Dv]
   return checkpoint_name(context, names.CONTEXT)
 
 
@@ -131,7 +131,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto",
   Args:
     q: ``[B, S, N, Dh]`` queries after RoPE and the query scale (compute dtype).
     k: ``[B, S, K, Dh]`` keys after RoPE; N must be a multiple of K.
-    v: ``[B, S, K, Dh]`` values.
+    v: ``[B, S, K, Dv]`` values (MLA: Dv < Dh; a kernel other than xla gets them zero-padded to Dh, its output cut
+      back to Dv).
     kernel: one of :data:`ATTENTION_KERNELS` (:func:`select_kernel`).
     causal: mask future positions (decoders).
     sliding_window: local attention over the last ``sliding_window`` positions, or ``None`` (global).
@@ -154,14 +155,23 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kernel: str = "auto",
     >>> attention(q, kv, kv, kernel="xla", sliding_window=4).shape
     (2, 16, 4, 8)
   """
-  if q.ndim != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
-    raise JaxckptError(f"attention takes q [B, S, N, Dh] and k, v [B, S, K, Dh]; got q {q.shape}, k {k.shape}, "
-                       f"v {v.shape}")
+  if q.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3] or k.shape[:2] != q.shape[:2] \
+      or k.shape[3] != q.shape[3]:
+    raise JaxckptError(f"attention takes q [B, S, N, Dh], k [B, S, K, Dh] and v [B, S, K, Dv]; got q {q.shape}, "
+                       f"k {k.shape}, v {v.shape}")
   if q.shape[2] % k.shape[2]:
     raise JaxckptError(f"{q.shape[2]} query heads must be a multiple of the {k.shape[2]} key/value heads")
   chosen = select_kernel(kernel, q.shape[1], sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
   if chosen == "xla":
     return xla_attention(q, k, v, causal=causal, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
+  width = v.shape[3]
+  if width != q.shape[3]:  # MLA's values are narrower than its queries; the kernels take one head width
+    padded = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, q.shape[3] - width))) if width < q.shape[3] else None
+    if padded is None:
+      raise JaxckptError(f"attention={chosen!r} takes values no wider than queries; got Dv={width} > Dh={q.shape[3]}")
+    return attention(q, k, padded, kernel=chosen, causal=causal, sliding_window=sliding_window,
+                     logit_soft_cap=logit_soft_cap, splash_blocks=splash_blocks,
+                     splash_interpret=splash_interpret)[..., :width]
   if chosen == "pallas":
     return pallas_attention(q, k, v, causal=causal, interpret=splash_interpret)
   if chosen == "cudnn":

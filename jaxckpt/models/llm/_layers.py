@@ -29,6 +29,8 @@ from jaxckpt.sharding._rules import constrain
 from jaxckpt.models._configs import dtype_named
 from jaxckpt.models.llm import _kernels as kernels
 from jaxckpt.models.llm._config import LLAMA31_ROPE_SCALING, LLMConfig
+from jaxckpt.models.llm._moe import MoE
+from jaxckpt.models.llm._params import param as _param
 from jaxckpt.nnx._layers import PolicyLike, RematBlock
 
 EMBED_AXES = ("activation_batch", "activation_length", "activation_embed")
@@ -39,11 +41,6 @@ KV_AXES = ("activation_batch", "activation_length", "activation_kv_heads", "acti
 """Logical names of keys and values ``[B, S, K, Dh]``."""
 MLP_AXES = ("activation_batch", "activation_length", "activation_mlp")
 """Logical names of the MLP's hidden activations ``[B, S, M]``."""
-
-
-def _param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype) -> nnx.Param:
-  """A parameter of ``shape`` and ``dtype`` whose axes carry the logical names ``axes`` (not sharded when made)."""
-  return nnx.Param(nnx.with_partitioning(init, axes, eager_sharding=False)(rngs.params(), shape, dtype))
 
 
 class RMSNorm(nnx.Module):
@@ -140,6 +137,9 @@ class Attention(nnx.Module):
     kernel: ``"auto"``, ``"xla"`` or ``"splash"``.
     splash_blocks: the splash kernel's block sizes, or ``None`` for its default.
     splash_interpret: the splash kernel in interpret mode.
+    qk_norm: RMSNorm over each head's Dh channels of q and k before RoPE (Qwen3; parameters ``query_norm``,
+      ``key_norm [Dh]``, epsilon ``norm_eps``).
+    norm_eps: the qk norms' epsilon.
     dtype: compute dtype.
     param_dtype: parameter dtype.
     rngs: initialisation keys (keyword-only).
@@ -149,7 +149,8 @@ class Attention(nnx.Module):
                sliding_window: int | None = None, logit_soft_cap: float | None = None, rope_theta: float = 10_000.0,
                rope_scaling: str | None = None, kernel: str = "auto",
                splash_blocks: kernels.SplashBlockSizes | None = None, splash_interpret: bool = False,
-               dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+               qk_norm: bool = False, norm_eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     heads_in = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=0, out_axis=(1, 2))
     heads_out = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=(0, 1), out_axis=2)
     self.query = _param(rngs, heads_in, (dim, num_heads, head_dim), ("embed", "heads", "head_dim"), param_dtype)
@@ -160,6 +161,8 @@ class Attention(nnx.Module):
     self.head_dim, self.rope_theta, self.rope_scaling = head_dim, rope_theta, rope_scaling
     self.sliding_window, self.logit_soft_cap, self.kernel = sliding_window, logit_soft_cap, kernel
     self.splash_blocks, self.splash_interpret, self.dtype = splash_blocks, splash_interpret, dtype
+    norm = lambda: RMSNorm(head_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)  # noqa: E731
+    self.query_norm, self.key_norm = (norm(), norm()) if qk_norm else (None, None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x: [B, S, E]`` (compute dtype, normalised) -> ``[B, S, E]`` (compute dtype), causal."""
@@ -167,6 +170,8 @@ class Attention(nnx.Module):
     q = constrain(jnp.einsum("bse,enh->bsnh", x, self.query[...].astype(dtype)), QUERY_AXES)
     k = constrain(jnp.einsum("bse,ekh->bskh", x, self.key[...].astype(dtype)), KV_AXES)
     v = constrain(jnp.einsum("bse,ekh->bskh", x, self.value[...].astype(dtype)), KV_AXES)
+    if self.query_norm is not None:
+      q, k = self.query_norm(q), self.key_norm(k)
     freqs = rope_frequencies(self.head_dim, self.rope_theta, self.rope_scaling)
     q = (apply_rope(q, freqs) * jnp.asarray(self.query_scale, dtype)).astype(dtype)
     k = apply_rope(k, freqs)
@@ -177,6 +182,83 @@ class Attention(nnx.Module):
                                 logit_soft_cap=self.logit_soft_cap, splash_blocks=self.splash_blocks,
                                 splash_interpret=self.splash_interpret)
     context = constrain(context, QUERY_AXES)  # [B, S, N, Dh]
+    out = jnp.einsum("bsnh,nhe->bse", context, self.out[...].astype(dtype))
+    return checkpoint_name(constrain(out, EMBED_AXES), names.OUT_PROJ)  # [B, S, E]
+
+
+class LatentAttention(nnx.Module):
+  """Multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", §2.1): keys and values from one compressed
+  latent per token, queries from a low-rank one, RoPE on a few channels per head with one RoPE key shared by the heads.
+
+  Parameters (logical names): with ``q_lora_rank`` Rq > 0 ``query_a [E, Rq]`` (embed, q_lora), ``query_a_norm [Rq]``,
+  ``query_b [Rq, N, Dh + Dr]`` (q_lora, heads, head_dim), else ``query [E, N, Dh + Dr]``; ``kv_a [E, Rkv + Dr]``
+  (embed, kv_lora), ``kv_a_norm [Rkv]``, ``kv_b [Rkv, N, Dh + Dv]`` (kv_lora, heads, head_dim), ``out [N, Dv, E]``.
+  Tags MaxText's names (``layers/attention_mla.py``): ``query_wa_proj`` and ``mla_q`` (the low-rank query before and
+  after its norm), ``kv_wa_proj`` (latent and RoPE key), ``mla_kv`` (the normalised latent), then ``query_proj``,
+  ``key_proj`` ``[B, S, N, Dh + Dr]``, ``value_proj`` ``[B, S, N, Dv]``, ``context`` and ``out_proj``. Queries are
+  scaled by ``(Dh + Dr) ** -0.5`` (DeepSeek-V3's YaRN rescaling is left out). A kernel that needs one head width
+  (splash, the GPU kernels) gets values zero-padded to Dh + Dr and its output cut back to Dv.
+
+  Args:
+    config: the model's :class:`~jaxckpt.models.llm.LLMConfig` (``head_dim`` Dh, ``qk_rope_head_dim`` Dr,
+      ``v_head_dim`` Dv, ``q_lora_rank``, ``kv_lora_rank``, RoPE, kernel, dtypes).
+    rngs: initialisation keys (keyword-only).
+  """
+
+  def __init__(self, config: LLMConfig, *, rngs: nnx.Rngs):
+    dtype = dtype_named(config.compute_dtype, argument="compute_dtype")
+    param_dtype = dtype_named(config.weight_dtype, argument="weight_dtype")
+    e, n, dh, dr, dv = config.dim, config.num_heads, config.head_dim, config.qk_rope_head_dim, config.v_head_dim
+    rq, rkv = config.q_lora_rank, config.kv_lora_rank
+    fan_in = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+    heads_in = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=0, out_axis=(1, 2))
+    heads_out = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=(0, 1), out_axis=2)
+
+    def norm(width: int) -> RMSNorm:
+      return RMSNorm(width, eps=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    if rq:
+      self.query_a = _param(rngs, fan_in, (e, rq), ("embed", "q_lora"), param_dtype)
+      self.query_a_norm = norm(rq)
+      self.query_b = _param(rngs, heads_in, (rq, n, dh + dr), ("q_lora", "heads", "head_dim"), param_dtype)
+      self.query = None
+    else:
+      self.query_a = self.query_a_norm = self.query_b = None
+      self.query = _param(rngs, heads_in, (e, n, dh + dr), ("embed", "heads", "head_dim"), param_dtype)
+    self.kv_a = _param(rngs, fan_in, (e, rkv + dr), ("embed", "kv_lora"), param_dtype)
+    self.kv_a_norm = norm(rkv)
+    self.kv_b = _param(rngs, heads_in, (rkv, n, dh + dv), ("kv_lora", "heads", "head_dim"), param_dtype)
+    self.out = _param(rngs, heads_out, (n, dv, e), ("heads", "head_dim", "embed"), param_dtype)
+    self.head_dim, self.rope_dim, self.v_head_dim, self.kv_rank = dh, dr, dv, rkv
+    self.rope_theta, self.rope_scaling, self.kernel = config.rope_theta, config.rope_scaling, config.attention
+    self.splash_blocks, self.splash_interpret, self.dtype = config.splash_blocks, config.splash_interpret, dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """``x: [B, S, E]`` (compute dtype, normalised) -> ``[B, S, E]`` (compute dtype), causal."""
+    dtype, dh = self.dtype, self.head_dim
+    if self.query_a is not None:
+      low = checkpoint_name(jnp.einsum("bse,er->bsr", x, self.query_a[...].astype(dtype)), names.QUERY_WA_PROJ)
+      low = checkpoint_name(self.query_a_norm(low), names.MLA_Q)  # [B, S, Rq]
+      q = jnp.einsum("bsr,rnh->bsnh", low, self.query_b[...].astype(dtype))
+    else:
+      q = jnp.einsum("bse,enh->bsnh", x, self.query[...].astype(dtype))
+    q = constrain(q, QUERY_AXES)  # [B, S, N, Dh + Dr]
+    kv = checkpoint_name(jnp.einsum("bse,er->bsr", x, self.kv_a[...].astype(dtype)), names.KV_WA_PROJ)
+    latent, k_rope = kv[..., :self.kv_rank], kv[..., self.kv_rank:]  # [B, S, Rkv], [B, S, Dr]
+    latent = checkpoint_name(self.kv_a_norm(latent), names.MLA_KV)
+    kv = constrain(jnp.einsum("bsr,rnh->bsnh", latent, self.kv_b[...].astype(dtype)), QUERY_AXES)
+    k_nope, v = kv[..., :dh], kv[..., dh:]  # [B, S, N, Dh], [B, S, N, Dv]
+    freqs = rope_frequencies(self.rope_dim, self.rope_theta, self.rope_scaling)
+    q = jnp.concatenate([q[..., :dh], apply_rope(q[..., dh:], freqs)], axis=-1)
+    k_rope = jnp.broadcast_to(apply_rope(k_rope[:, :, None, :], freqs), (*k_nope.shape[:3], self.rope_dim))
+    k = jnp.concatenate([k_nope, k_rope], axis=-1)  # [B, S, N, Dh + Dr]
+    q = (q * jnp.asarray((dh + self.rope_dim) ** -0.5, dtype)).astype(dtype)
+    q = checkpoint_name(q, names.QUERY_PROJ)
+    k = checkpoint_name(k, names.KEY_PROJ)
+    v = checkpoint_name(v, names.VALUE_PROJ)
+    context = kernels.attention(q, k, v, kernel=self.kernel, causal=True, splash_blocks=self.splash_blocks,
+                                splash_interpret=self.splash_interpret)
+    context = constrain(context, QUERY_AXES)  # [B, S, N, Dv]
     out = jnp.einsum("bsnh,nhe->bse", context, self.out[...].astype(dtype))
     return checkpoint_name(constrain(out, EMBED_AXES), names.OUT_PROJ)  # [B, S, E]
 
@@ -221,16 +303,19 @@ class DecoderLayer(nnx.Module):
   """One pre-norm decoder layer: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; with ``post_norms`` (Gemma 2) each
   sublayer's output is normalised again before its residual add.
 
-  Parameters: ``pre_attention_norm``, ``attention`` (:class:`Attention`), ``post_attention_norm`` (``None``
-  without post norms), ``pre_mlp_norm``, ``mlp`` (:class:`GatedMLP`), ``post_mlp_norm``.
+  Parameters: ``pre_attention_norm``, ``attention`` (:class:`Attention`, or :class:`LatentAttention` with
+  ``kv_lora_rank``), ``post_attention_norm`` (``None`` without post norms), ``pre_mlp_norm``, ``mlp`` (:class:`GatedMLP`,
+  or in an MoE layer :class:`~jaxckpt.models.llm.MoE`), ``shared_mlp`` (an MoE layer's shared experts as one
+  :class:`GatedMLP` of ``shared_experts · F``, else ``None``), ``post_mlp_norm``.
 
   Args:
-    config: the model's :class:`~jaxckpt.models.llm.LLMConfig` (widths, heads, norms, kernel, dtypes).
+    config: the model's :class:`~jaxckpt.models.llm.LLMConfig` (widths, heads, norms, kernel, experts, dtypes).
     kind: ``"global"`` (causal over every earlier token) or ``"local"`` (the last ``config.sliding_window``).
+    experts: an MoE layer (``config.num_experts`` experts) or a dense one.
     rngs: initialisation keys (keyword-only).
   """
 
-  def __init__(self, config: LLMConfig, kind: str = "global", *, rngs: nnx.Rngs):
+  def __init__(self, config: LLMConfig, kind: str = "global", *, experts: bool = False, rngs: nnx.Rngs):
     dtype = dtype_named(config.compute_dtype, argument="compute_dtype")
     param_dtype = dtype_named(config.weight_dtype, argument="weight_dtype")
 
@@ -239,16 +324,29 @@ class DecoderLayer(nnx.Module):
                      param_dtype=param_dtype, rngs=rngs)
 
     self.pre_attention_norm = norm()
-    self.attention = Attention(
-        config.dim, config.num_heads, config.num_kv_heads, config.head_dim, query_scale=config.query_scale,
-        sliding_window=config.sliding_window if kind == "local" else None,
-        logit_soft_cap=config.attn_logit_softcap, rope_theta=config.rope_theta, rope_scaling=config.rope_scaling,
-        kernel=config.attention, splash_blocks=config.splash_blocks, splash_interpret=config.splash_interpret,
-        dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    if config.is_mla:
+      self.attention = LatentAttention(config, rngs=rngs)
+    else:
+      self.attention = Attention(
+          config.dim, config.num_heads, config.num_kv_heads, config.head_dim, query_scale=config.query_scale,
+          sliding_window=config.sliding_window if kind == "local" else None,
+          logit_soft_cap=config.attn_logit_softcap, rope_theta=config.rope_theta, rope_scaling=config.rope_scaling,
+          kernel=config.attention, splash_blocks=config.splash_blocks, splash_interpret=config.splash_interpret,
+          qk_norm=config.qk_norm, norm_eps=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.post_attention_norm = norm() if config.post_norms else None
     self.pre_mlp_norm = norm()
-    self.mlp = GatedMLP(config.dim, config.mlp_dim, activation=config.mlp_activation, dtype=dtype,
-                        param_dtype=param_dtype, rngs=rngs)
+    if experts:
+      self.mlp = MoE(config.dim, config.expert_dim, config.num_experts, config.experts_per_token,
+                     dispatch=config.moe_dispatch, capacity_factor=config.capacity_factor, router=config.router,
+                     routed_scale=config.routed_scale, activation=config.mlp_activation,
+                     gmm_interpret=config.gmm_interpret, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+      self.shared_mlp = GatedMLP(config.dim, config.shared_experts * config.expert_dim,
+                                 activation=config.mlp_activation, dtype=dtype, param_dtype=param_dtype,
+                                 rngs=rngs) if config.shared_experts else None
+    else:
+      self.mlp = GatedMLP(config.dim, config.mlp_dim, activation=config.mlp_activation, dtype=dtype,
+                          param_dtype=param_dtype, rngs=rngs)
+      self.shared_mlp = None
     self.post_mlp_norm = norm() if config.post_norms else None
     self.kind = kind
 
@@ -258,10 +356,30 @@ class DecoderLayer(nnx.Module):
     if self.post_attention_norm is not None:
       h = self.post_attention_norm(h)
     x = constrain(x + h, EMBED_AXES)
-    h = self.mlp(self.pre_mlp_norm(x))
+    normed = self.pre_mlp_norm(x)
+    h = constrain(self.mlp(normed), EMBED_AXES)
+    if self.shared_mlp is not None:
+      h = h + self.shared_mlp(normed)
     if self.post_mlp_norm is not None:
       h = self.post_mlp_norm(h)
     return constrain(x + h, EMBED_AXES)
+
+
+def decoder_checkpoint_names(config: LLMConfig, *, experts: bool = False) -> tuple[str, ...]:
+  """The checkpoint names a decoder block of ``config`` emits: MaxText's decoder names (:data:`jaxckpt.names.
+  DECODER_NAMES`), MLA's with ``kv_lora_rank``, and in an MoE block the experts' (:data:`jaxckpt.names.MOE_NAMES`;
+  the dropping dispatch has no ``moe_x_sorted`` or ``moe_routing_maps``, and the dropless one tags the experts' up
+  projection ``moe_mlpwi_1`` only, so its block emits ``mlpwi_1`` only through shared experts)."""
+  out = list(names.DECODER_NAMES)
+  if config.is_mla:
+    out += [n for n in names.MLA_NAMES if config.q_lora_rank or n not in (names.QUERY_WA_PROJ, names.MLA_Q)]
+  if experts and config.moe_dispatch == "dropping":
+    out += [names.MOE_MLPWI_0, names.MOE_MLPWI_1, names.MOE_MLPWO]
+  elif experts:
+    out += list(names.MOE_NAMES)
+    if not config.shared_experts:  # the dropless experts' up projection is moe_mlpwi_1 alone
+      out.remove(names.MLPWI_1)
+  return tuple(out)
 
 
 class DecoderBlock(RematBlock):
@@ -276,6 +394,7 @@ class DecoderBlock(RematBlock):
 
   Args:
     config: the model's :class:`~jaxckpt.models.llm.LLMConfig`.
+    experts: its layers are MoE layers (:func:`decoder_checkpoint_names` gives the names they add).
     policy: policy spec (the ``decoder`` entry applies), usually set later with :func:`jaxckpt.set_policy`.
     rngs: initialisation keys (keyword-only).
 
@@ -289,9 +408,11 @@ class DecoderBlock(RematBlock):
   block_type = "decoder"
   checkpoint_names = names.DECODER_NAMES
 
-  def __init__(self, config: LLMConfig, *, policy: PolicyLike = None, rngs: nnx.Rngs):
+  def __init__(self, config: LLMConfig, *, experts: bool = False, policy: PolicyLike = None, rngs: nnx.Rngs):
     super().__init__(policy)
-    self.sublayers = nnx.List([DecoderLayer(config, kind, rngs=rngs) for kind in config.layer_pattern])
+    self.sublayers = nnx.List([DecoderLayer(config, kind, experts=experts, rngs=rngs)
+                               for kind in config.layer_pattern])
+    self.checkpoint_names = decoder_checkpoint_names(config, experts=experts)
 
   def forward(self, x: jax.Array, dropout_key: jax.Array | None, deterministic: bool) -> jax.Array:
     """``x: [B, S, E]`` (compute dtype) -> ``[B, S, E]``; no dropout (``dropout_key`` and ``deterministic`` are

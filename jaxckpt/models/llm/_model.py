@@ -19,6 +19,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import dtype_named, unknown_preset
 from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
 from jaxckpt.models.llm._layers import EMBED_AXES, DecoderBlock, RMSNorm
+from jaxckpt.models.llm._moe import expert_capacity
 from jaxckpt.nnx._layers import Stack, set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
 
@@ -53,7 +54,8 @@ class LLM(nnx.Module):
   """A decoder-only language model: embed → ``num_layers`` decoder layers (scanned blocks) → RMSNorm → logits.
 
   Parameters (logical names): ``embedding [V, E]`` (vocab, embed), the stack ``decoder`` (each parameter with
-  ``layers`` in front), ``final_norm [E]`` (norm), and, untied, ``head [E, V]`` (embed, vocab). The embedded tokens
+  ``layers`` in front; an MoE's experts ``exp`` first), before it an MoE's first dense layers ``dense_decoder``
+  (``None`` otherwise), ``final_norm [E]`` (norm), and, untied, ``head [E, V]`` (embed, vocab). The embedded tokens
   are multiplied by ``sqrt(E)`` when ``scale_embeddings`` (Gemma). Logits are in the compute dtype; the loss
   (:func:`jaxckpt.models.llm.llm_loss`) takes their logsumexp in float32.
 
@@ -87,8 +89,13 @@ class LLM(nnx.Module):
     embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=1, out_axis=0)
     self.embedding = nnx.Param(nnx.with_partitioning(embed_init, ("vocab", "embed"), eager_sharding=False)(
         rngs.params(), (config.vocab_size, config.dim), param_dtype))
-    self.decoder = Stack(lambda r: DecoderBlock(config, rngs=r), config.num_blocks, scan=config.scan,
-                         structure=config.structure, rngs=rngs)
+    per_block = len(config.layer_pattern)
+    self.dense_decoder = Stack(lambda r: DecoderBlock(config, rngs=r), config.first_dense_layers // per_block,
+                               scan=config.scan, structure=config.structure,
+                               rngs=rngs) if config.is_moe and config.first_dense_layers else None
+    self.decoder = Stack(lambda r: DecoderBlock(config, experts=config.is_moe, rngs=r),
+                         (config.num_moe_layers if config.is_moe else config.num_layers) // per_block,
+                         scan=config.scan, structure=config.structure, rngs=rngs)
     self.final_norm = RMSNorm(config.dim, eps=config.norm_eps, scale_offset=config.norm_scale_offset,
                               dtype=self.dtype, param_dtype=param_dtype, rngs=rngs)
     head_init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
@@ -98,6 +105,9 @@ class LLM(nnx.Module):
     self.seq_len, self.scale_embeddings = config.seq_len, config.scale_embeddings
     self.final_logit_softcap, self.vocab_tiles = config.final_logit_softcap, config.vocab_tiles
     self.num_layers, self.dim, self.num_heads = config.num_layers, config.dim, config.num_heads
+    self.num_experts, self.experts_per_token, self.num_moe_layers = (config.num_experts, config.experts_per_token,
+                                                                     config.num_moe_layers)
+    self.moe_dispatch, self.capacity_factor = config.moe_dispatch, config.capacity_factor
 
   def tensor_allreduce_bytes_per_example(self) -> int:
     """Bytes a ``tensor`` mesh axis all-reduces per sequence in one train step (before the all-reduce's own
@@ -106,6 +116,20 @@ class LLM(nnx.Module):
     the backward pass: 4 × L × S × E values in the compute dtype. Read by the fit planner's time model
     (:func:`jaxckpt.fit.candidates`)."""
     return 4 * self.num_layers * self.seq_len * self.dim * jnp.dtype(self.dtype).itemsize
+
+  def expert_alltoall_bytes_per_example(self) -> int:
+    """Bytes an ``expert`` mesh axis's all-to-alls move per sequence in one train step (before the all-to-all's own
+    (e − 1)/e factor): the dropping dispatch sends every expert's ``[C, E]`` buffer to the expert's device and its
+    output back (GShard's dispatch and combine, Lepikhin et al. 2020), in the forward pass, and their transposes in
+    the backward pass: 4 × (MoE layers) × X × C × E values in the compute dtype (C =
+    :func:`~jaxckpt.models.llm.expert_capacity`; a remat policy that recomputes the dispatch moves more). 0 for a
+    dense model and for the dropless dispatches (they gather their experts' weights over the axis instead). Read by
+    the fit planner's time model (:func:`jaxckpt.fit.traffic_of`)."""
+    if not self.num_experts or self.moe_dispatch != "dropping":
+      return 0
+    capacity = expert_capacity(self.seq_len, self.num_experts, self.experts_per_token, self.capacity_factor)
+    return (4 * self.num_moe_layers * self.num_experts * capacity * self.dim
+            * jnp.dtype(self.dtype).itemsize)
 
   def hidden(self, tokens: jax.Array, *, dropout_key: jax.Array | None = None, deterministic: bool = True
              ) -> jax.Array:
@@ -127,7 +151,10 @@ class LLM(nnx.Module):
     h = jnp.take(gather_param(self.embedding[...], ("vocab", "embed")), tokens, axis=0).astype(self.dtype)  # [B, S, E]
     if self.scale_embeddings:
       h = h * jnp.asarray(h.shape[-1] ** 0.5, self.dtype)
-    h = self.decoder(constrain(h, EMBED_AXES), dropout_key=dropout_key, deterministic=deterministic)
+    h = constrain(h, EMBED_AXES)
+    if self.dense_decoder is not None:  # an MoE's first dense layers (DeepSeek-V3's three)
+      h = self.dense_decoder(h, dropout_key=dropout_key, deterministic=deterministic)
+    h = self.decoder(h, dropout_key=dropout_key, deterministic=deterministic)
     return self.final_norm(h)
 
   @property
