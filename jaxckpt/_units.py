@@ -1,4 +1,4 @@
-"""Byte sizes in binary units (B, KiB, MiB, GiB, TiB): rendering and parsing.
+"""Byte sizes in binary units (B, KiB, MiB, GiB, TiB): rendering and parsing; seconds rendered in s, ms, µs.
 
 Internally every size is an int number of bytes; these helpers are used only at the edges (tables, CLI flags).
 """
@@ -22,6 +22,22 @@ def format_bytes(n: int | None) -> str:
     if n >= UNITS[unit]:
       return f"{sign}{n / UNITS[unit]:.2f} {unit}"
   return f"{sign}{n} B"
+
+
+def format_seconds(s: float | None) -> str:
+  """Renders seconds with three significant digits in the largest unit that keeps them ≥ 1 (s, ms, µs), e.g.
+  ``0.0253 -> '25.3 ms'``, ``-2.1e-06 -> '-2.10 µs'``, ``1234.5 -> '1,234 s'``; ``None -> 'n/a'``."""
+  if s is None:
+    return "n/a"
+  if s == 0:
+    return "0 s"
+  for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+    value = float(f"{s / scale:.3g}")  # rounded first: 0.99996 s is 1.00 s, not 1.00e+03 ms
+    if abs(value) >= 1000:
+      return f"{s / scale:,.0f} {unit}"
+    if abs(value) >= 1 or unit == "µs":
+      return f"{value:#.3g} {unit}".replace(". ", " ")
+  raise AssertionError("unreachable")
 
 
 def parse_bytes(text: str) -> int:

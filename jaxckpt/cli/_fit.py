@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--measure", nargs="?", const=6, default=0, type=int, metavar="N",
                       help="time N (default 6) configurations on this device, spanning policies and micro-batches "
                            "(the fastest estimate first), and rank by measurement")
+  parser.add_argument("--rank-compiled", type=int, default=None, metavar="N",
+                      help="with --topology and --global-batch-size: compile the N fastest configurations by the "
+                           "roofline as they will run and rank them by their compiled programs' step times "
+                           "(docs/timing.md); default 3 on a named mesh, 1 per mesh in the mesh search; 0: the "
+                           "roofline alone")
   parser.add_argument("--jobs", type=int, default=None, metavar="N",
                       help="compiles at once: a predicted batch and its successor together (default 2 with "
                            "--topology, whose compiles take seconds to minutes, else 1)")
@@ -148,7 +153,8 @@ def _search(args: argparse.Namespace, target, placement, device, on_compile, bar
                        on_compile=on_compile, compiler_options=compiler_options_from_args(args),
                        on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,
                        custom_lists=args.custom_lists,
-                       **({} if args.max_batch is None else {"max_batch": args.max_batch}))
+                       **({} if args.max_batch is None else {"max_batch": args.max_batch}),
+                       **({} if args.rank_compiled is None else {"rank_compiled": args.rank_compiled}))
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -172,6 +178,11 @@ def _check_args(args: argparse.Namespace) -> None:
     raise JaxckptError(f"--html {args.html}: use a .html file")
   if args.measure < 0:
     raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
+  if args.rank_compiled is not None and args.rank_compiled < 0:
+    raise JaxckptError(f"--rank-compiled {args.rank_compiled} must be ≥ 0 (0: rank by the roofline alone)")
+  if args.rank_compiled is not None and (args.topology is None or args.global_batch_size is None):
+    raise JaxckptError(f"--rank-compiled {args.rank_compiled} times the configurations of a --global-batch-size "
+                       "compiled for a --topology: give both")
   if args.jobs is not None and args.jobs < 1:
     raise JaxckptError(f"--jobs {args.jobs} must be ≥ 1")
   if args.measure and args.global_batch_size is None:
@@ -277,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
       kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **({} if args.max_batch is None else {
           "max_batch": args.max_batch}), **({} if args.global_batch_size is None else {
-              "custom_lists": args.custom_lists}), **({} if options is None else {"compiler_options": options})}
+              "custom_lists": args.custom_lists}), **({} if options is None else {"compiler_options": options}),
+                **({} if args.rank_compiled is None else {"rank_compiled": args.rank_compiled})}
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=placement, on_compile=on_compile, **kwargs)
   except JaxckptError as err:

@@ -26,7 +26,14 @@ from jaxckpt.sharding import Placement, Topology, resolve_placement
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
+from jaxckpt.timing import step_time_of
 from jaxckpt._units import format_bytes
+
+
+DEFAULT_RANK_COMPILED = 3
+"""On a topology, the fastest candidates by the roofline that the fit compiles as they will run and ranks by their
+compiled programs' estimated step times (:func:`plan_fit`'s ``rank_compiled``; the mesh search times each mesh's
+winner only: :func:`jaxckpt.fit.search_meshes`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +42,17 @@ class GlobalChoice:
 
   Attributes:
     global_batch: examples per optimizer step G.
-    winner: the chosen :class:`~jaxckpt.fit._speed.Candidate` (least estimated time, or best measured throughput
-      with ``measure``).
+    winner: the chosen :class:`~jaxckpt.fit._speed.Candidate` (least estimated time: its compiled program's on a
+      topology, the roofline's elsewhere; or best measured throughput with ``measure``).
     footprint_bytes: the winner's step compiled with its accumulation at G (``None`` for a loss target, which has no
       accumulation: its micro-step footprint is the candidate's).
-    table: every fitting candidate, fastest estimate first.
+    table: every fitting candidate, fastest estimate first (on a topology the ones timed from their compiled
+      programs first, by that estimate; then the rest by the roofline).
     measured: candidates that were timed (``measure``), in estimate order.
     spearman: rank correlation of estimated and measured step times over :attr:`measured` (``None`` if < 3).
-    ranked_by: ``"estimate"`` or ``"measured"``.
-    compiles: compiles used to verify the winner.
+    ranked_by: ``"estimate"`` (the roofline), ``"compiled"`` (the compiled programs' step times) or
+      ``"measured"``.
+    compiles: compiles used to verify (and time) the winner.
   """
 
   global_batch: int
@@ -72,6 +81,7 @@ class GlobalChoice:
     return {"global_batch_size": self.global_batch, "policy": self.winner.policy,
             "micro_batch_size": self.winner.micro_batch, "grad_accum_steps": self.winner.accum,
             "est_step_s": self.winner.est_step_s, "measured_step_s": self.winner.measured_step_s,
+            "compiled_step": self.winner.compiled_step,
             "footprint_bytes": self.footprint_bytes, "ranked_by": self.ranked_by, "spearman": self.spearman,
             "flags": self.flags(), "table": [c.as_row() for c in self.table]}
 
@@ -436,6 +446,7 @@ def plan_fit(
     custom_lists: int = DEFAULT_CUSTOM_LISTS,
     guesses: Mapping[str, int] | None = None,
     memory_fraction: float | None = None,
+    rank_compiled: int = DEFAULT_RANK_COMPILED,
     **kwargs: Any,
 ) -> FitPlan:
   """Largest micro-batch per policy, and the fastest configuration for ``global_batch``, verified.
@@ -457,6 +468,11 @@ def plan_fit(
     device: the accelerator of the time model (required with ``global_batch``; :func:`jaxckpt.fit._speed.accelerator`).
     measure: time ``measure`` candidates on this device, spanning policies and micro-batches (:func:`spread`), and
       rank them by measured throughput (0: no).
+    rank_compiled: with a ``topology``: the ``rank_compiled`` fastest candidates by the roofline that fit once
+      compiled as they will run (accumulation at G) are timed from their compiled programs
+      (:func:`jaxckpt.timing.step_time_of`, docs/timing.md), and the fastest of them by that estimate wins
+      (``ranked_by="compiled"``); each is one compile at G (the first is the verification compile the fit makes
+      anyway). 0: the roofline alone. Ignored without a topology (nothing compiled for a chip to read).
     mesh: a device mesh (memory per device; batches multiples of its batch axes), or a
       :class:`~jaxckpt.sharding.Placement` (mesh, topology and memory fraction at once).
     on_compile: progress callback ``(policy, batch)``.
@@ -474,12 +490,15 @@ def plan_fit(
   Raises:
     NothingFitsError: no policy fits the smallest batch (with ``custom:search``: nor any list it fitted; fixed
       policies that fit nothing do not stop the search, since offloading the layer input goes below full remat).
-    JaxckptError: a ``global_batch`` no fitting micro-batch divides, or the mesh does not divide; an empty batch
+    JaxckptError: ``rank_compiled`` < 0; a ``global_batch`` no fitting micro-batch divides, or the mesh does not
+      divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
       without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_lists`` < 1.
     TopologyError: ``measure`` with a topology, a bad topology, its compiler missing.
   """
   started = time.perf_counter()
+  if rank_compiled < 0:
+    raise JaxckptError(f"rank_compiled={rank_compiled} must be ≥ 0 (0: rank by the roofline alone)")
   placement, device = _on_placement(mesh, topology, memory_fraction, measure=measure, device=device,
                                     timed=global_batch is not None)
   mesh = placement.mesh
@@ -497,33 +516,52 @@ def plan_fit(
     table = candidates(fits, global_batch, device, mesh_shape=shape, traffic=traffic_of(target) if shape else None)
     table = _at_least(table, kwargs.get("min_batch") or 1, global_batch)
     compiles = 0
+    timed = rank_compiled if placement.topology is not None else 0
 
-    def verify(cand: Candidate) -> int:
-      """The compiled footprint of the step as it will run: the micro-step, or the accumulated step at G."""
+    def timing(compiled: Any) -> dict[str, Any]:
+      return step_time_of(compiled, topology=placement.topology, mesh=mesh).as_dict()
+
+    def verify(cand: Candidate, *, time_it: bool = False) -> tuple[int, dict[str, Any] | None]:
+      """The compiled footprint of the step as it will run (the micro-step, or the accumulated step at G), and with
+      ``time_it`` its compiled program's estimated step time."""
       nonlocal compiles
       if cand.accum == 1 or not isinstance(target, ModelTarget):
-        if cand.compiled:
-          return cand.footprint_bytes
+        if cand.compiled and not time_it:
+          return cand.footprint_bytes, None
         batch, accum = cand.micro_batch, 1
       else:
         batch, accum = global_batch, cand.accum  # the accumulator adds a gradient-sized buffer
       if on_compile is not None:
         on_compile(cand.policy, batch)
       compiles += 1
-      return compile_point(target, cand.policy, batch, mesh=mesh, grad_accum_steps=accum).footprint_bytes
+      point = compile_point(target, cand.policy, batch, mesh=mesh, grad_accum_steps=accum,
+                            timing=timing if time_it else None)
+      return point.footprint_bytes, point.step_time
 
-    winner, footprint = None, None
+    fitting: list[tuple[Candidate, int]] = []
+    over = set()
     for cand in table:
-      footprint = verify(cand)
-      if footprint <= limit:
-        winner = cand
+      footprint, estimate = verify(cand, time_it=timed > 0)
+      if footprint > limit:
+        over.add((cand.policy, cand.micro_batch))
+        continue
+      fitting.append((dataclasses.replace(cand, compiled_step=estimate), footprint))
+      if len(fitting) >= max(1, timed):
         break
-    if winner is None:
+    if not fitting:
       raise JaxckptError(f"global_batch_size={global_batch}: no candidate fits {format_bytes(limit)} once compiled "
                          "with its accumulation")
-    table = [c for c in table if c.est_step_s >= winner.est_step_s or c is winner]
+    ranked_by = "estimate"
+    if timed:  # the timed candidates first, by their compiled programs' estimates; the rest by the roofline
+      fitting.sort(key=lambda pair: pair[0].step_s)
+      ranked_by = "compiled"
+    winner, footprint = fitting[0]
+    timed_ones = {(c.policy, c.micro_batch): c for c, _ in fitting}
+    rest = [c for c in table if (c.policy, c.micro_batch) not in over and (c.policy, c.micro_batch) not in timed_ones
+            and c.est_step_s >= fitting[-1][0].est_step_s]
+    table = [c for c, _ in fitting] + rest
     measured: list[Candidate] = []
-    rho, ranked_by = None, "estimate"
+    rho = None
     if measure:
       measured = measure_candidates(target, table, global_batch, top=measure)
       if len(measured) >= 3:
@@ -532,7 +570,7 @@ def plan_fit(
         rho = float(stats.spearmanr([c.est_step_s for c in measured], [c.measured_step_s for c in measured])[0])
       ranked_by = "measured"
       for best in sorted(measured, key=lambda c: c.measured_step_s):  # the fastest measured whose step fits
-        foot = footprint if (best.policy, best.micro_batch) == (winner.policy, winner.micro_batch) else verify(best)
+        foot = footprint if (best.policy, best.micro_batch) == (winner.policy, winner.micro_batch) else verify(best)[0]
         if foot <= limit:
           winner, footprint = best, foot
           break

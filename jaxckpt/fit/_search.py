@@ -79,6 +79,8 @@ class FitPoint:
     param_bytes: bytes of the model's parameters (all of them, over the whole mesh; the time model's collectives).
     refused: the compiler refused the program for the device's memory (``footprint_bytes`` is the memory its
       message names, :func:`exhausted_bytes`): a point over any limit, usually seconds rather than a whole compile.
+    step_time: what :func:`compile_point`'s ``timing`` made of the compiled step (its estimated step time), else
+      ``None``.
   """
 
   batch: int
@@ -89,6 +91,7 @@ class FitPoint:
   host_bytes: int | None = None
   param_bytes: int = 0
   refused: bool = False
+  step_time: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,8 +231,12 @@ def exhausted_bytes(err: BaseException) -> int | None:
 
 
 def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
-                  grad_accum_steps: int = 1, seq_len: int | None = None) -> FitPoint:
+                  grad_accum_steps: int = 1, seq_len: int | None = None,
+                  timing: Callable[[Any], Any] | None = None) -> FitPoint:
   """Compiles the step of ``target`` at ``batch`` (and ``seq_len``) under ``policy``; returns its :class:`FitPoint`.
+
+  ``timing``, given the :class:`~jaxckpt.step.CompiledPolicy` (its program text kept), fills the point's
+  ``step_time`` (the fit's compiled ranking: ``lambda c: step_time_of(c, topology=..., mesh=...).as_dict()``).
 
   A compile the compiler refuses because the program exceeds the device's memory (the TPU compiler checks a
   topology's chip at compile time: :func:`exhausted_bytes`) is a point over any limit, its footprint the memory the
@@ -239,7 +246,7 @@ def compile_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None
     JaxckptError: the backend reports no memory stats; whatever :func:`~jaxckpt.step.compile_policy` raises.
   """
   return _compiled_point(*_lowered_point(target, policy, batch, tx=tx, mesh=mesh, options=options,
-                                         grad_accum_steps=grad_accum_steps, seq_len=seq_len))
+                                         grad_accum_steps=grad_accum_steps, seq_len=seq_len), timing=timing)
 
 
 def _lowered_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=None, options=None,
@@ -254,10 +261,11 @@ def _lowered_point(target: Target, policy: Any, batch: int, *, tx=None, mesh=Non
   return batch, lowered, mesh, started
 
 
-def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitPoint:
+def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float, *,
+                    timing: Callable[[Any], Any] | None = None) -> FitPoint:
   """The second half of :func:`compile_point`: XLA's compile (it releases the GIL, so two can run at once)."""
   try:
-    compiled = lowered.compile()
+    compiled = lowered.compile(program_text=timing is not None)
   except Exception as err:  # noqa: BLE001 - a compiler that refuses a program over the chip's memory: "over"
     required = exhausted_bytes(err)
     if required is None:
@@ -273,7 +281,8 @@ def _compiled_point(batch: int, lowered: Any, mesh: Any, started: float) -> FitP
   if xla_bytes is not None:
     accessed = float(xla_bytes) * (compiled.flops / xla_flops if xla_flops else 1.0)
   return FitPoint(batch, int(footprint), int(compiled.flops), accessed, time.perf_counter() - started,
-                  host_bytes=compiled.memory.get("host_footprint_bytes") or 0, param_bytes=_param_bytes(lowered))
+                  host_bytes=compiled.memory.get("host_footprint_bytes") or 0, param_bytes=_param_bytes(lowered),
+                  step_time=None if timing is None else timing(compiled))
 
 
 def _param_bytes(lowered: Any) -> int:

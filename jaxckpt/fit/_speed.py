@@ -310,6 +310,9 @@ class Candidate:
       ceiling plus the overhead.
     host_bytes: host footprint per device of a micro-step (offloaded residuals), ``None`` where unknown.
     mesh: ``{axis: size}`` of the mesh it was compiled on, ``None`` for one device.
+    compiled_step: on a topology, the step as it will run (accumulation at G) compiled and timed from its program
+      (:meth:`jaxckpt.timing.StepTime.as_dict`: ``seconds``, ``bound``, ``terms``, ``exposed``, ...; docs/timing.md),
+      else ``None``.
   """
 
   policy: str
@@ -324,6 +327,18 @@ class Candidate:
   terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
   host_bytes: int | None = None
   mesh: Mapping[str, int] | None = None
+  compiled_step: Mapping[str, Any] | None = None
+
+  @property
+  def step_s(self) -> float:
+    """Seconds per step: the compiled program's estimate where it was timed, else the roofline's."""
+    return self.compiled_step["seconds"] if self.compiled_step else self.est_step_s
+
+  @property
+  def bound(self) -> str:
+    """What bounds the step: the compiled program's term where it was timed (``compute``, ``memory``,
+    ``collectives:ici``, ...), else the roofline's ceiling (:attr:`dominant`)."""
+    return self.compiled_step["bound"] if self.compiled_step else self.dominant
 
   @property
   def dominant(self) -> str:

@@ -3,11 +3,11 @@ the mesh search's table (what ``jaxckpt-fit`` prints)."""
 
 from __future__ import annotations
 
-from jaxckpt._units import format_bytes
+from jaxckpt._units import format_bytes, format_seconds
 from jaxckpt.analysis._tables import render_table
 from jaxckpt.fit._meshes import MeshSearch
 from jaxckpt.fit._names import custom_table
-from jaxckpt.fit._plan import FitPlan
+from jaxckpt.fit._plan import FitPlan, GlobalChoice
 
 
 def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> str:
@@ -58,6 +58,9 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
              *terms, cand.dominant]
       if c.measured:  # the measured columns only where something was measured
         row += [f"{m.measured_step_s * 1e3:.1f} ms" if m else "", f"{c.global_batch / m.measured_step_s:.0f}" if m else ""]
+      if c.ranked_by == "compiled":  # the compiled programs' estimates, where a candidate was timed
+        row += [format_seconds(cand.compiled_step["seconds"]) if cand.compiled_step else "",
+                cand.compiled_step["bound"] if cand.compiled_step else ""]
       rows.append(row)
     notes = ["* = the winner"]
     if c.spearman is not None:
@@ -65,13 +68,33 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "
                  "step takes the largest, 'bound by', plus a fixed overhead per micro-step; docs/fit.md)")
     headers = ["policy", "b × k", "FLOPs/step", "est. step", "compute", "HBM", "host", "collectives", "bound by"] + (
-        ["measured", "examples/s"] if c.measured else [])
+        ["measured", "examples/s"] if c.measured else []) + (
+        ["compiled est.", "compiled bound"] if c.ranked_by == "compiled" else [])
+    if c.ranked_by == "compiled":
+      notes += compiled_lines(c)
     parts.append(render_table(headers, rows,
                               title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
                                     f"{c.ranked_by})", notes=notes, width=width, wide=wide, right=range(1, len(headers))))
     foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
     parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
   return "\n\n".join(parts) + "\n"
+
+
+def compiled_lines(choice: GlobalChoice, *, terms: int = 4) -> list[str]:
+  """The notes of a choice ranked by its compiled programs: what the compiled estimate is, and the winner's terms
+  (busy seconds per step, exposed seconds in brackets; docs/timing.md)."""
+  lines = ["compiled est.: the step as it will run (accumulation at G) compiled for the topology and timed from its "
+           "program (per-kernel cycles or rooflines, collectives over their links, the schedule's overlap; "
+           "docs/timing.md); the winner is the fastest of those"]
+  est = choice.winner.compiled_step
+  if est:
+    parts = []
+    for name, busy in sorted(est["terms"].items(), key=lambda kv: -kv[1])[:terms]:
+      exposed = est["exposed"].get(name)
+      parts.append(f"{name} {format_seconds(busy)}" + (f" [{format_seconds(exposed)} exposed]" if exposed else ""))
+    lines.append(f"winner's compiled step: {format_seconds(est['seconds'])}, bound by {est['bound']} "
+                 f"({', '.join(parts)})")
+  return lines
 
 
 def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = False) -> str:
@@ -89,10 +112,11 @@ def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = Fal
       reasons.append(f"{o.name}: {o.reason}")
     rows.append([("* " if o is search.winner else "") + o.name, o.status, format_bytes(o.state_bytes_per_device),
                  f"{o.bound_s * 1e3:.3g}", c.policy if c else "", f"{c.micro_batch} × {c.accum}" if c else "",
-                 f"{c.est_step_s * 1e3:.2f} ms" if c else "", c.dominant if c else "",
+                 f"{c.step_s * 1e3:.2f} ms" if c else "", c.bound if c else "",
                  str(o.plan.compiles) if o.plan else "0"])
   headers = ["mesh", "status", "state/device", "bound ms", "policy", "b × k", "est. step", "bound by", "compiles"]
-  notes = ["* = the winner (its step-time terms in the tables below); bound: a lower bound of the step time "
+  notes = ["* = the winner (its step-time terms in the tables below); est. step: the winner's compiled program's "
+           "estimate (docs/timing.md); bound: a lower bound of the step time "
            "(collectives at the least accumulation predicted from the first mesh's compiles), the order meshes are "
            "fitted in; too big: not compiled (the train state alone exceeds the memory, the global batch does not "
            "divide, or no example is predicted to fit)", *reasons,

@@ -12,6 +12,7 @@ the stats and says so in ``same_program_as``. A policy that fails anywhere becom
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import re
 import time
@@ -31,16 +32,17 @@ from jaxckpt.policies._model import ModelPolicy
 from jaxckpt.policies._spec import Policy
 from jaxckpt.report import _xla_dump as xla_dump
 from jaxckpt._remat_impl import remat_implementation
-from jaxckpt.report._keys import STATUS_ERROR, empty_row
+from jaxckpt.report._keys import STATUS_ERROR, STATUS_OK, empty_row
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt._units import format_bytes
 from jaxckpt.report._residuals import analyse_residuals
-from jaxckpt.sharding import make_mesh, mesh_platform
+from jaxckpt.sharding import Topology, make_mesh, mesh_platform
 from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import lower_policy, step_builder, step_compiler_options, xla_raw_flops
 from jaxckpt.step._build import StepBuilder
 from jaxckpt.step._targets import Target, batch_size_of
+from jaxckpt.timing import step_time_of
 
 
 def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True,
@@ -131,6 +133,7 @@ def compile_rows(
     progress: bool = True,
     mesh: jax.sharding.Mesh | None = None,
     cpu_target: Target | None = None,
+    topology: Topology | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
   """Compiles the train step of ``target`` under each spec and collects its statistics.
 
@@ -154,6 +157,8 @@ def compile_rows(
     cpu_target: also compile each row's concrete policy for this target on XLA:CPU, one device, unsharded (the report
       passes ``target`` at the per-chip batch: ``--compare-cpu``), in the same thread pool; the row's ``cpu`` holds
       its memory stats (bytes), ``flops_xla_raw``, ``compile_s`` and ``batch_size``. ``None``: no comparison.
+    topology: the TPU slice or GPU cluster ``mesh`` lays out (a compile without the hardware): each row's
+      ``step_time_estimate`` is then its compiled program's step time (:func:`step_time_estimate`).
 
   Returns:
     ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report._keys.ROW_KEYS`, memory in bytes,
@@ -175,7 +180,7 @@ def compile_rows(
   cpu_builder = step_builder(cpu_target, tx=tx, mesh=cpu_mesh) if cpu_target is not None else None
   bar = tqdm(total=len(specs), desc="compiling policies", unit="policy", disable=not progress, leave=False)
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-    work = _RowCompiles(target, rows, warnings, bar, pool, tx=tx, mesh=mesh, options=compiler_options,
+    work = _RowCompiles(target, rows, warnings, bar, pool, tx=tx, mesh=mesh, topology=topology, options=compiler_options,
                         stats_only=stats_only, builder=builder, xla_dump_dir=xla_dump_dir, cpu=(cpu_target, cpu_mesh,
                                                                                                  cpu_builder))
     for i, spec in enumerate(resolved):
@@ -189,9 +194,48 @@ def compile_rows(
     work.collect(done_only=False)
   for first, later in work.twins.items():
     for i in later:
-      rows[i].update({k: rows[first][k] for k in ("status", "error", *MEMORY_KEYS, "flops_xla_raw", "cpu")})
+      rows[i].update({k: rows[first][k] for k in ("status", "error", *MEMORY_KEYS, "flops_xla_raw", "cpu",
+                                                  "step_time_estimate")})
+  _recompute_seconds(rows)
   bar.close()
   return rows, warnings
+
+
+def step_time_estimate(compiled: Any, topology: Topology, mesh: Any) -> dict[str, Any]:
+  """A row's ``step_time_estimate``: the step time of its compiled program on the topology's chips
+  (:func:`jaxckpt.timing.step_time_of`; docs/timing.md).
+
+  Args:
+    compiled: the row's :class:`~jaxckpt.step.CompiledPolicy` (its program text: the executable's or the
+      compiled-stats cache's).
+    topology: the slice or cluster it was compiled for.
+    mesh: the mesh it was sharded over.
+
+  Returns:
+    ``{"seconds", "bound", "terms", "exposed", "overlap", "recompute_s"}``: seconds of one step on one device,
+    the term with the most busy seconds (``compute``, ``memory``, ``collectives:ici``, ``host:to_host``, ...), busy
+    seconds per term, the seconds the core waited for each asynchronous term, the overlap rule, and
+    ``recompute_s`` (filled beside a ``none`` row: the seconds this policy's step takes beyond ``none``'s, what
+    its recomputation costs; ``None`` otherwise).
+
+  Raises:
+    JaxckptError: a program the time model cannot read (:func:`jaxckpt.timing.estimate_step_time`).
+  """
+  estimate = step_time_of(compiled, topology=topology, mesh=mesh)
+  return {"seconds": estimate.seconds, "bound": estimate.bound, "terms": dict(estimate.terms),
+          "exposed": dict(estimate.exposed), "overlap": estimate.overlap, "recompute_s": None}
+
+
+def _recompute_seconds(rows: list[dict[str, Any]]) -> None:
+  """Fills each estimate's ``recompute_s`` against the ``none`` row's estimate (where there is one)."""
+  base = next((r["step_time_estimate"] for r in rows if r["policy"] == "none" and r["status"] == STATUS_OK
+               and r.get("step_time_estimate")), None)
+  if base is None:
+    return
+  for row in rows:
+    if row["status"] == STATUS_OK and row.get("step_time_estimate"):
+      row["step_time_estimate"] = {**row["step_time_estimate"],
+                                   "recompute_s": row["step_time_estimate"]["seconds"] - base["seconds"]}
 
 
 class _RowCompiles:
@@ -205,10 +249,12 @@ class _RowCompiles:
   """
 
   def __init__(self, target: Target, rows: list[dict[str, Any]], warnings: list[str], bar: Any,
-               pool: concurrent.futures.Executor, *, tx: Any, mesh: Any, options: Any, stats_only: bool,
+               pool: concurrent.futures.Executor, *, tx: Any, mesh: Any, topology: Topology | None, options: Any,
+               stats_only: bool,
                builder: StepBuilder, xla_dump_dir: str | None, cpu: tuple[Any, Any, Any]):
     self.target, self.rows, self.warnings, self.bar, self.pool = target, rows, warnings, bar, pool
     self.tx, self.mesh, self.options, self.stats_only, self.builder = tx, mesh, options, stats_only, builder
+    self.topology = topology
     self.xla_dump_dir = xla_dump_dir
     self.cpu_target, self.cpu_mesh, self.cpu_builder = cpu
     self.pending: dict[concurrent.futures.Future, tuple[int, str | None]] = {}
@@ -254,7 +300,8 @@ class _RowCompiles:
       dump_dir = os.path.join(self.xla_dump_dir, _slug(i, row["policy"]))
       os.makedirs(dump_dir, exist_ok=True)
       extra = xla_dump.dump_options(dump_dir)
-    self.pending[self.pool.submit(lowered.compile, extra)] = (i, dump_dir)  # before the analysis: XLA never waits
+    compile_it = functools.partial(lowered.compile, extra, program_text=self.topology is not None)
+    self.pending[self.pool.submit(compile_it)] = (i, dump_dir)  # before the analysis: XLA never waits
     if self.cpu_builder is not None:
       try:
         on_cpu = lower_policy(self.cpu_target, spec, tx=self.tx, mesh=self.cpu_mesh, options=self.options,
@@ -317,6 +364,11 @@ class _RowCompiles:
       row.update(compiled.memory)
       row["flops_xla_raw"] = xla_raw_flops(compiled)
       row["compile_s"] = compiled.seconds
+      if self.topology is not None:
+        try:
+          row["step_time_estimate"] = step_time_estimate(compiled, self.topology, self.mesh)
+        except Exception as err:  # noqa: BLE001 - the estimate failing leaves the compiled stats standing
+          self.warnings.append(f"policy {row['policy']!r}: no step-time estimate: {one_line(err)}")
       self.warnings.extend(f"policy {row['policy']!r}: the compiler logged: {line}" for line in compiled.compiler_log)
       if dump_dir is not None:
         xla_dump.prune_dump(dump_dir)

@@ -15,7 +15,7 @@ from jaxckpt.report._build import Report
 from jaxckpt.analysis._pages import Cell
 from jaxckpt.report._keys import STATUS_OK
 from jaxckpt.sharding import topology_header
-from jaxckpt._units import format_bytes
+from jaxckpt._units import format_bytes, format_seconds
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 
@@ -50,10 +50,13 @@ COLUMNS: tuple[Column, ...] = (
     ("XLA FLOPs (raw)", "flops_xla_raw", format_flops, False),
     ("compile", "compile_s", _seconds, False),
     ("step time", "step_time_s", _ms, True),
+    ("est. step", "step_time_estimate.seconds", format_seconds, True),
+    ("recompute", "step_time_estimate.recompute_s", format_seconds, False),
     ("peak measured", "peak_bytes_measured", format_bytes, True),
 )
 """The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``; ``cpu.<key>`` is the key of the
-row's XLA:CPU comparison (``--compare-cpu``). A column ``None`` in every row is left out, and so is ``host`` (host
+row's XLA:CPU comparison (``--compare-cpu``), ``step_time_estimate.<key>`` of its compiled program's estimated step
+time (a topology's compile: seconds, the term that bounds it, and the seconds beyond ``none``'s estimate). A column ``None`` in every row is left out, and so is ``host`` (host
 memory: what offload policies keep in ``pinned_host``) where every row keeps nothing there. Under a mesh the memory
 headers say ``/chip`` (a TPU topology), ``/GPU`` (a GPU cluster) or ``/device``: those numbers are one device's."""
 
@@ -81,9 +84,11 @@ def column_header(report: Report, header: str, key: str) -> str:
 
 
 def row_value(row: Mapping[str, Any], key: str) -> Any:
-  """``row[key]``, or for ``"cpu.<key>"`` the row's XLA:CPU comparison's (``None`` where missing)."""
-  if key.startswith("cpu."):
-    return (row.get("cpu") or {}).get(key[4:])
+  """``row[key]``, or for ``"<parent>.<key>"`` (``cpu.footprint_bytes``, ``step_time_estimate.seconds``) the key of
+  the row's dict under ``parent`` (``None`` where missing)."""
+  parent, dot, child = key.partition(".")
+  if dot:
+    return (row.get(parent) or {}).get(child)
   return row.get(key)
 
 
@@ -207,6 +212,24 @@ def report_title(report: Report) -> str:
             f"{topology_header(d['topology'], mesh)}")
   return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, backend {d['backend']} "
           f"× {d['device_count']} ({where})")
+
+
+def estimate_lines(report: Report, *, terms: int = 3) -> list[str]:
+  """One line per row with an estimated step time (a topology's compile): the term that bounds it and the largest
+  terms' busy seconds, exposed seconds in brackets (``est. step full: 2.31 s, bound by compute (compute 2.05 s,
+  collectives:ici 0.62 s [0.12 s exposed])``; docs/timing.md)."""
+  lines = []
+  for r in report.rows:
+    est = r.get("step_time_estimate")
+    if r["status"] != STATUS_OK or not est:
+      continue
+    parts = []
+    for name, busy in sorted(est["terms"].items(), key=lambda kv: -kv[1])[:terms]:
+      exposed = est["exposed"].get(name)
+      parts.append(f"{name} {format_seconds(busy)}" + (f" [{format_seconds(exposed)} exposed]" if exposed else ""))
+    lines.append(f"est. step {r['policy']}: {format_seconds(est['seconds'])}, bound by {est['bound']} "
+                 f"({', '.join(parts)})")
+  return lines
 
 
 def plan_lines(report: Report) -> list[str]:

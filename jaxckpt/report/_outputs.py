@@ -17,7 +17,7 @@ from typing import Any
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report._build import Report
-from jaxckpt.report._formats import (column_header, main_sources, plan_lines, report_title, row_value,
+from jaxckpt.report._formats import (column_header, estimate_lines, main_sources, plan_lines, report_title, row_value,
                                      shown_columns, table_rows, top_groups)
 from jaxckpt.report._html import PLOTLYJS_MODES, to_html
 from jaxckpt.report._keys import ROW_KEYS, STATUS_OK
@@ -76,7 +76,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   warnings = _unshown_warnings(report)
   if wide:
     headers, rows = table_rows(report)
-    notes = [_NOTE, *plan_lines(report), *[f"warning: {w}" for w in warnings]]
+    notes = [_NOTE, *plan_lines(report), *estimate_lines(report), *[f"warning: {w}" for w in warnings]]
     return render_table(headers, rows, title=report_title(report), notes=notes, wide=True)
   rows = report.rows
   ok = [r for r in rows if r["status"] == STATUS_OK]
@@ -109,7 +109,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
     table.append(cells)
   plans = [f"{labels.get(r['policy'], r['policy'])} = {r['plan']['policy']} ({r['plan']['compiles']} compiles, "
            f"{r['plan']['seconds']:.1f} s)" for r in rows if r.get("plan")]
-  notes = [_NOTE + "; --wide: XLA's raw FLOPs, one line per row", *legend, *plans,
+  notes = [_NOTE + "; --wide: XLA's raw FLOPs, one line per row", *legend, *plans, *estimate_lines(report),
            *[f"error: {labels.get(p, p)}: {e}" for p, e in errors.items()],
            *[f"warning: {w}" for w in warnings]]
   # Numbers keep their width; the policy and then the residual groups wrap.
@@ -130,6 +130,7 @@ def to_markdown(report: Report) -> str:
   lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
   lines += ["", "`*` = best of the column; ×none = ratio to the `none` row."]
   lines += [f"- `{line.split(' = ', 1)[0]}` = `{line.split(' = ', 1)[1]}`" for line in plan_lines(report)]
+  lines += [f"- {line}" for line in estimate_lines(report)]
   lines += [f"- warning: {w}" for w in _unshown_warnings(report)]
   return "\n".join(lines) + "\n"
 

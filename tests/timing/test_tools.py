@@ -1,0 +1,73 @@
+"""The step-time model where decisions are made (issue 47): ``jaxckpt-report`` gives each policy's estimated step
+time, its bound and the seconds its recomputation costs; ``jaxckpt-fit`` ranks a global batch's configurations by
+their compiled programs' estimates. Compiled for one H100 node without a GPU (the ``[gpu]`` extra)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxckpt.cli import fit as fit_main, report as report_main
+from jaxckpt.errors import JaxckptError
+from jaxckpt.fit import plan_fit
+from jaxckpt.step import shipped_target
+from tests.extras import needs_cuda_plugin
+
+NODE = "h100:8"
+TINY = ["--model", "llm", "--preset", "llama-tiny"]
+
+
+@needs_cuda_plugin
+def test_the_report_gives_each_policys_compiled_step_time_and_its_recompute_seconds(tmp_path, capsys):
+  path = tmp_path / "report.json"
+  assert report_main([*TINY, "--batch-size", "8", "--topology", NODE, "--policies", "none", "nothing_saveable",
+                      "dots_saveable", "--no-residuals", "--no-progress", "--json", str(path)]) == 0
+  out = capsys.readouterr().out
+  est = {r["policy"]: r["step_time_estimate"] for r in json.loads(path.read_text())["rows"]}
+  for e in est.values():
+    assert e["seconds"] > 0 and e["bound"] in e["terms"] and e["terms"]["collectives:nvlink"] > 0, e
+  assert est["none"]["recompute_s"] == 0
+  # Full remat runs the forward pass again: more matmul work, a longer step, the difference its recompute seconds.
+  assert est["nothing_saveable"]["terms"]["compute"] > est["none"]["terms"]["compute"]
+  assert est["nothing_saveable"]["recompute_s"] == pytest.approx(est["nothing_saveable"]["seconds"]
+                                                                 - est["none"]["seconds"])
+  assert est["nothing_saveable"]["recompute_s"] > est["dots_saveable"]["recompute_s"]
+  assert "est. step" in out and "recompute" in out
+  assert "est. step nothing_saveable: " in out and "bound by " in out
+
+
+@needs_cuda_plugin
+def test_the_fit_ranks_the_fastest_configurations_by_their_compiled_programs(tmp_path, capsys):
+  path = tmp_path / "fit.json"
+  assert fit_main([*TINY, "--topology", NODE, "--mesh", "data=8", "--global-batch-size", "64", "--policies", "none",
+                   "nothing_saveable", "--rank-compiled", "2", "--no-progress", "--json", str(path)]) == 0
+  out = capsys.readouterr().out
+  choice = json.loads(path.read_text())["global_batch"]
+  assert choice["ranked_by"] == "compiled"
+  timed = [c for c in choice["table"] if c["compiled_step"]]
+  assert len(timed) == 2 and timed == choice["table"][:2]  # the timed ones first, fastest compiled estimate first
+  assert timed[0]["compiled_step"]["seconds"] <= timed[1]["compiled_step"]["seconds"]
+  assert choice["compiled_step"] == timed[0]["compiled_step"] and choice["policy"] == timed[0]["policy"]
+  assert "compiled est." in out and "winner's compiled step: " in out
+
+
+@needs_cuda_plugin
+def test_rank_compiled_zero_is_the_roofline_alone():
+  plan = plan_fit(shipped_target("llm", "llama-tiny"), ["none", "nothing_saveable"], global_batch=64,
+                  topology=NODE, mesh="data=8", rank_compiled=0)
+  assert plan.choice.ranked_by == "estimate" and all(c.compiled_step is None for c in plan.choice.table)
+  assert plan.choice.winner.step_s == plan.choice.winner.est_step_s
+
+
+def test_bad_rank_compiled_is_one_line(capsys):
+  with pytest.raises(JaxckptError, match=r"rank_compiled=-1 must be ≥ 0"):
+    plan_fit(shipped_target("llm", "llama-tiny"), ["none"], global_batch=8, rank_compiled=-1)
+  for argv, message in ((["--topology", NODE, "--global-batch-size", "64", "--rank-compiled", "-1"],
+                         "--rank-compiled -1 must be ≥ 0"),
+                        (["--global-batch-size", "64", "--rank-compiled", "2"],
+                         "--rank-compiled 2 times the configurations of a --global-batch-size compiled for a "
+                         "--topology: give both")):
+    assert fit_main([*TINY, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
