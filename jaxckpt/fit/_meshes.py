@@ -4,8 +4,7 @@ with which policy, micro-batch and accumulation, trains a global batch fastest.
 A mesh changes two things the fit planner measures: the bytes per device (FSDP and tensor parallelism divide the
 parameters and optimizer state, ``data`` replicates them, ``expert`` divides a Mixture of Experts' experts; ``tensor``
 divides each example's activations, the batch axes divide the batch) and the collectives per step
-(:func:`jaxckpt.fit._speed.collective_bytes`). Compiles are what cost, so the search spends them where they decide
-(issue 40):
+(:func:`jaxckpt.fit._speed.collective_bytes`). Compiles are what cost, so the search spends them where they decide:
 
 1. **Enumerate** every factorization ``data × fsdp × expert × tensor`` of the chips with ``tensor`` ≤ ``max_tensor``
    (8 by default: tensor parallelism all-reduces activations every layer, so it stays within the fastest links, as

@@ -603,7 +603,7 @@ def _dominance_guard(chosen, candidates, num_layers, predictor, temp_limit, none
   (+ 0.5% of ``none``'s step FLOPs) and that is already compiled (``cache.points``) or predicted to fit is compiled
   (once, cached; at most :data:`MAX_GUARD_COMPILES` new compiles, least recompute first) and becomes the plan when it
   fits with fewer FLOPs, or as many FLOPs and no more temp. The layer
-  estimates of per-tensor options can miss what XLA does to the whole step (issue 33), so the guard compares
+  estimates of per-tensor options can miss what XLA does to the whole step, so the guard compares
   compiled steps, never estimates.
 
   Returns:
@@ -639,7 +639,7 @@ def _min_saved_guarded(target: Any, tolerance: float, tx: optax.GradientTransfor
                        ) -> ConcretePolicy:
   """``min_saved``, unless a fixed dots policy is at least as good: its compiled step and those of
   ``dots_saveable`` and ``dots_with_no_batch_dims_saveable`` (compiled once per ``cache``) are compared; a fixed one
-  with temp and FLOPs both ≤ the plan's is returned instead (issue 33: a per-type graph can name the wrong values in
+  with temp and FLOPs both ≤ the plan's is returned instead (a per-type graph can name the wrong values in
   blocks of the type that trace differently, docs/plans.md). The compiles are sharded over ``mesh`` when given (a
   TPU topology's: the TPU compiler decides).
 

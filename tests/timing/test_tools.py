@@ -1,4 +1,4 @@
-"""The step-time model where decisions are made (issue 47): ``jaxckpt-report`` gives each policy's estimated step
+"""The step-time model where decisions are made: ``jaxckpt-report`` gives each policy's estimated step
 time, its bound and the seconds its recomputation costs; ``jaxckpt-fit`` ranks a global batch's configurations by
 their compiled programs' estimates. Compiled for one H100 node without a GPU (the ``[gpu]`` extra)."""
 
