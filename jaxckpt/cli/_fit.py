@@ -13,7 +13,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -233,6 +234,13 @@ def _check_args(args: argparse.Namespace) -> None:
     check_topology_name(args.topology)
 
 
+def _plan_options(args: argparse.Namespace, options: Mapping[str, Any] | None) -> dict[str, Any]:
+  """:func:`jaxckpt.fit.plan_fit`'s keyword arguments from the flags given (a flag not given keeps its default)."""
+  given = {"max_batch": args.max_batch, "compiler_options": options, "rank_compiled": args.rank_compiled,
+           "custom_lists": None if args.global_batch_size is None else args.custom_lists}
+  return {"min_batch": args.min_batch, "jobs": args.jobs, **{k: v for k, v in given.items() if v is not None}}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """CLI entry point; returns the exit status (0 done, 2 bad input)."""
   parser = build_parser()
@@ -286,12 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
                      compiled_for=placement.compiled_for())
     else:
-      kwargs = {"min_batch": args.min_batch, "jobs": args.jobs, **({} if args.max_batch is None else {
-          "max_batch": args.max_batch}), **({} if args.global_batch_size is None else {
-              "custom_lists": args.custom_lists}), **({} if options is None else {"compiler_options": options}),
-                **({} if args.rank_compiled is None else {"rank_compiled": args.rank_compiled})}
       plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
-                      measure=args.measure, mesh=placement, on_compile=on_compile, **kwargs)
+                      measure=args.measure, mesh=placement, on_compile=on_compile, **_plan_options(args, options))
   except JaxckptError as err:
     if bar is not None:
       bar.close()

@@ -432,6 +432,83 @@ def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, sear
   return fits, custom
 
 
+@dataclasses.dataclass
+class _Verifier:
+  """The fit's verification compiles of a global batch's candidates (:func:`plan_fit`): each step compiled as it will
+  run, and on a topology timed from its program (:func:`jaxckpt.timing.step_time_of`)."""
+
+  target: Target
+  global_batch: int
+  mesh: Any
+  topology: Topology | None
+  on_compile: Callable[[str, int], None] | None
+  compiles: int = 0
+
+  def __call__(self, cand: Candidate, *, time_it: bool = False) -> tuple[int, dict[str, Any] | None]:
+    """The compiled footprint of the step as it will run (the micro-step, or the accumulated step at G: the
+    accumulator adds a gradient-sized buffer), and with ``time_it`` its compiled program's estimated step time
+    (:meth:`jaxckpt.timing.StepTime.as_dict`)."""
+    if cand.accum == 1 or not isinstance(self.target, ModelTarget):
+      if cand.compiled and not time_it:
+        return cand.footprint_bytes, None
+      batch, accum = cand.micro_batch, 1
+    else:
+      batch, accum = self.global_batch, cand.accum
+    if self.on_compile is not None:
+      self.on_compile(cand.policy, batch)
+    self.compiles += 1
+    point = compile_point(self.target, cand.policy, batch, mesh=self.mesh, grad_accum_steps=accum,
+                          timing=self._timing if time_it else None)
+    return point.footprint_bytes, point.step_time
+
+  def _timing(self, compiled: Any) -> dict[str, Any]:
+    return step_time_of(compiled, topology=self.topology, mesh=self.mesh).as_dict()
+
+
+def _choose(target: Target, table: Sequence[Candidate], verify: _Verifier, *, limit: int, timed: int,
+            measure: int) -> GlobalChoice:
+  """The global batch's winner (:func:`plan_fit`): the roofline's order verified by compiles until one fits (with
+  ``timed`` > 0: until ``timed`` fit, each timed from its compiled program, the fastest of them by that estimate),
+  then with ``measure`` the fastest measured whose step fits."""
+  global_batch = verify.global_batch
+  fitting: list[tuple[Candidate, int]] = []
+  over = set()
+  for cand in table:
+    footprint, estimate = verify(cand, time_it=timed > 0)
+    if footprint > limit:
+      over.add((cand.policy, cand.micro_batch))
+      continue
+    fitting.append((dataclasses.replace(cand, compiled_step=estimate), footprint))
+    if len(fitting) >= max(1, timed):
+      break
+  if not fitting:
+    raise JaxckptError(f"global_batch_size={global_batch}: no candidate fits {format_bytes(limit)} once compiled "
+                       "with its accumulation")
+  ranked_by = "estimate"
+  if timed:  # the timed candidates first, by their compiled programs' estimates; the rest by the roofline
+    fitting.sort(key=lambda pair: pair[0].step_s)
+    ranked_by = "compiled"
+  winner, footprint = fitting[0]
+  done = {(c.policy, c.micro_batch) for c, _ in fitting} | over
+  table = [c for c, _ in fitting] + [c for c in table if (c.policy, c.micro_batch) not in done
+                                     and c.est_step_s >= fitting[-1][0].est_step_s]
+  measured: list[Candidate] = []
+  rho = None
+  if measure:
+    measured = measure_candidates(target, table, global_batch, top=measure)
+    if len(measured) >= 3:
+      from scipy import stats  # here, not at import: scipy.stats costs ≈0.8 s of every CLI's start
+
+      rho = float(stats.spearmanr([c.est_step_s for c in measured], [c.measured_step_s for c in measured])[0])
+    ranked_by = "measured"
+    for best in sorted(measured, key=lambda c: c.measured_step_s):  # the fastest measured whose step fits
+      foot = footprint if (best.policy, best.micro_batch) == (winner.policy, winner.micro_batch) else verify(best)[0]
+      if foot <= limit:
+        winner, footprint = best, foot
+        break
+  return GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, verify.compiles)
+
+
 def plan_fit(
     target: Target,
     policies: Sequence[Any] = DEFAULT_POLICIES,
@@ -515,65 +592,8 @@ def plan_fit(
     shape = None if mesh is None else dict(mesh.shape)
     table = candidates(fits, global_batch, device, mesh_shape=shape, traffic=traffic_of(target) if shape else None)
     table = _at_least(table, kwargs.get("min_batch") or 1, global_batch)
-    compiles = 0
-    timed = rank_compiled if placement.topology is not None else 0
-
-    def timing(compiled: Any) -> dict[str, Any]:
-      return step_time_of(compiled, topology=placement.topology, mesh=mesh).as_dict()
-
-    def verify(cand: Candidate, *, time_it: bool = False) -> tuple[int, dict[str, Any] | None]:
-      """The compiled footprint of the step as it will run (the micro-step, or the accumulated step at G), and with
-      ``time_it`` its compiled program's estimated step time."""
-      nonlocal compiles
-      if cand.accum == 1 or not isinstance(target, ModelTarget):
-        if cand.compiled and not time_it:
-          return cand.footprint_bytes, None
-        batch, accum = cand.micro_batch, 1
-      else:
-        batch, accum = global_batch, cand.accum  # the accumulator adds a gradient-sized buffer
-      if on_compile is not None:
-        on_compile(cand.policy, batch)
-      compiles += 1
-      point = compile_point(target, cand.policy, batch, mesh=mesh, grad_accum_steps=accum,
-                            timing=timing if time_it else None)
-      return point.footprint_bytes, point.step_time
-
-    fitting: list[tuple[Candidate, int]] = []
-    over = set()
-    for cand in table:
-      footprint, estimate = verify(cand, time_it=timed > 0)
-      if footprint > limit:
-        over.add((cand.policy, cand.micro_batch))
-        continue
-      fitting.append((dataclasses.replace(cand, compiled_step=estimate), footprint))
-      if len(fitting) >= max(1, timed):
-        break
-    if not fitting:
-      raise JaxckptError(f"global_batch_size={global_batch}: no candidate fits {format_bytes(limit)} once compiled "
-                         "with its accumulation")
-    ranked_by = "estimate"
-    if timed:  # the timed candidates first, by their compiled programs' estimates; the rest by the roofline
-      fitting.sort(key=lambda pair: pair[0].step_s)
-      ranked_by = "compiled"
-    winner, footprint = fitting[0]
-    timed_ones = {(c.policy, c.micro_batch): c for c, _ in fitting}
-    rest = [c for c in table if (c.policy, c.micro_batch) not in over and (c.policy, c.micro_batch) not in timed_ones
-            and c.est_step_s >= fitting[-1][0].est_step_s]
-    table = [c for c, _ in fitting] + rest
-    measured: list[Candidate] = []
-    rho = None
-    if measure:
-      measured = measure_candidates(target, table, global_batch, top=measure)
-      if len(measured) >= 3:
-        from scipy import stats  # here, not at import: scipy.stats costs ≈0.8 s of every CLI's start
-
-        rho = float(stats.spearmanr([c.est_step_s for c in measured], [c.measured_step_s for c in measured])[0])
-      ranked_by = "measured"
-      for best in sorted(measured, key=lambda c: c.measured_step_s):  # the fastest measured whose step fits
-        foot = footprint if (best.policy, best.micro_batch) == (winner.policy, winner.micro_batch) else verify(best)[0]
-        if foot <= limit:
-          winner, footprint = best, foot
-          break
-    choice = GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, compiles)
+    verify = _Verifier(target, global_batch, mesh, placement.topology, on_compile)
+    choice = _choose(target, table, verify, limit=limit, measure=measure,
+                     timed=rank_compiled if placement.topology is not None else 0)
   return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started,
                  compiled_for=placement.compiled_for(), custom=custom)

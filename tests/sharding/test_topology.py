@@ -272,7 +272,10 @@ def test_offloading_the_layer_input_lowers_the_device_footprint_below_full_remat
   # full remat in a scan keeps each layer's input on the device as saving x does; offloading moves it to the host
   assert full["footprint_bytes"] == save["footprint_bytes"]
   assert offload["footprint_bytes"] <= full["footprint_bytes"] - inputs // 2, (offload, full)
-  assert offload["footprint_bytes"] < offload["peak_memory_bytes"]  # the compiler's peak holds the host bytes
+  # The compiler's peak is the larger of the HBM's bytes and host + resident bytes (docs/tpu.md): here the HBM's, so
+  # it is the device footprint, the host bytes beside it.
+  assert offload["peak_memory_bytes"] > offload["host_footprint_bytes"] + offload["argument_bytes"]
+  assert offload["footprint_bytes"] == offload["peak_memory_bytes"]
 
 
 @pytest.fixture(scope="module")
