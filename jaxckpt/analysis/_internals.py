@@ -74,6 +74,16 @@ def compilation_cache_switch(enabled: bool) -> Any:
   return internal("config", "enable_compilation_cache", needed_by="jaxckpt.step._compile (XLA dumps)")(enabled)
 
 
+def cpu_backends_first() -> None:
+  """Starts JAX's backends on the CPU alone when nothing has started them and ``jax_platforms`` is unset: a compile
+  for a topology's compile-only devices needs no other backend, and with the ``[gpu]`` extra installed JAX's CUDA
+  plugin would otherwise log a traceback (``Unable to load CUDA``) when the backends start on a machine without a GPU,
+  and libtpu would probe for a TPU. Used before a TPU topology loads (XLA:GPU's: :func:`cuda_compile_only`)."""
+  bridge = internal("xla_bridge", needed_by="compiling for a topology without its chips")
+  if not bridge.backends_are_initialized() and not jax.config.jax_platforms:
+    jax.config.update("jax_platforms", "cpu")
+
+
 def cuda_compile_only() -> str | None:
   """Makes JAX's CUDA plugin (XLA:GPU) available for compiling without a GPU, or says why it cannot be.
 

@@ -34,7 +34,9 @@ starts (the topology's Cloud accelerator type and ``localhost``), which silences
 depend on them (measured: the same stats under another accelerator type). libtpu also takes a lock
 (``/tmp/libtpu_lockfile``) so that one process at a time owns the TPU; compiling owns no TPU, so :func:`get_topology`
 also sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` where unset. With libtpu installed, every JAX process also probes for a TPU
-when its backend starts; on a machine without one, ``JAX_PLATFORMS=cpu`` skips the probe, and topologies still load.
+when its backend starts; on a machine without one, ``JAX_PLATFORMS=cpu`` skips the probe, and topologies still load:
+:func:`get_topology` sets it when nothing has started JAX's backends yet (which also keeps JAX's CUDA plugin, where
+the ``[gpu]`` extra is installed, from logging a traceback as the backends start without a GPU).
 
 Memory: the TPU compiler's ``temp_size_in_bytes`` leaves out temporaries its peak holds, so on TPU jaxckpt's
 ``temp_bytes`` and footprint come from the peak (:data:`jaxckpt.training._xla.PEAK_TEMP_BACKENDS`). The TPU compiler
@@ -59,7 +61,7 @@ from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh
 from packaging.requirements import Requirement
 
-from jaxckpt.analysis._internals import cuda_compile_only
+from jaxckpt.analysis._internals import cpu_backends_first, cuda_compile_only
 from jaxckpt.errors import MeshSpecError, TopologyError, closest, shorten
 from jaxckpt.sharding import _mesh as sharding
 from jaxckpt.sharding._chips import CHIPS, GPU_CHIPS, TPU_CHIPS, Chip
@@ -391,6 +393,7 @@ def _load_tpu(key: str, sizes: tuple[int, ...]) -> Topology:
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", _accelerator_type(chip, math.prod(sizes)))
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no TPU to own, so no libtpu lockfile
+  cpu_backends_first()
   try:
     described = topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name=chip.chip_config,
                                              chips_per_host_bounds=bounds)
