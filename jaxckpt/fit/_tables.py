@@ -8,6 +8,7 @@ from jaxckpt.analysis._tables import render_table
 from jaxckpt.fit._meshes import MeshSearch
 from jaxckpt.fit._names import custom_table
 from jaxckpt.fit._plan import FitPlan, GlobalChoice
+from jaxckpt.timing import describe_step_time
 
 
 def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> str:
@@ -80,20 +81,14 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
   return "\n\n".join(parts) + "\n"
 
 
-def compiled_lines(choice: GlobalChoice, *, terms: int = 4) -> list[str]:
+def compiled_lines(choice: GlobalChoice) -> list[str]:
   """The notes of a choice ranked by its compiled programs: what the compiled estimate is, and the winner's terms
-  (busy seconds per step, exposed seconds in brackets; docs/timing.md)."""
+  (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md)."""
   lines = ["compiled est.: the step as it will run (accumulation at G) compiled for the topology and timed from its "
            "program (per-kernel cycles or rooflines, collectives over their links, the schedule's overlap; "
            "docs/timing.md); the winner is the fastest of those"]
-  est = choice.winner.compiled_step
-  if est:
-    parts = []
-    for name, busy in sorted(est["terms"].items(), key=lambda kv: -kv[1])[:terms]:
-      exposed = est["exposed"].get(name)
-      parts.append(f"{name} {format_seconds(busy)}" + (f" [{format_seconds(exposed)} exposed]" if exposed else ""))
-    lines.append(f"winner's compiled step: {format_seconds(est['seconds'])}, bound by {est['bound']} "
-                 f"({', '.join(parts)})")
+  if choice.winner.compiled_step:
+    lines.append(f"winner's compiled step: {describe_step_time(choice.winner.compiled_step, terms=4)}")
   return lines
 
 

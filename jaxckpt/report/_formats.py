@@ -16,6 +16,7 @@ from jaxckpt.analysis._pages import Cell
 from jaxckpt.report._keys import STATUS_OK
 from jaxckpt.sharding import topology_header
 from jaxckpt._units import format_bytes, format_seconds
+from jaxckpt.timing import describe_step_time
 
 Column = tuple[str, str, Callable[[Any], str], bool]  # (header, row key, format, ratio vs none)
 
@@ -214,22 +215,11 @@ def report_title(report: Report) -> str:
           f"× {d['device_count']} ({where})")
 
 
-def estimate_lines(report: Report, *, terms: int = 3) -> list[str]:
+def estimate_lines(report: Report) -> list[str]:
   """One line per row with an estimated step time (a topology's compile): the term that bounds it and the largest
-  terms' busy seconds, exposed seconds in brackets (``est. step full: 2.31 s, bound by compute (compute 2.05 s,
-  collectives:ici 0.62 s [0.12 s exposed])``; docs/timing.md)."""
-  lines = []
-  for r in report.rows:
-    est = r.get("step_time_estimate")
-    if r["status"] != STATUS_OK or not est:
-      continue
-    parts = []
-    for name, busy in sorted(est["terms"].items(), key=lambda kv: -kv[1])[:terms]:
-      exposed = est["exposed"].get(name)
-      parts.append(f"{name} {format_seconds(busy)}" + (f" [{format_seconds(exposed)} exposed]" if exposed else ""))
-    lines.append(f"est. step {r['policy']}: {format_seconds(est['seconds'])}, bound by {est['bound']} "
-                 f"({', '.join(parts)})")
-  return lines
+  terms (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md)."""
+  return [f"est. step {r['policy']}: {describe_step_time(r['step_time_estimate'])}" for r in report.rows
+          if r["status"] == STATUS_OK and r.get("step_time_estimate")]
 
 
 def plan_lines(report: Report) -> list[str]:

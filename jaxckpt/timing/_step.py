@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from jaxckpt._units import format_seconds
 from jaxckpt.analysis import HloModule, parse_hlo
 from jaxckpt.errors import JaxckptError, closest
 from jaxckpt.sharding import CHIPS, Chip, Topology, get_topology
@@ -199,6 +200,24 @@ def layer_trip_counts(module: HloModule, compiled_layers: int, layers: int) -> d
                        f"{compiled_layers - 2}) times; its loops: "
                        f"{', '.join(f'{w.name}×{w.trip_count}' for w in module.while_loops) or 'none'}")
   return out
+
+
+def describe_step_time(estimate: StepTime | Mapping[str, Any], *, terms: int = 3) -> str:
+  """One line of an estimate: its seconds, the term that bounds it and its ``terms`` largest terms' busy seconds,
+  exposed seconds in brackets, e.g. ``2.31 s, bound by compute (compute 2.05 s, collectives:ici 620 ms [120 ms
+  exposed])``.
+
+  Args:
+    estimate: a :class:`StepTime` or its :meth:`StepTime.as_dict` (a report row's ``step_time_estimate``, a fit
+      candidate's ``compiled_step``).
+    terms: how many terms to name.
+  """
+  est = estimate.as_dict() if isinstance(estimate, StepTime) else estimate
+  parts = []
+  for name, busy in sorted(est["terms"].items(), key=lambda kv: -kv[1])[:terms]:
+    exposed = est["exposed"].get(name)
+    parts.append(f"{name} {format_seconds(busy)}" + (f" [{format_seconds(exposed)} exposed]" if exposed else ""))
+  return f"{format_seconds(est['seconds'])}, bound by {est['bound']} ({', '.join(parts)})"
 
 
 def step_time_of(compiled: Any, *, topology: Topology | str | None = None, mesh: Any = None,
