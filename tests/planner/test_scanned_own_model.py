@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import jaxckpt
-import own_models as om
+from tests import own_models as om
 from jaxckpt.planner import plan_policy
 from jaxckpt.planner._export import export_code
 
