@@ -403,6 +403,11 @@ def _parse_instruction(line: str, computation: str) -> HloInstruction:
       op_name=op_name.group(1) if op_name else None, channel_id=int(channel) if channel else None)
 
 
+_COMPUTATION_END = re.compile(r"\}(\s*,\s*\w+=.*)?$")
+"""A computation's closing line: ``}``, or ``}, execution_thread="sparsecore"`` (the TPU compiler's computations on
+another execution thread, e.g. an MoE step's SparseCore work)."""
+
+
 def _opened(line: str) -> int:
   """Brackets a line opens and does not close (``{`` and ``(``): > 0 where an instruction goes on to the next line
   (the TPU compiler prints a Pallas kernel's ``frontend_attributes={kernel_metadata={`` with newlines inside)."""
@@ -421,7 +426,7 @@ def _parse_text(text: str) -> tuple[str, dict[str, str], list[HloComputation]]:
         if _opened(held) <= 0:
           current[2].append(_parse_instruction(held, current[0]))
           held = ""
-      elif line.strip() == "}":
+      elif _COMPUTATION_END.match(line.strip()):
         computations.append(HloComputation(current[0], tuple(current[2]), current[1]))
         current = None
       elif line.strip():

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError, raised_at
 from jaxckpt.analysis._jaxprs import count_remat_regions
+from jaxckpt.analysis._memory_spaces import offload_device_bytes, read_memory_spaces
 from jaxckpt.analysis._policy_meaning import GROUPED_MATMULS, grouped_matmul_gap
 from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._plan import resolve_policy
@@ -33,7 +34,7 @@ from jaxckpt.policies._spec import Policy
 from jaxckpt.report import _xla_dump as xla_dump
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.report._keys import STATUS_ERROR, STATUS_OK, empty_row
-from jaxckpt.schema import MEMORY_KEYS
+from jaxckpt.schema import MEMORY_KEYS, footprint_bytes
 from jaxckpt._units import format_bytes
 from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.sharding import Topology, make_mesh, mesh_platform
@@ -199,6 +200,22 @@ def compile_rows(
   _recompute_seconds(rows)
   bar.close()
   return rows, warnings
+
+
+def _exact_offload_bytes(row: dict[str, Any], dump_dir: str) -> None:
+  """A TPU row that offloads to host memory, compiled with a dump: its device footprint from the buffer assignment's
+  HBM total (:func:`jaxckpt.analysis.offload_device_bytes`, exact), where the compiler's statistics give only an upper
+  estimate (their peak is the host space's figure; docs/tpu.md)."""
+  if row.get("backend") != "tpu" or not row.get("host_footprint_bytes"):
+    return
+  try:
+    spaces = read_memory_spaces(dump_dir)
+  except JaxckptError:  # no memory-usage report in the dump: the statistics stand
+    return
+  device, _ = offload_device_bytes(row, spaces)
+  resident = (row.get("argument_bytes") or 0) + (row.get("output_bytes") or 0) - (row.get("alias_bytes") or 0)
+  row["temp_bytes"] = max(device - resident, 0)
+  row["footprint_bytes"] = footprint_bytes(row)
 
 
 def step_time_estimate(compiled: Any, topology: Topology, mesh: Any) -> dict[str, Any]:
@@ -371,6 +388,7 @@ class _RowCompiles:
           self.warnings.append(f"policy {row['policy']!r}: no step-time estimate: {one_line(err)}")
       self.warnings.extend(f"policy {row['policy']!r}: the compiler logged: {line}" for line in compiled.compiler_log)
       if dump_dir is not None:
+        _exact_offload_bytes(row, dump_dir)
         xla_dump.prune_dump(dump_dir)
         row["xla_dump"] = {"dir": dump_dir, "files": xla_dump.dump_files(dump_dir),
                            "peak_buffers": xla_dump.peak_buffers(dump_dir)}

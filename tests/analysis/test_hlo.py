@@ -222,6 +222,29 @@ def test_an_instruction_whose_attributes_span_lines_is_one_instruction():
   assert module.instructions["out"].is_root and len(module.computations["main"].instructions) == 3
 
 
+SPARSECORE = """HloModule jit_moe, num_partitions=4
+
+%sc_body (p: f32[16]) -> f32[16] {
+  %p = f32[16]{0} parameter(0)
+  ROOT %neg = f32[16]{0} negate(%p)
+}, execution_thread="sparsecore"
+
+ENTRY %main (x: f32[16]) -> f32[16] {
+  %x = f32[16]{0} parameter(0)
+  ROOT %y = f32[16]{0} add(%x, %x)
+}
+"""
+
+
+def test_a_computation_on_another_execution_thread_closes_with_its_thread():
+  """The TPU compiler closes a computation it runs on another execution thread with ``}, execution_thread=...``
+  (an MoE step's SparseCore work, Mixtral 8x22B on v6e): it ends there, as ``}`` does."""
+  module = parse_hlo(SPARSECORE)
+  assert list(module.computations) == ["sc_body", "main"]
+  assert [i.name for i in module.computations["sc_body"].instructions] == ["p", "neg"]
+  assert module.instructions["y"].is_root
+
+
 PADDED_CONV = """HloModule jit_p, num_partitions=1
 
 ENTRY %main (x: bf16[2,16,64,1], w: bf16[64,4,8,1]) -> bf16[2,16,4,8] {
