@@ -4,7 +4,6 @@ compiled deviceless for v5e and v6e (needs libtpu)."""
 
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -17,11 +16,7 @@ from jaxckpt import sharding
 from jaxckpt.analysis import offload_device_bytes, read_memory_spaces
 from jaxckpt.errors import JaxckptError
 from jaxckpt.step import HOST_OFFLOAD_OPTIONS
-
-REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"
-needs_libtpu = pytest.mark.skipif(
-    sharding.libtpu_version() is None and not REQUIRED,
-    reason="libtpu is not installed (pip install -e '.[tpu]'); JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure")
+from tests.extras import needs_libtpu
 
 ROWS, D = 16384, 1024  # per chip: the layer input x is [ROWS, D] bfloat16, 32 MiB
 OFFLOAD = jax.checkpoint_policies.save_and_offload_only_these_names(

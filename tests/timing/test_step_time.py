@@ -10,9 +10,7 @@ its start and done, exposed where there is none).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -25,14 +23,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.sharding import CHIPS
 from jaxckpt.timing import (OVERLAP_RULES, Links, causal_block_fraction, collective_seconds, estimate_step_time,
                             layer_trip_counts, links_for, matmul_efficiency, tpu_wraps)
-
-REQUIRED = os.environ.get("JAXCKPT_REQUIRE_TPU") == "1"
-needs_libtpu = pytest.mark.skipif(
-    topology.libtpu_version() is None and not REQUIRED,
-    reason="libtpu is not installed (pip install -e '.[tpu]'); JAXCKPT_REQUIRE_TPU=1 turns this skip into a failure")
-needs_cuda_plugin = pytest.mark.skipif(
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
-    reason="jax-cuda12-plugin is not installed (pip install 'jax-cuda12-plugin==0.10.2' 'jax-cuda12-pjrt==0.10.2')")
+from tests.extras import needs_cuda_plugin, needs_libtpu
 
 H100, V6E = CHIPS["h100"], CHIPS["v6e"]
 
