@@ -80,7 +80,8 @@ def test_report_on_own_decoder_orders_and_equals_hand_written():
   assert rows["save_only_these_names:mlp.up_proj"]["residual_bytes"] > rows["nothing_saveable"]["residual_bytes"]
   for policy in HAND:
     assert temp[policy] == hand_temp(policy), policy
-  assert report.data["warnings"] == []
+  # The one warning: dropout's PRNG bits have no FLOP rule, and the report says the FLOPs are a lower bound.
+  assert [w for w in report.data["warnings"] if not w.startswith("FLOPs do not count random_bits")] == []
 
 
 @pytest.mark.remat3
