@@ -979,6 +979,11 @@ class HloModule:
     """Every instruction of every computation by name (XLA keeps names unique in a module)."""
     return {i.name: i for comp in self.computations.values() for i in comp.instructions}
 
+  def called_instructions(self, ins: HloInstruction) -> list[HloInstruction]:
+    """The instructions of the computation a fusion or async start runs, nested fusions' too (``[]`` for an
+    instruction that calls none)."""
+    return list(_called_instructions(self.computations, ins))
+
   @functools.cached_property
   def while_loops(self) -> tuple[HloInstruction, ...]:
     """Every while instruction (:attr:`HloInstruction.trip_count` tells its iterations, ``None`` if unknown)."""

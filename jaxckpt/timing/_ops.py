@@ -84,7 +84,7 @@ def _dot_shapes(module: HloModule, ins: HloInstruction) -> list[tuple[float, tup
   out = []
   inner = [ins]
   if ins.opcode in ("fusion", "fusion-start", "async-start") and ins.called in module.computations:
-    inner = list(_called(module, ins))
+    inner = module.called_instructions(ins)
   for i in inner:
     if i.opcode not in ("dot", "convolution") or not i.arrays:
       continue
@@ -97,20 +97,10 @@ def _dot_shapes(module: HloModule, ins: HloInstruction) -> list[tuple[float, tup
   return out
 
 
-def _called(module: HloModule, ins: HloInstruction):
-  called = module.computations.get(ins.called) if ins.called else None
-  if called is None:
-    return
-  for inner in called.instructions:
-    yield inner
-    if inner.opcode == "fusion":
-      yield from _called(module, inner)
-
-
 def _cost_estimate(module: HloModule, ins: HloInstruction) -> Mapping[str, Any] | None:
   """A custom call's ``cost_estimate`` (Pallas writes ``{"flops", "transcendentals", "bytes_accessed"}`` into the
   Mosaic call's backend config when the kernel gives one), looked for in the call and in a fusion holding it."""
-  candidates = [ins, *(_called(module, ins) if ins.opcode in ("fusion", "async-start") else ())]
+  candidates = [ins, *(module.called_instructions(ins) if ins.opcode in ("fusion", "async-start") else ())]
   for i in candidates:
     config = i.backend_config or {}
     for holder in (config, config.get("custom_call_config") or {}):
@@ -129,7 +119,7 @@ def _roofline(flops: float, nbytes: float, efficiency: float, chip: Chip) -> tup
 def _is_custom(module: HloModule, ins: HloInstruction) -> str | None:
   """The custom-call target an executed instruction runs as a kernel, else None."""
   inner = [ins] if ins.opcode == "custom-call" else (
-      list(_called(module, ins)) if ins.opcode in ("fusion", "async-start") else [])
+      module.called_instructions(ins) if ins.opcode in ("fusion", "async-start") else [])
   for i in inner:
     if i.opcode == "custom-call" and i.custom_call_target not in _NO_COST_TARGETS:
       return i.custom_call_target or "custom-call"
