@@ -42,6 +42,8 @@ if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on imp
     raise SystemExit(2)
   raise _EnvSettingError(_problem)  # a library raises
 
+from jaxckpt.analysis._internals import quiet_cuda_plugin_without_gpu as _quiet_cuda
+_quiet_cuda()  # before JAX's backends start: no CUDA traceback on a machine without a GPU (docs/gpu.md)
 from jaxckpt import _deprecations
 from jaxckpt import errors, schema
 from jaxckpt import names, sharding

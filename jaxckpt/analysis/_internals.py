@@ -11,7 +11,9 @@ jaxckpt is here; a JAX release that moves one gives a one-line error naming it a
 
 from __future__ import annotations
 
+import glob
 import importlib
+import logging
 from typing import Any
 
 import jax
@@ -72,6 +74,27 @@ def compilation_cache_switch(enabled: bool) -> Any:
     RuntimeError: the installed JAX lacks it.
   """
   return internal("config", "enable_compilation_cache", needed_by="jaxckpt.step._compile (XLA dumps)")(enabled)
+
+
+class _NoCudaWithoutGpu(logging.Filter):
+  """Drops JAX's logged traceback of the CUDA plugin failing to start (``Unable to load CUDA``) on a machine with no
+  NVIDIA device (no ``/dev/nvidia<N>``): with the ``[gpu]`` extra installed for compiling without a GPU, JAX logs it
+  whenever its backends start with CUDA among the platforms, and then runs on the CPU, as a machine without a GPU
+  must. Where an NVIDIA device exists the traceback stays: CUDA failing there is a real problem."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    if not message.startswith("Jax plugin configuration error: Exception when calling jax_plugins.xla_cuda"):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return "Unable to load CUDA" not in str(error) or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def quiet_cuda_plugin_without_gpu() -> None:
+  """Installs :class:`_NoCudaWithoutGpu` on JAX's backend logger (once; :mod:`jaxckpt` does at import)."""
+  logger = logging.getLogger("jax._src.xla_bridge")
+  if not any(isinstance(f, _NoCudaWithoutGpu) for f in logger.filters):
+    logger.addFilter(_NoCudaWithoutGpu())
 
 
 def cpu_backends_first() -> None:

@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "--global-batch-size 512  # XLA:GPU, no GPU; the mesh searched"]))
   add_target_flags(parser)
   add_placement_flags(parser, auto_mesh=True,
-                      mesh_help="compile sharded over a device mesh (axes data, fsdp, tensor): memory per device; "
-                                "auto (with --topology and --global-batch-size; the default there on more than one "
-                                "chip): search the mesh too")
+                      mesh_help="compile sharded over a device mesh (axes data, fsdp, expert, tensor): memory per "
+                                "device; auto (with --topology and --global-batch-size; the default there on more than "
+                                "one chip): search the mesh too")
   parser.add_argument("--max-meshes", type=int, default=DEFAULT_MAX_MESHES, metavar="N",
                       help=f"--mesh auto: meshes compiled, the best N by a lower bound of their step time (default "
                            f"{DEFAULT_MAX_MESHES})")
@@ -179,11 +179,16 @@ def _check_args(args: argparse.Namespace) -> None:
     raise JaxckptError(f"--html {args.html}: use a .html file")
   if args.measure < 0:
     raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
+  if args.device is not None and args.topology is not None and args.device != parse_topology(args.topology)[0]:
+    raise JaxckptError(f"--device {args.device} times another chip than --topology {args.topology} compiles for "
+                       f"({parse_topology(args.topology)[0]}): drop --device (the topology's chip is the time model's)")
   if args.rank_compiled is not None and args.rank_compiled < 0:
     raise JaxckptError(f"--rank-compiled {args.rank_compiled} must be ≥ 0 (0: rank by the roofline alone)")
   if args.rank_compiled is not None and (args.topology is None or args.global_batch_size is None):
+    missing = " and ".join(f for f, v in (("--topology", args.topology), ("--global-batch-size",
+                                                                         args.global_batch_size)) if v is None)
     raise JaxckptError(f"--rank-compiled {args.rank_compiled} times the configurations of a --global-batch-size "
-                       "compiled for a --topology: give both")
+                       f"compiled for a --topology: give {missing}")
   if args.jobs is not None and args.jobs < 1:
     raise JaxckptError(f"--jobs {args.jobs} must be ≥ 1")
   if args.measure and args.global_batch_size is None:

@@ -190,7 +190,9 @@ def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = (),
   if args.topology is not None:
     key, _ = parse_topology(args.topology)
     gpu = CHIPS[key].is_gpu
-  if args.memory_fraction is not None:
+  # The flag's fraction, or on a GPU topology the environment's: checked before JAX's CUDA plugin reads
+  # XLA_PYTHON_CLIENT_MEM_FRACTION and fails on a bad one with a traceback.
+  if args.memory_fraction is not None or gpu:
     memory_fraction(args.memory_fraction)
   for flag, value in (("--memory-fraction", args.memory_fraction), ("--xla-rematerialization",
                                                                     args.xla_rematerialization or None)):

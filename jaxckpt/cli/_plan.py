@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a whole-loss min-cut plan saving at most CAP of activations: <size> or <p>%% of no remat's "
                          "(the policy mincut:CAP); prints its regions and saved values (always: --explain and "
                          "--max-rounds are for --budget)")
-  add_placement_flags(parser, mesh_help="plan for the step sharded over a device mesh (axes data, fsdp, tensor; "
-                      "product = device count, or --topology's chips): the budget is per device")
+  add_placement_flags(parser, mesh_help="plan for the step sharded over a device mesh (axes data, fsdp, expert, "
+                      "tensor; product = device count, or --topology's chips): the budget is per device")
   parser.add_argument("--explain", action="store_true", help="also print every candidate per layer")
   parser.add_argument("--export", action="store_true", help="also print the plan as plain JAX code")
   parser.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,

@@ -86,7 +86,8 @@ def compiled_lines(choice: GlobalChoice) -> list[str]:
   (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md)."""
   lines = ["compiled est.: the step as it will run (accumulation at G) compiled for the topology and timed from its "
            "program (per-kernel cycles or rooflines, collectives over their links, the schedule's overlap; "
-           "docs/timing.md); the winner is the fastest of those"]
+           "docs/timing.md); the winner is the fastest of those. Its terms are busy seconds per step, which overlap "
+           "only as the compiled schedule lets them (bound by: the largest)"]
   if choice.winner.compiled_step:
     lines.append(f"winner's compiled step: {describe_step_time(choice.winner.compiled_step, terms=4)}")
   return lines
@@ -114,7 +115,8 @@ def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = Fal
            "estimate (docs/timing.md); bound: a lower bound of the step time "
            "(collectives at the least accumulation predicted from the first mesh's compiles), the order meshes are "
            "fitted in; too big: not compiled (the train state alone exceeds the memory, the global batch does not "
-           "divide, or no example is predicted to fit)", *reasons,
+           "divide, or no example is predicted to fit); not fitted: ranked below --max-meshes by the bound, not "
+           "compiled (it may fit: raise --max-meshes to try it)", *reasons,
            f"{search.compiles} compile{'s' * (search.compiles != 1)}, {search.seconds:.0f} s"]
   return render_table(headers, rows, title=f"meshes within {format_bytes(search.limit_bytes)} per device",
                       notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))

@@ -83,7 +83,8 @@ def memory_fraction(value: float | None = None, *, environ: Mapping[str, str] | 
                          f"(0, 1], e.g. 0.9") from None
     source = name
   if isinstance(value, bool) or not 0 < value <= 1:
-    raise JaxckptError(f"memory_fraction={value!r} must be in (0, 1]: the share of GPU memory XLA may use (JAX's "
+    given = f"memory_fraction={value!r}" if source == "given" else f"{source}={value!r} (in the environment)"
+    raise JaxckptError(f"{given} must be in (0, 1]: the share of GPU memory XLA may use (JAX's "
                        f"default {DEFAULT_MEMORY_FRACTION}; published GPU recipes 0.9–0.975)")
   return MemoryFraction(float(value), source)
 

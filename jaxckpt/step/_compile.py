@@ -389,9 +389,11 @@ def check_mesh_use(builder: StepBuilder, mesh: jax.sharding.Mesh | None) -> None
   if experts > 1:
     sizes = _expert_dims(builder.abstract_model) if builder.is_model else set()
     if not sizes:
+      instead = sharding.format_mesh({"data": shape.get("data", 1) * experts,
+                                      **{a: n for a, n in shape.items() if a not in ("data", "expert")}})
       raise MeshSpecError(f"mesh axis expert={experts} splits a Mixture of Experts' experts (parameters with the "
                           f"logical axis name 'exp'), but no parameter of {builder.target.name} carries one: use "
-                          f"data={experts} to split the batch, or name your experts' axis 'exp' "
+                          f"{instead} to split the batch, or name your experts' axis 'exp' "
                           "(nnx.with_partitioning(init, ('exp', 'embed', 'mlp')))")
     bad = sorted(n for n in sizes if n % experts)
     if bad:

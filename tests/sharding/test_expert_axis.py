@@ -79,8 +79,11 @@ def test_an_expert_axis_on_a_model_without_experts_is_refused_in_one_line():
   with pytest.raises(MeshSpecError) as err:  # before any row is compiled
     build_report(shipped_target("llm", "tiny", batch_size=4), ["full"], topology="v5e:2x2", mesh="expert=4",
                  residuals=False, progress=False)
-  assert "expert=4" in str(err.value) and "'exp'" in str(err.value) and "data=4" in str(err.value)
+  assert "expert=4" in str(err.value) and "'exp'" in str(err.value) and "use data=4 to split" in str(err.value)
   assert "\n" not in str(err.value)
+  with pytest.raises(MeshSpecError, match="use data=4 to split the batch"):  # the data axis it joins
+    build_report(shipped_target("llm", "tiny", batch_size=4), ["full"], topology="v5e:2x2", mesh="data=2,expert=2",
+                 residuals=False, progress=False)
 
 
 def test_the_mesh_search_enumerates_expert_sizes_dividing_the_experts():

@@ -68,7 +68,9 @@ def test_bad_rank_compiled_is_one_line(capsys):
                          "--rank-compiled -1 must be ≥ 0"),
                         (["--global-batch-size", "64", "--rank-compiled", "2"],
                          "--rank-compiled 2 times the configurations of a --global-batch-size compiled for a "
-                         "--topology: give both")):
+                         "--topology: give --topology"),
+                        (["--topology", NODE, "--global-batch-size", "64", "--device", "v5e"],
+                         "--device v5e times another chip than --topology h100:8 compiles for (h100): drop --device")):
     assert fit_main([*TINY, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
