@@ -59,6 +59,8 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
   if path is None:
     return
   path = os.fspath(path)
+  if not path.strip():
+    raise JaxckptError(f"{flag} {path!r} is empty; give a file path")
   full = os.path.abspath(path)
   if os.path.isdir(full):
     raise JaxckptError(f"{flag} {path} is a directory; give a file path")
@@ -88,11 +90,13 @@ def check_output_dir(flag: str, path: str | os.PathLike[str] | None) -> None:
     path: the output directory; it need not exist; ``None`` checks nothing.
 
   Raises:
-    JaxckptError: one line naming ``flag``, ``path`` and the reason (exists as a file, permission denied, ...).
+    JaxckptError: one line naming ``flag``, ``path`` and the reason (empty, exists as a file, permission denied, ...).
   """
   if path is None:
     return
   path = os.fspath(path)
+  if not path.strip():
+    raise JaxckptError(f"{flag} {path!r} is empty; give a directory (e.g. {flag} ./out)")
   full = os.path.abspath(path)
   if os.path.exists(full) and not os.path.isdir(full):
     raise JaxckptError(f"{flag} {path} exists and is not a directory; give a directory")

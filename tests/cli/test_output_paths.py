@@ -69,6 +69,10 @@ def test_checks_name_the_reason(tmp_path):
     check_output_file("--csv", tmp_path)
   with pytest.raises(JaxckptError, match="exists and is not a directory"):
     check_output_dir("--out", blocker)
+  with pytest.raises(JaxckptError, match=r"^--xla-dump '' is empty; give a directory"):  # not the working directory
+    check_output_dir("--xla-dump", "")
+  with pytest.raises(JaxckptError, match=r"^--json ' ' is empty; give a file path"):
+    check_output_file("--json", " ")
   assert os.listdir(tmp_path) == ["file"]
 
 
