@@ -229,18 +229,16 @@ def step_time_estimate(compiled: Any, topology: Topology, mesh: Any) -> dict[str
     mesh: the mesh it was sharded over.
 
   Returns:
-    ``{"seconds", "bound", "terms", "exposed", "overlap", "recompute_s"}``: seconds of one step on one device,
-    the term with the most busy seconds (``compute``, ``memory``, ``collectives:ici``, ``host:to_host``, ...), busy
-    seconds per term, the seconds the core waited for each asynchronous term, the overlap rule, and
-    ``recompute_s`` (filled beside a ``none`` row: the seconds this policy's step takes beyond ``none``'s, what
-    its recomputation costs; ``None`` otherwise).
+    :meth:`jaxckpt.timing.StepTime.as_dict` (the fit's ``compiled_step`` form): ``seconds`` of one step on one
+    device, ``bound`` (the term with the most busy seconds: ``compute``, ``memory``, ``collectives:ici``, ...),
+    ``terms`` (busy seconds per term), ``exposed`` (seconds the core waited for each asynchronous term), ``overlap``,
+    ``chip``, ``sources``, ``flops`` (per step); and ``recompute_s``, filled beside a ``none`` row: the seconds this
+    policy's step takes beyond ``none``'s, what its recomputation costs (``None`` otherwise).
 
   Raises:
     JaxckptError: a program the time model cannot read (:func:`jaxckpt.timing.estimate_step_time`).
   """
-  estimate = step_time_of(compiled, topology=topology, mesh=mesh)
-  return {"seconds": estimate.seconds, "bound": estimate.bound, "terms": dict(estimate.terms),
-          "exposed": dict(estimate.exposed), "overlap": estimate.overlap, "recompute_s": None}
+  return {**step_time_of(compiled, topology=topology, mesh=mesh).as_dict(), "recompute_s": None}
 
 
 def _recompute_seconds(rows: list[dict[str, Any]]) -> None:

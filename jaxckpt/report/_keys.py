@@ -54,7 +54,7 @@ ROW_KEYS: tuple[str, ...] = (
     "stages_s",  # Seconds per stage of this row: {"build", "trace", "lower", "flops", "residuals", "compile"}.
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "step_time_estimate",  # A topology's compile: its program's step time (report._compile.step_time_estimate:
-    # {"seconds", "bound", "terms", "exposed", "overlap", "recompute_s"}, one device, docs/timing.md); else None.
+    # StepTime.as_dict(): "seconds", "bound", "terms", "exposed", ...; and "recompute_s"; one device); else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
     "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.training._profile); else None.
