@@ -9,8 +9,10 @@ from flax import nnx
 import jaxckpt
 from benchmarks import published_configs as pc
 from jaxckpt.models.llm._layers import decoder_checkpoint_names
+from tests.extras import needs_libtpu
 
 
+@needs_libtpu  # lays the rows' meshes over their v6e topologies
 def test_the_mixtral_rows_are_maxtexts_dropped_configurations():
   rows = {r.key: r for r in pc.ROWS}
   t11, t12 = rows["T11"], rows["T12"]

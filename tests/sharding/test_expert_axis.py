@@ -27,6 +27,7 @@ from jaxckpt.fit._meshes import _Bounds, expert_count, mesh_shapes
 from jaxckpt.fit._speed import accelerator
 from jaxckpt.errors import LogicalAxisError
 from jaxckpt.step import shipped_target
+from tests.extras import needs_libtpu
 from tests.models import own_moe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,6 +74,7 @@ def test_an_unknown_logical_name_is_one_line_naming_the_parameter():
   assert "did you mean 'exp'" in message
 
 
+@needs_libtpu  # compiles for v5e:2x2
 def test_an_expert_axis_on_a_model_without_experts_is_refused_in_one_line():
   from jaxckpt.report import build_report
 
@@ -117,6 +119,7 @@ def test_the_time_model_prices_the_expert_all_to_alls():
                                                                   "expert_param_bytes": 0.0}
 
 
+@needs_libtpu  # compiles for v5e:2x2
 def test_a_bad_expert_size_is_one_line():
   from jaxckpt.report import build_report
 
@@ -175,6 +178,7 @@ def test_the_dropping_dispatch_moves_tokens_by_all_to_all_over_the_expert_axis(s
       assert "all-to-all" not in kinds, (run["mesh"], kinds)
 
 
+@needs_libtpu  # compiles for v5e:2x2
 def test_a_dropless_dispatch_under_an_expert_axis_says_it_gathers_the_experts():
   from jaxckpt.sharding import get_topology
   from jaxckpt.step._compile import mesh_use_notes, step_builder
