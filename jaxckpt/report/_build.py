@@ -333,6 +333,7 @@ def build_report(
       "model": target.name,
       "preset": target.preset,
       **where,
+      "mesh_given": placement.mesh is not None and placement.mesh_given,
       "structure": structure,
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),

@@ -210,7 +210,7 @@ def report_title(report: Report) -> str:
            else "one device, unsharded")
   if d.get("topology"):
     return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, "
-            f"{topology_header(d['topology'], mesh)}")
+            f"{topology_header(d['topology'], mesh, mesh_given=bool(d.get('mesh_given')))}")
   return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, backend {d['backend']} "
           f"× {d['device_count']} ({where})")
 

@@ -24,6 +24,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "topology",  # The TPU slice or GPU cluster compiled for without its hardware ("v5e:2x2", "h100:8"), else None.
     "device_count",  # Devices compiled for: the mesh's (a topology's chips), else jax.device_count().
     "mesh",  # {axis: size} of the mesh the step was sharded over; None: one device, unsharded.
+    "mesh_given",  # Whether the mesh was given (mesh=, --mesh); false: none, or a topology's default (all on data).
     "structure",  # "scan" or "unrolled", then ", <checkpoint structure>" unless block (e.g. "scan, nested:2").
     "grad_accum_steps",  # Micro-batches per train step (1 = no gradient accumulation).
     "versions",  # jaxckpt.schema.versions().

@@ -133,11 +133,14 @@ class Placement:
     mesh: the ``jax.sharding.Mesh`` the step is sharded over; ``None``: one device of this machine, unsharded.
     topology: the TPU slice or GPU cluster the mesh is over (compiled for without its hardware), or ``None``.
     fraction: a GPU's memory fraction (:func:`memory_fraction`); ``None`` where the platform has none.
+    mesh_given: whether the caller gave the mesh (``False``: a topology's default, every chip on ``data``, which the
+      header says with the flag that shapes it).
   """
 
   mesh: Mesh | None = None
   topology: Topology | None = None
   fraction: MemoryFraction | None = None
+  mesh_given: bool = True
 
   @property
   def device(self) -> Any:
@@ -167,7 +170,7 @@ class Placement:
     the memory a device may use included on a GPU; ``None`` on this machine."""
     if self.topology is None or self.mesh is None:
       return None
-    line = topology_header(self.topology.name, self.shape)
+    line = topology_header(self.topology.name, self.shape, mesh_given=self.mesh_given)
     if self.platform == "gpu":
       limit, source = self.memory()
       line += f"; XLA may use {format_bytes(limit)} per GPU ({source})"
@@ -248,7 +251,7 @@ def resolve_placement(mesh: str | Mapping[str, int] | Mesh | Placement | None = 
     return mesh
   topo = None if topology is None else get_topology(topology)
   laid = topo.mesh(mesh) if topo is not None else None if mesh is None else _concrete_mesh(mesh)
-  placement = Placement(laid, topo)
+  placement = Placement(laid, topo, mesh_given=mesh is not None)
   fraction = memory_fraction if isinstance(memory_fraction, MemoryFraction) else None
   if placement.platform == "gpu":
     return dataclasses.replace(placement, fraction=fraction or _memory_fraction(memory_fraction))

@@ -492,7 +492,7 @@ def topology_mesh(topology: str | Topology, mesh: str | Mapping[str, int] | Mesh
   return get_topology(topology).mesh(mesh)
 
 
-def topology_header(topology: str, mesh: Mapping[str, int]) -> str:
+def topology_header(topology: str, mesh: Mapping[str, int], *, mesh_given: bool = False) -> str:
   """What a tool prints about a topology compile, from names only (a report's JSON suffices):
   ``"TPU v5e 2x2 (4 chips), compiled without a TPU; mesh data=4 (every chip on the data axis; --mesh to shape it):
   memory per chip"``; a GPU cluster's says which axes cross nodes.
@@ -500,6 +500,7 @@ def topology_header(topology: str, mesh: Mapping[str, int]) -> str:
   Args:
     topology: the topology's name (:data:`TOPOLOGY_FORMS`).
     mesh: ``{axis: size}`` of the mesh over its chips.
+    mesh_given: whether the user gave that mesh; ``False``: the default (every chip on ``data``), said as such.
 
   Raises:
     TopologyError: a bad name.
@@ -507,7 +508,7 @@ def topology_header(topology: str, mesh: Mapping[str, int]) -> str:
   key, sizes = parse_topology(topology)
   chip = CHIPS[key]
   count = math.prod(sizes)
-  default = " (every chip on the data axis; --mesh to shape it)" if dict(mesh) == {"data": count} else ""
+  default = " (every chip on the data axis; --mesh to shape it)" if not mesh_given and dict(mesh) == {"data": count} else ""
   if chip.is_gpu:
     nodes, per_node = sizes
     where = f"1 node of {per_node}" if nodes == 1 else f"{nodes} nodes × {per_node}"

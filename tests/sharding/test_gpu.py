@@ -157,6 +157,7 @@ def test_the_report_on_a_gpu_node_names_the_gpu_and_its_compiler(gpu_report):
   data = gpu_report
   assert (data["backend"], data["device_kind"], data["topology"], data["device_count"]) == (
       "gpu", "NVIDIA H100 80GB HBM3", NODE, 8)
+  assert data["mesh_given"] is True  # --mesh fsdp=8
   assert data["compiler"] == f"XLA:GPU (jax-cuda12-plugin {metadata.version('jax-cuda12-plugin')})"
   assert data["compiler_options"]["xla_disable_hlo_passes"] == "rematerialization"
   rows = {r["policy"]: r for r in data["rows"]}

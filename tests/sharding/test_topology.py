@@ -140,6 +140,8 @@ def test_topology_header_says_chips_mesh_and_that_no_tpu_compiled_it():
   assert topology_header("v5e:2x2", {"data": 4}) == (
       f"TPU v5e 2x2 (4 chips), compiled without a TPU by {compiler}; mesh data=4 (every chip on the data axis; --mesh "
       "to shape it): memory per chip")
+  assert topology_header("v5e:2x2", {"data": 4}, mesh_given=True) == (  # --mesh data=4 given: no advice to give it
+      f"TPU v5e 2x2 (4 chips), compiled without a TPU by {compiler}; mesh data=4: memory per chip")
   assert topology_header("v4:2x2x1", {"data": 2, "fsdp": 2}).startswith(
       f"TPU v4 2x2x1 (4 chips), compiled without a TPU by {compiler}; mesh data=2,fsdp=2: memory per chip")
 
@@ -199,6 +201,7 @@ def test_topology_report_rows_are_tpu_compiles_per_chip(topology_report):
   data = topology_report
   assert (data["backend"], data["device_kind"], data["topology"], data["device_count"], data["mesh"]) == \
       ("tpu", "TPU v5 lite", TOPOLOGY, 4, {"data": 4})
+  assert data["mesh_given"] is False  # the topology's default mesh: the title says so, with --mesh to shape it
   assert data["compiler_options"] == {}  # no XLA:CPU option reaches the TPU compiler
   rows = {r["policy"]: r for r in data["rows"]}
   assert list(rows) == list(POLICIES) and all(r["status"] == "ok" and r["backend"] == "tpu" for r in rows.values())
