@@ -48,6 +48,7 @@ from jaxckpt.fit._plan import FitPlan, plan_fit, traffic_of
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
 from jaxckpt.fit._speed import Accelerator, Traffic, accelerator, collective_seconds
 from jaxckpt.step._targets import ModelTarget, Target
+from jaxckpt.timing import within_resolution
 from jaxckpt.sharding import format_mesh
 from jaxckpt.sharding import MemoryFraction, Topology, resolve_placement
 from jaxckpt._units import format_bytes
@@ -191,11 +192,26 @@ class MeshSearch:
     """Compiles in all (every fitted mesh's)."""
     return sum(o.plan.compiles for o in self.options if o.plan is not None)
 
+  @property
+  def close(self) -> list[tuple[MeshOption, float]]:
+    """The other fitted meshes whose answer's estimated step is within :data:`jaxckpt.timing.RESOLUTION` of the
+    winner's, each with how much slower it is (a fraction): a tie to the time model, fastest first."""
+    best = self.winner.plan.choice.winner.step_s
+    out = []
+    for o in self.options:
+      if o is not self.winner and o.plan is not None and o.plan.choice is not None:
+        over = within_resolution(o.plan.choice.winner.step_s, best)
+        if over is not None:
+          out.append((o, over))
+    return sorted(out, key=lambda pair: pair[1])
+
   def as_json(self) -> dict[str, Any]:
-    """``{"mesh_search": {"winner": mesh, "meshes": [...], "compiles", "seconds"}}`` plus the winner's plan."""
+    """``{"mesh_search": {"winner": mesh, "meshes": [...], "close": [{"mesh", "over"}], "compiles", "seconds"}}``
+    plus the winner's plan."""
     return {**self.winner.plan.as_json(), "mesh_search": {
         "winner": dict(self.winner.shape), "compiles": self.compiles, "seconds": round(self.seconds, 3),
-        "limit_bytes": self.limit_bytes, "meshes": [o.as_row() for o in self.options]}}
+        "limit_bytes": self.limit_bytes, "meshes": [o.as_row() for o in self.options],
+        "close": [{"mesh": dict(o.shape), "over": round(over, 4)} for o, over in self.close]}}
 
 
 def search_meshes(

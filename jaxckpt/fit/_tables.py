@@ -8,7 +8,7 @@ from jaxckpt.analysis._tables import render_table
 from jaxckpt.fit._meshes import MeshSearch
 from jaxckpt.fit._names import custom_table
 from jaxckpt.fit._plan import FitPlan, GlobalChoice
-from jaxckpt.timing import describe_step_time
+from jaxckpt.timing import RESOLUTION, describe_step_time, within_resolution
 
 
 def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> str:
@@ -90,7 +90,18 @@ def compiled_lines(choice: GlobalChoice) -> list[str]:
            "only as the compiled schedule lets them (bound by: the largest)"]
   if choice.winner.compiled_step:
     lines.append(f"winner's compiled step: {describe_step_time(choice.winner.compiled_step, terms=4)}")
+    best = choice.winner.step_s
+    close = [(c, within_resolution(c.step_s, best)) for c in choice.table
+             if c is not choice.winner and c.compiled_step]
+    close = [f"{c.policy} {c.micro_batch} × {c.accum} (+{over:.1%})" for c, over in close if over is not None]
+    if close:
+      lines.append(_tie_line(close))
   return lines
+
+
+def _tie_line(close: list[str]) -> str:
+  return (f"within {RESOLUTION:.0%} of the winner's estimate, a tie to the time model (the spread of its errors among "
+          f"one model's published configurations, docs/timing.md): {', '.join(close)}")
 
 
 def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = False) -> str:
@@ -118,5 +129,7 @@ def mesh_table(search: MeshSearch, *, width: int | None = None, wide: bool = Fal
            "divide, or no example is predicted to fit); not fitted: ranked below --max-meshes by the bound, not "
            "compiled (it may fit: raise --max-meshes to try it)", *reasons,
            f"{search.compiles} compile{'s' * (search.compiles != 1)}, {search.seconds:.0f} s"]
+  if search.close:
+    notes.insert(-1, _tie_line([f"{o.name} (+{over:.1%})" for o, over in search.close]))
   return render_table(headers, rows, title=f"meshes within {format_bytes(search.limit_bytes)} per device",
                       notes=notes, width=width, wide=wide, right=(2, 3, 6, 8))

@@ -24,13 +24,15 @@ from jaxckpt.timing._kernels import causal_block_fraction, kernel_flops, kernel_
 from jaxckpt.timing._links import Links, collective_seconds, links_for, tpu_wraps
 from jaxckpt.timing._ops import OpCost, matmul_efficiency, op_costs
 from jaxckpt.timing._schedule import OVERLAP_RULES, with_trip_counts
-from jaxckpt.timing._step import (OpTime, StepTime, describe_step_time, estimate_step_time, layer_trip_counts,
-                                  step_time_of)
+from jaxckpt.timing._step import (RESOLUTION, OpTime, StepTime, describe_step_time, estimate_step_time,
+                                  layer_trip_counts, step_time_of, within_resolution)
 
 __all__ = [
     "estimate_step_time",
     "step_time_of",
     "describe_step_time",
+    "RESOLUTION",
+    "within_resolution",
     "StepTime",
     "OpTime",
     "OVERLAP_RULES",

@@ -16,6 +16,24 @@ from jaxckpt.timing._links import Links, links_for
 from jaxckpt.timing._ops import FREE, op_costs
 from jaxckpt.timing._schedule import OVERLAP_RULES, is_async_term, replay, with_trip_counts
 
+RESOLUTION = 0.04
+"""The smallest relative difference of two estimated step times of one model that the estimate orders, 4%: the
+spread of its errors among one model's published configurations (docs/timing.md: Llama 3.1 8B's three Trillium rows
+−0.2% to −4.1%, 3.9 points; Llama 3.1 70B's four +6.7% to +8.4%, 1.7 points). Two configurations closer than this
+are a tie to the estimate; the fit says so (:func:`within_resolution`)."""
+
+
+def within_resolution(seconds: float, best: float) -> float | None:
+  """How much slower ``seconds`` is than ``best`` (a fraction, ≥ 0) when it is within :data:`RESOLUTION` of it, else
+  ``None``: the fit's note on configurations the estimate cannot order.
+
+  Args:
+    seconds: an estimated step time (s), ≥ ``best``.
+    best: the fastest estimate (s), > 0.
+  """
+  over = seconds / best - 1
+  return over if over <= RESOLUTION else None
+
 
 class OpTime(NamedTuple):
   """One executed instruction's share of the step (:attr:`StepTime.ops`)."""

@@ -1,4 +1,4 @@
-"""The mesh in the fit search (issue 40): factorizations of a slice's chips into data × fsdp × tensor, meshes whose
+"""The mesh in the fit search: factorizations of a slice's chips into data × fsdp × tensor, meshes whose
 train state cannot fit dropped without a compile, the rest ranked by a lower bound and fitted, the fastest verified
 configuration answered; the tensor all-reduce term of the time model."""
 
@@ -15,6 +15,7 @@ from jaxckpt.fit._meshes import STATE_COPIES, state_bytes
 from jaxckpt.fit._plan import tensor_bytes_per_example
 from jaxckpt.fit._speed import collective_bytes
 from jaxckpt.step import shipped_target
+from jaxckpt.timing import RESOLUTION
 from tests.extras import needs_libtpu
 from tests.sharding.test_topology import TOPOLOGY
 
@@ -117,6 +118,13 @@ def test_mesh_auto_on_a_topology_answers_the_fastest_verified_mesh(tmp_path, cap
   assert search["winner"] == best["mesh"] and data["global_batch"] == best["plan"]["global_batch"]
   assert data["global_batch"]["footprint_bytes"] <= search["limit_bytes"]
   assert "meshes within 64.00 MiB per device" in out and "the winner's mesh" in out
+  # A fitted mesh within the time model's resolution of the winner is named as a tie, with how much slower it is.
+  fastest = best["plan"]["global_batch"]["compiled_step"]["seconds"]
+  overs = {str(r["mesh"]): r["plan"]["global_batch"]["compiled_step"]["seconds"] / fastest - 1 for r in fitted
+           if r is not best}
+  assert {str(c["mesh"]): c["over"] for c in search["close"]} == pytest.approx(
+      {m: o for m, o in overs.items() if o <= RESOLUTION}, abs=1e-4)
+  assert ("a tie to the time model" in out) == bool(search["close"])
 
 
 def test_a_candidate_over_the_host_memory_does_not_fit():

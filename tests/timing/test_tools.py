@@ -74,3 +74,27 @@ def test_bad_rank_compiled_is_one_line(capsys):
     assert fit_main([*TINY, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_configurations_within_the_resolution_are_named_a_tie():
+  """Two estimates closer than ``RESOLUTION`` (the spread of the model's errors among one model's published rows) are
+  a tie to the time model: the fit's compiled notes name the runner-up with how much slower it is, and not one
+  beyond it."""
+  from jaxckpt.fit._plan import GlobalChoice
+  from jaxckpt.fit._speed import Candidate
+  from jaxckpt.fit._tables import compiled_lines
+  from jaxckpt.timing import RESOLUTION, within_resolution
+
+  assert RESOLUTION == 0.04
+  assert within_resolution(1.03, 1.0) == pytest.approx(0.03) and within_resolution(1.05, 1.0) is None
+
+  def cand(policy, seconds):
+    return Candidate(policy, 4, 2, 1 << 30, True, 1e15, None, 9.0,
+                     compiled_step={"seconds": seconds, "bound": "compute", "terms": {"compute": seconds},
+                                    "exposed": {}})
+
+  winner, close, far = cand("full", 2.0), cand("dots_saveable", 2.06), cand("none", 2.2)
+  lines = compiled_lines(GlobalChoice(8, winner, 1 << 30, (winner, close, far), ranked_by="compiled"))
+  assert lines[-1].startswith("within 4% of the winner's estimate, a tie to the time model")
+  assert lines[-1].endswith(": dots_saveable 4 × 2 (+3.0%)")
+  assert not any("tie" in line for line in compiled_lines(GlobalChoice(8, winner, 1 << 30, (winner, far))))
