@@ -1,5 +1,5 @@
 """A plain JAX + NNX twin of jaxckpt's GPT train step, written by hand as Flax's NNX guides write models: the floor
-issue 17 holds the report's time to.
+the report's time is held to.
 
 Same shapes and math as :class:`jaxckpt.models._gpt.GPT` (pre-LN decoder, fused QKV projection, tied embeddings, learned
 positions, dropout on the attention weights and on each sublayer's output, tanh-GELU MLP, the same checkpoint names

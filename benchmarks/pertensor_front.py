@@ -54,7 +54,7 @@ MIB = 2**20
 TORCH_JSON = os.path.join(common.RESULTS_DIR, "torch_mincut.json")
 """PyTorch's min-cut points in jaxckpt's FLOP convention (``benchmarks/torch_mincut.py``)."""
 QUOTED_TORCH_VERSION = "2.14"
-QUOTED_TORCH_POINTS = (  # activation_memory_budget, saved MiB, FLOPs ÷ none, as quoted in issue 14 (NOTES §5)
+QUOTED_TORCH_POINTS = (  # activation_memory_budget, saved MiB, FLOPs ÷ none, as quoted in NOTES §5
     (1.0, 312.5, 0.9998), (0.9, 190.6, 1.0010), (0.6, 170.6, 1.0013), (0.5, 154.0, 1.0095), (0.45, 138.0, 1.0176),
     (0.4, 122.0, 1.0257), (0.35, 108.0, 1.0529), (0.3, 92.0, 1.0839), (0.25, 78.0, 1.1111), (0.2, 62.0, 1.1421),
     (0.15, 46.0, 1.1731), (0.1, 30.0, 1.2042))

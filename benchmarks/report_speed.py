@@ -43,7 +43,7 @@ NAME = "report_speed"
 TARGET_RATIO = 1.15
 """Report wall ÷ the floor (import + Σ distinct programs' trace + lower + compile by the JAX + NNX twin)."""
 THREE = ("none", "nothing_saveable", "dots_saveable")
-"""``--three``: the policies issue 33 times the report with on GPT-2 small, judged against the plain-JAX twin."""
+"""``--three``: the policies the report is timed with on GPT-2 small, judged against the plain-JAX twin."""
 THREE_TARGET_RATIO = 1.3
 """Report wall ÷ the plain-JAX floor (import + Σ trace + lower + compile of the twin without NNX), :data:`THREE`."""
 TWINS = {"nnx": "benchmarks.nnx_gpt", "jax": "benchmarks.plain_gpt"}
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--policies", nargs="+", default=None, metavar="SPEC",
                  help="policy specs (default all; none full save_only_these_names:mlp_out with --quick)")
   p.add_argument("--three", action="store_true",
-                 help=f"the policies {' '.join(THREE)} (issue 33), judged against the plain-JAX twin: target ≤ "
+                 help=f"the policies {' '.join(THREE)}, judged against the plain-JAX twin: target ≤ "
                       f"{THREE_TARGET_RATIO}×")
   p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; 1 with --quick)")
   p.add_argument("--jobs", type=int, default=1, help="the report's --jobs (XLA compilations at once; default 1)")

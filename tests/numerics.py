@@ -6,7 +6,7 @@ computes the same mathematical values as its reference, but XLA may order the fl
 instruction set of the CPU it runs on (AVX-512, AVX2, AVX, SSE4.2: other lane counts, other summation orders). So the
 results agree to rounding, and how closely depends on the CPU (``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` reproduces
 another x86-64 machine's rounding on this one). Tolerances copied from one machine's passing run fail on another:
-issue 38, an AVX2 machine, 1.7e-6 absolute / 7.6e-5 relative on one gradient element against ``atol=1e-6,
+an AVX2 machine saw 1.7e-6 absolute / 7.6e-5 relative on one gradient element against ``atol=1e-6,
 rtol=1e-5``. This module states the rule once, from the arithmetic.
 
 **The rule** (:func:`assert_trees_close`), per leaf ℓ of the compared trees (a gradient leaf, a loss, an output)::

@@ -334,7 +334,7 @@ def test_docstring_examples_run():
 
 
 def test_pallas_kernel_counts_its_body_per_grid_step_or_its_cost_estimate():
-  """A Pallas call is its body once per grid step (issue 40: a kernel's FLOPs counted as one step's before), or the
+  """A Pallas call is its body once per grid step (a kernel's FLOPs were once counted as one step's), or the
   kernel's own ``pl.CostEstimate`` when it states one."""
   from jax.experimental import pallas as pl
 

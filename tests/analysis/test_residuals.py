@@ -408,7 +408,7 @@ def test_layer_calls_are_shared_for_every_per_block_policy(policy, shared):
 def test_shared_layer_traces_give_the_same_residuals(policy, monkeypatch):
   """The report's residual analysis traces the unrolled twin's layers once (:func:`shared_layer_traces`: one jitted
   layer call, one jitted slice per layer, inlined again before JAX's analysis): every figure and item equals the
-  analysis that traces each layer (issue 33: the report at the compile floor)."""
+  analysis that traces each layer (the report at the compile floor)."""
   from jaxckpt.core import _structure as structure
   from jaxckpt import parse_model_policy
   from jaxckpt.report import _residuals as report_residuals

@@ -1,4 +1,4 @@
-"""The CLIs as a new user meets them (issue 33): help text on every option, ``--target`` documented, negative sizes
+"""The CLIs as a new user meets them: help text on every option, ``--target`` documented, negative sizes
 and failing target modules in one line, and progress bars only on a terminal (a log file gets whole lines; no bar
 fragment before a one-line error)."""
 

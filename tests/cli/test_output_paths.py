@@ -94,7 +94,7 @@ def test_classifier_mesh_error_names_the_mesh_flag(capsys):
   assert "--mesh 'data=4' covers 4 device(s)" in err and "(--mesh 'data=1' fits)" in err and "--data" not in err, err
 
 
-# --- --resume where nothing is saved (issue 26): an error unless --resume auto -------------------------------------
+# --- --resume where nothing is saved: an error unless --resume auto -------------------------------------
 
 
 @pytest.mark.parametrize("run", [CLASSIFIER, LM], ids=["classifier", "lm"])

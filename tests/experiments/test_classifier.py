@@ -198,7 +198,7 @@ def test_cli_smoke(tmp_path):
                        "--policy", "dots_saveable", "--out", str(out)], capture_output=True, text=True, env=env)
   assert ok.returncode == 0, ok.stderr
   assert "compiled train step memory" in ok.stdout and "temp" in ok.stdout and "test accuracy" in ok.stdout
-  assert "\r" not in ok.stdout + ok.stderr  # no terminal: no bar, so a log file gets whole lines (issue 33)
+  assert "\r" not in ok.stdout + ok.stderr  # no terminal: no bar, so a log file gets whole lines
   assert json.loads((out / "metrics.json").read_text())["policy"] == "dots_saveable"
   bad = subprocess.run([sys.executable, "-m", "experiments.classifier", "--policy", "dots_savable"],
                        capture_output=True, text=True, env=env)

@@ -182,7 +182,7 @@ def test_nan_stop_exit_code(capsys, nan_at_step_30):
   assert "\r" not in err and err.count("\n") == 1, repr(err)
 
 
-# --- issue 15: saved work is never lost --------------------------------------------------------------------------
+# --- saved work is never lost -----------------------------------------------------------------------------------
 
 
 def corrupt(step_dir):

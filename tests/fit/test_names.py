@@ -1,4 +1,4 @@
-"""``custom:search`` (issue 40): MaxText's ``custom`` lists — per checkpoint name device, offload or recompute —
+"""``custom:search``: MaxText's ``custom`` lists — per checkpoint name device, offload or recompute —
 chosen by the fit planner's time model from each name's bytes and saved FLOPs, then fitted and verified by compiles."""
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def test_an_offload_list_fits_below_every_fixed_policy_on_a_topology(tmp_path, c
   """llama-tiny (8 layers, 1024 tokens) on v5e:2x2 at fsdp=4 and a fixed batch of 16 (4 per chip) in 85 MiB: no
   fixed policy fits (full remat compiles to ≈ 92 MiB: the layer inputs stay on the device), so the fit planner does
   not stop there; custom:search offloads the layer input and its list, compiled, fits below every fixed policy's
-  footprint at that batch, with host bytes within the chip table's host memory per chip (issue 40's done-when)."""
+  footprint at that batch, with host bytes within the chip table's host memory per chip (the done-when of the custom-list work)."""
   path = tmp_path / "fit.json"
   assert main([*OFFLOAD_BELOW_FIXED.split(), "--no-progress", "--json", str(path)]) == 0
   out = capsys.readouterr().out

@@ -4,7 +4,7 @@ The bugs are written as hand-made remats (``jax.custom_vjp`` whose forward keeps
 backward recomputes the block), each wrong in one way a real remat can be: the recomputation draws another dropout
 mask (a key not reused, jax-ml/jax#19577), a residual loses one example's row, or a residual is kept in bfloat16. The
 same hand-made remat without the bug, and ``jax.checkpoint`` under each policy, must pass: so a failure here is the
-rule being too loose (a bug accepted) or too tight (honest rounding rejected, as on issue 38's AVX2 machine).
+rule being too loose (a bug accepted) or too tight (honest rounding rejected, as on an AVX2 machine).
 """
 
 import jax
@@ -110,7 +110,7 @@ def test_issue_38_element_passes_norm_wise_and_fails_element_wise(no_calibration
   want = np.array([3.13, -0.0223962273], np.float32)
   got = np.array([3.13, -0.0223945286], np.float32)
   assert not np.allclose(got, want, rtol=1e-5, atol=1e-6)
-  assert_trees_close(got, want, depth=7, what="issue 38")
+  assert_trees_close(got, want, depth=7, what="an AVX2 machine's rounding")
 
 
 def test_message_structure_dtypes_and_depth(no_calibration_log):

@@ -30,7 +30,7 @@ def test_budget_plan_is_not_dominated_by_the_best_fixed_policy_that_fits(compile
   fitting = [points[name] for name in FIXED if points[name][0] <= limit]
   assert fitting, points
   best_temp, best_flops = min(fitting, key=lambda p: (p[1], p[0]))  # the fewest FLOPs, then the least temp
-  # issue 33's "done when": temp ≤ the best fixed policy that fits, FLOPs ≤ its FLOPs + 0.5%
+  # the planner's promise: temp ≤ the best fixed policy that fits, FLOPs ≤ its FLOPs + 0.5%
   assert plan.compiled.temp_bytes <= min(limit, best_temp), (str(policy), plan.compiled.temp_bytes, points)
   assert plan.compiled.flops <= best_flops * 1.005, (str(policy), plan.compiled.flops, points)
 

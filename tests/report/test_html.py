@@ -176,7 +176,7 @@ def test_cli_writes_html_with_plotly_and_json(tmp_path, capsys):
   assert all(r["profile"] is None for r in data["rows"])
 
 
-# --- readable output (issue 26): legend names, spread points, labels apart, template only, fits the window ---------
+# --- readable output: legend names, spread points, labels apart, template only, fits the window ---------
 
 
 def test_residual_legend_names_a_user_can_place(report):

@@ -1,4 +1,4 @@
-"""Compiling for a TPU topology without a TPU (issue 32): the report, the budget planner and the fit planner with the
+"""Compiling for a TPU topology without a TPU: the report, the budget planner and the fit planner with the
 TPU compiler of libtpu, and their error paths.
 
 Tests that compile need the ``libtpu`` package (``pip install -e ".[tpu]"``): without it they are skipped, unless
