@@ -142,7 +142,8 @@ def _search(args: argparse.Namespace, target, placement, device, on_compile, bar
   """``--mesh auto``: :func:`jaxckpt.fit.search_meshes` with a progress line per mesh settled (stderr; through the
   bar at a terminal)."""
   def on_mesh(option) -> None:
-    message = f"jaxckpt-fit: mesh {option.name}: {option.status} ({time.perf_counter() - started_at:.0f} s elapsed)"
+    status = f"fitting (bound {option.bound_s * 1e3:.3g} ms)" if option.status == "fitting" else option.status
+    message = f"jaxckpt-fit: mesh {option.name}: {status} ({time.perf_counter() - started_at:.0f} s elapsed)"
     if bar.disable:
       print(message, file=sys.stderr, flush=True)
     else:

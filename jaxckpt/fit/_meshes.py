@@ -148,7 +148,7 @@ class MeshOption:
       split, or no example predicted to fit: not compiled),
       ``"unmappable"`` (its axes cannot be laid over the torus even splitting a physical dimension,
       :meth:`jaxckpt.sharding.Topology.mesh`), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
-      :attr:`reason` says why).
+      :attr:`reason` says why); ``"fitting"`` only in the progress callback, while its compiles run.
     plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
     reason: why it has no plan.
   """
@@ -241,7 +241,8 @@ def search_meshes(
     device: the time model's accelerator (default: the topology's chip).
     max_meshes: meshes fitted (compiled), ≥ 1.
     max_tensor: largest ``tensor`` size enumerated.
-    on_compile: progress callback ``(policy, batch)``; on_mesh: called with each mesh as it is settled.
+    on_compile: progress callback ``(policy, batch)``; on_mesh: called with each mesh fitted as its compiles start
+      (status ``"fitting"``) and as it is settled.
     memory_fraction: a GPU topology's share of memory XLA may use (:func:`jaxckpt.sharding.memory_fraction`).
     **kwargs: passed to :func:`jaxckpt.fit.plan_fit` (``min_batch``, ``jobs``, ``rank_compiled``...);
       ``rank_compiled`` defaults to 1 here: each mesh's winner is timed from the program its verification compile
@@ -277,6 +278,8 @@ def search_meshes(
 
   def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
     option = options[i]
+    if on_mesh is not None:  # before its compiles: a compiler that crashes the process has named the mesh
+      on_mesh(dataclasses.replace(option, status="fitting"))
     try:
       plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device,
                       mesh=placement.with_mesh(dict(option.shape)), on_compile=on_compile, guesses=guesses, **kwargs)

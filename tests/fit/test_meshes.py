@@ -97,8 +97,11 @@ def test_mesh_auto_on_a_topology_answers_the_fastest_verified_mesh(tmp_path, cap
   assert "no mesh of v5e:2x2's 4 chips fits" in err and "too big (train state" in err, err
   assert main(["--model", "llm", "--preset", "tiny", "--topology", TOPOLOGY, "--seq-len", "64", "--global-batch-size",
                "16", "--mesh", "auto", "--max-meshes", "2", "--memory", "64MiB", "--policies", "nothing_saveable",
-               "--no-progress", "--json", str(path)]) == 0
-  out = capsys.readouterr().out
+               "--json", str(path)]) == 0
+  out, err = capsys.readouterr()
+  # progress names each mesh before its compiles (a compiler that crashes the process has said where) and after
+  progress = [line for line in err.splitlines() if line.startswith("jaxckpt-fit: mesh fsdp=4: ")]
+  assert [line.split(": ")[2].split(" (")[0] for line in progress] == ["fitting", "fitted"], err
   data = json.loads(path.read_text())
   search = data["mesh_search"]
   rows = search["meshes"]
