@@ -206,9 +206,9 @@ class Placement:
     return {} if self.topology is None or self.mesh is None else self.topology.axis_links(self.mesh)
 
   def with_mesh(self, mesh: str | Mapping[str, int] | Mesh) -> Placement:
-    """The same topology and fraction under another mesh (the fit's mesh search)."""
+    """The same topology and fraction under another mesh (the fit's mesh search), a chosen one (``mesh_given``)."""
     laid = self.topology.mesh(mesh) if self.topology is not None else _concrete_mesh(mesh)
-    return dataclasses.replace(self, mesh=laid)
+    return dataclasses.replace(self, mesh=laid, mesh_given=True)
 
   def check_batch_size(self, batch_size: int, *, flag: str = "batch_size") -> None:
     """Raises :class:`~jaxckpt.errors.MeshSpecError` unless ``batch_size`` splits over the mesh's batch axes."""

@@ -508,7 +508,8 @@ def topology_header(topology: str, mesh: Mapping[str, int], *, mesh_given: bool 
   key, sizes = parse_topology(topology)
   chip = CHIPS[key]
   count = math.prod(sizes)
-  default = " (every chip on the data axis; --mesh to shape it)" if not mesh_given and dict(mesh) == {"data": count} else ""
+  is_default = not mesh_given and dict(mesh) == {"data": count}
+  default = " (every chip on the data axis; --mesh to shape it)" if is_default else ""
   if chip.is_gpu:
     nodes, per_node = sizes
     where = f"1 node of {per_node}" if nodes == 1 else f"{nodes} nodes × {per_node}"

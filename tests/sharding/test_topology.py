@@ -28,7 +28,7 @@ from jaxckpt.cli._report import main as report_main
 from jaxckpt.step import compile_policy, step_compiler_options
 from jaxckpt.fit import with_batch
 from jaxckpt.sharding import _topology as topology
-from jaxckpt.sharding import (CHIPS, chip_for_kind, get_topology, parse_topology, topology_header,
+from jaxckpt.sharding import (CHIPS, chip_for_kind, get_topology, parse_topology, resolve_placement, topology_header,
                                       topology_mesh)
 from tests.extras import needs_libtpu
 
@@ -335,3 +335,15 @@ def test_budget_plan_on_a_topology_fits_with_the_tpu_compiler(tmp_path, capsys):
                     "--budget", "1MiB", "--max-rounds", "1"]) == 2  # GPT's names tag no layer input: nothing to offload
   err = capsys.readouterr().err
   assert "no plan fits budget:1.00MiB" in err and "custom:search" not in err, err
+
+
+@needs_libtpu
+def test_a_placement_knows_whether_its_mesh_was_given():
+  """The default mesh of a topology (every chip on data) is said as such in the header; a given one, or one the fit's
+  mesh search chose, is not — even when it is every chip on data."""
+  default = resolve_placement(None, TOPOLOGY)
+  assert not default.mesh_given and "(every chip on the data axis; --mesh to shape it)" in default.header()
+  given = resolve_placement("data=4", TOPOLOGY)
+  assert given.mesh_given and "--mesh to shape it" not in given.header()
+  chosen = default.with_mesh({"data": 4})
+  assert chosen.mesh_given and "--mesh to shape it" not in chosen.header()
