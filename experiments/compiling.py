@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt.analysis import memory_table, policy_summary
+from jaxckpt.analysis import collectives_by_axis, describe_collectives, memory_table, policy_summary, read_compiled
 from jaxckpt.step import ModelTarget, compile_policy
 from jaxckpt import sharding
 
@@ -28,6 +28,8 @@ class CompiledStep:
     warnings: warnings raised while compiling, and the offload note for offload policies.
     block_types: block type -> checkpoint names of the run's model.
     step: the step function that was compiled (uncompiled; for benchmarks that time it by hand).
+    collectives: with a mesh over several devices, what the compiled step sends per device, by kind and mesh axes
+      (:func:`jaxckpt.analysis.collectives_by_axis`, as dicts); else ``None``.
   """
 
   fn: jax.stages.Compiled
@@ -36,6 +38,7 @@ class CompiledStep:
   warnings: list[str]
   block_types: dict[str, frozenset[str]]
   step: Callable | None = None
+  collectives: list[dict[str, Any]] | None = None
 
 
 def compile_and_describe(
@@ -80,6 +83,12 @@ def compile_and_describe(
     log(f"mesh {sharding.format_mesh(mesh)} over {jax.device_count()} devices in {jax.process_count()} "
         "process(es): memory below is per device")
   log(memory_table(memory))
+  collectives = None
+  if mesh is not None and jax.device_count() > 1:
+    collectives = [u.as_dict() for u in collectives_by_axis(read_compiled(compiled.compiled),
+                                                            sharding.mesh_shape(mesh))]
+    log(f"collectives per step, per device: {describe_collectives(collectives)}")
   log(f"compiled in {compiled.seconds:.1f} s on {jax.default_backend()} "
       f"(compiler options {jaxckpt.remat_compiler_options() or 'none'})")
-  return CompiledStep(compiled.compiled, memory, compiled.seconds, messages, dict(block_types), compiled.step.step)
+  return CompiledStep(compiled.compiled, memory, compiled.seconds, messages, dict(block_types), compiled.step.step,
+                      collectives)

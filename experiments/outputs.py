@@ -45,6 +45,7 @@ def run_metrics(
       "compile_s": compiled.compile_s,
       "steps": total_steps,
       "memory": compiled.memory,
+      "collectives": compiled.collectives,
       "backend": jax.default_backend(),
       "compiler_options": jaxckpt.remat_compiler_options(),
       "versions": jaxckpt.schema.versions(),

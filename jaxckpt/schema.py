@@ -86,10 +86,11 @@ METRICS_KEYS: tuple[str, ...] = (
 )
 """Keys every experiment's ``metrics.json`` has (experiments add their own after these)."""
 
-PLACEMENT_KEYS: tuple[str, ...] = ("mesh", "device_count", "process_count")
+PLACEMENT_KEYS: tuple[str, ...] = ("mesh", "device_count", "process_count", "collectives")
 """Where a run ran (every experiment's ``metrics.json``): ``mesh`` = ``{axis: size}`` or ``null`` (one device,
-unsharded), ``device_count`` = devices used, ``process_count`` = JAX processes. Under a mesh, ``memory`` is per
-device."""
+unsharded), ``device_count`` = devices used, ``process_count`` = JAX processes, ``collectives`` = what the compiled
+step sends per device, by kind and mesh axes (``jaxckpt.analysis.CollectiveUse.as_dict()`` records; ``null`` on one
+device). Under a mesh, ``memory`` is per device."""
 
 AUX_TASK_KEYS: tuple[str, ...] = ("aux_task", "aux_weight", "test_aux_accuracy")
 """The classifier's multi-task keys: the auxiliary task's name, its loss weight λ and its test accuracy (0–1); all

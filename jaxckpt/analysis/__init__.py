@@ -2,7 +2,8 @@
 :func:`count_live_flops`), the saved residuals of a policy (:func:`saved_residuals`, grouped by checkpoint name,
 primitive or source line), remat regions in every form the installed JAX has (:data:`REMAT_FORMS`), and compiled
 programs read from their HLO text (:func:`parse_hlo`, :func:`read_compiled`: every instruction with its runs per step,
-dot FLOPs, bytes, collectives and host transfers), and the bytes a compile's buffer assignment puts in each memory
+dot FLOPs, bytes, collectives and host transfers; :func:`collectives_by_axis`: what a step sends over which mesh
+axes), and the bytes a compile's buffer assignment puts in each memory
 space (:func:`read_memory_spaces`: the device's HBM and the host's, from XLA's dump).
 
 The floor below the policies: nothing here imports :mod:`jaxckpt.policies`, :mod:`jaxckpt.core` or anything above,
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
-from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, HloComputation,
-                                   HloExecution, HloInstruction, HloModule, HloParseError, HloTotals, HostTransfer,
-                                   instruction_flops, parse_hlo, read_compiled, replica_groups)
+from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, CollectiveUse,
+                                   HloComputation, HloExecution, HloInstruction, HloModule, HloParseError, HloTotals,
+                                   HostTransfer, collectives_by_axis, describe_collectives, group_axes, instruction_flops, parse_hlo,
+                                   read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
 from jaxckpt.analysis._memory_spaces import (DEVICE_MEMORY_SPACE, MemorySpace, MemorySpaces, offload_device_bytes,
                                              read_memory_spaces)
@@ -45,6 +47,10 @@ __all__ = [
     "HloExecution",
     "ArrayShape",
     "Collective",
+    "CollectiveUse",
+    "collectives_by_axis",
+    "describe_collectives",
+    "group_axes",
     "HostTransfer",
     "HloTotals",
     "HloParseError",

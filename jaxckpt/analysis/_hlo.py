@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
+from jaxckpt._units import format_bytes
 from jaxckpt.errors import JaxckptError, shorten
 
 HOST_MEMORY_SPACE = 5
@@ -211,11 +212,35 @@ class Collective(NamedTuple):
   group_size: int  # devices per group (2 for collective-permute's source/target pairs)
   is_async: bool  # run asynchronously: a -start not marked is_sync, an async-start, or a TPU async collective fusion
   count: int  # runs per step
+  in_loop: bool = False  # inside a while loop's body (a scanned layer stack's per-layer collectives)
+  sliced_bytes: int = 0  # an all-reduce's payload bytes per run whose results are only sliced afterwards: a reduction
+  # to each device's shard that the compiler runs as an all-reduce (XLA:CPU; TPU for small shards)
 
   @property
   def total_bytes(self) -> int:
     """``payload_bytes * count``: bytes per device per step."""
     return self.payload_bytes * self.count
+
+
+class CollectiveUse(NamedTuple):
+  """The collectives of one kind over one set of mesh axes in a step (:func:`collectives_by_axis`): what the step
+  sends, and over which axes."""
+
+  kind: str  # a COLLECTIVE_KINDS entry ("reduce-scatter" also for an all-reduce whose results are only sliced)
+  axes: tuple[str, ...]  # the mesh axes its replica groups span, in mesh order: ("fsdp",), ("data", "fsdp")
+  in_loop: bool  # inside a while loop's body: a scanned layer stack's per-layer collectives (else once per step)
+  group_size: int  # devices per group (the largest, where groups differ; 2 for a collective-permute's pairs)
+  instructions: int  # distinct collective instructions in the program
+  runs: int  # runs per step (each loop body's collectives times its trip count)
+  bytes: int  # payload bytes per device per step (Collective.payload_bytes × runs, summed)
+  largest_bytes: int  # the largest payload of one run, bytes per device (a whole gradient, or one device's shard)
+  sliced_bytes: int  # all-reduces: of `bytes`, those whose results are only sliced afterwards (a reduction to the
+  # shards that the compiler runs as an all-reduce: XLA:CPU always, the TPU compiler for small shards)
+  largest_kept_bytes: int  # all-reduces: the largest payload of one run that devices keep whole (not sliced)
+
+  def as_dict(self) -> dict[str, Any]:
+    """The record as JSON-ready values (the report's ``collectives`` rows)."""
+    return {**self._asdict(), "axes": list(self.axes)}
 
 
 class HostTransfer(NamedTuple):
@@ -877,10 +902,60 @@ def _collective_kind(opcode: str) -> str | None:
 
 
 def _scatters(comp: HloComputation, ins: HloInstruction) -> bool:
-  """Whether an all-reduce's result is only dynamic-sliced (TPU's reduce-scatter fusion: all-reduce + slice)."""
+  """Whether an all-reduce's result is only dynamic-sliced inside its fusion (TPU's reduce-scatter fusion,
+  ``all-reduce-scatter``: all-reduce + slice, which runs as a reduce-scatter). An all-reduce whose result is sliced
+  by later instructions (XLA:CPU, which has no reduce-scatter; the TPU compiler's choice for small arrays) moves the
+  whole array on the wire and stays an all-reduce."""
   users = comp.users.get(ins.name, ())
   return bool(users) and all(u.opcode == "dynamic-slice" or (u.opcode == "bitcast" and _scatters(comp, u))
                              for u in users)
+
+
+_PASS_THROUGH = frozenset({"bitcast", "get-tuple-element", "all-reduce-done", "async-done", "copy"})
+"""Instructions a value goes through unchanged on its way to a slice (:func:`_only_sliced`)."""
+
+
+def _parameter_sliced(computations: Mapping[str, HloComputation], fusion: HloInstruction, value: str) -> bool:
+  """Whether a fusion uses its operand ``value`` only through dynamic slices inside its fused computation."""
+  called = computations.get(fusion.called or "")
+  if called is None:
+    return False
+  numbers = {i for i, op in enumerate(fusion.operands) if op == value}
+  params = [i for i in called.instructions if i.opcode == "parameter" and i.literal is not None
+            and int(i.literal) in numbers]
+  return bool(params) and all(_only_sliced(computations, called, p) for p in params)
+
+
+def _only_sliced(computations: Mapping[str, HloComputation], comp: HloComputation, ins: HloInstruction) -> bool:
+  """Whether every use of ``ins`` reaches a dynamic slice (through bitcasts, tuple elements, async done, copies, and
+  into fusions that only slice it): each device keeps a part of it."""
+  users = comp.users.get(ins.name, ())
+  if not users:
+    return False
+  for user in users:
+    if user.opcode == "dynamic-slice" and user.operands and user.operands[0] == ins.name:
+      continue
+    if user.opcode in _PASS_THROUGH and _only_sliced(computations, comp, user):
+      continue
+    if user.opcode == "fusion" and _parameter_sliced(computations, user, ins.name):
+      continue
+    return False
+  return True
+
+
+def _sliced_bytes(module: HloModule, comp: HloComputation, ins: HloInstruction) -> int:
+  """Bytes per run of an all-reduce's results that are only sliced afterwards (:func:`_only_sliced`): a reduction to
+  each device's shard that the compiler runs as an all-reduce (XLA:CPU, which has no reduce-scatter; the TPU
+  compiler for small shards, the slice fused into the gradient's update). A tuple all-reduce counts per element."""
+  done = next((u for u in comp.users.get(ins.name, ()) if u.opcode.endswith("-done")), None)
+  result = done if done is not None else ins
+  if not isinstance(result.shape, tuple):
+    return result.output_bytes if _only_sliced(module.computations, comp, result) else 0
+  total = 0
+  for user in comp.users.get(result.name, ()):
+    if user.opcode == "get-tuple-element" and _only_sliced(module.computations, comp, user):
+      total += user.output_bytes
+  return total
 
 
 def _is_sync(ins: HloInstruction) -> bool:
@@ -909,7 +984,8 @@ def _collective(module: HloModule, ins: HloInstruction, unit: HloInstruction, co
   else:
     payload = sum(operands)
   is_async = (ins.opcode.endswith("-start") and not _is_sync(ins)) or fused_async
-  return Collective(kind, ins, unit.name, payload, groups, size, is_async, count)
+  sliced = _sliced_bytes(module, comp, ins) if kind == "all-reduce" else 0
+  return Collective(kind, ins, unit.name, payload, groups, size, is_async, count, sliced_bytes=min(sliced, payload))
 
 
 def _unit_collectives(module: HloModule, run: HloExecution) -> Iterator[tuple[HloInstruction, bool]]:
@@ -1035,7 +1111,7 @@ class HloModule:
         if key in found:  # the same collective's async pieces (TPU: start, overlapped and done fusions)
           found[key] = found[key]._replace(is_async=found[key].is_async or fused_async)
         else:
-          found[key] = _collective(self, ins, run.instruction, run.count, fused_async)
+          found[key] = _collective(self, ins, run.instruction, run.count, fused_async)._replace(in_loop=bool(run.loops))
     return tuple(found.values())
 
   def collectives(self) -> tuple[Collective, ...]:
@@ -1077,6 +1153,90 @@ class HloModule:
             for i in (_called_instructions(self.computations, r.instruction) if r.instruction.opcode in _RUNS_BODY
                       else (r.instruction,))
             if i.opcode == "custom-call" and i.custom_call_target not in _GEMM_TARGETS | _NO_FLOPS_TARGETS})))
+
+
+def group_axes(groups: tuple[tuple[int, ...], ...], mesh: Mapping[str, int]) -> tuple[str, ...]:
+  """The mesh axes a collective's replica groups span: the axes along which the devices of some group differ.
+
+  Device ids are partition ids, positions in the mesh's devices laid out row-major over its axes (what jax's SPMD
+  programs number, :func:`replica_groups`).
+
+  Args:
+    groups: the replica groups (or a collective-permute's source/target pairs), device ids.
+    mesh: ``{axis: size}`` in the mesh's axis order (:func:`jaxckpt.sharding.mesh_shape`).
+
+  Returns:
+    The spanned axes in mesh order (``()`` where every group is one device).
+
+  Raises:
+    HloParseError: a device id outside the mesh.
+  """
+  names, sizes = list(mesh), [int(n) for n in mesh.values()]
+  total = math.prod(sizes)
+  spanned: set[int] = set()
+  for group in groups:
+    if any(not 0 <= d < total for d in group):
+      raise HloParseError(f"replica group {group} names a device outside the mesh {dict(mesh)} ({total} devices)")
+    coords = np.array(np.unravel_index(np.asarray(group, dtype=np.int64), sizes)).reshape(len(sizes), -1)
+    spanned.update(i for i in range(len(sizes)) if len(set(coords[i].tolist())) > 1)
+  return tuple(names[i] for i in sorted(spanned))
+
+
+def collectives_by_axis(module: HloModule, mesh: Mapping[str, int]) -> tuple[CollectiveUse, ...]:
+  """A compiled step's collectives by kind and by the mesh axes they span: how many, how often, how many bytes.
+
+  This is how to read what an FSDP step sends: its layer gradients reduce-scattered over ``fsdp`` (and only the shard
+  all-reduced over ``data``), not all-reduced whole over every device (docs/sharding.md).
+
+  Args:
+    module: the program (:func:`parse_hlo`), compiled for a mesh of ``mesh``'s devices.
+    mesh: ``{axis: size}`` in the mesh's axis order.
+
+  Returns:
+    One :class:`CollectiveUse` per (kind, axes, in a loop or not), the most bytes first.
+
+  Raises:
+    HloParseError: a replica group outside the mesh (a program compiled for another mesh).
+
+  Example::
+
+    >>> uses = collectives_by_axis(read_compiled(compiled), {"data": 2, "fsdp": 4})
+    >>> [(u.kind, u.axes) for u in uses]
+    [('all-gather', ('fsdp',)), ('reduce-scatter', ('fsdp',)), ('all-reduce', ('data',))]
+  """
+  if math.prod(int(n) for n in mesh.values()) != module.num_devices:
+    raise HloParseError(f"the program spans {module.num_devices} devices, the mesh {dict(mesh)} "
+                        f"{math.prod(int(n) for n in mesh.values())}: read it with the mesh it was compiled for")
+  rows: dict[tuple[str, tuple[str, ...], bool], list[Collective]] = {}
+  for c in module.collectives():
+    rows.setdefault((c.kind, group_axes(c.groups, mesh), c.in_loop), []).append(c)
+  out = [CollectiveUse(kind, axes, in_loop, max(c.group_size for c in cs), len(cs), sum(c.count for c in cs),
+                       sum(c.total_bytes for c in cs), max(c.payload_bytes for c in cs),
+                       sum(c.sliced_bytes * c.count for c in cs), max(c.payload_bytes - c.sliced_bytes for c in cs))
+         for (kind, axes, in_loop), cs in rows.items()]
+  return tuple(sorted(out, key=lambda u: (-u.bytes, u.kind, u.axes)))
+
+
+def describe_collectives(uses: "tuple[CollectiveUse, ...] | list[Mapping[str, Any]]", *, top: int = 4) -> str:
+  """One line of what a step sends: its ``top`` collectives by bytes, each as kind, mesh axes, bytes per device per
+  step and where (``reduce-scatter over fsdp 12.0 MiB in the layer loop``), an all-reduce whose results are only
+  sliced said so.
+
+  Args:
+    uses: :func:`collectives_by_axis`'s records, or their :meth:`CollectiveUse.as_dict` (a report row's
+      ``collectives``).
+    top: how many to name.
+  """
+  rows = [u.as_dict() if isinstance(u, CollectiveUse) else u for u in uses]
+  if not rows:
+    return "no collectives"
+  parts = []
+  for u in sorted(rows, key=lambda r: -r["bytes"])[:top]:
+    over = "×".join(u["axes"]) or "one device"
+    kind = u["kind"] + (" (sliced: a reduce-scatter run as an all-reduce)" if u.get("sliced_bytes") else "")
+    parts.append(f"{kind} over {over} {format_bytes(u['bytes'])}" + (" in the layer loop" if u["in_loop"] else ""))
+  more = len(rows) - top
+  return "; ".join(parts) + (f"; {more} more" if more > 0 else "")
 
 
 def parse_hlo(text: str) -> HloModule:

@@ -22,7 +22,7 @@ from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies._spec import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
 from jaxckpt.analysis._policy_meaning import check_policy
 from jaxckpt.core._autonames import tag_parts
-from jaxckpt.sharding._rules import gather_block_state, gathering
+from jaxckpt.sharding._gather import constrain_batch, gather_block_state, gathering
 from jaxckpt.core._tagging import tag_values
 
 _REMAT_CALLS: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("jaxckpt_remat_calls", default=None)
@@ -267,16 +267,16 @@ def module_call(method: Callable[..., Any], policy: Policy, *, prevent_cse: bool
       checkpointed = jax.checkpoint(fn, policy=jax_policy, prevent_cse=prevent_cse)
       if share_traces and policy.name != SAVE_TENSORS:
         shared[graphdef] = checkpointed
-    out, updates = checkpointed(state, *args)
+    out, updates = checkpointed(state, *constrain_batch(args))
     nnx.update(module, updates)
-    return out
+    return constrain_batch(out)
 
   return call
 
 
 def _gathered_call(method: Callable[..., Any], module: nnx.Module, *args) -> Any:
   """``method(module, *args)`` for a block without remat (policy ``none``). Under a mesh with an ``fsdp`` axis the
-  block's parameters are gathered first (:func:`jaxckpt.sharding._rules.gather_block_state`) inside a
+  block's parameters are gathered first (:func:`jaxckpt.sharding._gather.gather_block_state`) inside a
   ``jax.checkpoint(nothing_saveable)`` of the gather alone: the backward pass gathers again instead of keeping every
   layer's gathered parameters (FSDP re-gathers, ZeRO stage 3); the block's activations are kept, as ``none`` says."""
   if not gathering():
@@ -284,9 +284,9 @@ def _gathered_call(method: Callable[..., Any], module: nnx.Module, *args) -> Any
   graphdef, state = nnx.split(module)
   state = jax.checkpoint(gather_block_state, policy=jax.checkpoint_policies.nothing_saveable)(state)
   inner = nnx.merge(graphdef, state)
-  out = method(inner, *args)
+  out = method(inner, *constrain_batch(args))
   nnx.update(module, nnx.state(inner, nnx.Not(nnx.Param)))
-  return out
+  return constrain_batch(out)
 
 
 class Remat(nnx.Module):

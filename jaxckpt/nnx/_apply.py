@@ -58,6 +58,7 @@ from jaxckpt.errors import JaxckptError, PolicySpecError
 from jaxckpt.analysis._jaxprs import checkpoint_name_of, iter_eqns
 from jaxckpt.policies._spec import Policy, PolicySpec, parse_policy
 from jaxckpt.core._remat import Remat, module_call
+from jaxckpt.sharding._gather import gathering
 
 BlockMatcher = "type | tuple[type, ...] | Callable[[tuple, nnx.Module], bool]"
 """What ``blocks=`` maps a block type to: an NNX module class, a tuple of classes (``isinstance``), or a predicate
@@ -75,6 +76,12 @@ model tags them itself: known only once traced); checked when the block is first
 _NAMED_PATHS = "_jaxckpt_named_paths"
 """Instance attribute (static): paths (relative to the block) of the layers whose outputs get automatic names,
 decided by ``names=`` when :func:`apply_remat` ran."""
+
+_STACKED = "stacked_layers"
+"""Instance attribute (static) ``True`` on an applied block whose parameters are stacked on a leading layer axis (an
+``nnx.vmap`` stack called in ``nnx.scan``, :func:`jaxckpt.core._autonames.layer_axes`): the declaration
+:func:`jaxckpt.sharding.stacked_layer_paths` reads, so FSDP never splits the layer axis and gathers one layer at a
+time."""
 
 _ORIGINAL: dict[type, type] = {}  # applied subclass -> the user's class
 _APPLIED: dict[type, type] = {}  # the user's class -> applied subclass
@@ -219,8 +226,9 @@ def _run_applied(self: nnx.Module, cls: type, args: tuple, kwargs: dict) -> Any:
     record.setdefault(block_type, set()).update(traced_names())
   if set(getattr(self, _PENDING, ())) & set(policy.checkpoint_names):
     _verify_pending(self, block_type, policy, traced_names)
-  if not policy.remat:
+  if not policy.remat and not gathering():
     return cls.__call__(self, *args, **kwargs)
+  # no remat under an fsdp axis: still a block, whose parameters are gathered per call (module_call)
   return module_call(method, policy, parts=names_parts(policy.checkpoint_names))(self, *arrays)
 
 
@@ -308,7 +316,7 @@ def _applied_class(cls: type) -> type:
 
 def _unapply(module: nnx.Module) -> None:
   object.__setattr__(module, "__class__", original_class(module))
-  for attr in (_POLICY, _TYPE, _LEARNED, _NAMED_PATHS, _PENDING):
+  for attr in (_POLICY, _TYPE, _LEARNED, _NAMED_PATHS, _PENDING, _STACKED):
     if attr in vars(module):
       delattr(module, attr)
 
@@ -424,6 +432,8 @@ def apply_remat(model: nnx.Module, policy: "str | Policy | PolicySpec | None", *
     for _, module in hits:
       object.__setattr__(module, "__class__", _applied_class(original_class(module)))
       setattr(module, _TYPE, block_type)
+      if layer_axes(jax.tree.leaves(nnx.state(module))):
+        setattr(module, _STACKED, True)
   for _, block in applied_blocks(model):  # after every swap, so layers inside nested blocks are left to them
     setattr(block, _NAMED_PATHS, _named_paths(block, rule))
   validate_applied(model, spec, applied_block_types(model))  # names your model tags itself: checked when traced

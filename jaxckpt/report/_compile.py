@@ -24,6 +24,7 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError, raised_at
+from jaxckpt.analysis._hlo import collectives_by_axis, parse_hlo
 from jaxckpt.analysis._jaxprs import count_remat_regions
 from jaxckpt.analysis._memory_spaces import offload_device_bytes, read_memory_spaces
 from jaxckpt.analysis._policy_meaning import GROUPED_MATMULS, grouped_matmul_gap
@@ -37,7 +38,7 @@ from jaxckpt.report._keys import STATUS_ERROR, STATUS_OK, empty_row
 from jaxckpt.schema import MEMORY_KEYS, footprint_bytes
 from jaxckpt._units import format_bytes
 from jaxckpt.report._residuals import analyse_residuals
-from jaxckpt.sharding import Topology, make_mesh, mesh_platform
+from jaxckpt.sharding import Topology, make_mesh, mesh_platform, mesh_shape
 from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import lower_policy, step_builder, step_compiler_options, xla_raw_flops
@@ -224,7 +225,7 @@ def step_time_estimate(compiled: Any, topology: Topology, mesh: Any) -> dict[str
 
   Args:
     compiled: the row's :class:`~jaxckpt.step.CompiledPolicy` (its program text: the executable's or the
-      compiled-stats cache's).
+      compiled-stats cache's), or its program read (:class:`~jaxckpt.analysis.HloModule`).
     topology: the slice or cluster it was compiled for.
     mesh: the mesh it was sharded over.
 
@@ -381,7 +382,10 @@ class _RowCompiles:
       row["compile_s"] = compiled.seconds
       if self.topology is not None:
         try:
-          row["step_time_estimate"] = step_time_estimate(compiled, self.topology, self.mesh)
+          module = parse_hlo(compiled.hlo_text())
+          row["step_time_estimate"] = step_time_estimate(module, self.topology, self.mesh)
+          if self.mesh is not None:
+            row["collectives"] = [u.as_dict() for u in collectives_by_axis(module, mesh_shape(self.mesh))]
         except Exception as err:  # noqa: BLE001 - the estimate failing leaves the compiled stats standing
           self.warnings.append(f"policy {row['policy']!r}: no step-time estimate: {one_line(err)}")
       self.warnings.extend(f"policy {row['policy']!r}: the compiler logged: {line}" for line in compiled.compiler_log)

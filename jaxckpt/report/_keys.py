@@ -56,6 +56,11 @@ ROW_KEYS: tuple[str, ...] = (
     "step_time_s",  # --measure: median seconds per step after warm-up; else None.
     "step_time_estimate",  # A topology's compile: its program's step time (report._compile.step_time_estimate:
     # StepTime.as_dict(): "seconds", "bound", "terms", "exposed", ...; and "recompute_s"; one device); else None.
+    "collectives",  # A topology's compile over a mesh: what the step sends, one record per (kind, mesh axes, in the
+    # layer loop or not) (jaxckpt.analysis.CollectiveUse.as_dict(): "kind", "axes", "in_loop", "group_size",
+    # "instructions", "runs", "bytes" per device per step, "largest_bytes" of one run; all-reduces: "sliced_bytes",
+    # results only sliced afterwards, a reduction to shards run as an all-reduce, and "largest_kept_bytes"), the most
+    # bytes first; else None.
     "peak_bytes_measured",  # --measure: measured peak bytes of the step (see report.measure); else None.
     "xla_dump",  # --xla-dump: {"dir", "files", "peak_buffers"}; else None.
     "profile",  # --profile DIR: {"dir": DIR/<policy slug>, "files": [*.xplane.pb]} (jaxckpt.training._profile); else None.

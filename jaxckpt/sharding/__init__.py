@@ -8,7 +8,8 @@
   names: :class:`TensorPlan` names layers by path, ``colwise`` or ``rowwise`` (PyTorch's ``parallelize_module``
   plans; Megatron-LM's pairs), and writes the rule table's names onto their parameters when the model is built.
 - **State and batch shardings** (:mod:`~jaxckpt.sharding._state`): the FSDP rule, state shardings by logical names,
-  parameters gathered where the model computes with them.
+  parameters gathered where the model computes with them (:mod:`~jaxckpt.sharding._gather`: the all-gather, and the
+  gradients' reduce-scatter).
 - **Multi-process runs** (:mod:`~jaxckpt.sharding._distributed`): ``jax.distributed``, the rows each process feeds,
   replica checks.
 - **Chips and topologies** (:mod:`~jaxckpt.sharding._chips`, :mod:`~jaxckpt.sharding._topology`): one table of
@@ -33,8 +34,9 @@ from jaxckpt.sharding._rules import LOGICAL_NAMES, LOGICAL_RULES, constrain, log
 from jaxckpt.sharding._tensor_plan import (TENSOR_PLAN_GRAMMAR, TENSOR_STYLES, PlannedParam, TensorPlan,
                                            check_tensor_splits, parse_tensor_plan, planned_params,
                                            tensor_split_sizes)
-from jaxckpt.sharding._state import (batch_sharding, batch_shardings, fsdp_partition, gather_params_in_loss,
-                                     gathered_in_use_paths, gathered_params, param_partition, shard_state,
+from jaxckpt.sharding._gather import gather_for_use, gather_params_in_loss, gathered_params
+from jaxckpt.sharding._state import (batch_sharding, batch_shardings, fsdp_partition, gathered_in_use_paths,
+                                     param_partition, shard_state,
                                      stacked_layer_paths, state_partition_specs, state_shardings, step_shardings)
 from jaxckpt.sharding._topology import (CUDA_PLUGIN, TOPOLOGY_FORMS, Topology, check_cuda_plugin, check_libtpu,
                                         check_topology_name, compiled_for, compiler_name, compiles_only, get_topology,
@@ -53,7 +55,7 @@ __all__ = [
     # state and batch shardings
     "fsdp_partition", "param_partition", "stacked_layer_paths", "gathered_in_use_paths", "state_partition_specs",
     "state_shardings", "batch_sharding", "batch_shardings", "step_shardings", "gathered_params",
-    "gather_params_in_loss", "shard_state",
+    "gather_params_in_loss", "gather_for_use", "shard_state",
     # multi-process
     "process_rows", "shard_batch", "initialize_distributed", "replica_mismatches", "gather",
     # chips and topologies

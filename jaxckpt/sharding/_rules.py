@@ -13,9 +13,8 @@ MaxText's ``logical_axis_rules`` (AI-Hypercomputer/maxtext, ``configs/base.yml``
 - **Activations** are constrained where the model says so: :func:`constrain` is ``jax.lax.with_sharding_constraint``
   by logical names under the mesh the step is traced with (``jax.set_mesh``, set by the step core), and the identity
   when no mesh is in context (a step on one device), so models call it unconditionally.
-- **FSDP per layer**: inside a remat'd block the block's parameters are gathered over ``fsdp`` only
-  (:func:`gather_block_state`), so a chip holds one gathered block at a time and the backward pass gathers again
-  (the gather is inside ``jax.checkpoint``, so it is recomputed, not saved), as MaxText's scanned decoder does.
+- **FSDP per layer**: inside a remat'd block the block's parameters are gathered over ``fsdp`` only, and their
+  gradients reduce-scattered (:mod:`jaxckpt.sharding._gather`).
 
 A dimension that the mapped mesh axes do not divide is left whole (replicated) for that array; the models check the
 splits a user would expect to hold (heads over ``tensor``) and say so in one line.
@@ -75,7 +74,7 @@ LOGICAL_NAMES: tuple[str, ...] = tuple(LOGICAL_RULES)
 BATCH = "activation_batch"
 """The logical name of an activation's batch axis (split over ``data`` and ``fsdp``)."""
 
-_GATHERED: tuple[str, ...] = ("fsdp",)
+GATHERED_AXES: tuple[str, ...] = ("fsdp",)
 """Mesh axes a block's parameters are gathered over inside the block (FSDP); ``tensor`` splits stay."""
 
 
@@ -142,14 +141,15 @@ def logical_spec(names: Sequence[str | None], mesh_shape: Mapping[str, int], sha
   return PartitionSpec(*out)
 
 
-def _mesh() -> Any:
+def traced_mesh() -> Any:
+  """The mesh the current trace runs under (``jax.set_mesh``; an abstract mesh), or ``None`` without one."""
   mesh = jax.sharding.get_abstract_mesh()
   return None if mesh.empty else mesh
 
 
 def traced_mesh_shape() -> dict[str, int]:
   """``{mesh axis: size}`` of the mesh the current trace runs under (``jax.set_mesh``); ``{}`` without one."""
-  mesh = _mesh()
+  mesh = traced_mesh()
   return {} if mesh is None else {str(k): int(v) for k, v in mesh.shape.items()}
 
 
@@ -173,7 +173,7 @@ def traced_platform() -> str:
   """The platform the current trace is compiled for: the mesh in context's (``"tpu"`` for a TPU topology's mesh),
   else the one :func:`tracing_for` set, else ``jax.default_backend()``. A kernel that exists on one platform only
   (Pallas TPU or GPU kernels) asks here."""
-  mesh = _mesh()
+  mesh = traced_mesh()
   device = None if mesh is None else mesh.abstract_device
   if device is not None:
     return device.platform
@@ -195,7 +195,7 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   Raises:
     ValueError: an unknown name, or as many names as ``x`` has axes not given.
   """
-  mesh = _mesh()
+  mesh = traced_mesh()
   if mesh is None:
     _check_names(names, "constrain")
     return x
@@ -277,73 +277,3 @@ def param_logical_axes(variable: Any) -> tuple[str | None, ...] | None:
     return None
   names = tuple(names)
   return names if all(n is None or isinstance(n, str) for n in names) else None
-
-
-def gather_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh_shape: Mapping[str, int]
-                ) -> PartitionSpec:
-  """The sharding a block computes with: its parameter's own sharding without the FSDP axis (gathered over ``fsdp``,
-  still split over ``tensor``); a parameter without logical names is gathered whole (replicated).
-
-  Args:
-    names: the parameter's logical names (:func:`param_logical_axes`) or ``None``.
-    shape: its shape (per layer: without a stack's ``layers`` axis).
-    mesh_shape: ``{mesh axis: size}``.
-  """
-  if names is None:
-    return PartitionSpec()
-  if len(names) == len(shape) + 1 and names[0] == "layers":
-    names = names[1:]
-  if len(names) != len(shape):
-    return PartitionSpec()
-  return logical_spec(names, mesh_shape, shape, drop=_GATHERED)
-
-
-def gather_param(value: jax.Array, names: Sequence[str | None] | None) -> jax.Array:
-  """One parameter gathered over ``fsdp`` where it is used (:func:`gather_spec`; ``tensor`` splits stay): for a
-  parameter whose module declares ``gathered_in_use`` (so the loss does not gather it at its start) and that its code
-  uses inside a ``jax.checkpoint`` or a loop, e.g. the output projection of each vocabulary chunk, so a chip holds
-  the gathered weight during that chunk only. ``value`` itself without an ``fsdp`` axis in context.
-
-  Args:
-    value: the parameter's array (sharded at rest).
-    names: its logical names (``("embed", "vocab")``), or ``None`` (gathered whole).
-  """
-  mesh = _mesh()
-  if mesh is None or not gathering():
-    return value
-  spec = gather_spec(names, value.shape, {str(k): int(v) for k, v in mesh.shape.items()})
-  return jax.lax.with_sharding_constraint(value, jax.sharding.NamedSharding(mesh, spec))
-
-
-def gathering() -> bool:
-  """Whether blocks gather their parameters now: a mesh is in context and its ``fsdp`` axis has size > 1."""
-  return traced_mesh_shape().get("fsdp", 1) > 1
-
-
-def gather_block_state(state: Any) -> Any:
-  """A block's ``nnx.State`` with every parameter gathered over ``fsdp`` (:func:`gather_spec`): what the block
-  computes with inside its ``jax.checkpoint``, so the all-gather runs per block and again in the backward pass.
-
-  Non-parameter leaves are returned as they are; without an ``fsdp`` axis in context, ``state`` itself.
-
-  Args:
-    state: ``nnx.State`` of one block (a scan body's slice of a stack: no ``layers`` axis).
-
-  Returns:
-    The same tree, parameters constrained.
-  """
-  mesh = _mesh()
-  if mesh is None or not gathering():
-    return state
-  shape = {str(k): int(v) for k, v in mesh.shape.items()}
-
-  def gather(leaf: Any) -> Any:
-    if not isinstance(leaf, nnx.Param):
-      return leaf
-    value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
-    if not hasattr(value, "shape"):
-      return leaf
-    spec = gather_spec(param_logical_axes(leaf), value.shape, shape)
-    return leaf.replace(jax.lax.with_sharding_constraint(value, jax.sharding.NamedSharding(mesh, spec)))
-
-  return jax.tree.map(gather, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

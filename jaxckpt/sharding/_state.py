@@ -14,8 +14,8 @@ layer per iteration, so sharding it would move whole layers between devices each
 dimension (scalars, odd sizes) are replicated. Parameters with logical axis names (:mod:`jaxckpt.sharding._rules`)
 are split by the rule table instead. Adam's moments get the sharding of the parameter they belong to; every other
 leaf (step counter, PRNG key, optimizer counters) is replicated. Inside the step the model computes with the
-parameters all-gathered over ``fsdp`` (:func:`gathered_params`, a sharding constraint): the batch stays split over
-every axis and XLA reduce-scatters the gradients back to the parameters' sharding.
+parameters all-gathered over ``fsdp`` (:mod:`jaxckpt.sharding._gather`, a sharding constraint): the batch stays split over
+every axis and XLA reduce-scatters the gradients back to the parameters' sharding (:mod:`jaxckpt.sharding._gather`).
 
 Memory: ``compiled.memory_analysis()`` of a step compiled under a mesh describes the SPMD-partitioned program, which
 is what *each device* runs: its argument / output / temp bytes are per device (checked in the sharding tests:
@@ -24,7 +24,7 @@ argument bytes under ``fsdp=8`` are ~1/8 of one device's unsharded ones).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.sharding._mesh import BATCH_AXES, mesh_shape
-from jaxckpt.sharding._rules import gather_spec, logical_spec, param_logical_axes
+from jaxckpt.sharding._rules import logical_spec, param_logical_axes
 
 
 def fsdp_partition(shape: tuple[int, ...], fsdp_size: int, *, layer_axis: int | None = None) -> PartitionSpec:
@@ -81,13 +81,21 @@ def stacked_layer_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
   A module declares such parameters by a class attribute ``stacked_layers`` naming the attribute that holds them:
   every :class:`jaxckpt.nnx._layers.Stack` (scanned or unrolled) declares ``stacked_layers = "layers"``, its N blocks'
   parameters stacked on axis 0; that axis is the scanned layer axis the FSDP rule never splits. Found by what the
-  module declares, not by its class, so sharding imports no layer (and your own stacks can declare it too).
+  module declares, not by its class, so sharding imports no layer (and your own stacks can declare it too). A module
+  whose own parameters are stacked declares ``stacked_layers = True`` on the instance: :func:`jaxckpt.apply_remat`
+  does so for each block of your model it finds stacked (an ``nnx.vmap`` stack called in ``nnx.scan``).
 
   Args:
     model: an NNX model (abstract from ``nnx.eval_shape`` is fine).
   """
-  return frozenset(tuple(str(p) for p in path) + (attr,) for path, module in nnx.iter_modules(model)
-                   if isinstance(attr := getattr(type(module), "stacked_layers", None), str))
+  out = set()
+  for path, module in nnx.iter_modules(model):
+    prefix = tuple(str(p) for p in path)
+    if isinstance(attr := getattr(type(module), "stacked_layers", None), str):
+      out.add(prefix + (attr,))
+    elif vars(module).get("stacked_layers") is True:
+      out.add(prefix)
+  return frozenset(out)
 
 
 def param_partition(shape: tuple[int, ...], mesh: Mapping[str, int], *, logical: tuple[str | None, ...] | None = None,
@@ -112,9 +120,9 @@ def param_partition(shape: tuple[int, ...], mesh: Mapping[str, int], *, logical:
 
 def gathered_in_use_paths(model: nnx.Module) -> frozenset[tuple[str, ...]]:
   """Paths (in the model's ``nnx.State``) of parameters a module gathers itself where it uses them: a module declares
-  ``gathered_in_use`` (a tuple of attribute names) and calls :func:`jaxckpt.sharding._rules.gather_param` on them, e.g.
+  ``gathered_in_use`` (a tuple of attribute names) and calls :func:`jaxckpt.sharding._gather.gather_param` on them, e.g.
   the LLM family's output weight, gathered per vocabulary chunk inside its ``jax.checkpoint``. The loss does not
-  gather them at its start (:func:`gather_params_in_loss`).
+  gather them at its start (:func:`jaxckpt.sharding._gather.gather_params_in_loss`).
 
   Args:
     model: an NNX model (abstract is fine).
@@ -206,69 +214,6 @@ def step_shardings(state: Any, batch: Any, mesh: Mesh, *, model: nnx.Module | No
   states = state_shardings(state, mesh, model=model, params=params)
   return {"in_shardings": (states, batch_shardings(batch, mesh)),
           "out_shardings": (states, NamedSharding(mesh, PartitionSpec()))}
-
-
-def gathered_params(params: Any, mesh: Mesh) -> Any:
-  """The parameters as the step computes with them: all-gathered over ``fsdp`` (replicated), by a sharding
-  constraint — XLA inserts the all-gather, and its transpose, a reduce-scatter of the gradients, itself.
-
-  Why: with only the inputs' shardings given, XLA's sharding propagation lets the FSDP-split weight dimension
-  spread into the activations (a matmul of a batch-split ``x`` by an ``F``-split ``W`` must give up one of the two),
-  and parts of the model then run on the whole batch on every device. Measured on the GPT ``small`` train step
-  under ``fsdp=8``: temp 286.6 MiB per device without the constraint, 119.0 MiB with it (``data=8``: 100.7 MiB).
-  Parameters and optimizer state stay split at rest (arguments 1/8); during the step each device holds the full
-  parameters and their gradients transiently: one FSDP unit wrapping the whole model (PyTorch FSDP without an
-  auto-wrap policy). A no-op for a ``data``-only mesh, whose parameters are replicated anyway.
-
-  Args:
-    params: pytree of arrays (e.g. an ``nnx.State`` of parameters), inside a jitted function.
-    mesh: the device mesh.
-  """
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, replicated), params)
-
-
-def gather_params_in_loss(loss_fn: Callable[..., Any], mesh: Mesh | None) -> Callable[..., Any]:
-  """Wraps a :data:`jaxckpt.training._train.LossFn` so the model computes with its parameters gathered over ``fsdp``.
-
-  Parameters outside layer stacks (embeddings, final norms, heads) are gathered once, at the start of the loss
-  (a sharding constraint: XLA inserts the all-gather and, for the gradients, the reduce-scatter). Parameters of a
-  layer stack (:func:`stacked_layer_paths`: a :class:`jaxckpt.nnx.Stack`, or your own module that declares
-  ``stacked_layers``) are not: each block gathers its own layer inside its ``jax.checkpoint``
-  (:func:`jaxckpt.sharding._rules.gather_block_state`), one layer at a time, and again in the backward pass — FSDP
-  per layer, as MaxText's scanned decoder does, so a chip holds one gathered layer and not the stack. Splits over
-  ``tensor`` stay (only ``fsdp`` is gathered).
-
-  Args:
-    loss_fn: ``loss_fn(model, batch, *, dropout_key, deterministic) -> (loss, metrics)``.
-    mesh: the device mesh; ``None`` returns ``loss_fn`` itself.
-
-  Returns:
-    The same loss (same value, same gradients); non-parameter state the loss updates is written back to ``model``.
-  """
-  if mesh is None:
-    return loss_fn
-  shape = mesh_shape(mesh)
-
-  def loss(model, batch, **kwargs):
-    stacked = stacked_layer_paths(model) | gathered_in_use_paths(model)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-    def gather(path, leaf):
-      names = path_names(path)
-      if shape.get("fsdp", 1) <= 1 or any(names[:len(p)] == p for p in stacked):
-        return leaf
-      value = leaf.get_value()
-      spec = gather_spec(param_logical_axes(leaf), value.shape, shape)
-      return leaf.replace(jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec)))
-
-    params = jax.tree_util.tree_map_with_path(gather, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    gathered = nnx.merge(graphdef, params, rest)
-    out = loss_fn(gathered, batch, **kwargs)
-    nnx.update(model, nnx.state(gathered, nnx.Not(nnx.Param)))
-    return out
-
-  return loss
 
 
 def _put(leaf: Any, sharding: NamedSharding) -> jax.Array:

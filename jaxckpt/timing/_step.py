@@ -241,8 +241,8 @@ def describe_step_time(estimate: StepTime | Mapping[str, Any], *, terms: int = 3
 def step_time_of(compiled: Any, *, topology: Topology | str | None = None, mesh: Any = None,
                  chip: Chip | str | None = None, **kwargs: Any) -> StepTime:
   """:func:`estimate_step_time` of a compiled step: a :class:`jaxckpt.step.CompiledPolicy` (its program text, also
-  when served from the compiled-stats cache, :meth:`~jaxckpt.step.CompiledPolicy.hlo_text`) or a
-  ``jax.stages.Compiled``.
+  when served from the compiled-stats cache, :meth:`~jaxckpt.step.CompiledPolicy.hlo_text`), a
+  ``jax.stages.Compiled``, or its program already read (:class:`~jaxckpt.analysis.HloModule`).
 
   Args:
     compiled: the compiled step.
@@ -256,7 +256,10 @@ def step_time_of(compiled: Any, *, topology: Topology | str | None = None, mesh:
     JaxckptError: neither ``topology`` nor ``chip``; a ``mesh`` without ``topology``; what
       :func:`estimate_step_time` raises.
   """
-  text = compiled.hlo_text() if hasattr(compiled, "hlo_text") else compiled.as_text()
+  if isinstance(compiled, HloModule):
+    text = compiled
+  else:
+    text = compiled.hlo_text() if hasattr(compiled, "hlo_text") else compiled.as_text()
   links = None
   if topology is not None:
     topology = get_topology(topology)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.training._profile import profile_trace, trace_files
-from jaxckpt.training._train import LossFn, abstract_train_state, compile_train_step
+from jaxckpt.training._train import LossFn, abstract_train_state, compile_train_step, micro_batches
 from jaxckpt.training._xla import CPU_REMAT_FIX, GPU_XLA_REMAT_PASS, xla_flags
 from jaxckpt.training._saving import TMP_MARKER, check_checkpoint_directory
 from jaxckpt.training._profile import check_profile_dir
@@ -23,6 +23,7 @@ __all__ = [
     "check_profile_dir",
     "abstract_train_state",
     "compile_train_step",
+    "micro_batches",
     "LossFn",
     "CPU_REMAT_FIX",
     "GPU_XLA_REMAT_PASS",

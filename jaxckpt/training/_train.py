@@ -11,6 +11,7 @@ same masks as an uninterrupted one.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ import optax
 from flax import nnx, struct
 
 from jaxckpt.errors import JaxckptError
+from jaxckpt.sharding._mesh import BATCH_AXES
 from jaxckpt.training._xla import compile_step, watch_remat
 
 Batch = dict[str, jax.Array]
@@ -144,6 +146,35 @@ def plain_loss_fn(loss_fn: Callable[..., Any]) -> LossFn:
 
 
 
+def micro_batches(batch: jax.Array, steps: int) -> jax.Array:
+  """``batch`` ``[B, ...]`` as ``steps`` micro-batches ``[steps, B / steps, ...]``, micro-batch ``i`` being rows
+  ``i, i + steps, i + 2·steps, ...``: every device's shard of a batch split over a mesh's batch axes gives each
+  micro-batch the same share, so each micro-batch spans every device as the step it replaces does (MaxText's
+  ``reshape_to_microbatch_accumulations``). A plain ``reshape(steps, B / steps)`` would put micro-batch ``i`` on the
+  ``i``-th ``1/steps`` of the devices, and XLA would run each micro-step on those alone: ``steps`` × the activations
+  per device. Under a mesh in context (``jax.set_mesh``, the step core's), the micro-batches are constrained to the
+  batch axes.
+
+  Args:
+    batch: ``[B, ...]``, ``B`` divisible by ``steps`` (and ``B / steps`` by the batch axes' devices).
+    steps: micro-batches, ≥ 1.
+
+  Returns:
+    ``[steps, B / steps, ...]``, same dtype.
+  """
+  rows = batch.shape[0] // steps
+  micro = jnp.swapaxes(batch.reshape(rows, steps, *batch.shape[1:]), 0, 1)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return micro
+  shape = {str(k): int(v) for k, v in mesh.shape.items()}
+  axes = tuple(a for a in BATCH_AXES if shape.get(a, 1) > 1)
+  if not axes or rows % math.prod(shape[a] for a in axes):
+    return micro
+  spec = jax.sharding.PartitionSpec(None, axes if len(axes) > 1 else axes[0])
+  return jax.lax.with_sharding_constraint(micro, jax.sharding.NamedSharding(mesh, spec))
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -164,10 +195,11 @@ def make_train_step(
     skip_nonfinite: when the loss, a gradient or an updated parameter is NaN/Inf, keep the parameters and optimizer
       state unchanged (the step counter still advances, so the next step sees the next batch). ``metrics["finite"]``
       (bool) tells.
-    grad_accum_steps: split each batch into this many micro-batches along axis 0 and ``lax.scan`` over them,
-      averaging gradients before one optimizer update: the step's activations are those of one micro-batch (the
-      other memory lever besides remat). Micro-batch i uses dropout key ``fold_in(step_key, i)``; metrics are means
-      over micro-batches. The batch size must be divisible by it.
+    grad_accum_steps: split each batch into this many micro-batches along axis 0 (:func:`micro_batches`: rows
+      ``i, i + k, ...``, so each spans every device of a sharded batch) and ``lax.scan`` over them, averaging
+      gradients before one optimizer update: the step's activations are those of one micro-batch (the other memory
+      lever besides remat). Micro-batch i uses dropout key ``fold_in(step_key, i)``; metrics are means over
+      micro-batches. The batch size must be divisible by it.
     metrics: return the loss function's metrics and ``finite`` (bool: the loss, every gradient element and every
       updated parameter are finite; a training loop reads it). ``False`` returns ``{"loss": loss}`` only (and
       ``finite`` when ``skip_nonfinite``): the plain step, the same program as ``jax.value_and_grad`` + ``optax``
@@ -204,7 +236,7 @@ def make_train_step(
     sizes = {a.shape[0] for a in jax.tree.leaves(batch)}
     if any(size % grad_accum_steps for size in sizes):
       raise JaxckptError(f"batch size {sorted(sizes)} is not divisible by grad_accum_steps={grad_accum_steps}")
-    micro = jax.tree.map(lambda a: a.reshape(grad_accum_steps, a.shape[0] // grad_accum_steps, *a.shape[1:]), batch)
+    micro = jax.tree.map(lambda a: micro_batches(a, grad_accum_steps), batch)
 
     def body(carry, xs):
       other, total = carry

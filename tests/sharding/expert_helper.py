@@ -80,7 +80,8 @@ def main() -> dict:
         shard = shardings[jax.tree_util.keystr(path)].shard_shape(leaf.shape)
         per_device["/".join(path_names(path))] = {"bytes": math.prod(leaf.shape) * leaf.dtype.itemsize,
                                                   "per_device": math.prod(shard) * leaf.dtype.itemsize}
-    collectives = [] if mesh is None else [{"kind": c.kind, "group_size": c.group_size, "count": c.count}
+    collectives = [] if mesh is None else [{"kind": c.kind, "group_size": c.group_size, "count": c.count,
+                                            "in_loop": c.in_loop}
                                            for c in read_compiled(compiled).collectives()]
     grads = {jax.tree_util.keystr(p): g for p, g in
              jax.tree_util.tree_flatten_with_path(sharding.gather(new_state.opt_state[0]))[0]}

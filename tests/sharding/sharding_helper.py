@@ -9,13 +9,16 @@ Usage (the device count must be set before JAX starts, so the test runs this fil
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding/sharding_helper.py train '{"mesh": ...}'
     XLA_FLAGS=--xla_force_host_platform_device_count=16 python tests/sharding/sharding_helper.py per_layer
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/sharding/sharding_helper.py tensor
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding/sharding_helper.py accumulation
 
 The last stdout line is the JSON result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import sys
 
@@ -155,7 +158,7 @@ def train(request: dict) -> dict:
   import jax
 
   keep = ("train_loss", "test_accuracy", "test_aux_accuracy", "params_sha256", "mesh", "device_count",
-          "process_count", "memory", "test_loss_per_epoch")
+          "process_count", "memory", "test_loss_per_epoch", "collectives")
   return {"interrupted": False, "lines": lines, "process_index": jax.process_index(),
           **{k: result.metrics.get(k) for k in keep}}
 
@@ -233,6 +236,74 @@ def tensor() -> dict:
   return {"device_count": jax.device_count(), "param_bytes": whole, "results": results}
 
 
+def accumulation() -> dict:
+  """FSDP and gradient accumulation on an own ``nnx.scan`` decoder (tests/own_models.py, no dropout, 3 layers), 8
+  devices: the first step's gradients under ``data=2,fsdp=4`` (full remat), unaccumulated and as 4 micro-batches,
+  against one device without remat; per-device footprints of the step at B/k and at k × B/k under ``fsdp=8``; and the
+  classifier experiment's run under ``fsdp=8`` (its metrics' collectives)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from flax import nnx
+
+  import jaxckpt
+  from jaxckpt import sharding
+  from jaxckpt.step import ModelTarget, compile_policy
+  from jaxckpt.step._targets import with_batch
+  from jaxckpt.training._train import plain_loss_fn
+  from tests import numerics
+  from tests.own_models import DecoderLayer, ScannedDecoder, decoder_loss
+
+  layers, batch = 3, 32
+
+  def model(policy):
+    return jaxckpt.apply_remat(ScannedDecoder(dim=32, hidden=64, layers=layers, dropout=0.0, rngs=nnx.Rngs(0)), policy,
+                               blocks={"layer": DecoderLayer})
+
+  tokens = np.random.default_rng(0).integers(0, 64, (batch, 9)).astype(np.int32)
+
+  def grads(policy, mesh, k):
+    m = model(policy)
+    tx = optax.chain(_record_grads(), optax.adamw(1e-2))
+    graphdef, state = jaxckpt.create_train_state(m, tx, seed=0)
+    step = jaxckpt.make_train_step(graphdef, tx, sharding.gather_params_in_loss(plain_loss_fn(decoder_loss), mesh),
+                                   grad_accum_steps=k)
+    put, kwargs = {"tokens": tokens}, {}
+    if mesh is not None:
+      kwargs = sharding.step_shardings(state, put, mesh, model=m)
+      state = sharding.shard_state(state, kwargs["in_shardings"][0])
+      put = sharding.shard_batch(put, mesh, global_batch_size=batch)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():  # as the step core traces
+      compiled = jaxckpt.training.compile_train_step(step, state, put, compiler_options=FAST, **kwargs)
+    new_state, metrics = compiled(state, put)
+    return float(metrics["loss"]), sharding.gather(new_state.opt_state[0])
+
+  reference = grads("none", None, 1)
+  mesh = sharding.make_mesh("data=2,fsdp=4")
+  out = {"device_count": jax.device_count(), "layers": layers, "mismatches": {
+      f"k={k}": list(numerics.mismatches(grads("full", mesh, k), reference, depth=layers)) for k in (1, 4)}}
+
+  def wide():  # activations, not parameters, make the step's footprint (as they do at real sizes)
+    return jaxckpt.apply_remat(ScannedDecoder(dim=64, hidden=256, layers=layers, dropout=0.0, rngs=nnx.Rngs(0)),
+                               "none", blocks={"layer": DecoderLayer})
+
+  target = ModelTarget(make_model=wide, batch={"tokens": jax.ShapeDtypeStruct((8, 65), jnp.int32)},
+                       loss_fn=decoder_loss, name="own-scanned")
+  fsdp = sharding.make_mesh("fsdp=8")
+  footprints = {}
+  for rows, k in ((8, 1), (32, 4)):
+    compiled = compile_policy(with_batch(target, rows, grad_accum_steps=k), jaxckpt.parse_policy("none"), mesh=fsdp,
+                              options=FAST)
+    footprints[f"{k}x{rows // k}"] = compiled.memory["footprint_bytes"]
+  params = nnx.state(nnx.eval_shape(wide), nnx.Param)
+  out["footprints"] = footprints
+  out["param_bytes_per_device"] = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params)) // 8
+  out["train"] = train({"model": "mlp", "preset": "tiny", "epochs": 1, "batch_size": 64, "policy": "full",
+                        "mesh": "fsdp=8", "progress": False})
+  return out
+
+
 if __name__ == "__main__":
   mode = sys.argv[1]
   if mode == "equivalence":
@@ -247,6 +318,8 @@ if __name__ == "__main__":
     result = per_layer()
   elif mode == "tensor":
     result = tensor()
+  elif mode == "accumulation":
+    result = accumulation()
   else:
-    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all, per_layer, tensor")
+    raise SystemExit(f"unknown mode {mode!r}; valid: equivalence, bytes, train, all, per_layer, tensor, accumulation")
   print(json.dumps(result))

@@ -171,7 +171,9 @@ def test_each_device_holds_its_share_of_the_experts(sharded):
 
 def test_the_dropping_dispatch_moves_tokens_by_all_to_all_over_the_expert_axis(sharded):
   for run in sharded["results"]:
-    kinds = {c["kind"] for c in run["collectives"]}
+    # in the layer loop: outside it, the embedding's gradient is an all-to-all of the lookup's cotangent
+    # (jaxckpt.sharding.gather_for_use's lookup), whatever the dispatch
+    kinds = {c["kind"] for c in run["collectives"] if c["in_loop"]}
     if run["model"] == "llm/dropping":
       assert "all-to-all" in kinds, (run["mesh"], kinds)
     if run["model"] == "llm/ragged":  # dropless: each device sorts its own tokens, the experts gathered

@@ -334,3 +334,37 @@ def test_experiment_flags_errors_exit_2(argv, words, capsys):
   assert err.count("\n") == 1, err
   for word in words:
     assert word in err, err
+
+
+# --- FSDP's reduce-scatter and accumulation over a sharded batch: 8 fake devices, one subprocess ---
+
+@pytest.fixture(scope="module")
+def accumulation():
+  return run_helper("accumulation")
+
+
+def test_fsdp_and_accumulation_give_one_devices_gradients(accumulation):
+  """An own nnx.scan decoder under data=2,fsdp=4 (its layers gathered per layer, their gradients reduced to shards):
+  the first step's gradients equal one device's without remat, unaccumulated and as 4 micro-batches."""
+  assert accumulation["device_count"] == 8
+  assert accumulation["mismatches"] == {"k=1": [], "k=4": []}
+
+
+def test_accumulation_over_a_sharded_batch_costs_the_accumulator_not_k_steps(accumulation):
+  """Each micro-batch spans every device (jaxckpt.training.micro_batches): k × B/k under fsdp=8 takes the B/k step's
+  footprint plus the gradient accumulator (one float32 copy of the parameters per device) and 5% of the step, where
+  a plain reshape put each micro-batch on 1/k of the devices (≈ k × the activations)."""
+  one, four = accumulation["footprints"]["1x8"], accumulation["footprints"]["4x8"]
+  assert one <= four <= one + accumulation["param_bytes_per_device"] + 0.05 * one, accumulation["footprints"]
+
+
+def test_the_experiment_runner_under_fsdp_reduces_its_gradients_to_shards(accumulation):
+  """The classifier run on 8 host devices under fsdp=8: what its compiled step sends (metrics.json's collectives and
+  the log line) has its layer gradients reduced to shards over fsdp in the layer loop. XLA:CPU has no reduce-scatter
+  instruction: it all-reduces and each device slices its shard (sliced_bytes)."""
+  run = accumulation["train"]
+  assert run["mesh"] == {"fsdp": 8} and run["test_accuracy"] >= 0.7, run
+  line = next(line for line in run["lines"] if line.startswith("collectives per step"))
+  assert "over fsdp" in line and "in the layer loop" in line, line
+  assert any(u["axes"] == ["fsdp"] and u["in_loop"] and (u["kind"] == "reduce-scatter" or u["sliced_bytes"])
+             for u in run["collectives"]), run["collectives"]

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.sharding._rules import constrain, gather_param
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import dtype_named, unknown_preset
 from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
@@ -22,6 +21,8 @@ from jaxckpt.models.llm._layers import EMBED_AXES, DecoderBlock, RMSNorm
 from jaxckpt.models.llm._moe import expert_capacity
 from jaxckpt.nnx._layers import Stack, set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
+from jaxckpt.sharding._gather import gather_param
+from jaxckpt.sharding._rules import constrain
 
 LLM_BLOCK_TYPES: tuple[str, ...] = ("decoder",)
 """Block types of :class:`LLM`: one, the decoder block (``decoder=save_only_these_names:query_proj`` names it)."""
@@ -148,7 +149,7 @@ class LLM(nnx.Module):
     """
     if tokens.shape[1] > self.seq_len:
       raise JaxckptError(f"{tokens.shape[1]} tokens per sequence exceed the model's seq_len={self.seq_len}")
-    h = jnp.take(gather_param(self.embedding[...], ("vocab", "embed")), tokens, axis=0).astype(self.dtype)  # [B, S, E]
+    h = jnp.take(gather_param(self.embedding[...], ("vocab", "embed"), lookup=True), tokens, axis=0).astype(self.dtype)  # [B, S, E]
     if self.scale_embeddings:
       h = h * jnp.asarray(h.shape[-1] ** 0.5, self.dtype)
     h = constrain(h, EMBED_AXES)
