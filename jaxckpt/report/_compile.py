@@ -41,7 +41,8 @@ from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.sharding import Topology, make_mesh, mesh_platform, mesh_shape
 from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
-from jaxckpt.step._compile import lower_policy, step_builder, step_compiler_options, xla_raw_flops
+from jaxckpt.step._compile import (compiler_hint, lower_policy, step_builder, step_compiler_options,
+                                   xla_raw_flops)
 from jaxckpt.step._build import StepBuilder
 from jaxckpt.step._targets import Target, batch_size_of
 from jaxckpt.timing import step_time_of
@@ -58,9 +59,12 @@ def report_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_onl
 def one_line(err: BaseException) -> str:
   """An exception as one line: a JaxckptError's first line; any other ``'Type: first line of the message
   (file.py:line)'``, the line in your code where it was raised (:func:`jaxckpt.errors.raised_at`: an error in your
-  model while its step is traced)."""
+  model while its step is traced); a compiler failure with a known way around gets its hint after it
+  (:func:`jaxckpt.step.compiler_hint`)."""
   text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-  return text if isinstance(err, JaxckptError) else raised_at(err)
+  line = text if isinstance(err, JaxckptError) else raised_at(err)
+  hint = compiler_hint(err)
+  return line if hint is None else f"{line}; hint: {hint}"
 
 
 def uncounted_warning(primitives: Sequence[str]) -> str:

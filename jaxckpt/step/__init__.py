@@ -23,6 +23,9 @@ from jaxckpt.step._build import (
 )
 from jaxckpt.step._compile import (
     GPU_OPTIONS,
+    GPU_RECIPE_OPTIONS,
+    COMPILER_FAILURE_HINTS,
+    compiler_hint,
     HOST_OFFLOAD_OPTIONS,
     STATS_ONLY_OPTIONS,
     CompiledPolicy,
@@ -58,6 +61,9 @@ __all__ = [
     "target_block_types",
     "target_structure",
     "GPU_OPTIONS",
+    "GPU_RECIPE_OPTIONS",
+    "COMPILER_FAILURE_HINTS",
+    "compiler_hint",
     "HOST_OFFLOAD_OPTIONS",
     "STATS_ONLY_OPTIONS",
     "CompiledPolicy",

@@ -74,12 +74,57 @@ caller's options win. Measured deviceless (libtpu 0.0.42.1, a scanned 8-layer of
 the same memory stats."""
 
 
-GPU_OPTIONS: dict[str, Any] = {"xla_gpu_enable_latency_hiding_scheduler": True}
-"""XLA:GPU options of every GPU compile, as the published GPU recipes run (MaxText's A3/A3 Ultra recipes, NVIDIA's
-JAX-Toolbox: ``--xla_gpu_enable_latency_hiding_scheduler=true``), besides disabling XLA:GPU's own rematerialization
-pass (:data:`jaxckpt.training.GPU_XLA_REMAT_PASS`, which :func:`jaxckpt.remat_compiler_options` adds). Given per
-compile; the caller's options and ``XLA_FLAGS`` win. Measured deviceless (jax-cuda12-plugin 0.10.2): accepted,
-no change to one GPU's bytes."""
+GPU_RECIPE_OPTIONS: dict[str, Any] = {
+    # The latency-hiding scheduler: collectives overlap the compute the schedule can put beside them.
+    "xla_gpu_enable_latency_hiding_scheduler": True,
+    # cuBLAS / cuBLASLt GEMMs instead of Triton's (XLA:GPU's Triton GEMM rewriter cannot tile some shapes: attention
+    # with head dim 72 followed by a projection fails to compile, "Couldn't find output tile sizes").
+    "xla_gpu_enable_triton_gemm": False,
+    "xla_gpu_enable_highest_priority_async_stream": True,
+    # Collectives combined up to these sizes (bytes): fewer, larger transfers.
+    "xla_gpu_all_reduce_combine_threshold_bytes": 1_073_741_824,
+    "xla_gpu_all_gather_combine_threshold_bytes": 134_217_728,
+    "xla_gpu_reduce_scatter_combine_threshold_bytes": 134_217_728,
+    "xla_gpu_enable_all_gather_combine_by_dim": False,
+    "xla_gpu_enable_reduce_scatter_combine_by_dim": False,
+    # FSDP: the next layer's all-gather and the last layer's reduce-scatter pipelined across the scan's iterations,
+    # the scan's body doubled so they overlap.
+    "xla_gpu_enable_pipelined_all_gather": True,
+    "xla_gpu_enable_pipelined_reduce_scatter": True,
+    "xla_gpu_enable_pipelined_all_reduce": True,
+    "xla_gpu_enable_while_loop_double_buffering": True,
+}
+"""XLA:GPU options of every GPU compile: the flags the published GPU training recipes run with, so a step is compiled
+as the measured runs were. Source: MaxText's A3 recipes (AI-Hypercomputer/maxtext ``MaxText/configs/a3/llama_2_7b/
+{1,2,4,8,16,32}vm.sh``, the runs of ../shared/published-configs-gpu.md §4 MT-1…MT-4; their ``XLA_FLAGS``), NVIDIA's
+JAX-Toolbox (``rosetta/docs/GPU_performance.md``: the latency-hiding scheduler, asynchronous collectives, the FSDP
+pipelining and loop double buffering) and NVIDIA's dgxc-benchmarking MaxText configuration (the DX rows). Those
+recipes also set ``--xla_gpu_enable_triton_softmax_fusion=false``, ``--xla_gpu_all_reduce_contiguous=true`` and
+``--xla_gpu_graph_level=0``, which XLA has since removed (jax-cuda12-plugin 0.10.2: "No such compile option"), and
+``--xla_disable_hlo_passes=rematerialization`` (:data:`jaxckpt.training.GPU_XLA_REMAT_PASS`, which
+:func:`jaxckpt.remat_compiler_options` adds). Given per compile (:func:`step_compiler_options`); an option the
+user's ``XLA_FLAGS`` sets is left to it, and the caller's ``options`` win over both."""
+
+GPU_OPTIONS = GPU_RECIPE_OPTIONS
+"""The name of :data:`GPU_RECIPE_OPTIONS` before it held the recipes' whole list (kept for API users)."""
+
+
+COMPILER_FAILURE_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Couldn't find output tile sizes"),
+     "XLA:GPU's Triton GEMM rewriter cannot tile this matmul (seen with attention head dim 72 before a projection); "
+     "compile with xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs), as jaxckpt does on GPU unless XLA_FLAGS sets "
+     "it, and as every published GPU recipe does"),
+    (re.compile(r"cuDNN not found"),
+     "cuDNN attention (--attention cudnn) needs nvidia-cudnn-cu12 installed; --attention pallas needs nothing more"),
+)
+"""Compiler failures with a known way around: (a pattern of the compiler's message, the hint) — the report's and the
+fit's error rows keep the compiler's own message and add the hint (:func:`compiler_hint`)."""
+
+
+def compiler_hint(err: BaseException | str) -> str | None:
+  """The hint for a compiler failure whose message matches :data:`COMPILER_FAILURE_HINTS`, else ``None``."""
+  text = str(err)
+  return next((hint for pattern, hint in COMPILER_FAILURE_HINTS if pattern.search(text)), None)
 
 
 def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only: bool = True,
@@ -96,8 +141,8 @@ def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only:
 
   Returns:
     ``{option: value}``: on CPU the remat fix and the stats-only options, then ``extra``; on TPU the host-offload
-    options when ``offloads``, then ``extra``; on GPU :data:`GPU_OPTIONS` with XLA:GPU's rematerialization pass
-    off, then ``extra``.
+    options when ``offloads``, then ``extra``; on GPU :data:`GPU_RECIPE_OPTIONS` (less those ``XLA_FLAGS`` sets) with
+    XLA:GPU's rematerialization pass off, then ``extra``.
   """
   backend = backend or jax.default_backend()
   stats = STATS_ONLY_OPTIONS if stats_only and backend == "cpu" else {}
@@ -105,7 +150,7 @@ def step_compiler_options(extra: Mapping[str, Any] | None = None, *, stats_only:
     stats = {**HOST_OFFLOAD_OPTIONS, **stats}
   if backend == "gpu":
     flags = xla_flags()
-    stats = {k: v for k, v in GPU_OPTIONS.items() if k not in flags}
+    stats = {k: v for k, v in GPU_RECIPE_OPTIONS.items() if k not in flags}
   return remat_compiler_options(backend, extra={**stats, **(extra or {})})
 
 

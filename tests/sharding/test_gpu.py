@@ -20,7 +20,7 @@ from jaxckpt.errors import JaxckptError, TopologyError
 from jaxckpt.sharding import (CHIPS, GPU_CHIPS, chip_for_kind, device_memory, get_topology, gpu_axis_links,
                               memory_fraction, parse_topology, resolve_placement, target_config)
 from jaxckpt.sharding import _topology as topology
-from jaxckpt.step import shipped_target, step_compiler_options
+from jaxckpt.step import GPU_RECIPE_OPTIONS, shipped_target, step_compiler_options
 from tests.extras import needs_cuda_plugin
 
 NODE = "h100:8"
@@ -76,10 +76,14 @@ def test_the_memory_fraction_is_jaxs_default_the_environments_or_given():
 def test_gpu_compiles_disable_xlas_remat_pass_and_keep_the_users_xla_flags(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   options = step_compiler_options(backend="gpu")
-  assert options == {"xla_gpu_enable_latency_hiding_scheduler": True, "xla_disable_hlo_passes": "rematerialization"}
-  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false --xla_disable_hlo_passes=foo")
-  # the user's XLA_FLAGS choose the disabled passes and the scheduler: jaxckpt adds neither over them
-  assert step_compiler_options(backend="gpu") == {}
+  assert options == {**GPU_RECIPE_OPTIONS, "xla_disable_hlo_passes": "rematerialization"}
+  assert options["xla_gpu_enable_triton_gemm"] is False and options["xla_gpu_enable_latency_hiding_scheduler"]
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false --xla_disable_hlo_passes=foo "
+                     "--xla_gpu_enable_triton_gemm=true")
+  # the user's XLA_FLAGS choose the disabled passes, the scheduler and the GEMMs: jaxckpt adds none over them
+  mine = step_compiler_options(backend="gpu")
+  assert mine == {k: v for k, v in GPU_RECIPE_OPTIONS.items() if k not in (
+      "xla_gpu_enable_latency_hiding_scheduler", "xla_gpu_enable_triton_gemm")}
   monkeypatch.setenv("XLA_FLAGS", "--xla_disable_hlo_passes=foo")
   assert jaxckpt.remat_compiler_options("cpu") == {"xla_disable_hlo_passes": "foo,cse_barrier_expander"}
   # the caller's own choice of passes keeps XLA:GPU's pass on
@@ -215,3 +219,38 @@ def test_the_compilers_log_lines_are_caught_kept_and_written_back(capfd):
   with compiler_log(enabled=False) as messages:
     os.write(2, f"{line}\n".encode())
   assert messages == []
+
+
+def _dit_head_dim_72():
+  """An own DiT (tests/own_models.py) at tiny widths with DiT-XL/2's head dim 72 (hidden 144, 2 heads), 256 tokens
+  per image and 8 images per GPU: the shape where XLA:GPU's Triton GEMM rewriter cannot tile the attention's output
+  projection (``bf16[2048,144]``); DiT-XL/2 itself (hidden 1152) fails the same way."""
+  from flax import nnx
+
+  from jaxckpt.step import ModelTarget
+  from tests.own_models import DiT, DiTBlock, DiTConfig, dit_batch, dit_loss, jaxckpt_blocks
+
+  cfg = DiTConfig(hidden_size=144, num_heads=2, input_size=32, depth=2, dtype="bfloat16")
+  return ModelTarget(make_model=lambda: jaxckpt_blocks(DiT(cfg, rngs=nnx.Rngs(0)), {"block": DiTBlock}),
+                     batch=dit_batch(cfg, 64), loss_fn=dit_loss, name="own-dit")
+
+
+@needs_cuda_plugin
+def test_an_own_dit_with_head_dim_72_compiles_for_a_gpu_as_the_published_recipes_compile(monkeypatch):
+  """XLA:GPU compiles as the published GPU recipes do (jaxckpt.step.GPU_RECIPE_OPTIONS: cuBLAS GEMMs, the
+  latency-hiding scheduler, ...), so the DiT compiles with no XLA_FLAGS; with Triton GEMM back on, the row keeps
+  XLA's message (the instruction it names) and gives the hint."""
+  from jaxckpt.report import build_report
+
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  target = _dit_head_dim_72()
+  report = build_report(target, ["none", "full"], topology=NODE, residuals=False, progress=False)
+  rows = {r["policy"]: r for r in report.rows}
+  assert [r["status"] for r in rows.values()] == ["ok"] * 2, [r["error"] for r in rows.values()]
+  assert rows["nothing_saveable"]["footprint_bytes"] < rows["none"]["footprint_bytes"]
+  assert report.data["compiler_options"]["xla_gpu_enable_triton_gemm"] is False
+  triton = build_report(target, ["none"], topology=NODE, residuals=False, progress=False,
+                        compiler_options={"xla_gpu_enable_triton_gemm": True}).rows[0]
+  assert triton["status"] == "error"
+  assert "Couldn't find output tile sizes that satisfy hlo: %dot" in triton["error"], triton["error"]
+  assert "hint: XLA:GPU's Triton GEMM rewriter cannot tile" in triton["error"], triton["error"]
