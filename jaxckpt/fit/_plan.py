@@ -53,6 +53,8 @@ class GlobalChoice:
     ranked_by: ``"estimate"`` (the roofline), ``"compiled"`` (the compiled programs' step times) or
       ``"measured"``.
     compiles: compiles used to verify (and time) the winner.
+    dropped: candidates the roofline put first that, compiled with their accumulation at G, did not fit: ``(policy,
+      micro-batch, accumulation steps, compiled footprint bytes)`` each, in the order they were tried.
   """
 
   global_batch: int
@@ -63,6 +65,7 @@ class GlobalChoice:
   spearman: float | None = None
   ranked_by: str = "estimate"
   compiles: int = 0
+  dropped: tuple[tuple[str, int, int, int], ...] = ()
 
   def flags(self) -> str:
     """The winner as the experiments' flags."""
@@ -83,7 +86,9 @@ class GlobalChoice:
             "est_step_s": self.winner.est_step_s, "measured_step_s": self.winner.measured_step_s,
             "compiled_step": self.winner.compiled_step,
             "footprint_bytes": self.footprint_bytes, "ranked_by": self.ranked_by, "spearman": self.spearman,
-            "flags": self.flags(), "table": [c.as_row() for c in self.table]}
+            "flags": self.flags(), "table": [c.as_row() for c in self.table],
+            "dropped_for_memory": [{"policy": p, "micro_batch_size": b, "grad_accum_steps": k, "footprint_bytes": f}
+                                   for p, b, k, f in self.dropped]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +125,9 @@ class FitPlan:
 
   @property
   def refusals(self) -> int:
-    """Compiles of the batch fits the compiler refused for memory (:attr:`FitPoint.refused`)."""
-    return sum(p.refused for f in self.fits for p in f.points)
+    """Compiles the compiler refused for memory (:attr:`FitPoint.refused`) or whose footprint was over the memory
+    once compiled with its accumulation (:attr:`GlobalChoice.dropped`)."""
+    return sum(p.refused for f in self.fits for p in f.points) + (len(self.choice.dropped) if self.choice else 0)
 
   def as_json(self) -> dict[str, Any]:
     """``{"backend", "device_kind", "compiler", "topology", "device_count", "mesh" (what compiled it), "rows": [one per policy],
@@ -473,17 +479,20 @@ def _choose(target: Target, table: Sequence[Candidate], verify: _Verifier, *, li
   global_batch = verify.global_batch
   fitting: list[tuple[Candidate, int]] = []
   over = set()
+  dropped: list[tuple[str, int, int, int]] = []
   for cand in table:
     footprint, estimate = verify(cand, time_it=timed > 0)
     if footprint > limit:
       over.add((cand.policy, cand.micro_batch))
+      dropped.append((cand.policy, cand.micro_batch, cand.accum, footprint))
       continue
     fitting.append((dataclasses.replace(cand, compiled_step=estimate), footprint))
     if len(fitting) >= max(1, timed):
       break
   if not fitting:
+    tried = ", ".join(f"{p} {b} × {k} ({format_bytes(f)})" for p, b, k, f in dropped[:4])
     raise JaxckptError(f"global_batch_size={global_batch}: no candidate fits {format_bytes(limit)} once compiled "
-                       "with its accumulation")
+                       f"with its accumulation (tried {tried})")
   ranked_by = "estimate"
   if timed:  # the timed candidates first, by their compiled programs' estimates; the rest by the roofline
     fitting.sort(key=lambda pair: pair[0].step_s)
@@ -506,7 +515,8 @@ def _choose(target: Target, table: Sequence[Candidate], verify: _Verifier, *, li
       if foot <= limit:
         winner, footprint = best, foot
         break
-  return GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, verify.compiles)
+  return GlobalChoice(global_batch, winner, footprint, tuple(table), tuple(measured), rho, ranked_by, verify.compiles,
+                      tuple(dropped))
 
 
 def plan_fit(

@@ -64,6 +64,9 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
                 cand.compiled_step["bound"] if cand.compiled_step else ""]
       rows.append(row)
     notes = ["* = the winner"]
+    if c.dropped:
+      notes.append("over the memory once compiled with their accumulation at the global batch, so dropped: " + ", ".join(
+          f"{p} {b} × {k} ({format_bytes(f)})" for p, b, k, f in c.dropped))
     if c.spearman is not None:
       notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
     notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "

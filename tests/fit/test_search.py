@@ -321,3 +321,27 @@ def test_progress_lines_in_a_log(capsys):
   assert err and all(line.startswith("jaxckpt-fit: compile ") and " elapsed)" in line for line in err), err
   assert main(["--model", "mlp", "--memory", "64MiB", "--policies", "full", "--max-batch", "64", "--no-progress"]) == 0
   assert capsys.readouterr().err == ""
+
+
+def test_a_candidate_over_the_memory_once_accumulated_is_counted_and_named():
+  """The global batch's winner is verified by compiling it with its accumulation; a candidate that is then over the
+  memory is dropped, counted among the refusals and named in the table and the JSON (it used to leave
+  ``"refusals": 0``)."""
+  from jaxckpt.fit._plan import _choose, FitPlan
+  from jaxckpt.fit._speed import Candidate
+
+  cands = [Candidate("none", 256, 4, 10, True, 1.0, None, 0.1), Candidate("full", 256, 4, 5, True, 1.3, None, 0.2)]
+
+  class Verify:  # the fit's _Verifier: the footprint of each candidate compiled with its accumulation at G
+    global_batch, compiles = 1024, 0
+
+    def __call__(self, cand, *, time_it=False):
+      self.compiles += 1
+      return {"none": 120 << 30, "full": 30 << 30}[cand.policy], None
+
+  choice = _choose(None, cands, Verify(), limit=64 << 30, timed=0, measure=0)
+  assert choice.winner.policy == "full" and choice.dropped == (("none", 256, 4, 120 << 30),)
+  assert choice.as_json()["dropped_for_memory"] == [{"policy": "none", "micro_batch_size": 256,
+                                                     "grad_accum_steps": 4, "footprint_bytes": 120 << 30}]
+  plan = FitPlan(fits=(), limit_bytes=64 << 30, memory_source="given", device=None, choice=choice, seconds=0.0)
+  assert plan.refusals == 1 and plan.as_json()["refusals"] == 1
