@@ -840,16 +840,38 @@ def _unit_flops(computations: Mapping[str, HloComputation], ins: HloInstruction)
   return _dot_flops(ins, computations[ins.computation])
 
 
+_RELAYOUT = frozenset({"bitcast", "transpose", "reshape", "copy"})
+"""Fused instructions that only move a value's elements (same bytes): a read through them is still a read of the
+elements a later slice takes."""
+
+
+def _sliced_read(called: HloComputation, ins: HloInstruction) -> int | None:
+  """Bytes read of ``ins`` (a fused computation's parameter) when every use of it reaches a dynamic slice or a
+  static slice (the slices' bytes) or is the buffer a dynamic-update-slice writes in place (nothing read), through
+  re-layouts (:data:`_RELAYOUT`); ``None`` where some use reads it whole."""
+  users = called.users.get(ins.name, ())
+  if not users:
+    return None
+  total = 0
+  for u in users:
+    if u.opcode in ("dynamic-slice", "slice") and u.operands[0] == ins.name:
+      total += u.output_bytes
+    elif u.opcode == "dynamic-update-slice" and u.operands[0] == ins.name and ins.name not in u.operands[1:]:
+      continue
+    elif u.opcode in _RELAYOUT and (inner := _sliced_read(called, u)) is not None:
+      total += inner
+    else:
+      return None
+  return total
+
+
 def _parameter_read_bytes(called: HloComputation, number: int, full: int) -> int:
-  """Bytes a fused computation reads of its parameter ``number``: the slices where it only dynamic-slices it, nothing
-  where it only updates it in place, else all of it."""
+  """Bytes a fused computation reads of its parameter ``number``: the slices where it only slices it (dynamically or
+  not), nothing where it only updates it in place, through re-layouts (XLA:GPU's ``loop_dynamic_slice_fusion`` and
+  ``loop_dynamic_update_slice_fusion`` of a scan's stacked buffers bitcast them first); else all of it."""
   param = next((i for i in called.instructions if i.opcode == "parameter" and _int_literal(i.literal) == number), None)
-  users = called.users.get(param.name, ()) if param is not None else ()
-  if users and all(u.opcode == "dynamic-slice" and u.operands[0] == param.name for u in users):
-    return sum(u.output_bytes for u in users)
-  if users and all(u.opcode == "dynamic-update-slice" and u.operands[0] == param.name for u in users):
-    return 0
-  return full
+  read = _sliced_read(called, param) if param is not None else None
+  return full if read is None else min(read, full)
 
 
 def _written_bytes(comp: HloComputation, ins: HloInstruction) -> int:
@@ -911,8 +933,8 @@ def _scatters(comp: HloComputation, ins: HloInstruction) -> bool:
                              for u in users)
 
 
-_PASS_THROUGH = frozenset({"bitcast", "get-tuple-element", "all-reduce-done", "async-done", "copy"})
-"""Instructions a value goes through unchanged on its way to a slice (:func:`_only_sliced`)."""
+_TO_SLICE = frozenset({"bitcast", "get-tuple-element", "all-reduce-done", "async-done", "copy"})
+"""Instructions a collective's result goes through unchanged on its way to a slice (:func:`_only_sliced`)."""
 
 
 def _parameter_sliced(computations: Mapping[str, HloComputation], fusion: HloInstruction, value: str) -> bool:
@@ -935,7 +957,7 @@ def _only_sliced(computations: Mapping[str, HloComputation], comp: HloComputatio
   for user in users:
     if user.opcode == "dynamic-slice" and user.operands and user.operands[0] == ins.name:
       continue
-    if user.opcode in _PASS_THROUGH and _only_sliced(computations, comp, user):
+    if user.opcode in _TO_SLICE and _only_sliced(computations, comp, user):
       continue
     if user.opcode == "fusion" and _parameter_sliced(computations, user, ins.name):
       continue
