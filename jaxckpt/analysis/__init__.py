@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
-from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, HOST_MEMORY_SPACE, ArrayShape, Collective, CollectiveUse,
-                                   HloComputation, HloExecution, HloInstruction, HloModule, HloParseError, HloTotals,
-                                   HostTransfer, collectives_by_axis, describe_collectives, group_axes, instruction_flops, parse_hlo,
-                                   read_compiled, replica_groups)
+from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, GEMM_TARGETS, HOST_MEMORY_SPACE, ArrayShape, Collective,
+                                   CollectiveUse, HloComputation, HloExecution, HloInstruction, HloModule, HloParseError,
+                                   HloTotals, HostTransfer, collectives_by_axis, describe_collectives, group_axes,
+                                   instruction_flops, parse_hlo, read_compiled, replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
 from jaxckpt.analysis._memory_spaces import (DEVICE_MEMORY_SPACE, MemorySpace, MemorySpaces, offload_device_bytes,
                                              read_memory_spaces)
@@ -61,6 +61,7 @@ __all__ = [
     "read_memory_spaces",
     "offload_device_bytes",
     "COLLECTIVE_KINDS",
+    "GEMM_TARGETS",
 ]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.analysis.<module>) as attributes, with a warning

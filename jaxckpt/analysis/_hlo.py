@@ -710,9 +710,11 @@ def _with_trip_counts(computations: dict[str, HloComputation]) -> dict[str, HloC
 # --- costs of one instruction -------------------------------------------------------------------------------------
 
 _DIMS = re.compile(r"\{([\d,\s]*)\}")
-_GEMM_TARGETS = frozenset({"__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8"})
-"""cuBLAS GEMM custom calls (XLA:GPU's ``GemmBackendConfig`` holds their dimension numbers); deviceless GPU compiles
-emit Triton GEMM fusions instead (``__triton_nested_gemm_fusion``, measured), whose ``dot`` is counted."""
+GEMM_TARGETS = frozenset({"__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8"})
+"""cuBLAS GEMM custom calls (XLA:GPU's ``GemmBackendConfig`` holds their dimension numbers): what XLA:GPU emits for a
+matmul with Triton GEMM off (the published recipes' ``--xla_gpu_enable_triton_gemm=false``, jaxckpt's default on
+GPU); with it on, Triton GEMM fusions (``__triton_nested_gemm_fusion``), whose ``dot`` is counted."""
+_GEMM_TARGETS = GEMM_TARGETS
 
 _NO_FLOPS_TARGETS = frozenset({"AllocateBuffer", "AsyncCollectiveStart", "AsyncCollectiveDone", "MoveToHost",
                                "MoveToDevice", "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",

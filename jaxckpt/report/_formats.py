@@ -217,9 +217,17 @@ def report_title(report: Report) -> str:
 
 def estimate_lines(report: Report) -> list[str]:
   """One line per row with an estimated step time (a topology's compile): the term that bounds it and the largest
-  terms (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md)."""
-  return [f"est. step {r['policy']}: {describe_step_time(r['step_time_estimate'])}" for r in report.rows
-          if r["status"] == STATUS_OK and r.get("step_time_estimate")]
+  terms (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md); then one line of what the estimates rest on
+  (:attr:`jaxckpt.timing.StepTime.basis`: the kernel rates and link figures, to hold against a measured step)."""
+  rows = [r for r in report.rows if r["status"] == STATUS_OK and r.get("step_time_estimate")]
+  lines = [f"est. step {r['policy']}: {describe_step_time(r['step_time_estimate'])}" for r in rows]
+  basis: dict[str, str] = {}
+  for r in rows:
+    for key, line in (r["step_time_estimate"].get("basis") or {}).items():
+      basis.setdefault(key, line)
+  if basis:
+    lines.append("est. step rests on: " + "; ".join(f"{k} {v}" for k, v in basis.items()) + " (docs/timing.md)")
+  return lines
 
 
 def plan_lines(report: Report) -> list[str]:

@@ -11,14 +11,20 @@ TPU chip's torus coordinates (``device.coords``), a GPU's node. A collective ove
   Austin et al. 2025, "Sharding": an AllGather over several torus axes has the bandwidth of all of them; a v5e or
   v6e dimension wraps around only at its full 16 chips, a v4 or v5p slice of whole 4×4×4 cubes on every dimension;
   without the wraparound a ring's data crosses one link per chip, "typically doubles the time").
-- **NVLink** (GPU): a group inside one node, at the GPU's NVLink bandwidth per direction.
-- **the network** (GPU): a group spanning nodes, at each GPU's share of its node's NICs per direction (the ring
-  through the nodes crosses them; NCCL's rings each cross the network once per node).
+- **NVLink** (GPU): a group inside one node, at the GPU's NVLink bandwidth per direction × NCCL's ring efficiency
+  (:data:`RING_EFFICIENCY`). An all-reduce inside a node of Hopper or later GPUs runs NCCL's NVLink SHARP algorithm
+  (NVLS: the NVSwitch reduces), so each GPU sends and receives the array once instead of a ring's 2(n − 1)/n.
+- **the network** (GPU), as NCCL lays its rings over nodes of 8 GPUs with one NIC per GPU, rail-aligned: a ring
+  through the group's GPUs crosses the network once per node, and NCCL runs as many rings (channels) as the group
+  has GPUs in a node, each on its own NIC. A group with ``g`` GPUs in each node therefore moves its network share over
+  ``g`` NICs at once: per GPU the collective runs at min(NVLink, ``g`` × one NIC) (a group of one GPU per node — a
+  ``data`` axis over nodes — at one NIC; ``fsdp`` over whole nodes at eight). Link figures × :data:`RING_EFFICIENCY`.
 
 The seconds of one collective on one device (:func:`collective_seconds`) are the bytes it moves over that
 bandwidth: all-gather and reduce-scatter (n − 1)/n of the full array, all-reduce twice that (a reduce-scatter then an
-all-gather, Patarasuk & Yuan 2009), all-to-all (n − 1)/n of its input, a collective-permute its input over one link.
-Latency (about 1 µs per ICI hop, the scaling book) is not counted: the collectives of a train step move megabytes.
+all-gather, Patarasuk & Yuan 2009; once with NVLS), all-to-all (n − 1)/n of its input, a collective-permute its input
+over one link (nccl-tests' "bus bandwidth" definitions, NVIDIA/nccl-tests ``doc/PERFORMANCE.md``). Latency (about 1 µs
+per ICI hop, the scaling book) is not counted on TPU; on GPU each NCCL call costs its launch (:mod:`._gpu`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.sharding import Chip, Topology
 
 _ICI, _NVLINK, _NETWORK, _LOCAL = "ici", "nvlink", "network", "local"
+
+RING_EFFICIENCY = 0.92
+"""The fraction of a link's bandwidth NCCL's ring algorithm reaches (XLA:GPU's own collective model,
+``gpu_collective_performance_model``: ``kRingAlgorithmDiscountFactor = 0.92``)."""
+
+NVLS_CAPABLE = frozenset({"NVIDIA H100 SXM", "NVIDIA H200 SXM", "NVIDIA B200"})
+"""GPUs whose NVSwitch reduces (NVLink SHARP, NCCL's NVLS algorithm for an all-reduce inside a node: Hopper and
+later; NCCL 2.17 release notes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +62,7 @@ class Links:
     ici_link: a TPU: bytes/s one way over one ICI link (:attr:`jaxckpt.sharding.Chip.ici_link_bandwidth`).
     nvlink: a GPU: bytes/s per direction over NVLink (:attr:`jaxckpt.sharding.Chip.ici_bandwidth`).
     network: a GPU: bytes/s per direction per GPU between nodes (:attr:`jaxckpt.sharding.Chip.network_bandwidth`).
+    nvls: a GPU: an all-reduce inside a node runs NVLink SHARP (:data:`NVLS_CAPABLE`).
   """
 
   platform: str
@@ -57,6 +72,7 @@ class Links:
   ici_link: float = 0.0
   nvlink: float = 0.0
   network: float = 0.0
+  nvls: bool = False
 
   @classmethod
   def tpu(cls, chip: Chip, torus: Sequence[int], coords: Sequence[Sequence[int]] | None = None) -> Links:
@@ -74,7 +90,8 @@ class Links:
     """A GPU cluster of ``nodes`` × ``gpus_per_node`` GPUs, partition ids in node order (node 0's GPUs first, as
     :meth:`jaxckpt.sharding.Topology.mesh` lays a mesh)."""
     return cls("gpu", tuple((i // gpus_per_node, i % gpus_per_node) for i in range(nodes * gpus_per_node)),
-               (nodes, gpus_per_node), nvlink=chip.ici_bandwidth, network=chip.network_bandwidth)
+               (nodes, gpus_per_node), nvlink=chip.ici_bandwidth, network=chip.network_bandwidth,
+               nvls=chip.name in NVLS_CAPABLE)
 
   def route(self, group: Sequence[int]) -> tuple[str, float]:
     """``(link, bytes/s)`` of a collective over ``group`` (partition ids): ``"ici"`` with the bandwidth of the torus
@@ -91,7 +108,11 @@ class Links:
       raise JaxckptError(f"replica group {tuple(group)} names partition {max(group)}, but the links describe "
                          f"{len(self.positions)} devices: give links= of the mesh the program was compiled for") from None
     if self.platform == "gpu":
-      return (_NVLINK, self.nvlink) if len({p[0] for p in where}) == 1 else (_NETWORK, self.network)
+      nodes = {p[0] for p in where}
+      if len(nodes) == 1:
+        return _NVLINK, self.nvlink * RING_EFFICIENCY
+      per_node = min(len(set(group)) // len(nodes), self.torus[1] if len(self.torus) > 1 else 1) or 1
+      return _NETWORK, min(self.nvlink, per_node * self.network) * RING_EFFICIENCY
     bandwidth = 0.0
     for d, size in enumerate(self.torus):
       along = {p[d] for p in where}
@@ -154,4 +175,6 @@ def collective_seconds(kind: str, payload_bytes: float, group: Sequence[int], li
     return link, payload_bytes / one_link
   share = (n - 1) / n
   factor = 2 * share if kind == "all-reduce" else share
+  if kind == "all-reduce" and link == _NVLINK and links.nvls:  # NVLink SHARP: the switch reduces
+    factor = 1.0
   return link, factor * payload_bytes / bandwidth

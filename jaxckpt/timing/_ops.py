@@ -23,12 +23,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from jaxckpt.analysis import Collective, HloInstruction, HloModule, HostTransfer, instruction_flops
-from jaxckpt.sharding import Chip
+from jaxckpt.analysis import GEMM_TARGETS, Collective, HloInstruction, HloModule, HostTransfer, instruction_flops
+from jaxckpt.sharding import CHIPS, Chip
+from jaxckpt.timing._gpu import (ATTENTION_CALLS, HBM_EFFICIENCY, LAUNCH_S, NCCL_LAUNCH_S, attention_rate,
+                                 flash_attention_flops, gemm_fraction)
 from jaxckpt.timing._kernels import kernel_matmuls
 from jaxckpt.timing._links import Links, collective_seconds
 
 COMPUTE, MEMORY, COPIES, CUSTOM, FREE = "compute", "memory", "copies", "custom_calls", "free"
+ATTENTION = "attention"
+"""The term of a flash attention kernel on a GPU (:mod:`._gpu`)."""
 
 _FREE = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id",
                    "replica-id", "while", "conditional", "call", "opt-barrier", "add-dependency", "domain"})
@@ -97,6 +101,23 @@ def _dot_shapes(module: HloModule, ins: HloInstruction) -> list[tuple[float, tup
   return out
 
 
+def _gemm_shapes(module: HloModule, ins: HloInstruction) -> list[tuple[float, tuple[int, int, int]]]:
+  """``(FLOPs, (M, N, K))`` of the cuBLAS GEMM calls an executed instruction runs (the call, or a fusion holding it):
+  as :func:`_dot_shapes` for dots."""
+  inner = [ins] if ins.opcode == "custom-call" else module.called_instructions(ins)
+  out = []
+  for i in inner:
+    if i.opcode != "custom-call" or i.custom_call_target not in GEMM_TARGETS or not i.arrays:
+      continue
+    flops = float(instruction_flops(module, i))
+    result = i.arrays[0]
+    if not flops or not result.elements:
+      continue
+    n = result.dims[-1] if result.dims else 1
+    out.append((flops, (max(1, result.elements // max(1, n)), n, max(1, round(flops / (2 * result.elements))))))
+  return out
+
+
 def _cost_estimate(module: HloModule, ins: HloInstruction) -> Mapping[str, Any] | None:
   """A custom call's ``cost_estimate`` (Pallas writes ``{"flops", "transcendentals", "bytes_accessed"}`` into the
   Mosaic call's backend config when the kernel gives one), looked for in the call and in a fusion holding it."""
@@ -110,10 +131,49 @@ def _cost_estimate(module: HloModule, ins: HloInstruction) -> Mapping[str, Any] 
   return None
 
 
+def _chip_key(chip: Chip) -> str | None:
+  return next((key for key, c in CHIPS.items() if c is chip or c == chip), None)
+
+
 def _roofline(flops: float, nbytes: float, efficiency: float, chip: Chip) -> tuple[str, float]:
+  """A roofline: FLOPs at the peak × ``efficiency`` against bytes at the HBM bandwidth. On a GPU the peak is what
+  cuBLAS sustains (:data:`jaxckpt.timing._gpu.MATMUL_FRACTION`) and the bandwidth the achievable one
+  (:data:`~jaxckpt.timing._gpu.HBM_EFFICIENCY`), and every kernel adds its launch (:mod:`._gpu`)."""
+  launch = 0.0
+  bandwidth = chip.bandwidth
+  if chip.is_gpu:
+    efficiency *= gemm_fraction(_chip_key(chip) or "")
+    bandwidth *= HBM_EFFICIENCY
+    launch = LAUNCH_S
   compute = flops / (chip.peak_flops * max(efficiency, 1e-9)) if flops else 0.0
-  memory = nbytes / chip.bandwidth if nbytes else 0.0
-  return (COMPUTE, compute) if compute >= memory else (MEMORY, memory)
+  memory = nbytes / bandwidth if nbytes else 0.0
+  return (COMPUTE, compute + launch) if compute >= memory else (MEMORY, memory + launch)
+
+
+def attention_call(module: HloModule, ins: HloInstruction) -> tuple[str, str, tuple[int, ...]] | None:
+  """``(kernel, direction, query shape [B, S, H, D])`` of a GPU flash attention call run by ``ins`` (the call, or a
+  fusion or async start holding it), else ``None`` (:mod:`._gpu`)."""
+  inner = [ins] if ins.opcode == "custom-call" else (
+      module.called_instructions(ins) if ins.opcode in ("fusion", "async-start") else [])
+  for i in inner:
+    if i.opcode != "custom-call":
+      continue
+    target = i.custom_call_target or ""
+    if target.startswith("__cudnn$fmha"):
+      found = ("cudnn", "backward" if "Backward" in target else "forward")
+    elif target == "__gpu$xla.gpu.triton":
+      name = i.op_name or ""
+      found = next((v for k, v in ATTENTION_CALLS.items() if f"/{k}/" in name or name.endswith(f"/{k}")), None)
+      if found is None:
+        continue
+    else:
+      continue
+    comp = module.computations[i.computation]
+    q = comp.by_name.get(i.operands[0]) if i.operands else None
+    if q is None or not q.arrays or len(q.arrays[0].dims) != 4:
+      continue
+    return (*found, q.arrays[0].dims)
+  return None
 
 
 def _is_custom(module: HloModule, ins: HloInstruction) -> str | None:
@@ -172,7 +232,7 @@ def _cost(module: HloModule, ins: HloInstruction, run: Any, nbytes: float, chip:
     for c in collectives:
       group = c.groups[0] if c.groups else ()
       link, s = collective_seconds(c.kind, c.payload_bytes, group, links) if links is not None else ("local", 0.0)
-      seconds += s
+      seconds += s + (NCCL_LAUNCH_S if chip.is_gpu and link != "local" else 0.0)
       payload += c.payload_bytes
     is_async = any(c.is_async for c in collectives) or is_start
     compute = run.estimated_cycles / chip.clock_hz if run.estimated_cycles and chip.clock_hz else 0.0
@@ -189,7 +249,19 @@ def _cost(module: HloModule, ins: HloInstruction, run: Any, nbytes: float, chip:
     seconds = run.estimated_cycles / chip.clock_hz
     term, _ = _roofline(float(run.dot_flops), nbytes, 1.0, chip)
     return OpCost(term, seconds, "cycles", is_start, float(run.dot_flops), nbytes)
+  attention = attention_call(module, ins) if chip.is_gpu else None
+  if attention is not None:
+    kernel, direction, q_shape = attention
+    flops = flash_attention_flops(q_shape, direction)
+    seconds = flops / attention_rate(kernel, direction, q_shape[1], chip) + LAUNCH_S
+    return OpCost(ATTENTION, seconds, "kernel_rate", is_start, flops, nbytes)
   target = _is_custom(module, ins)
+  if target in GEMM_TARGETS:  # a cuBLAS GEMM: its FLOPs at what cuBLAS reaches for its shape
+    dots = _gemm_shapes(module, ins)
+    flops = float(run.dot_flops)
+    efficiency = flops / sum(f / matmul_efficiency(d, chip) for f, d in dots) if dots and flops else 1.0
+    term, seconds = _roofline(flops, nbytes, efficiency, chip)
+    return OpCost(term, seconds, "roofline", is_start, flops, nbytes)
   if target is not None:
     estimate = _cost_estimate(module, ins)
     if estimate is not None:

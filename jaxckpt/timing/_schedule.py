@@ -6,7 +6,8 @@ order they run. The core runs them one after another; an asynchronous operation 
 async collective fusion, a copy to or from host memory, a prefetch into on-chip memory) is handed to its engine at
 its start and waited for at its ``-done``. :func:`replay` follows exactly that:
 
-- an instruction on the core advances the core's clock by its seconds (:mod:`._ops`);
+- an instruction on the core advances the core's clock by its seconds (:mod:`._ops`); on a GPU, while a collective
+  is in flight, at the speed the SMs NCCL leaves it (:func:`jaxckpt.timing._gpu.collective_contention`);
 - an async start queues its transfer on its resource (one per term: the ICI links, NVLink, the network, each
   direction of the host link, the copy engine), which runs one transfer at a time: it begins when the core reaches
   the start and the resource is free, and takes its seconds;
@@ -50,9 +51,23 @@ class _State:
   free: dict[str, float] = dataclasses.field(default_factory=dict)  # resource -> when it is free
   pending: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)  # start -> (end, term)
   exposed: dict[str, float] = dataclasses.field(default_factory=dict)  # term -> seconds the core waited
+  contention: float = 1.0  # the core's slowdown while a collective is in flight (replay's contention)
 
   def copy(self) -> _State:
-    return _State(self.now, dict(self.free), dict(self.pending), dict(self.exposed))
+    return _State(self.now, dict(self.free), dict(self.pending), dict(self.exposed), self.contention)
+
+  def work(self, seconds: float) -> None:
+    """Advances the core by ``seconds`` of work, at ``1 / contention`` of its speed while collectives run."""
+    if self.contention > 1.0:
+      busy_until = max((end for end, term in self.pending.values() if term.startswith("collectives")), default=0.0)
+      if busy_until > self.now:
+        slowed = (busy_until - self.now) / self.contention  # work done before the last collective ends
+        if seconds <= slowed:
+          self.now += seconds * self.contention
+          return
+        self.now = busy_until
+        seconds -= slowed
+    self.now += seconds
 
   def shift(self, since: float, delta: float) -> None:
     """Moves every stream event after ``since`` later by ``delta`` (iterations not replayed one by one)."""
@@ -137,13 +152,17 @@ def with_trip_counts(module: HloModule, trip_counts: Mapping[str, int]) -> HloMo
   return dataclasses.replace(module, computations=computations)
 
 
-def replay(module: HloModule, costs: Mapping[str, OpCost], *, rule: str = "schedule") -> Replay:
+def replay(module: HloModule, costs: Mapping[str, OpCost], *, rule: str = "schedule",
+           contention: float = 1.0) -> Replay:
   """Replays ``module``'s schedule under an overlap rule (module docstring).
 
   Args:
     module: the program (its loops' :attr:`~jaxckpt.analysis.HloInstruction.trip_count`; an unknown count is 1).
     costs: :func:`jaxckpt.timing._ops.op_costs` of it.
     rule: a key of :data:`OVERLAP_RULES`.
+    contention: how much longer the core's work takes while a collective is in flight (a GPU's NCCL kernels run on
+      some of its SMs, :func:`jaxckpt.timing._gpu.collective_contention`); 1.0: none (a TPU's collectives run on
+      their own engines).
 
   Returns:
     The :class:`Replay`.
@@ -159,7 +178,7 @@ def replay(module: HloModule, costs: Mapping[str, OpCost], *, rule: str = "sched
       return Replay(sum(busy.values()), {k: v for k, v in busy.items() if is_async_term(k)})
     return Replay(max(busy.values(), default=0.0), {})
   pairs = async_pairs(module, costs)
-  state = _State()
+  state = _State(contention=contention)
   _run(module, module.computations[module.entry], costs, pairs, state)
   end = max([state.now, *(e for e, _ in state.pending.values())])
   for _, (e, term) in state.pending.items():
@@ -196,7 +215,7 @@ def _run(module: HloModule, comp: HloComputation, costs: Mapping[str, OpCost], p
     cost = costs.get(ins.name)
     if start is not None:
       if cost is not None and not cost.is_async and cost.term != FREE:
-        state.now += cost.seconds  # a done fusion that also computes
+        state.work(cost.seconds)  # a done fusion that also computes
       if start in state.pending:
         end, term = state.pending.pop(start)
         wait = max(0.0, end - state.now)
@@ -211,7 +230,7 @@ def _run(module: HloModule, comp: HloComputation, costs: Mapping[str, OpCost], p
       state.free[cost.term] = end
       state.pending[ins.name] = (end, cost.term)
     else:
-      state.now += cost.seconds
+      state.work(cost.seconds)
 
 
 def _loop(module: HloModule, loop: HloInstruction, costs: Mapping[str, OpCost], pairs: Mapping[str, str],

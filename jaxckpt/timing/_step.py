@@ -12,8 +12,9 @@ from jaxckpt._units import format_seconds
 from jaxckpt.analysis import HloModule, parse_hlo
 from jaxckpt.errors import JaxckptError, closest
 from jaxckpt.sharding import CHIPS, Chip, Topology, get_topology
-from jaxckpt.timing._links import Links, links_for
-from jaxckpt.timing._ops import FREE, op_costs
+from jaxckpt.timing._gpu import collective_contention, gpu_basis
+from jaxckpt.timing._links import RING_EFFICIENCY, Links, links_for
+from jaxckpt.timing._ops import ATTENTION, FREE, attention_call, op_costs
 from jaxckpt.timing._schedule import OVERLAP_RULES, is_async_term, replay, with_trip_counts
 
 RESOLUTION = 0.04
@@ -74,6 +75,9 @@ class StepTime:
       ``links``; ``host_link``; ``cost_estimate``; ``bytes``).
     flops: dot and convolution FLOPs per step (loops × trip counts), kernels' cost estimates included.
     ops: every executed instruction that takes time, the longest per step first.
+    basis: what the estimate rests on, one line per kind of work (a GPU's kernel rates and link figures with their
+      sources in :mod:`jaxckpt.timing._gpu` and :mod:`jaxckpt.timing._links`; a TPU's clock): the figures to hold
+      against a measured step.
   """
 
   seconds: float
@@ -85,6 +89,7 @@ class StepTime:
   sources: Mapping[str, float]
   flops: float
   ops: tuple[OpTime, ...] = ()
+  basis: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def top(self, n: int = 10, *, term: str | None = None) -> list[OpTime]:
     """The ``n`` instructions with the most busy seconds per step (of one ``term``, or all)."""
@@ -174,7 +179,7 @@ def estimate_step_time(program: HloModule | str, chip: Chip | str, *, links: Lin
     else:
       ops[ins.name] = OpTime(ins.name, ins.opcode, ins.computation, run.count, cost.term, cost.source, cost.seconds,
                              cost.flops, cost.bytes, ins.op_name)
-  result = replay(module, costs, rule=overlap)
+  result = replay(module, costs, rule=overlap, contention=collective_contention(chip) if chip.is_gpu else 1.0)
   bound = max(terms, key=terms.get) if terms else ""
   seconds = result.seconds
   if terms:  # overlap never makes a step shorter than any one term's work (a guard on the replay's arithmetic)
@@ -183,7 +188,29 @@ def estimate_step_time(program: HloModule | str, chip: Chip | str, *, links: Lin
   return StepTime(seconds=seconds, terms=dict(sorted(terms.items(), key=lambda kv: -kv[1])),
                   exposed={k: v for k, v in sorted(result.exposed.items(), key=lambda kv: -kv[1]) if v > 0},
                   overlap=overlap, bound=bound, chip=chip.name, sources=sources, flops=flops,
-                  ops=tuple(sorted(ops.values(), key=lambda o: -o.total_seconds)))
+                  ops=tuple(sorted(ops.values(), key=lambda o: -o.total_seconds)),
+                  basis=_basis(module, chip, links, ops))
+
+
+def _basis(module: HloModule, chip: Chip, links: Links | None, ops: Mapping[str, OpTime]) -> dict[str, str]:
+  """:attr:`StepTime.basis`: the figures the estimate used."""
+  if not chip.is_gpu:
+    out = {}
+    if chip.clock_hz:
+      out["kernels"] = f"the TPU compiler's estimated_cycles at {chip.clock_hz / 1e9:.2f} GHz"
+    if chip.ici_link_bandwidth:
+      out["ici"] = f"{chip.ici_link_bandwidth / 1e9:,.0f} GB/s per link per direction"
+    return out
+  attention: dict[tuple[str, str], int] = {}
+  for op in ops.values():
+    if op.term == ATTENTION:
+      found = attention_call(module, module.instructions[op.name])
+      if found is not None:
+        attention[(found[0], found[1])] = found[2][1]
+  nvlink = links.nvlink * RING_EFFICIENCY if links is not None else 0.0
+  network = links.network * RING_EFFICIENCY if links is not None and links.torus and links.torus[0] > 1 else 0.0
+  key = next((k for k, c in CHIPS.items() if c == chip), None)
+  return gpu_basis(chip, key, nvlink=nvlink, network=network, attention=attention)
 
 
 def layer_trip_counts(module: HloModule, compiled_layers: int, layers: int) -> dict[str, int]:
