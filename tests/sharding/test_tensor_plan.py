@@ -274,14 +274,14 @@ class _HalfModel(nnx.Module):
     return self.embed.attend(x)
 
 
-@pytest.mark.parametrize("topology, plan", [
-    pytest.param("v5e:4x4", "path", marks=needs_libtpu), pytest.param("h100:2x8", "auto", marks=needs_cuda_plugin)])
-def test_the_scanned_llamas_plan_compiles_on_fsdp4_tensor4(topology, plan, tmp_path):
-  """Rows ok on a TPU and a GPU topology of 16 chips (the automatic plan is the path plan, above)."""
-  text = "auto" if plan == "auto" else str(SCANNED_AUTO)
-  argv = ["--target", "tests.own_models:llama_target", "--target-arg", f"tensor_plan={text}", "--topology",
-          topology, "--mesh", "fsdp=4,tensor=4", "--policies", "none", "--no-residuals", "--json",
-          str(tmp_path / "r.json")]
+@pytest.mark.parametrize("topology, target, plan", [
+    pytest.param("v5e:4x4", "dit_target", "auto", marks=needs_libtpu),
+    pytest.param("h100:2x8", "llama_target", str(SCANNED_AUTO), marks=needs_cuda_plugin)], ids=["v5e-dit", "h100-llama"])
+def test_the_plans_compile_on_fsdp4_tensor4_of_16_chips(topology, target, plan, tmp_path):
+  """Rows ok on a TPU and a GPU topology: the DiT's automatic plan, the scanned Llama's path plan (which is its
+  automatic plan, above)."""
+  argv = ["--target", f"tests.own_models:{target}", "--target-arg", f"tensor_plan={plan}", "--topology", topology,
+          "--mesh", "fsdp=4,tensor=4", "--policies", "none", "--no-residuals", "--json", str(tmp_path / "r.json")]
   assert report_main(argv) == 0
   data = json.loads((tmp_path / "r.json").read_text())
   assert data["mesh"] == {"fsdp": 4, "tensor": 4} and [r["status"] for r in data["rows"]] == ["ok"]
