@@ -276,7 +276,8 @@ class _HalfModel(nnx.Module):
 
 @pytest.mark.parametrize("topology, target, plan", [
     pytest.param("v5e:4x4", "dit_target", "auto", marks=needs_libtpu),
-    pytest.param("h100:2x8", "llama_target", str(SCANNED_AUTO), marks=needs_cuda_plugin)], ids=["v5e-dit", "h100-llama"])
+    pytest.param("h100:2x8", "llama_target", str(SCANNED_AUTO), marks=needs_cuda_plugin)],
+    ids=["v5e-dit", "h100-llama"])
 def test_the_plans_compile_on_fsdp4_tensor4_of_16_chips(topology, target, plan, tmp_path):
   """Rows ok on a TPU and a GPU topology: the DiT's automatic plan, the scanned Llama's path plan (which is its
   automatic plan, above)."""
