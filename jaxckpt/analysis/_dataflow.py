@@ -10,10 +10,10 @@ Reshapes, slices, rotary embeddings (products with constants), the attention's o
 dependencies as they are.
 
 **Modulation.** A value broadcast to more elements (smaller than the elementwise operation's result, or grown by a
-``broadcast_in_dim`` before it: a per-example vector spread over the tokens) and combined elementwise with a full-
-size value that is not itself such a broadcast *modulates* it: its dependencies are recorded apart (``mods``), not
-as data the matmul reads. That is adaLN's shift, scale and gate (Peebles & Xie 2023: ``x * (1 + scale[:, None]) +
-shift[:, None]``), a per-example ``[B, 6D]`` projection that scales the ``[B, N, D]`` token stream, and also a
+``broadcast_in_dim`` before it: a per-example vector spread over the tokens) and combined elementwise with a
+full-size value that is not itself such a broadcast *modulates* it: its dependencies are recorded apart (``mods``),
+not as data the matmul reads. That is adaLN's shift, scale and gate (Peebles & Xie 2023: ``x * (1 + scale[:, None])
++ shift[:, None]``), a per-example ``[B, 6D]`` projection that scales the ``[B, N, D]`` token stream, and also a
 norm's mean and a softmax's maximum (whose dependencies are the data's own, so nothing changes there). A broadcast
 read by a matmul (grouped query attention's ``jnp.repeat`` of the keys) is data.
 
