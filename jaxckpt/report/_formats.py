@@ -95,7 +95,8 @@ def row_value(row: Mapping[str, Any], key: str) -> Any:
 
 OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
              "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide",
-             "ragged_dot_general": "grouped matmul", "pallas_call": "kept inside a kernel"}
+             "ragged_dot_general": "grouped matmul", "pallas_call": "kept inside a kernel",
+             "scan": "scan output"}
 """Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
 
 
@@ -123,14 +124,17 @@ def main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | Non
 
 def residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
                     short: bool = False, brief: bool = False) -> str:
-  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
-  (``short``: without the count of other lines and the primitive's own name; ``brief``: also without the source
-  line's function and the words "checkpoint name", for the terminal)."""
+  """A legend entry a user can place: the checkpoint name, or the op and the line of your code that made it
+  (the group's ``site``; a report written before groups had one: the source line making most of the op's bytes,
+  from ``sources``) (``short``: without the count of other lines and the primitive's own name; ``brief``: also
+  without the source line's function and the words "checkpoint name", for the terminal)."""
   if group["by"] == "name":
     return group["key"] if brief else f"{group['key']} (checkpoint name)"
   if group["by"] == "primitive":
     op = OP_WORDS.get(group["key"], group["key"])
     op = op if op == group["key"] or short else f"{op} ({group['key']})"
+    if "site" in group:
+      return f"{op} at {short_source(group['site'], function=not brief)}"
     source, lines = sources.get(group["key"], (None, 0))
     more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
     return f"{op} at {short_source(source, function=not brief)}{more}"

@@ -237,3 +237,52 @@ def test_budget_plan_per_block_type_for_a_scanned_stack():
   plan = plan_policy(target, "budget:80%")
   assert plan.num_layers == 1 and not isinstance(plan.policy, LayeredPolicy)
   assert plan.compiled.memory["temp_bytes"] <= plan.limit_bytes < plan.none.temp_bytes
+
+
+# --- residuals named by your own lines ---
+
+def _residuals(target, policy: str) -> dict:
+  from jaxckpt.report._residuals import analyse_residuals
+  from jaxckpt.step import default_optimizer, policy_step
+
+  return analyse_residuals(policy_step(target, jaxckpt.parse_model_policy(policy), default_optimizer()))
+
+
+@pytest.mark.parametrize("which", ["own-dit", "llama-tiny"])
+def test_a_residual_row_is_the_line_of_the_models_own_code_and_its_bytes_are_its_own(which):
+  """Unnamed residuals are grouped by primitive and the innermost line of the model's own code (your file, or a
+  shipped model's), never Flax's ``linear.py:431`` or jaxckpt's ``_structure.py``; each group's bytes are the sum of
+  its own residuals, and the groups add up to the row."""
+  import os
+  import re
+  from tests import own_models
+  from jaxckpt.errors import MODEL_CODE
+  from jaxckpt.step import shipped_target
+
+  if which == "own-dit":
+    target, home = own_models.dit_target(), (os.path.abspath(own_models.__file__),)
+  else:
+    target, home = shipped_target("llm", "llama-tiny", num_layers=2), MODEL_CODE
+  res = _residuals(target, "dots_saveable")
+  saved = [i for i in res["items"] if i["kind"] != "argument"]
+  unnamed = [g for g in res["groups"] if g["by"] == "primitive"]
+  assert unnamed and all(g["site"] and g["site"].startswith(home) for g in unnamed), [g["site"] for g in unnamed]
+  line = lambda site: re.sub(r"^(.*?:\d+):\d+", r"\1", site or "")  # noqa: E731 - a row is a line
+  for g in unnamed:
+    assert g["bytes"] == sum(i["bytes"] for i in saved if i["name"] is None and i["primitive"] == g["key"]
+                             and line(i["site"] or i["source"]) == g["site"])
+  assert sum(g["bytes"] for g in res["groups"] if g["key"] != "argument") == res["bytes"]
+  if which == "own-dit":  # the matmul inside flax's nnx.Linear is the model's qkv line
+    qkv = next(n for n, text in enumerate(open(home[0]), 1) if "qkv = self.qkv(x)" in text)
+    assert any(g["site"].startswith(f"{home[0]}:{qkv} ") and g["key"] == "dot_general" for g in unnamed)
+    assert not any("linear.py" in (i["site"] or "") for i in saved)
+
+
+def test_the_table_labels_a_residual_by_its_checkpoint_name_or_your_line():
+  from jaxckpt.report._formats import residual_label
+
+  group = {"key": "add", "by": "primitive", "site": "/home/me/model.py:124:8 (Block.__call__)", "count": 2,
+           "bytes": 64}
+  assert residual_label(group, {}, short=True, brief=True) == "add at model.py:124"
+  assert residual_label(group, {}) == "add at model.py:124 (Block.__call__)"
+  assert residual_label({"key": "qkv", "by": "name", "count": 1, "bytes": 8}, {}, brief=True) == "qkv"
