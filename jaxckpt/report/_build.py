@@ -26,7 +26,7 @@ from jaxckpt.analysis._effect import annotate_rows
 from jaxckpt.policies._model import ModelPolicy
 from jaxckpt.training._profile import check_profile_dir, profile_slug
 from jaxckpt.report._compile import compile_rows, one_line, report_compiler_options
-from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK, empty_row
+from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK, empty_row, unit_descriptions
 from jaxckpt.report._measure import measure_policy
 from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
@@ -335,11 +335,14 @@ def build_report(
       **where,
       "mesh_given": placement.mesh is not None and placement.mesh_given,
       "structure": structure,
+      "batch_size": batch_size_of(target),
       "grad_accum_steps": getattr(target, "grad_accum_steps", 1),
       "versions": versions(),
       "compiler_options": report_compiler_options(compiler_options, backend=platform),
       "warnings": warnings,
+      "units": {},
       "rows": rows,
   }
+  data["units"] = unit_descriptions(data)
   assert tuple(data) == REPORT_KEYS  # internal invariant, not user input
   return Report(data)

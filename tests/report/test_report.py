@@ -28,7 +28,9 @@ def check_report_schema(data):
   assert isinstance(data["model"], str) and (data["preset"] is None or isinstance(data["preset"], str))
   assert data["backend"] in ("cpu", "gpu", "tpu") and isinstance(data["device_count"], int)
   assert data["mesh"] is None and data["structure"].split(", ")[0] in ("scan", "unrolled")
-  assert data["grad_accum_steps"] >= 1
+  assert data["grad_accum_steps"] >= 1 and data["batch_size"] >= data["grad_accum_steps"]
+  assert data["units"]["footprint_bytes"] == "bytes per device" and data["units"]["residual_bytes"].startswith(
+      "bytes global") and data["units"]["flops"] == "FLOPs per step global (the whole batch, every device)"
   assert isinstance(data["versions"], dict) and "jax" in data["versions"]
   assert isinstance(data["compiler_options"], dict)
   assert all(isinstance(w, str) for w in data["warnings"])
@@ -76,6 +78,22 @@ def test_all_rows_present_and_valid(vit_all):
   assert all(r["status"] == "ok" for r in vit_all.rows)
   check_report_schema(vit_all.data)
   assert vit_all.data["structure"] == "scan" and vit_all.data["model"] == "vit"
+
+
+def test_every_column_says_what_it_counts_and_the_title_the_batch(vit_all):
+  """One device's memory, the whole batch's residuals, the whole step's FLOPs; the batch in the title (global and,
+  under a mesh, per device; with accumulation, its micro-batches)."""
+  from jaxckpt.report import to_table
+  from jaxckpt.report._formats import batch_words, table_rows
+
+  headers = table_rows(vit_all)[0]
+  assert {"footprint/device", "temp/device", "residuals (global)", "FLOPs (global)", "compile"} <= set(headers)
+  text = to_table(vit_all, width=100)
+  assert text.splitlines()[0].startswith(f"jaxckpt memory report: vit (tiny), scan layers, batch {BATCH}, backend")
+  assert [line.split() for line in text.splitlines()[2:3]] == [["/device", "/device", "global", "global"]]
+  data = {"batch_size": 1024, "grad_accum_steps": 4, "mesh": {"data": 2, "fsdp": 4, "tensor": 2},
+          "topology": "h100:2x8", "backend": "gpu"}
+  assert batch_words(data) == "batch 1024 global, 128 per GPU, as 4 micro-batches of 256"
 
 
 def test_vit_memory_and_flops_order(vit_all):
