@@ -162,7 +162,7 @@ class TensorPlan:
           raise TensorPlanError(f"tensor_plan gives {key} two styles: {out[key].pattern!r}={out[key].style} and "
                                 f"{pattern!r}={style}; give each layer one")
         declared = any(path[:len(p)] == p for p in stacked)
-        out.setdefault(key, _planned(key, var, pattern, style, stacked=_layer_axes(modules.get(path[:-1]), path[-1],
+        out.setdefault(key, _planned(key, var, pattern, style, stacked=leading_layer_axes(modules.get(path[:-1]), path[-1],
                                                                                      var, declared=declared)))
     return out
 
@@ -234,8 +234,10 @@ def _unstacked_shape(module: Any, name: str) -> tuple[int, ...] | None:
   return None
 
 
-def _layer_axes(module: Any, name: str, var: Any, *, declared: bool) -> int:
-  """How many leading layer axes parameter ``name`` of ``module`` has (module docstring: stacked layers)."""
+def leading_layer_axes(module: Any, name: str, var: Any, *, declared: bool = False) -> int:
+  """How many leading layer axes parameter ``name`` (an ``nnx.Param``, ``var``) of ``module`` has: 1 where a module
+  declares its stack (``declared``), else what an ``nnx.Linear``/``nnx.Embed`` holds beyond the shape it declares
+  (module docstring: stacked layers), else 0."""
   if declared:
     return 1
   shape, own = tuple(var.get_value().shape), _unstacked_shape(module, name)

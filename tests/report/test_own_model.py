@@ -286,3 +286,48 @@ def test_the_table_labels_a_residual_by_its_checkpoint_name_or_your_line():
   assert residual_label(group, {}, short=True, brief=True) == "add at model.py:124"
   assert residual_label(group, {}) == "add at model.py:124 (Block.__call__)"
   assert residual_label({"key": "qkv", "by": "name", "count": 1, "bytes": 8}, {}, brief=True) == "qkv"
+
+
+
+# --- the smaller frictions of your own model in the report ---
+
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_a_scanned_model_reads_as_scanned_before_any_remat_row_is_traced(scan):
+  """``nnx.vmap``-stacked blocks say so themselves: the header of a ``none``-only report, of ``--no-residuals``
+  or of error rows (nothing traced with remat regions) is "scan layers" too."""
+  from tests import own_models
+  from jaxckpt.step._build import target_structure
+
+  assert target_structure(own_models.dit_target(scan=scan)) == ("scan" if scan else "unrolled")
+  assert target_structure(own_models.llama_target(scan=scan)) == ("scan" if scan else "unrolled")
+
+
+def test_a_checkpoint_name_typo_exits_2_in_one_line_like_a_policy_typo(capsys):
+  assert report_main(["--target", "tests.own_models:decoder_target", "--policies", "none",
+                      "save_only_these_names:mlp.up_projj"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "unknown checkpoint name 'mlp.up_projj'" in err and "did you mean 'mlp.up_proj'" in err
+
+
+def test_the_report_accumulates_your_own_model_as_the_fit_chose(tmp_path, capsys):
+  """``--grad-accum-steps`` beside ``--target``: the step the fit's winner runs, its micro-batches in the title."""
+  import json
+
+  path = tmp_path / "r.json"
+  assert report_main(["--target", "tests.own_models:decoder_target", "--grad-accum-steps", "2", "--policies", "none",
+                      "--no-residuals", "--json", str(path)]) == 0
+  data = json.loads(path.read_text())
+  assert (data["grad_accum_steps"], data["batch_size"], data["rows"][0]["status"]) == (2, BATCH, "ok")
+  assert f"batch {BATCH}, as 2 micro-batches of {BATCH // 2}" in capsys.readouterr().out
+  assert report_main(["--target", "tests.own_models:decoder_target", "--grad-accum-steps", "3"]) == 2
+  assert "--grad-accum-steps 3 must be ≥ 1 and divide the target's batch size 4" in capsys.readouterr().err
+
+
+def test_a_gpu_report_of_unrolled_layers_says_remat_needs_scan():
+  from jaxckpt.report._build import GPU_UNROLLED_NOTE, gpu_unrolled_note
+
+  rows = [{"policy": "none"}, {"policy": "nothing_saveable"}]
+  assert gpu_unrolled_note("unrolled", "gpu", rows) == [GPU_UNROLLED_NOTE]
+  assert "docs/gpu.md" in GPU_UNROLLED_NOTE and "scan" in GPU_UNROLLED_NOTE
+  assert gpu_unrolled_note("scan", "gpu", rows) == gpu_unrolled_note("unrolled", "tpu", rows) == []
+  assert gpu_unrolled_note("unrolled", "gpu", rows[:1]) == []
