@@ -39,10 +39,10 @@ _LIBRARY_DIRS = tuple(os.path.normpath(p) + os.sep for p in {
 """Where library frames live: the standard library, site-packages (jax, flax…) and jaxckpt itself."""
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL_CODE = (os.path.join(_HERE, "models") + os.sep, os.path.join(_HERE, "core", "_blocks.py"),
-              os.path.join(_HERE, "nnx", "_layers.py"), os.path.join(_HERE, "linen", "_layers.py"))
-"""jaxckpt's shipped models (``--model``) and the blocks and layers they are built of: library code for an error in
-your model, a model's own code for a residual's source line (:func:`is_library_file`)."""
+MODEL_CODE = (os.path.join(_HERE, "models") + os.sep, os.path.join(_HERE, "core", "_blocks.py"))
+"""jaxckpt's shipped models (``--model``) and the block math they are built of (attention, MLP, convolution):
+library code for an error in your model, a model's own code for a residual's source line (:func:`is_library_file`).
+The layer stacks and wrappers around them (``Stack``, ``RematBlock``) are machinery."""
 
 
 def is_library_file(filename: str, *, model_code: bool = True) -> bool:

@@ -36,8 +36,9 @@ Your own line. JAX names the innermost frame outside JAX itself, which for a mod
 Flax's (``linear.py:431``, the bias add of every ``nnx.Linear``) and under jaxckpt's layer stacks jaxckpt's
 (``_structure.py:168``). Each residual made by an equation also gets its ``site``: the innermost frame of the
 equation's traceback in *your* files, outside the standard library, site-packages (jax, flax, optax…) and jaxckpt's
-machinery (jaxckpt's shipped models count as yours), so a residual reads as the line of your model that made it
-(``own_model.py:124``, the call of the projection whose bias add it is).
+machinery (jaxckpt's shipped models and their block math count as yours, :data:`jaxckpt.errors.MODEL_CODE`), so a
+residual reads as the line of your model that made it (``own_model.py:124``, the call of the projection whose bias add
+it is).
 
 Bytes are ``elements * dtype itemsize``, an upper bound on what is stored: XLA may fuse some residuals away or, on
 XLA:CPU, undo remat in unrolled code (see NOTES.md); compiled memory stats are the ground truth.
