@@ -354,9 +354,8 @@ def build_report(
       "versions": versions(),
       "compiler_options": report_compiler_options(compiler_options, backend=platform),
       "warnings": warnings,
-      "units": {},
+      "units": unit_descriptions(where),
       "rows": rows,
   }
-  data["units"] = unit_descriptions(data)
   assert tuple(data) == REPORT_KEYS  # internal invariant, not user input
   return Report(data)
