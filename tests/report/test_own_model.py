@@ -318,7 +318,7 @@ def test_the_report_accumulates_your_own_model_as_the_fit_chose(tmp_path, capsys
                       "--no-residuals", "--json", str(path)]) == 0
   data = json.loads(path.read_text())
   assert (data["grad_accum_steps"], data["batch_size"], data["rows"][0]["status"]) == (2, BATCH, "ok")
-  assert f"batch {BATCH}, as 2 micro-batches of {BATCH // 2}" in capsys.readouterr().out
+  assert f"batch {BATCH}, as 2 micro-batches of {BATCH // 2}" in " ".join(capsys.readouterr().out.split())
   assert report_main(["--target", "tests.own_models:decoder_target", "--grad-accum-steps", "3"]) == 2
   assert "--grad-accum-steps 3 must be ≥ 1 and divide the target's batch size 4" in capsys.readouterr().err
 

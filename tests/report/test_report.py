@@ -191,6 +191,20 @@ def loss_target():
                     block_types={"mlp": {"hidden"}}, name="tanh-mlp")
 
 
+class _Plain(nnx.Module):
+  def __init__(self, *, rngs):
+    self.proj = nnx.Linear(8, 8, rngs=rngs)
+
+  def __call__(self, x):  # x: [B, 8] float32
+    return jnp.tanh(self.proj(x))
+
+
+def unapplied_target():
+  """A model with no remat'd blocks: every remat policy's row is an error row (the policy was not applied)."""
+  return ModelTarget(make_model=lambda: _Plain(rngs=nnx.Rngs(0)), batch=jax.ShapeDtypeStruct((4, 8), jnp.float32),
+                     loss_fn=lambda model, x: jnp.mean(model(x) ** 2), name="plain")
+
+
 def sized_target(*, batch_size: int = 16, num_layers: int = 2, width: int = 32):
   """A target function with keyword arguments: the tools pass --batch-size, --layers and --target-arg width=."""
 
@@ -318,11 +332,15 @@ def test_cli_end_to_end_writes_every_output(tmp_path, capsys, monkeypatch):
 
 
 def test_cli_exit_1_when_no_policy_succeeds(tmp_path, capsys):
+  """Every row an error (no policy applied: the model has no remat'd blocks): exit 1, the JSON written. A block type or checkpoint name
+  the model does not have is a typo instead: exit 2 before anything is compiled."""
   path = tmp_path / "r.json"
-  assert main(["--model", "mlp", "--batch-size", "4", "--policies", "attn=full", "--no-progress",
-               "--json", str(path)]) == 1
+  assert main(["--target", "tests.report.test_report:unapplied_target", "--policies", "full", "dots_saveable",
+               "--no-progress", "--json", str(path)]) == 1
   data = json.loads(path.read_text())
-  assert data["rows"][0]["status"] == "error" and data["warnings"]
+  assert [r["status"] for r in data["rows"]] == ["error", "error"] and data["warnings"]
+  assert main(["--model", "mlp", "--batch-size", "4", "--policies", "attn=full", "--no-progress"]) == 2
+  assert "unknown block type 'attn'" in capsys.readouterr().err
 
 
 def test_cli_user_target(tmp_path):
