@@ -38,6 +38,24 @@ _LIBRARY_DIRS = tuple(os.path.normpath(p) + os.sep for p in {
     os.path.dirname(os.path.abspath(__file__))})
 """Where library frames live: the standard library, site-packages (jax, flax…) and jaxckpt itself."""
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL_CODE = (os.path.join(_HERE, "models") + os.sep, os.path.join(_HERE, "core", "_blocks.py"))
+"""jaxckpt's shipped models (``--model``) and the block math they are built of (attention, MLP, convolution):
+library code for an error in your model, a model's own code for a residual's source line (:func:`is_library_file`).
+The layer stacks and wrappers around them (``Stack``, ``RematBlock``) are machinery."""
+
+
+def is_library_file(filename: str, *, model_code: bool = True) -> bool:
+  """Whether a frame's file is a library's: the standard library, site-packages (jax, flax, optax…), jaxckpt, or no
+  file (``<frozen ...>``, ``<string>``); ``model_code=False`` counts jaxckpt's shipped models and their layers
+  (:data:`MODEL_CODE`) as a model's own code."""
+  if filename.startswith("<"):
+    return True
+  path = os.path.normpath(filename)
+  if not model_code and (path.startswith(MODEL_CODE[0]) or path in MODEL_CODE[1:]):
+    return False
+  return path.startswith(_LIBRARY_DIRS)
+
 
 def raised_at(err: BaseException) -> str:
   """``"ValueError: my block cannot take width 16 (model.py:10)"``: an exception as one line, its type, the first line
@@ -52,8 +70,7 @@ def raised_at(err: BaseException) -> str:
   if isinstance(err, SyntaxError) and err.filename:
     return f"{type(err).__name__}: {err.msg} ({os.path.basename(err.filename)}:{err.lineno})"
   frames = traceback.extract_tb(err.__traceback__)
-  own = [f for f in frames if not os.path.normpath(f.filename).startswith(_LIBRARY_DIRS)
-         and not f.filename.startswith("<")]
+  own = [f for f in frames if not is_library_file(f.filename)]
   frame = own[-1] if own else frames[-1] if frames else None
   where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame is not None else ""
   message = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -275,7 +275,8 @@ def count_remat_regions(jaxpr: Any) -> int:
   return sum(1 for eqn in iter_eqns(jaxpr) if _policy_remat(eqn))
 
 
-def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS) -> Any:
+def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS, *, call_sites: dict[int, Any] | None = None
+                 ) -> Any:
   """``jaxpr`` with every ``jit`` call named in ``names`` replaced by its body's equations (recursively).
 
   The body of a call made several times (the same traced function, one jaxpr) is inlined once per call with fresh
@@ -287,6 +288,9 @@ def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS) -> Any:
   Args:
     jaxpr: a ``jax.extend.core.Jaxpr`` (e.g. the ``jaxpr`` of ``jax.make_jaxpr(fn)(...)``).
     names: the ``name`` parameters of the calls to inline (default :data:`SHARED_CALLS`).
+    call_sites: filled, when given, with ``id(equation) -> source info`` of the outermost inlined call each inlined
+      equation came from (a shared trace's equations carry the lines of the trace that made it, inside the call:
+      where it was called is the call's).
 
   Returns:
     A new jaxpr with the same invars and the same outputs; ``jaxpr`` itself when it holds no such call.
@@ -299,7 +303,7 @@ def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS) -> Any:
   def read(env: dict, atom: Any) -> Any:
     return atom if isinstance(atom, jex_core.Literal) else env.get(atom, atom)
 
-  def walk(body: Any, env: dict, fresh: bool) -> list[Any]:
+  def walk(body: Any, env: dict, site: Any) -> list[Any]:
     for eqn in body.eqns:
       ins = [read(env, a) for a in eqn.invars]
       if _inlined(eqn, names):
@@ -308,14 +312,16 @@ def inline_calls(jaxpr: Any, names: tuple[str, ...] = SHARED_CALLS) -> Any:
         for var in closed.jaxpr.constvars:  # a constant the body closed over: a constvar of the result
           sub_env[var] = new = jex_core.Var(var.aval)
           constvars.append(new)
-        outs = walk(closed.jaxpr, sub_env, True)
+        outs = walk(closed.jaxpr, sub_env, eqn.source_info if site is None else site)
       else:
-        outs = [type(v)(v.aval) if fresh else v for v in eqn.outvars]  # Var or DropVar
+        outs = [type(v)(v.aval) if site is not None else v for v in eqn.outvars]  # Var or DropVar
         eqns.append(eqn.replace(invars=ins, outvars=outs))
+        if site is not None and call_sites is not None:
+          call_sites[id(eqns[-1])] = site
       env.update((v, out) for v, out in zip(eqn.outvars, outs) if not isinstance(v, jex_core.DropVar))
     return [read(env, a) for a in body.outvars]
 
-  outvars = walk(jaxpr, {}, False)
+  outvars = walk(jaxpr, {}, None)
   return jaxpr.replace(eqns=eqns, outvars=outvars, constvars=constvars)
 
 

@@ -32,6 +32,14 @@ backward is done. ``recomputed_residuals(remat_eqn)`` lists those values for one
 :func:`jaxckpt.analysis._jaxprs.outermost_remats`). The most saved values alive at once is then the outer residuals plus one
 group's recomputed residuals at each level (Chen et al. 2016: N/K group inputs + one group of K).
 
+Your own line. JAX names the innermost frame outside JAX itself, which for a model written with Flax layers is
+Flax's (``linear.py:431``, the bias add of every ``nnx.Linear``) and under jaxckpt's layer stacks jaxckpt's
+(``_structure.py:168``). Each residual made by an equation also gets its ``site``: the innermost frame of the
+equation's traceback in *your* files, outside the standard library, site-packages (jax, flax, optax…) and jaxckpt's
+machinery (jaxckpt's shipped models and their block math count as yours, :data:`jaxckpt.errors.MODEL_CODE`), so a
+residual reads as the line of your model that made it (``own_model.py:124``, the call of the projection whose bias add
+it is).
+
 Bytes are ``elements * dtype itemsize``, an upper bound on what is stored: XLA may fuse some residuals away or, on
 XLA:CPU, undo remat in unrolled code (see NOTES.md); compiled memory stats are the ground truth.
 """
@@ -48,13 +56,14 @@ from typing import Any
 
 import numpy as np
 
-from jaxckpt.analysis._internals import saved_residuals_parts
+from jaxckpt.analysis._internals import saved_residuals_parts, source_info_util
+from jaxckpt.errors import is_library_file
 from jaxckpt.analysis._jaxprs import inline_calls, is_remat, remat_body
 
 KINDS: tuple[str, ...] = ("argument", "checkpoint_name", "primitive", "scan_output", "other")
 """Every value ``Residual.kind`` can take."""
 
-GROUP_BY: tuple[str, ...] = ("name", "primitive", "source", "kind")
+GROUP_BY: tuple[str, ...] = ("name", "primitive", "source", "site", "kind")
 """Valid ``by`` values of ``group_residuals``."""
 
 
@@ -77,6 +86,9 @@ class Residual:
     argument: for kind ``"argument"``, the argument's path as JAX prints it (``"x"``, ``"ws[0]"``,
       ``"p['w1']"``), else None.
     description: JAX's raw description string.
+    site: ``"file.py:line:col (function)"`` of the line of *your* code that made it (module docstring: the innermost
+      frame outside the standard library, site-packages and jaxckpt's machinery), when :func:`traced_residuals`
+      found one, else None.
   """
 
   shape: tuple[int, ...]
@@ -88,6 +100,7 @@ class Residual:
   source: str | None
   description: str
   argument: str | None = None
+  site: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,12 +227,46 @@ def traced_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace
 
   debug_info = debug_info_of("saved_residuals", _named_function(fn), args, kwargs)
   closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat_fn, *xs), return_shape=True)(*in_leaves)
-  jaxpr = inline_calls(closed.jaxpr)  # calls made only to share traces, read as the code they stand for
+  call_sites: dict[int, Any] = {}
+  jaxpr = inline_calls(closed.jaxpr, call_sites=call_sites)  # calls made only to share traces, read as the code
   num_res = jax.tree.structure(out_shape[1]).num_leaves
   residual_jaxpr = jaxpr.replace(outvars=jaxpr.outvars[len(jaxpr.outvars) - num_res:],
                                  debug_info=debug_info._replace(result_paths=None))
   pairs = jax_saved_residuals(residual_jaxpr, debug_info.arg_names or ("unknown",) * len(jaxpr.invars))
-  return TracedResiduals([parse_residual(aval, description) for aval, description in pairs], jaxpr, num_res)
+  residuals = [parse_residual(aval, description) for aval, description in pairs]
+  return TracedResiduals(_with_sites(residuals, residual_jaxpr, call_sites), jaxpr, num_res)
+
+
+def _producers(jaxpr: Any) -> list[Any]:
+  """The equation that makes each residual of ``jaxpr`` (its outvars), in the order JAX's ``_saved_residuals`` lists
+  the residuals equations make (after literals, constants and arguments)."""
+  import jax.extend.core as jex_core  # pylint: disable=g-import-not-at-top
+
+  wanted = {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
+  through = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive.name == "reduce_precision"}
+  wanted = {through.get(v, v) for v in wanted}  # JAX looks through reduce_precision to its operand's maker
+  return [eqn for eqn in jaxpr.eqns for v in eqn.outvars if v in wanted]
+
+
+def user_site(*source_infos: Any) -> str | None:
+  """``"file.py:line:col (function)"`` of the innermost frame in your code (module docstring) of the first of
+  ``source_infos`` (an equation's, then the shared call's it was inlined from) that has one, else ``None``."""
+  for info in source_infos:
+    for frame in source_info_util.user_frames(getattr(info, "traceback", None)):
+      if not is_library_file(frame.file_name, model_code=False):
+        return f"{frame.file_name}:{frame.start_line}:{frame.start_column} ({frame.function_name})"
+  return None
+
+
+def _with_sites(residuals: list[Residual], jaxpr: Any, call_sites: dict[int, Any]) -> list[Residual]:
+  """``residuals`` (JAX's order) with the :func:`user_site` of each one an equation made (``call_sites``: from
+  :func:`jaxckpt.analysis._jaxprs.inline_calls`)."""
+  made = _producers(jaxpr)
+  first = len(residuals) - len(made)
+  if first < 0 or any(r.kind in ("argument", "other") for r in residuals[first:]):
+    return residuals  # not JAX's order as this module reads it: no sites rather than wrong ones
+  return residuals[:first] + [dataclasses.replace(r, site=user_site(eqn.source_info, call_sites.get(id(eqn))))
+                              for r, eqn in zip(residuals[first:], made)]
 
 
 def saved_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Residual]:
@@ -258,7 +305,7 @@ def saved_residuals(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[R
   return traced_residuals(fn, *args, **kwargs).residuals
 
 
-_GROUP_FIELDS = {"name": "name", "primitive": "primitive", "source": "source", "kind": "kind"}
+_GROUP_FIELDS = {"name": "name", "primitive": "primitive", "source": "source", "site": "site", "kind": "kind"}
 
 
 def group_residuals(residuals: Iterable[Residual], by: str) -> list[ResidualGroup]:
@@ -267,7 +314,8 @@ def group_residuals(residuals: Iterable[Residual], by: str) -> list[ResidualGrou
   Args:
     residuals: residuals from ``saved_residuals`` or ``scale_residuals``.
     by: the field to group on, one of ``GROUP_BY``: ``"name"`` (checkpoint name; unnamed ones share key None),
-      ``"primitive"``, ``"source"`` (``file:line:col (function)``) or ``"kind"``.
+      ``"primitive"``, ``"source"`` (``file:line:col (function)``), ``"site"`` (the same, of your code) or
+      ``"kind"``.
 
   Returns:
     One ``ResidualGroup`` per distinct key, sorted by ``bytes`` descending (ties by key, None last).

@@ -94,7 +94,7 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title
 
 
 def fit_widths(natural: Sequence[int], width: int, *, keep: Sequence[int] = (), flex: int = -1,
-               least: int = 8) -> dict[int, int]:
+               least: int = 8, floors: Mapping[int, int] | None = None) -> dict[int, int]:
   """Column widths that fit ``width`` characters with two spaces between columns.
 
   Columns in ``keep`` (numbers) get their natural width; the others too when everything fits. Otherwise the
@@ -106,22 +106,37 @@ def fit_widths(natural: Sequence[int], width: int, *, keep: Sequence[int] = (), 
     keep: columns never narrowed.
     flex: the column that wraps first (default the last).
     least: the narrowest any narrowed column gets.
+    floors: column -> its longest word (:func:`longest_word`): a column is narrowed to it, not below, so a
+      ``file.py:231`` or a policy name stays whole; when the table does not fit so, the ``keep`` columns are
+      narrowed to their longest words too (a number over its unit); when it still does not, to ``least``.
 
   Returns:
     ``{column: width}`` for :func:`render_table`'s ``widths``.
   """
-  out = dict(enumerate(natural))
   flex = flex % len(natural)
   room = width - 2 * (len(natural) - 1)
-  if sum(out.values()) <= room:
-    return out
-  out[flex] = max(least, room - sum(w for i, w in out.items() if i != flex))
-  while sum(out.values()) > room:
-    others = [i for i in out if i != flex and i not in keep and out[i] > least]
-    if not others:
+  if sum(natural) <= room:
+    return dict(enumerate(natural))
+  words = {i: max(least, (floors or {}).get(i, 0)) for i in range(len(natural))}
+  tries = ((keep, words), ((), {i: (floors or {}).get(i, least) if i in keep else words[i] for i in words}),
+           (keep, dict.fromkeys(words, least)))  # words whole, the kept columns natural; then narrowed to their
+  for fixed, floor in tries:  # longest words; then words broken (the kept columns natural)
+    out = dict(enumerate(natural))
+    out[flex] = max(floor[flex], room - sum(w for i, w in out.items() if i != flex))
+    while sum(out.values()) > room:
+      others = [i for i in out if i != flex and i not in fixed and out[i] > floor[i]]
+      if not others:
+        break
+      out[max(others, key=out.get)] -= 1
+    if sum(out.values()) <= room:
       break
-    out[max(others, key=out.get)] -= 1
   return out
+
+
+def longest_word(cells: Sequence[str]) -> int:
+  """The longest word (between spaces and line breaks) of ``cells``: the narrowest a column of them may be without
+  breaking one (:func:`fit_widths`' ``floors``)."""
+  return max((len(word) for cell in cells for word in cell.split()), default=0)
 
 
 def short_labels(texts: Sequence[str], *, max_len: int = 28, keep: int = 16) -> tuple[dict[str, str], list[str]]:

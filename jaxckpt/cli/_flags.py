@@ -15,7 +15,7 @@ from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
 from jaxckpt.models._configs import COMPUTE_DTYPES
 from jaxckpt.models.llm import MOE_DISPATCHES
 from jaxckpt.models._registry import DEFAULT_BATCH_SIZE
-from jaxckpt.step._targets import SHIPPED_MODELS, Target, load_target, shipped_target
+from jaxckpt.step._targets import SHIPPED_MODELS, Target, load_target, shipped_target, with_grad_accum
 from jaxckpt.sharding import TOPOLOGY_FORMS
 
 
@@ -81,13 +81,11 @@ def target_from_args(args: argparse.Namespace) -> Target:
   if args.target is not None:
     given = [f for f in ("preset", "scan", "structure", "attention", "vocab_tiles", "moe_dispatch", "capacity_factor")
              if getattr(args, f, None) is not None]
-    if args.grad_accum_steps != 1:
-      given.append("grad_accum_steps")
     if given:
       flags = ", ".join("--" + f.replace("_", "-") for f in given)
       raise JaxckptError(f"{flags} apply to --model only; a --target sets its own structure (its function may take "
                          f"sizes and dtypes: --batch-size, --seq-len, --layers, dtypes, --target-arg KEY=VALUE)")
-    return load_target(args.target, target_kwargs(args))
+    return with_grad_accum(load_target(args.target, target_kwargs(args)), args.grad_accum_steps)
   if getattr(args, "target_args", None):
     raise JaxckptError("--target-arg applies to --target only (keyword arguments of your target function); "
                        "--model takes its shapes from --batch-size, --seq-len, --layers")

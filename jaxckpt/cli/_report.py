@@ -19,7 +19,7 @@ from jaxckpt.training._profile import check_profile_dir
 from jaxckpt.report._html import PLOTLYJS_MODES
 from jaxckpt.report._outputs import to_table, write_outputs
 from jaxckpt.report._plot import PLOT_SUFFIXES, plot_format
-from jaxckpt.report._policies import ALL, expand_policies
+from jaxckpt.report._policies import ALL, check_policy_names, expand_policies
 from jaxckpt.step._build import target_block_types
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
                                placement_from_args, target_from_args)
@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       for block, block_names in target_block_types(target).items():
         print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")
       return 0
+    check_policy_names(policies, lambda: target_block_types(target))  # a checkpoint-name typo exits 2 too
     report = build_report(target, policies, measure=args.measure, steps=args.steps, warmup=args.warmup,
                           xla_dump=args.xla_dump, jobs=args.jobs, residuals=args.residuals,
                           progress=progress_enabled(args.progress), mesh=placement, profile=args.profile,

@@ -91,6 +91,17 @@ class GlobalChoice:
                                    for p, b, k, f in self.dropped]}
 
 
+FIT_UNITS: dict[str, str] = {
+    "limit_bytes": "bytes per device",
+    "rows.max_batch_size": "examples, global over the mesh's batch axes (per device: max_batch_size // batch_unit)",
+    "rows.footprint_bytes": "bytes per device", "rows.over_bytes_at_next": "bytes per device",
+    "rows.model.intercept_bytes": "bytes per device",
+    "rows.model.slope_bytes": "bytes per device per example of the global batch",
+    "global_batch.global_batch": "examples per train step, global",
+}
+"""What the numbers of the fit's JSON count (``rows.<key>``: a key of each row)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FitPlan:
   """What fits and what is fastest.
@@ -136,7 +147,7 @@ class FitPlan:
                            "limit_bytes": self.limit_bytes, "memory_source": self.memory_source,
                            "compiles": self.compiles, "refusals": self.refusals, "seconds": round(self.seconds, 3),
                            "global_batch": None,
-                           "axis": self.axis}
+                           "axis": self.axis, "units": FIT_UNITS}
     if self.device is not None:
       out["device"] = dataclasses.asdict(self.device)
     if self.choice is not None:

@@ -146,8 +146,10 @@ class BatchFit:
     return {p.batch: p for p in self.points}
 
   def as_row(self) -> dict[str, Any]:
-    """The JSON row: policy, max_batch_size, footprint_bytes, compiles, the model and the compiled points."""
-    return {"policy": self.policy, "max_batch_size": self.max_batch_size, "footprint_bytes": self.footprint_bytes,
+    """The JSON row: policy, max_batch_size (global) and batch_unit (the mesh's batch-axis size: per device
+    ``max_batch_size // batch_unit``), footprint_bytes, compiles, the model and the compiled points."""
+    return {"policy": self.policy, "max_batch_size": self.max_batch_size, "batch_unit": self.unit,
+            "footprint_bytes": self.footprint_bytes,
             "limit_bytes": self.limit_bytes, "compiles": self.compiles, "method": self.method, "capped": self.capped,
             "estimated_max_batch": self.estimated_max_batch, "over_bytes_at_next": self.verified_over,
             "model": {"intercept_bytes": round(self.model.intercept), "slope_bytes": round(self.model.slope)},

@@ -3,6 +3,9 @@ the mesh search's table (what ``jaxckpt-fit`` prints)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from jaxckpt._units import format_bytes, format_seconds
 from jaxckpt.analysis._tables import render_table
 from jaxckpt.fit._meshes import MeshSearch
@@ -24,20 +27,27 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     The text, ending in a newline.
   """
   what = "sequence length" if plan.axis == "seq_len" else "micro-batch"
-  cols = ["policy", "max batch", "footprint", "next batch", "compiles", "method", "bytes/example"]
+  device = device_word(plan.compiled_for)
+  per = f"/{device}"
+  cols = ["policy", "max batch\nglobal", f"footprint\n{per}", f"next batch\n{per}", "compiles", "method",
+          f"bytes/example\n{per}"]
   if plan.axis == "seq_len":
-    cols = ["policy", "max seq len", "footprint", "next length", "compiles", "method", "bytes/token (line)"]
+    cols = ["policy", "max seq len", f"footprint\n{per}", f"next length\n{per}", "compiles", "method",
+            f"bytes/token (line)\n{per}"]
   rows = []
   for f in plan.fits:
     nxt = "capped" if f.capped else format_bytes(f.verified_over) if f.verified_over else "-"
-    largest = "none fits" if f.max_batch_size is None else str(f.max_batch_size)
+    largest = "none fits" if f.max_batch_size is None else _batch_cell(f.max_batch_size, f.unit, device)
     if f.capped and f.estimated_max_batch is not None and f.estimated_max_batch > (f.max_batch_size or 0):
-      largest = f"{f.max_batch_size} (est. {f.estimated_max_batch})"
+      largest = f"{largest} (est. {f.estimated_max_batch})"
     one_size = len({p.batch for p in f.points}) < 2  # no line: its slope is unknown, not 0
+    slope = f.model.slope * (f.unit if plan.axis == "batch" else 1)  # per example a device holds
     rows.append([f.policy, largest, format_bytes(f.footprint_bytes), nxt, str(f.compiles), f.method,
-                 "-" if one_size else format_bytes(int(f.model.slope))])
+                 "-" if one_size else format_bytes(int(slope))])
   refused = f" ({plan.refusals} refused for memory)" if plan.refusals else ""
-  notes = []
+  notes = [f"max batch: global, over the mesh's batch axes (per {device} beside it); footprint, next batch: "
+           f"bytes per {device}; bytes/example: what one more example on a {device} costs that {device}"
+           if plan.axis == "batch" else f"footprint, next length, bytes/token: bytes per {device}"]
   if any(f.capped and (f.estimated_max_batch or 0) > (f.max_batch_size or 0) for f in plan.fits):
     notes.append("capped: the search stops at the global batch (or --max-batch); est. N: the largest batch within "
                  "the memory by the line through its two largest compiles, not compiled")
@@ -71,7 +81,8 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
       notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
     notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "
                  "step takes the largest, 'bound by', plus a fixed overhead per micro-step; docs/fit.md)")
-    headers = ["policy", "b × k", "FLOPs/step", "est. step", "compute", "HBM", "host", "collectives", "bound by"] + (
+    headers = ["policy", "b × k\nglobal", "FLOPs/step\nglobal", "est. step", "compute", "HBM", "host", "collectives",
+               "bound by"] + (
         ["measured", "examples/s"] if c.measured else []) + (
         ["compiled est.", "compiled bound"] if c.ranked_by == "compiled" else [])
     if c.ranked_by == "compiled":
@@ -82,6 +93,19 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     foot = "" if c.footprint_bytes is None else f", compiled footprint {format_bytes(c.footprint_bytes)}"
     parts.append(f"winner{foot}:\n  {c.flags()}\n  {c.python().replace(chr(10), chr(10) + '  ')}")
   return "\n\n".join(parts) + "\n"
+
+
+def device_word(compiled_for: Mapping[str, Any] | None) -> str:
+  """What one device of a fit is: ``GPU`` (a GPU cluster), ``chip`` (a TPU topology), else ``device``."""
+  compiled_for = compiled_for or {}
+  if compiled_for.get("topology"):
+    return "GPU" if compiled_for.get("backend") == "gpu" else "chip"
+  return "device"
+
+
+def _batch_cell(batch: int, unit: int, device: str) -> str:
+  """A global batch with what one device of the batch axes holds of it: ``400 (50/GPU)``; the batch alone on one."""
+  return str(batch) if unit <= 1 else f"{batch} ({batch // unit}/{device})"
 
 
 def compiled_lines(choice: GlobalChoice) -> list[str]:

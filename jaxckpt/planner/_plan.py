@@ -416,7 +416,7 @@ def plan_policy(
   """Finds the least-recompute per-layer policy whose compiled train step fits ``budget`` (module docstring).
 
   Args:
-    target: a :class:`jaxckpt.report.ModelTarget` whose model has one :class:`~jaxckpt.Stack` (structure
+    target: a :class:`jaxckpt.step.ModelTarget` whose model has one :class:`~jaxckpt.Stack` (structure
       ``block``), e.g. ``shipped_target("gpt", "small")``; or your own model: NNX with blocks named by
       :func:`jaxckpt.apply_remat`, or Linen through :func:`jaxckpt.linen_model_target` / :func:`jaxckpt.report.linen_target`
       (per-layer plans for layers in a list or loop, one spec for a scanned stack: :mod:`jaxckpt.planner._own`).

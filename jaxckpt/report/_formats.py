@@ -6,6 +6,7 @@ against the ``none`` row; ``*`` marks the best (smallest) value of a column amon
 
 from __future__ import annotations
 
+import math
 import re
 
 from collections.abc import Callable, Mapping, Sequence
@@ -13,8 +14,8 @@ from typing import Any
 
 from jaxckpt.report._build import Report
 from jaxckpt.analysis._pages import Cell
-from jaxckpt.report._keys import STATUS_OK
-from jaxckpt.sharding import topology_header
+from jaxckpt.report._keys import STATUS_OK, UNITS, device_word
+from jaxckpt.sharding import BATCH_AXES, topology_header
 from jaxckpt._units import format_bytes, format_seconds
 from jaxckpt.timing import describe_step_time
 
@@ -57,14 +58,11 @@ COLUMNS: tuple[Column, ...] = (
 )
 """The table's numeric columns: ``(header, row key, formatter, show ratio vs none)``; ``cpu.<key>`` is the key of the
 row's XLA:CPU comparison (``--compare-cpu``), ``step_time_estimate.<key>`` of its compiled program's estimated step
-time (a topology's compile: seconds, the term that bounds it, and the seconds beyond ``none``'s estimate). A column ``None`` in every row is left out, and so is ``host`` (host
-memory: what offload policies keep in ``pinned_host``) where every row keeps nothing there. Under a mesh the memory
-headers say ``/chip`` (a TPU topology), ``/GPU`` (a GPU cluster) or ``/device``: those numbers are one device's."""
-
-
-_PER_DEVICE = frozenset({"footprint_bytes", "host_footprint_bytes", "temp_bytes", "peak_bytes_measured",
-                         "cpu.footprint_bytes", "cpu.temp_bytes"})
-"""Columns that are one device's under a mesh (the compiled program each device runs); FLOPs are the whole step's."""
+time (a topology's compile: seconds, the term that bounds it, and the seconds beyond ``none``'s estimate). A column
+``None`` in every row is left out, and so is ``host`` (host memory: what offload policies keep in ``pinned_host``)
+where every row keeps nothing there. Every header but ``compile`` carries its unit (:func:`column_header`): one
+device's numbers ``/chip`` (a TPU topology), ``/GPU`` (a GPU cluster) or ``/device``; ``global`` the whole batch's
+over every device; ``/step`` seconds per step (every number is one train step's)."""
 
 
 def shown_columns(rows: Sequence[Mapping[str, Any]]) -> list[Column]:
@@ -74,14 +72,23 @@ def shown_columns(rows: Sequence[Mapping[str, Any]]) -> list[Column]:
           and (c[1] != "host_footprint_bytes" or any(row_value(r, c[1]) for r in rows))]
 
 
-def column_header(report: Report, header: str, key: str) -> str:
-  """A column's header, with ``/chip`` (a TPU topology), ``/GPU`` (a GPU cluster) or ``/device`` (a mesh) on the
-  per-device memory columns: their numbers are one device's, the FLOPs the whole step's."""
-  if key not in _PER_DEVICE or key.startswith("cpu."):
+def column_unit(report: Report, key: str) -> str:
+  """The unit a column's header carries (:data:`jaxckpt.report._keys.UNITS`): ``/chip`` (a TPU topology), ``/GPU`` (a
+  GPU cluster) or ``/device`` for one device's numbers, else the word of ``UNITS`` (``""``: none)."""
+  unit = UNITS.get(key, "")
+  return "/" + device_word(report.data, key) if unit == "device" else unit
+
+
+def column_header(report: Report, header: str, key: str, *, lines: bool = False) -> str:
+  """A column's header with its unit (:func:`column_unit`): ``footprint/GPU``, ``residuals (global)``, ``FLOPs
+  (global)``, ``est. step (/step)``; ``lines``: the unit on a line of its own (the terminal's narrow columns:
+  ``footprint`` over ``/GPU``)."""
+  unit = column_unit(report, key)
+  if not unit:
     return header
-  if report.data.get("topology"):
-    return header + ("/GPU" if report.data.get("backend") == "gpu" else "/chip")
-  return header + ("/device" if report.data.get("mesh") else "")
+  if lines:
+    return f"{header}\n{unit}"
+  return header + unit if unit in ("/chip", "/GPU", "/device") else f"{header} ({unit})"
 
 
 def row_value(row: Mapping[str, Any], key: str) -> Any:
@@ -95,7 +102,8 @@ def row_value(row: Mapping[str, Any], key: str) -> Any:
 
 OP_WORDS = {"jit": "jitted call", "pjit": "jitted call", "dot_general": "matmul", "custom_jvp_call": "custom-JVP call",
              "custom_vjp_call": "custom-VJP call", "mul": "multiply", "sub": "subtract", "div": "divide",
-             "ragged_dot_general": "grouped matmul", "pallas_call": "kept inside a kernel"}
+             "ragged_dot_general": "grouped matmul", "pallas_call": "kept inside a kernel",
+             "scan": "scan output", "sharding_constraint": "sharding constraint"}
 """Friendlier words for the JAX primitives the residual legend names (the primitive stays in brackets)."""
 
 
@@ -123,14 +131,17 @@ def main_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | Non
 
 def residual_label(group: Mapping[str, Any], sources: Mapping[str, tuple[str | None, int]], *,
                     short: bool = False, brief: bool = False) -> str:
-  """A legend entry a user can place: the checkpoint name, or the op and the source line making most of it
-  (``short``: without the count of other lines and the primitive's own name; ``brief``: also without the source
-  line's function and the words "checkpoint name", for the terminal)."""
+  """A legend entry a user can place: the checkpoint name, or the op and the line of your code that made it
+  (the group's ``site``; a report written before groups had one: the source line making most of the op's bytes,
+  from ``sources``) (``short``: without the count of other lines and the primitive's own name; ``brief``: also
+  without the source line's function and the words "checkpoint name", for the terminal)."""
   if group["by"] == "name":
     return group["key"] if brief else f"{group['key']} (checkpoint name)"
   if group["by"] == "primitive":
     op = OP_WORDS.get(group["key"], group["key"])
     op = op if op == group["key"] or short else f"{op} ({group['key']})"
+    if "site" in group:
+      return f"{op} at {short_source(group['site'], function=not brief)}"
     source, lines = sources.get(group["key"], (None, 0))
     more = f" and {lines - 1} more line(s)" if lines > 1 and not short else ""
     return f"{op} at {short_source(source, function=not brief)}{more}"
@@ -200,18 +211,30 @@ def table_rows(report: Report, *, top_residuals: int = 3) -> tuple[list[str], li
   return headers, [[text for text, _ in row] for row in rows]
 
 
+def batch_words(data: Mapping[str, Any]) -> str:
+  """The report's batch as its title says it: ``"batch 256"``, ``"batch 256 global, 32 per GPU"`` (over the mesh's
+  batch axes), ``"..., as 4 micro-batches of 64"`` with gradient accumulation; ``""`` for a report without one."""
+  batch, accum = data.get("batch_size"), data.get("grad_accum_steps") or 1
+  if not batch:
+    return ""
+  split = math.prod((data.get("mesh") or {}).get(axis, 1) for axis in BATCH_AXES)
+  words = f"batch {batch}" + (f" global, {batch // split} per {device_word(data)}" if split > 1 else "")
+  return words + (f", as {accum} micro-batches of {batch // accum}" if accum > 1 else "")
+
+
 def report_title(report: Report) -> str:
-  """The report's one-line title: model, preset, structure, backend (or the TPU topology compiled for), devices,
-  mesh."""
+  """The report's one-line title: model, preset, structure, batch (:func:`batch_words`), backend (or the topology
+  compiled for), devices, mesh."""
   d = report.data
   preset = f" ({d['preset']})" if d["preset"] else ""
+  batch = f", {batch_words(d)}" if batch_words(d) else ""
   mesh = d.get("mesh")
   where = (f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())}: memory per device" if mesh
            else "one device, unsharded")
   if d.get("topology"):
-    return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, "
+    return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers{batch}, "
             f"{topology_header(d['topology'], mesh, mesh_given=bool(d.get('mesh_given')))}")
-  return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers, backend {d['backend']} "
+  return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers{batch}, backend {d['backend']} "
           f"× {d['device_count']} ({where})")
 
 

@@ -6,6 +6,9 @@ and experiment metrics can be joined. Bytes are ints, FLOPs ints, seconds floats
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from jaxckpt.schema import MEMORY_KEYS
 
 STATUS_OK = "ok"
@@ -26,10 +29,12 @@ REPORT_KEYS: tuple[str, ...] = (
     "mesh",  # {axis: size} of the mesh the step was sharded over; None: one device, unsharded.
     "mesh_given",  # Whether the mesh was given (mesh=, --mesh); false: none, or a topology's default (all on data).
     "structure",  # "scan" or "unrolled", then ", <checkpoint structure>" unless block (e.g. "scan, nested:2").
+    "batch_size",  # Examples per train step, global (over the mesh's batch axes; all micro-batches together).
     "grad_accum_steps",  # Micro-batches per train step (1 = no gradient accumulation).
     "versions",  # jaxckpt.schema.versions().
     "compiler_options",  # XLA options every policy was compiled with (the CPU remat fix; dump options excluded).
     "warnings",  # One line each: invalid specs, policies that save nothing, measurement caveats.
+    "units",  # Row key -> what its number counts: "bytes per GPU", "FLOPs per step, global (every device)", ...
     "rows",  # One per policy, keys ROW_KEYS.
 )
 """Top-level keys of the report JSON, in order."""
@@ -74,3 +79,37 @@ def empty_row(policy: str) -> dict:
   row = dict.fromkeys(ROW_KEYS)
   row.update(policy=policy, status=STATUS_OK)
   return row
+
+
+UNITS: dict[str, str] = {
+    "footprint_bytes": "device", "host_footprint_bytes": "device", "temp_bytes": "device",
+    "peak_bytes_measured": "device", "cpu.footprint_bytes": "device", "cpu.temp_bytes": "device",
+    "flops_xla_raw": "device",
+    "residual_bytes": "global", "flops": "global",
+    "step_time_s": "/step", "step_time_estimate.seconds": "/step", "step_time_estimate.recompute_s": "/step",
+}
+"""What each number of a row counts (``cpu.<key>``: a key of the row's ``cpu`` dict): ``device`` one device's (the
+compiled program each device runs: memory, XLA's own FLOP count; ``--compare-cpu``'s one CPU device at the per-chip
+batch; ``--measure``'s one device), ``global`` the whole batch over every device (the residual analysis, before the
+compiler; the train step's FLOPs from the jaxpr), ``/step`` seconds per train step. Every number is one train
+step's; ``compile_s`` is the tool's own seconds."""
+
+
+def device_word(data: Mapping[str, Any], key: str = "footprint_bytes") -> str:
+  """What one device is in a report (``data``: its JSON): ``chip`` (a TPU topology), ``GPU`` (a GPU cluster), else
+  ``device`` (and for the ``cpu.`` keys of ``--compare-cpu``)."""
+  if data.get("topology") and not key.startswith("cpu."):
+    return "GPU" if data.get("backend") == "gpu" else "chip"
+  return "device"
+
+
+def unit_descriptions(data: Mapping[str, Any]) -> dict[str, str]:
+  """Row key -> what its number is, in words (the JSON's ``units``): ``"bytes per GPU"``, ``"FLOPs per step, global
+  (every device)"``, ``"seconds per step"``."""
+  words = {"global": "global (the whole batch, every device)", "/step": "per step"}
+  out = {}
+  for key, unit in UNITS.items():
+    what = "FLOPs per step" if key.startswith("flops") else "seconds" if unit == "/step" else "bytes"
+    where = f"per {device_word(data, key)}" if unit == "device" else words[unit]
+    out[key] = f"{what} {where}" + (" (one CPU device at the per-chip batch)" if key.startswith("cpu.") else "")
+  return out

@@ -22,7 +22,7 @@ from jaxckpt.report._formats import (column_header, estimate_lines, main_sources
 from jaxckpt.report._html import PLOTLYJS_MODES, to_html
 from jaxckpt.report._keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report._plot import plot_format, plot_pareto
-from jaxckpt.analysis._tables import fit_widths, render_table, short_labels, terminal_width
+from jaxckpt.analysis._tables import fit_widths, longest_word, render_table, short_labels, terminal_width
 
 
 WIDE_ONLY = ("XLA FLOPs (raw)",)
@@ -88,7 +88,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
           and len(r["policy"]) > 22]
   labels, legend = short_labels(long, max_len=0, keep=12)
-  headers = ["policy", *(column_header(report, h, key).replace("/", "\n/", 1)  # "footprint\n/chip": narrow columns
+  headers = ["policy", *(column_header(report, h, key, lines=True)  # "footprint" over "/chip": narrow columns
                          + ("\n×none" if ratio and base is not None else "") for h, key, _, ratio in columns),
              "top residuals"]
   table = []
@@ -116,7 +116,8 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   natural = [max(len(part) for cell in [headers[i], *(row[i] for row in table)] for part in cell.split("\n"))
              for i in range(len(headers))]
   numbers = range(1, len(headers) - 1)
-  widths = fit_widths(natural, width or terminal_width(), keep=numbers, least=12)
+  words = {i: longest_word([headers[i], *(row[i] for row in table)]) for i in range(len(headers))}  # file:line
+  widths = fit_widths(natural, width or terminal_width(), keep=numbers, least=12, floors=words)
   return render_table(headers, table, title=report_title(report), notes=notes, width=width, right=numbers,
                       widths=widths)
 

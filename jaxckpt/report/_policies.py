@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import jax
 
+from jaxckpt.errors import TracingError
 from jaxckpt.policies._spec import REGISTRY, Policy, PolicySpec
 from jaxckpt.policies._model import ModelPolicy, parse_model_policy
 
@@ -68,3 +70,27 @@ def expand_policies(specs: Iterable[str | ModelPolicy], block_types: Mapping[str
         seen.add(str(item))
         out.append(item)
   return out
+
+
+def check_policy_names(specs: Iterable[ModelPolicy | str], block_types: Callable[[], Mapping[str, Collection[str]]]
+                       ) -> None:
+  """Refuses, before anything is compiled, a spec that names a checkpoint name or a block type the target does not
+  have (a typo, like an unknown policy name): the one line of :class:`~jaxckpt.errors.PolicySpecError`.
+
+  Args:
+    specs: parsed specs (``"all"`` skipped).
+    block_types: ``() -> {block type: checkpoint names}`` of the target, called only when a spec names a block type
+      or a checkpoint name (it traces the model).
+
+  Raises:
+    PolicySpecError: the first such name, with the valid ones and the closest.
+  """
+  named = [s for s in specs if s != ALL and hasattr(s, "validate") and re.search(r"[:=]", str(s))
+           and not str(s).startswith(("budget:", "auto"))]
+  if named:
+    try:
+      types = block_types()
+    except TracingError:  # the model raised while traced: every row says so (build_report), not this check
+      return
+    for spec in named:
+      spec.validate(types)

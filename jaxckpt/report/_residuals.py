@@ -21,6 +21,7 @@ traced inline or once for all layers (:func:`jaxckpt.core._structure.shared_laye
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import jax
@@ -127,11 +128,20 @@ def _layer_sharing(spec: Any) -> bool | None:
   return all(shared(s.default) and all(shared(p) for _, p in s.blocks) for s in specs)
 
 
+def residual_where(residual: Residual) -> str | None:
+  """Where a residual was made, as the report names it: the line of your code (:attr:`Residual.site`), else JAX's
+  source line; ``"file.py:line (function)"`` (the column left out: a row is a line)."""
+  where = residual.site or residual.source
+  return None if where is None else re.sub(r"^(.*?:\d+):\d+", r"\1", where)
+
+
 def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:
-  """Groups residuals by checkpoint name, and the unnamed ones by primitive (or kind), largest first.
+  """Groups residuals by checkpoint name, the unnamed ones by primitive and the line of your code that made them
+  (:func:`residual_where`), else by kind; largest first. Each group's bytes are its own residuals' only.
 
   Returns:
-    ``[{"key": "qkv" | "dot_general" | "argument" …, "by": "name" | "primitive" | "kind", "count", "bytes"}]``.
+    ``[{"key": "qkv" | "dot_general" | "argument" …, "by": "name" | "primitive" | "kind", "count", "bytes"}]``;
+    a ``primitive`` group also has ``"site"``: ``"file.py:line (function)"`` or ``None``.
   """
   out = []
   for group in group_residuals(residuals, by="name"):
@@ -139,12 +149,16 @@ def residual_groups(residuals: list[Residual]) -> list[dict[str, Any]]:
       out.append({"key": group.key, "by": "name", "count": group.count, "bytes": group.bytes})
       continue
     for sub in group_residuals(group.residuals, by="primitive"):
-      if sub.key is not None:
-        out.append({"key": sub.key, "by": "primitive", "count": sub.count, "bytes": sub.bytes})
-      else:
+      if sub.key is None:
         for kind in group_residuals(sub.residuals, by="kind"):
           out.append({"key": kind.key, "by": "kind", "count": kind.count, "bytes": kind.bytes})
-  out.sort(key=lambda g: (-g["bytes"], g["key"] or ""))
+        continue
+      sites: dict[str | None, list[Residual]] = {}
+      for r in sub.residuals:
+        sites.setdefault(residual_where(r), []).append(r)
+      out.extend({"key": sub.key, "by": "primitive", "site": site, "count": len(rs),
+                  "bytes": sum(r.bytes for r in rs)} for site, rs in sites.items())
+  out.sort(key=lambda g: (-g["bytes"], g["key"] or "", g.get("site") or ""))
   return out
 
 
@@ -164,7 +178,7 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
     ``argument_bytes`` is the arguments'; ``levels``: ``[{"level", "analysed", "count", "bytes"}]``, one per level
     (one for ``block``); ``groups`` from :func:`residual_groups`, over all levels; ``by_source``:
     ``[{"key": "file:line:col (fn)", "count", "bytes"}]``; ``items``: every residual ``{"level", "shape", "dtype",
-    "bytes", "name", "kind", "primitive", "source"}``. Bytes are an upper bound (XLA may fuse residuals away);
+    "bytes", "name", "kind", "primitive", "source", "site"}`` (``site``: the line of your code that made it). Bytes are an upper bound (XLA may fuse residuals away);
     compiled stats are the ground truth.
   """
   levels, param_only = _levels(step)
@@ -188,5 +202,6 @@ def analyse_residuals(step: PolicyStep) -> dict[str, Any]:
       "by_source": [{"key": g.key, "count": g.count, "bytes": g.bytes}
                     for g in group_residuals(saved, by="source")],
       "items": [{"level": level, "shape": list(r.shape), "dtype": r.dtype, "bytes": r.bytes, "name": r.name,
-                 "kind": r.kind, "primitive": r.primitive, "source": r.source} for level, r in tagged],
+                 "kind": r.kind, "primitive": r.primitive, "source": r.source, "site": r.site}
+                for level, r in tagged],
   }

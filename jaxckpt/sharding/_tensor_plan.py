@@ -25,6 +25,14 @@ rule. The plan also marks what it named (metadata ``tensor_plan``: the style), s
 divide a planned dimension is an error at compile time (:func:`check_tensor_splits`) instead of a silent
 replication.
 
+**Stacked layers.** A layer stack made with ``nnx.vmap`` (run with ``nnx.scan``) holds each parameter once, with a
+leading layer axis: ``nnx.Linear`` kernels ``[L, in, out]``, biases ``[L, out]``. A pattern names the stacked layer
+as it names any other (``layers/self_attn/q_proj``: no index), and a style splits the same ``in`` or ``out``; the
+leading axes get ``layers`` (never split: ``scan`` slices one layer per iteration). They are found by what the layer
+declares, an ``nnx.Linear``'s ``in_features``/``out_features`` or an ``nnx.Embed``'s ``num_embeddings``/``features``
+(a parameter with more dimensions than that has leading layer axes), or by a module's ``stacked_layers``
+(:func:`jaxckpt.sharding.stacked_layer_paths`: jaxckpt's own ``Stack``).
+
 **Patterns** (:data:`TENSOR_PLAN_GRAMMAR`) are glob patterns over paths as jaxckpt prints them, components joined by
 ``/`` (``layers/0/attn/q_proj``; list indices are numbers): ``*`` matches one component, ``**`` any number of them
 (none too), ``?`` and ``[seq]`` as in :mod:`fnmatch`. A pattern names a *layer* (the module that holds the
@@ -56,8 +64,8 @@ STYLES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """Style -> kind of parameter -> the logical axis names a plan gives it. Kinds: ``embedding`` (a 2-D parameter named
 ``embedding``, ``nnx.Embed``'s ``[V, D]`` table), ``kernel`` (any other 2-D parameter, Flax's ``[in, out]``
-layout), ``bias`` (a 1-D parameter). A parameter stacked on a leading layer axis (a module that declares
-``stacked_layers``, :func:`jaxckpt.sharding.stacked_layer_paths`) gets ``layers`` in front."""
+layout), ``bias`` (a 1-D parameter). A parameter stacked on leading layer axes (an ``nnx.vmap`` stack, or a module
+that declares ``stacked_layers``: module docstring) gets one ``layers`` in front per such axis."""
 
 TENSOR_STYLES: tuple[str, ...] = tuple(STYLES)
 """The styles a plan may give a layer: ``colwise``, ``rowwise``."""
@@ -141,6 +149,7 @@ class TensorPlan:
                             "nnx_model_target(..., tensor_plan='auto') or ModelTarget(..., tensor_plan='auto')")
     params = list(_params(model))
     stacked = stacked_layer_paths(model)
+    modules = {tuple(str(p) for p in path): module for path, module in nnx.iter_modules(model)}
     out: dict[str, PlannedParam] = {}
     for pattern, style in self.rules:
       parts = pattern.split("/")
@@ -152,7 +161,9 @@ class TensorPlan:
         if key in out and out[key].style != style:
           raise TensorPlanError(f"tensor_plan gives {key} two styles: {out[key].pattern!r}={out[key].style} and "
                                 f"{pattern!r}={style}; give each layer one")
-        out.setdefault(key, _planned(key, var, pattern, style, stacked=any(path[:len(p)] == p for p in stacked)))
+        declared = any(path[:len(p)] == p for p in stacked)
+        out.setdefault(key, _planned(key, var, pattern, style, stacked=leading_layer_axes(modules.get(path[:-1]), path[-1],
+                                                                                     var, declared=declared)))
     return out
 
   def apply(self, model: nnx.Module) -> nnx.Module:
@@ -180,7 +191,7 @@ class PlannedParam(NamedTuple):
   variable: Any  # the nnx.Param
   pattern: str  # the plan's pattern that matched it
   style: str  # "colwise" or "rowwise"
-  names: tuple[str, ...]  # the logical axis names written (STYLES; "layers" first for a stacked parameter)
+  names: tuple[str, ...]  # the logical axis names written (STYLES; "layers" first per stacked layer axis)
 
 
 def _params(model: nnx.Module) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -214,20 +225,41 @@ def _no_match(pattern: str, model: nnx.Module, params: list[tuple[tuple[str, ...
                          + (f"; did you mean {hint!r}?" if hint else ""))
 
 
-def _planned(key: str, var: Any, pattern: str, style: str, *, stacked: bool) -> PlannedParam:
+def _unstacked_shape(module: Any, name: str) -> tuple[int, ...] | None:
+  """The shape a standard Flax layer declares for its parameter ``name`` (one layer, not a stack), else ``None``."""
+  if isinstance(module, nnx.Linear):
+    return {"kernel": (module.in_features, module.out_features), "bias": (module.out_features,)}.get(name)
+  if isinstance(module, nnx.Embed) and name == "embedding":
+    return (module.num_embeddings, module.features)
+  return None
+
+
+def leading_layer_axes(module: Any, name: str, var: Any, *, declared: bool = False) -> int:
+  """How many leading layer axes parameter ``name`` (an ``nnx.Param``, ``var``) of ``module`` has: 1 where a module
+  declares its stack (``declared``), else what an ``nnx.Linear``/``nnx.Embed`` holds beyond the shape it declares
+  (module docstring: stacked layers), else 0."""
+  if declared:
+    return 1
+  shape, own = tuple(var.get_value().shape), _unstacked_shape(module, name)
+  if own is None or len(shape) <= len(own) or shape[len(shape) - len(own):] != own:
+    return 0
+  return len(shape) - len(own)
+
+
+def _planned(key: str, var: Any, pattern: str, style: str, *, stacked: int) -> PlannedParam:
   shape = tuple(var.get_value().shape)
-  rank = len(shape) - (1 if stacked else 0)
+  rank = len(shape) - stacked
   kind = {1: "bias", 2: "embedding" if key.rsplit("/", 1)[-1] == "embedding" else "kernel"}.get(rank)
   if kind is None:
     raise TensorPlanError(f"tensor_plan pattern {pattern!r} ({style}) matches {key} of shape {shape}; a style "
-                          "splits 2-D kernels [in, out] and embedding tables [V, D] and their 1-D biases: name the "
-                          "axes of other parameters (an nnx.Einsum or nnx.LinearGeneral kernel) with "
-                          "nnx.with_partitioning")
+                          "splits 2-D kernels [in, out] (stacked by nnx.vmap: [L, in, out]) and embedding tables "
+                          "[V, D] and their 1-D biases: name the axes of other parameters (an nnx.Einsum or "
+                          "nnx.LinearGeneral kernel) with nnx.with_partitioning")
   if param_logical_axes(var) is not None and var.get_metadata().get(STYLE_KEY) != style:
     raise TensorPlanError(f"tensor_plan pattern {pattern!r} matches {key}, whose axes are named already "
                           f"({param_logical_axes(var)}, nnx.with_partitioning): leave it out of the plan")
   names = STYLES[style][kind]
-  return PlannedParam(key, var, pattern, style, ("layers", *names) if stacked else names)
+  return PlannedParam(key, var, pattern, style, ("layers",) * stacked + names)
 
 
 def parse_tensor_plan(spec: "str | Mapping[str, str] | TensorPlan | None") -> TensorPlan | None:

@@ -16,12 +16,13 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxckpt.nnx._apply import learn_names, loss_block_types
+from jaxckpt.nnx._apply import applied_blocks, learn_names, loss_block_types
 from jaxckpt.analysis._jaxprs import count_remat_regions, emitted_checkpoint_names, iter_eqns
 from jaxckpt.nnx._layers import block_types, set_policy, stacks
 from jaxckpt.errors import JaxckptError, TracingError, raised_at
 from jaxckpt.policies._model import LayeredPolicy, LossPolicy
 from jaxckpt.policies._spec import PolicySpec
+from jaxckpt.sharding._tensor_plan import leading_layer_axes
 from jaxckpt.step._targets import LossTarget, ModelTarget, Target
 from jaxckpt.training._train import abstract_state_of, create_train_state, make_train_step
 
@@ -84,6 +85,19 @@ def target_block_types(target: Target) -> dict[str, frozenset[str]]:
     raise TracingError(f"tracing the loss of {target.name} failed: {raised_at(err)}") from err
 
 
+def stacked_blocks(model: nnx.Module) -> bool:
+  """Whether a block of your own model (one :func:`jaxckpt.apply_remat` matched) holds its parameters stacked on a
+  leading layer axis, as ``nnx.vmap`` makes a stack that ``nnx.scan`` runs: an ``nnx.Linear`` kernel ``[L, in, out]``
+  (:func:`jaxckpt.sharding._tensor_plan.leading_layer_axes`)."""
+  for _, block in applied_blocks(model):
+    for _, module in nnx.iter_modules(block):
+      for name in ("kernel", "embedding"):
+        var = getattr(module, name, None)
+        if isinstance(var, nnx.Param) and leading_layer_axes(module, name, var):
+          return True
+  return False
+
+
 def target_structure(target: Target, *, model: nnx.Module | None = None, scanned: bool | None = None) -> str:
   """``"scan"`` if the target stacks layers with ``scan``, else ``"unrolled"``, then the stacks' checkpoint structure
   when it is not ``block`` (e.g. ``"scan, nested:2"``).
@@ -94,10 +108,13 @@ def target_structure(target: Target, *, model: nnx.Module | None = None, scanned
       ``nnx.eval_shape``.
     scanned: whether a traced step of the target loops over its remat'd blocks (:attr:`StepBuilder.scanned`): for
       your own model, whose layers are scanned by ``nnx.scan``/``jax.lax.scan`` rather than a jaxckpt ``Stack``.
-      ``None``: not traced yet (a model without a ``Stack`` then reads as unrolled).
+      ``None``: not traced with remat regions (a ``none`` row, error rows): then :func:`stacked_blocks` decides.
   """
   if isinstance(target, ModelTarget):
-    found = stacks(model if model is not None else nnx.eval_shape(target.make_model))
+    model = model if model is not None else nnx.eval_shape(target.make_model)
+    found = stacks(model)
+    if scanned is None and not found:  # not traced with remat regions (only none, error rows): the blocks say it
+      scanned = stacked_blocks(model)
     loop = "scan" if any(s.scan for s in found) or (not found and scanned) else "unrolled"
     structures = sorted({str(s.structure) for s in found} - {"block"})
     return ", ".join([loop, *structures])

@@ -593,8 +593,13 @@ def load_target(spec: str, kwargs: Mapping[str, Any] | None = None) -> Target:
     raise JaxckptError(f"target={spec!r}: {function_name}() failed: {raised_at(err)}") from err
   if not isinstance(target, (ModelTarget, LossTarget)):
     raise JaxckptError(f"bad target={spec!r}: {function_name}() returned {type(target).__name__}; it must return a "
-                       "jaxckpt.report.ModelTarget or jaxckpt.report.LossTarget")
+                       "jaxckpt.step.ModelTarget or jaxckpt.step.LossTarget (or jaxckpt.nnx_model_target(...), "
+                       "jaxckpt.linen_model_target(...))")
   return dataclasses.replace(target, ref={"target": spec, **({"kwargs": kwargs} if kwargs else {})})
+
+
+_TOOL_SIZES = ("batch_size", "seq_len", "num_layers", "compute_dtype", "weight_dtype")
+"""The keyword arguments the tools fill from their own size and dtype flags (``--batch-size`` ...)."""
 
 
 def _check_target_kwargs(spec: str, function: Callable, name: str, kwargs: Mapping[str, Any]) -> None:
@@ -610,7 +615,10 @@ def _check_target_kwargs(spec: str, function: Callable, name: str, kwargs: Mappi
   for key in kwargs:
     if not takes_any and key not in keywords:
       hint = closest(key, keywords)
-      raise JaxckptError(f"target={spec!r}: {name}{signature} takes no keyword argument {key}={kwargs[key]!r}; its "
+      # The tools' sizes stay key=value (a CLI writes its flag, --batch-size 8); any other keyword is echoed quoted,
+      # as given (a CLI's --target-arg scan=True is no --scan flag).
+      given = f"{key}={kwargs[key]!r}" if key in _TOOL_SIZES else f"'{key}={kwargs[key]!r}'"
+      raise JaxckptError(f"target={spec!r}: {name}{signature} takes no keyword argument {given}; its "
                          f"keyword arguments: {', '.join(keywords) or '(none)'}"
                          + (f"; did you mean {hint!r}?" if hint else ""))
   missing = [p.name for p in params.values() if p.default is inspect.Parameter.empty and p.name not in kwargs
@@ -622,6 +630,26 @@ def _check_target_kwargs(spec: str, function: Callable, name: str, kwargs: Mappi
                        "target_args key=value)")
 
 
+def with_grad_accum(target: Target, grad_accum_steps: int) -> Target:
+  """``target`` (your own, from ``--target``) with its batch split into ``grad_accum_steps`` micro-batches per step,
+  as the fit compiles a choice (:func:`jaxckpt.make_train_step`'s ``grad_accum_steps``); its ``ref`` keeps the
+  number, so a fresh process (``--measure``) rebuilds it so.
+
+  Raises:
+    JaxckptError: ``grad_accum_steps`` < 1 or not dividing the batch size, or a :class:`LossTarget` (its step has no
+      accumulation).
+  """
+  if grad_accum_steps == getattr(target, "grad_accum_steps", 1):
+    return target
+  batch = batch_size_of(target)
+  if grad_accum_steps < 1 or batch % grad_accum_steps:
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps} must be ≥ 1 and divide the target's batch size {batch}")
+  if not isinstance(target, ModelTarget):
+    raise JaxckptError(f"grad_accum_steps={grad_accum_steps}: a LossTarget's step has no gradient accumulation")
+  ref = None if target.ref is None else {**target.ref, "grad_accum_steps": grad_accum_steps}
+  return dataclasses.replace(target, grad_accum_steps=grad_accum_steps, ref=ref)
+
+
 def rebuild_target(ref: Mapping[str, Any]) -> Target:
   """Rebuilds a target from its ``ref`` (in a fresh process, for ``--measure``).
 
@@ -629,7 +657,7 @@ def rebuild_target(ref: Mapping[str, Any]) -> Target:
     JaxckptError: a ref of neither form.
   """
   if "target" in ref:
-    return load_target(ref["target"], ref.get("kwargs"))
+    return with_grad_accum(load_target(ref["target"], ref.get("kwargs")), ref.get("grad_accum_steps", 1))
   if "model" in ref:
     return shipped_target(**ref)
   raise JaxckptError(f"cannot rebuild a target from {dict(ref)!r}: need a 'model' or 'target' key")

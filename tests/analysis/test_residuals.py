@@ -130,7 +130,7 @@ def test_every_grouping_partitions_the_residuals(by):
 
 
 def test_group_by_unknown_field_raises_with_valid_choices():
-  with pytest.raises(ValueError, match=r"'nme'.*name, primitive, source, kind.*did you mean 'name'"):
+  with pytest.raises(ValueError, match=r"'nme'.*name, primitive, source, site, kind.*did you mean 'name'"):
     group_residuals([], by="nme")
   with pytest.raises(ValueError, match=r"'bytes'"):
     group_residuals([], by="bytes")

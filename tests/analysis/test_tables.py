@@ -125,3 +125,17 @@ def test_saves_no_memory_warning_in_mib():
 
   rows = [{**empty_row("none"), "temp_bytes": 14 * MiB}, {**empty_row("everything_saveable"), "temp_bytes": 17 * MiB}]
   assert saving_warnings(rows) == ["policy 'everything_saveable' saves no memory: temp 17.00 MiB ≥ none's 14.00 MiB"]
+
+
+def test_a_narrow_table_keeps_file_lines_and_policy_names_whole():
+  """A column is narrowed to its longest word, not below, while the table fits: ``model.py:231`` and
+  ``nothing_saveable`` are never broken; numbers then go over their units; only a table that cannot fit so breaks
+  words."""
+  from jaxckpt.analysis._tables import fit_widths, longest_word
+
+  cells = ["3.38 MiB multiply at own_models.py:231", "nothing_saveable"]
+  assert longest_word(cells) == len("own_models.py:231")
+  natural, floors = [16, 8, 8, 40], {0: 16, 1: 4, 2: 4, 3: 17}
+  assert fit_widths(natural, 60, keep=(1, 2), least=12, floors=floors) == {0: 16, 1: 8, 2: 8, 3: 22}
+  assert fit_widths(natural, 52, keep=(1, 2), least=12, floors=floors) == {0: 16, 1: 6, 2: 7, 3: 17}
+  assert fit_widths(natural, 40, keep=(1, 2), least=12, floors=floors) == {0: 12, 1: 8, 2: 8, 3: 12}

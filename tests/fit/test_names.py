@@ -161,8 +161,11 @@ def test_a_capped_fit_states_the_largest_batch_its_line_predicts():
   fit = BatchFit("nothing_saveable", 1024, int(17.74 * gib), int(28.8 * gib), 2, AffineModel(0, slope),
                  tuple(points.values())[:2], "affine", True, None, 256, 0.0, estimated_max_batch=expected)
   text = to_table(FitPlan((fit,), int(28.8 * gib), "given", None, None, 1.0), wide=True)
-  assert "1024 (est. 1536)" in text and "est. N: the largest batch within the memory" in text
-  assert fit.as_row()["estimated_max_batch"] == 1536
+  assert "1024 (4/device) (est. 1536)" in text and "est. N: the largest batch within the memory" in text
+  assert "max batch: global, over the mesh's batch axes (per device beside it)" in text
+  assert fit.as_row()["estimated_max_batch"] == 1536 and fit.as_row()["batch_unit"] == 256
+  units = FitPlan((fit,), int(28.8 * gib), "given", None, None, 1.0).as_json()["units"]
+  assert units["rows.max_batch_size"].startswith("examples, global") and units["limit_bytes"] == "bytes per device"
 
 
 def test_a_compile_over_the_prediction_teaches_what_offload_left_on_the_device():

@@ -237,3 +237,97 @@ def test_budget_plan_per_block_type_for_a_scanned_stack():
   plan = plan_policy(target, "budget:80%")
   assert plan.num_layers == 1 and not isinstance(plan.policy, LayeredPolicy)
   assert plan.compiled.memory["temp_bytes"] <= plan.limit_bytes < plan.none.temp_bytes
+
+
+# --- residuals named by your own lines ---
+
+def _residuals(target, policy: str) -> dict:
+  from jaxckpt.report._residuals import analyse_residuals
+  from jaxckpt.step import default_optimizer, policy_step
+
+  return analyse_residuals(policy_step(target, jaxckpt.parse_model_policy(policy), default_optimizer()))
+
+
+@pytest.mark.parametrize("which", ["own-dit", "llama-tiny"])
+def test_a_residual_row_is_the_line_of_the_models_own_code_and_its_bytes_are_its_own(which):
+  """Unnamed residuals are grouped by primitive and the innermost line of the model's own code (your file, or a
+  shipped model's), never Flax's ``linear.py:431`` or jaxckpt's ``_structure.py``; each group's bytes are the sum of
+  its own residuals, and the groups add up to the row."""
+  import os
+  import re
+  from tests import own_models
+  from jaxckpt.errors import MODEL_CODE
+  from jaxckpt.step import shipped_target
+
+  if which == "own-dit":
+    target, home = own_models.dit_target(), (os.path.abspath(own_models.__file__),)
+  else:
+    target, home = shipped_target("llm", "llama-tiny", num_layers=2), MODEL_CODE
+  res = _residuals(target, "dots_saveable")
+  saved = [i for i in res["items"] if i["kind"] != "argument"]
+  unnamed = [g for g in res["groups"] if g["by"] == "primitive"]
+  assert unnamed and all(g["site"] and g["site"].startswith(home) for g in unnamed), [g["site"] for g in unnamed]
+  line = lambda site: re.sub(r"^(.*?:\d+):\d+", r"\1", site or "")  # noqa: E731 - a row is a line
+  for g in unnamed:
+    assert g["bytes"] == sum(i["bytes"] for i in saved if i["name"] is None and i["primitive"] == g["key"]
+                             and line(i["site"] or i["source"]) == g["site"])
+  assert sum(g["bytes"] for g in res["groups"] if g["key"] != "argument") == res["bytes"]
+  if which == "own-dit":  # the matmul inside flax's nnx.Linear is the model's qkv line
+    qkv = next(n for n, text in enumerate(open(home[0]), 1) if "qkv = self.qkv(x)" in text)
+    assert any(g["site"].startswith(f"{home[0]}:{qkv} ") and g["key"] == "dot_general" for g in unnamed)
+    assert not any("linear.py" in (i["site"] or "") for i in saved)
+
+
+def test_the_table_labels_a_residual_by_its_checkpoint_name_or_your_line():
+  from jaxckpt.report._formats import residual_label
+
+  group = {"key": "add", "by": "primitive", "site": "/home/me/model.py:124:8 (Block.__call__)", "count": 2,
+           "bytes": 64}
+  assert residual_label(group, {}, short=True, brief=True) == "add at model.py:124"
+  assert residual_label(group, {}) == "add at model.py:124 (Block.__call__)"
+  assert residual_label({"key": "qkv", "by": "name", "count": 1, "bytes": 8}, {}, brief=True) == "qkv"
+
+
+
+# --- the smaller frictions of your own model in the report ---
+
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_a_scanned_model_reads_as_scanned_before_any_remat_row_is_traced(scan):
+  """``nnx.vmap``-stacked blocks say so themselves: the header of a ``none``-only report, of ``--no-residuals``
+  or of error rows (nothing traced with remat regions) is "scan layers" too."""
+  from tests import own_models
+  from jaxckpt.step._build import target_structure
+
+  assert target_structure(own_models.dit_target(scan=scan)) == ("scan" if scan else "unrolled")
+  assert target_structure(own_models.llama_target(scan=scan)) == ("scan" if scan else "unrolled")
+
+
+def test_a_checkpoint_name_typo_exits_2_in_one_line_like_a_policy_typo(capsys):
+  assert report_main(["--target", "tests.own_models:decoder_target", "--policies", "none",
+                      "save_only_these_names:mlp.up_projj"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "unknown checkpoint name 'mlp.up_projj'" in err and "did you mean 'mlp.up_proj'" in err
+
+
+def test_the_report_accumulates_your_own_model_as_the_fit_chose(tmp_path, capsys):
+  """``--grad-accum-steps`` beside ``--target``: the step the fit's winner runs, its micro-batches in the title."""
+  import json
+
+  path = tmp_path / "r.json"
+  assert report_main(["--target", "tests.own_models:decoder_target", "--grad-accum-steps", "2", "--policies", "none",
+                      "--no-residuals", "--json", str(path)]) == 0
+  data = json.loads(path.read_text())
+  assert (data["grad_accum_steps"], data["batch_size"], data["rows"][0]["status"]) == (2, BATCH, "ok")
+  assert f"batch {BATCH}, as 2 micro-batches of {BATCH // 2}" in " ".join(capsys.readouterr().out.split())
+  assert report_main(["--target", "tests.own_models:decoder_target", "--grad-accum-steps", "3"]) == 2
+  assert "--grad-accum-steps 3 must be ≥ 1 and divide the target's batch size 4" in capsys.readouterr().err
+
+
+def test_a_gpu_report_of_unrolled_layers_says_remat_needs_scan():
+  from jaxckpt.report._build import GPU_UNROLLED_NOTE, gpu_unrolled_note
+
+  rows = [{"policy": "none"}, {"policy": "nothing_saveable"}]
+  assert gpu_unrolled_note("unrolled", "gpu", rows) == [GPU_UNROLLED_NOTE]
+  assert "docs/gpu.md" in GPU_UNROLLED_NOTE and "scan" in GPU_UNROLLED_NOTE
+  assert gpu_unrolled_note("scan", "gpu", rows) == gpu_unrolled_note("unrolled", "tpu", rows) == []
+  assert gpu_unrolled_note("unrolled", "gpu", rows[:1]) == []

@@ -28,7 +28,9 @@ def check_report_schema(data):
   assert isinstance(data["model"], str) and (data["preset"] is None or isinstance(data["preset"], str))
   assert data["backend"] in ("cpu", "gpu", "tpu") and isinstance(data["device_count"], int)
   assert data["mesh"] is None and data["structure"].split(", ")[0] in ("scan", "unrolled")
-  assert data["grad_accum_steps"] >= 1
+  assert data["grad_accum_steps"] >= 1 and data["batch_size"] >= data["grad_accum_steps"]
+  assert data["units"]["footprint_bytes"] == "bytes per device" and data["units"]["residual_bytes"].startswith(
+      "bytes global") and data["units"]["flops"] == "FLOPs per step global (the whole batch, every device)"
   assert isinstance(data["versions"], dict) and "jax" in data["versions"]
   assert isinstance(data["compiler_options"], dict)
   assert all(isinstance(w, str) for w in data["warnings"])
@@ -76,6 +78,22 @@ def test_all_rows_present_and_valid(vit_all):
   assert all(r["status"] == "ok" for r in vit_all.rows)
   check_report_schema(vit_all.data)
   assert vit_all.data["structure"] == "scan" and vit_all.data["model"] == "vit"
+
+
+def test_every_column_says_what_it_counts_and_the_title_the_batch(vit_all):
+  """One device's memory, the whole batch's residuals, the whole step's FLOPs; the batch in the title (global and,
+  under a mesh, per device; with accumulation, its micro-batches)."""
+  from jaxckpt.report import to_table
+  from jaxckpt.report._formats import batch_words, table_rows
+
+  headers = table_rows(vit_all)[0]
+  assert {"footprint/device", "temp/device", "residuals (global)", "FLOPs (global)", "compile"} <= set(headers)
+  text = to_table(vit_all, width=100)
+  assert text.splitlines()[0].startswith(f"jaxckpt memory report: vit (tiny), scan layers, batch {BATCH}, backend")
+  assert [line.split() for line in text.splitlines()[2:3]] == [["/device", "/device", "global", "global"]]
+  data = {"batch_size": 1024, "grad_accum_steps": 4, "mesh": {"data": 2, "fsdp": 4, "tensor": 2},
+          "topology": "h100:2x8", "backend": "gpu"}
+  assert batch_words(data) == "batch 1024 global, 128 per GPU, as 4 micro-batches of 256"
 
 
 def test_vit_memory_and_flops_order(vit_all):
@@ -173,6 +191,20 @@ def loss_target():
                     block_types={"mlp": {"hidden"}}, name="tanh-mlp")
 
 
+class _Plain(nnx.Module):
+  def __init__(self, *, rngs):
+    self.proj = nnx.Linear(8, 8, rngs=rngs)
+
+  def __call__(self, x):  # x: [B, 8] float32
+    return jnp.tanh(self.proj(x))
+
+
+def unapplied_target():
+  """A model with no remat'd blocks: every remat policy's row is an error row (the policy was not applied)."""
+  return ModelTarget(make_model=lambda: _Plain(rngs=nnx.Rngs(0)), batch=jax.ShapeDtypeStruct((4, 8), jnp.float32),
+                     loss_fn=lambda model, x: jnp.mean(model(x) ** 2), name="plain")
+
+
 def sized_target(*, batch_size: int = 16, num_layers: int = 2, width: int = 32):
   """A target function with keyword arguments: the tools pass --batch-size, --layers and --target-arg width=."""
 
@@ -260,6 +292,9 @@ def _exit_status(argv):
     (["--seq-len", "128"], "--seq-len applies to sequence models only"),
     (["--target", "no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
     (["--target", LOSS_TARGET, "--batch-size", "4"], "takes no keyword argument --batch-size 4"),
+    (["--target", LOSS_TARGET, "--target-arg", "scan=true"], "takes no keyword argument 'scan=True'; its keyword"),
+    (["--target", "os:getcwd"], "it must return a jaxckpt.step.ModelTarget or jaxckpt.step.LossTarget"),
+    (["--target", LOSS_TARGET, "--grad-accum-steps", "2"], "a LossTarget's step has no gradient accumulation"),
     (["--target", LOSS_TARGET, "--structure", "nested"], "--structure apply to --model only"),
     (["--target", LOSS_TARGET, "--target-arg", "depth"], "bad --target-arg 'depth': write KEY=VALUE"),
     (["--model", "mlp", "--target-arg", "depth=3"], "--target-arg applies to --target only"),
@@ -297,11 +332,15 @@ def test_cli_end_to_end_writes_every_output(tmp_path, capsys, monkeypatch):
 
 
 def test_cli_exit_1_when_no_policy_succeeds(tmp_path, capsys):
+  """Every row an error (no policy applied: the model has no remat'd blocks): exit 1, the JSON written. A block type or checkpoint name
+  the model does not have is a typo instead: exit 2 before anything is compiled."""
   path = tmp_path / "r.json"
-  assert main(["--model", "mlp", "--batch-size", "4", "--policies", "attn=full", "--no-progress",
-               "--json", str(path)]) == 1
+  assert main(["--target", "tests.report.test_report:unapplied_target", "--policies", "full", "dots_saveable",
+               "--no-progress", "--json", str(path)]) == 1
   data = json.loads(path.read_text())
-  assert data["rows"][0]["status"] == "error" and data["warnings"]
+  assert [r["status"] for r in data["rows"]] == ["error", "error"] and data["warnings"]
+  assert main(["--model", "mlp", "--batch-size", "4", "--policies", "attn=full", "--no-progress"]) == 2
+  assert "unknown block type 'attn'" in capsys.readouterr().err
 
 
 def test_cli_user_target(tmp_path):

@@ -5,11 +5,13 @@ Usage (the device count must be set before JAX starts, so the test runs this fil
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding/tensor_plan_helper.py
 
 The own Llama (:mod:`own_llama`, no logical axis names) is compiled through the tools' path
-(:func:`jaxckpt.step.compile_policy`) with its tensor plan: on one device without remat (the reference), under
-``tensor=4`` (4 devices) and ``fsdp=2,tensor=4`` (8 devices). Each sharded step runs once from the reference's
+(:func:`jaxckpt.step.compile_policy`) with its tensor plan: on one device without remat (the reference) and under
+``tensor=4`` (4 devices). Each sharded step runs once from the reference's
 initial state; its gradients, each parameter's bytes per device (from the compiled step's input shardings) and its
-collectives are reported. The model without a plan is compiled under ``tensor=4`` too, which must be refused. The last
-stdout line is the JSON result.
+collectives are reported. The model without a plan is compiled under ``tensor=4`` too, which must be refused. Then the
+stacked models of ``tests/own_models.py`` (:data:`STACKED`): the Llama whose layers ``nnx.vmap`` stacks (kernels
+``[L, in, out]``) with its plan by path and with ``"auto"``, and the DiT with ``"auto"`` (adaLN's modulation
+included), each against its own one-device reference. The last stdout line is the JSON result.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 FAST = {"xla_backend_optimization_level": 0}  # LLVM -O0: faster CPU compiles; same HLO, same partitioning
-RUNS = (("tensor=4", 4, "none", "path"), ("fsdp=2,tensor=4", 8, "full", "path"), ("tensor=4", 4, "full", "auto"))
-"""(mesh, devices, policy, plan): the path plan under each mesh (``full``: FSDP gathered inside each remat'd
-block), and the automatic plan once."""
+RUNS = (("tensor=4", 4, "none", "path"),)
+"""(mesh, devices, policy, plan) of the own Llama: its path plan (the embedding and the head planned too); a path plan
+under ``fsdp=2,tensor=4`` with ``full`` (FSDP gathered inside each remat'd block) is the scanned Llama's, and the
+automatic plan is compiled on the DiT (:data:`STACKED`)."""
+STACKED = (("llama-scan", "path", "full"), ("dit", "auto", "none"))
+"""(model, plan, policy) of the stacked models, each under ``fsdp=2,tensor=4`` (the scanned Llama's automatic plan is
+its path plan, checked without compiling)."""
 
 
 def _record_grads():
@@ -42,6 +48,7 @@ def main() -> dict:
   import jax
   import numpy as np
   import optax
+  from flax import nnx
 
   import jaxckpt
   from tests import numerics
@@ -54,10 +61,10 @@ def main() -> dict:
 
   tx = optax.chain(_record_grads(), optax.adamw(1e-2))
   rng = np.random.default_rng(0)
-  batch = rng.integers(0, own_llama.VOCAB, (own_llama.BATCH, own_llama.SEQ + 1)).astype(np.int32)
+  tokens = rng.integers(0, own_llama.VOCAB, (own_llama.BATCH, own_llama.SEQ + 1)).astype(np.int32)
   targets = {"path": own_llama.target(), "auto": own_llama.target(tensor_plan="auto")}
 
-  def run(target, policy, mesh):
+  def run(target, policy, mesh, batch=tokens):
     compiled = compile_policy(target, jaxckpt.parse_policy(policy), tx=tx, mesh=mesh, options=FAST, stats_only=False)
     state = jaxckpt.create_train_state(target.make_model(), tx, seed=0)[1]
     (state_shardings, batch_sharding), _ = compiled.compiled.input_shardings
@@ -74,6 +81,14 @@ def main() -> dict:
              jax.tree_util.tree_flatten_with_path(sharding.gather(new_state.opt_state[0]))[0]}
     return (float(metrics["loss"]), grads), per_device, collectives
 
+  def stacked(model, plan):
+    from tests import own_models  # pylint: disable=g-import-not-at-top
+
+    if model == "dit":
+      return own_models.dit_target(batch_size=8, adaln_zero=False, tensor_plan=plan), own_models.dit_batch(
+          own_models.DiTConfig(), 8, seed=1)
+    return own_models.llama_target(tensor_plan=own_models.LLAMA_PLAN if plan == "path" else plan), tokens
+
   ref, _, _ = run(targets["path"], "none", None)
   results = []
   for spec, devices, policy, plan in RUNS:
@@ -88,8 +103,20 @@ def main() -> dict:
     refusal = None
   except MeshSpecError as err:
     refusal = str(err)
+  refs, stacked_results = {}, []
+  for model, plan, policy in STACKED:
+    target, batch = stacked(model, plan)
+    if model not in refs:
+      refs[model] = run(target, "none", None, batch)[0]
+    styles = {path: style for path, style, *_ in sharding.planned_params(
+        nnx.eval_shape(target.make_model))}
+    got, per_device, collectives = run(target, policy, sharding.make_mesh("fsdp=2,tensor=4"), batch)
+    stacked_results.append({"model": model, "mesh": "fsdp=2,tensor=4", "plan": str(target.tensor_plan),
+                            "policy": policy, "collectives": collectives,
+                            "mismatches": list(numerics.mismatches(got, refs[model], depth=2)),
+                            "per_device": {k: {**v, "style": styles.get(k)} for k, v in per_device.items()}})
   return {"device_count": jax.device_count(), "auto_plan": str(targets["auto"].tensor_plan), "results": results,
-          "refusal": refusal}
+          "refusal": refusal, "stacked": stacked_results}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Tensor plans: a ``tensor`` mesh axis for your own NNX model without logical axis names.
 
 The model (:mod:`own_llama`) is written as public Flax code writes a Llama: ``nnx.Embed``, ``nnx.Linear``
-projections, einsum attention, ``nnx.RMSNorm``; no ``nnx.with_partitioning`` anywhere. The multi-device checks run
+projections, einsum attention, ``nnx.RMSNorm``; no ``nnx.with_partitioning`` anywhere. ``tests/own_models.py`` adds a
+Llama whose layers ``nnx.vmap`` stacks (kernels ``[L, in, out]``, applied with ``nnx.scan``) and a DiT (adaLN-Zero
+blocks, in a loop and under ``nnx.scan``). The multi-device checks run
 ``tests/sharding/tensor_plan_helper.py`` once, in a subprocess with 8 fake CPU devices, and assert on its JSON: the
 sharded steps' gradients equal one device's (``tests/numerics.py``), each parameter's bytes per device are what the
 plan says, the compiled steps hold Megatron's all-reduces over the tensor groups, and the model without a plan is
@@ -22,8 +24,11 @@ import optax
 import pytest
 from flax import nnx
 
+from tests import own_models
+from tests.extras import needs_cuda_plugin, needs_libtpu
 from tests.sharding import own_llama
 from jaxckpt import nnx_model_target, sharding
+from jaxckpt.cli import report as report_main
 from jaxckpt.errors import MeshSpecError, TensorPlanError
 from jaxckpt.fit._meshes import mesh_shapes, state_bytes
 from jaxckpt.sharding import TensorPlan, parse_tensor_plan
@@ -184,8 +189,8 @@ def test_auto_refuses_a_block_without_pairs_in_one_line():
                      loss="next_token", blocks={"layer": _LoneBlock}, tensor_plan="auto")
   assert str(raised.value) == (
       "tensor_plan='auto' finds no Megatron pair in block layers/0: no later linear layer of the block reads "
-      "layers/0/proj (a colwise layer needs a rowwise one after it); write a path plan for this model "
-      "(tensor_plan={pattern: style})")
+      "layers/0/proj (a colwise layer needs a rowwise one after it, or, as adaLN's modulation, its output scales or "
+      "shifts what a later one reads); write a path plan for this model (tensor_plan={pattern: style})")
 
 
 def test_a_target_function_gets_its_plan_as_text_as_the_cli_passes_it():
@@ -196,6 +201,91 @@ def test_a_target_function_gets_its_plan_as_text_as_the_cli_passes_it():
   model = nnx.eval_shape(target.make_model)
   assert [p for p, *_ in sharding.planned_params(model)] == [
       f"layers/{i}/mlp/{n}/kernel" for i in range(own_llama.LAYERS) for n in ("down_proj", "up_proj")]
+
+
+# --- stacked layers (nnx.vmap, nnx.scan) and a DiT: tests/own_models.py ---
+
+SCANNED_AUTO = TensorPlan(own_models.LLAMA_PLAN)
+
+
+def test_a_path_plan_names_a_stacked_kernel_and_splits_its_in_or_out_never_its_layer_axis():
+  """The Llama's layers stacked by ``nnx.vmap``: kernels ``[L, in, out]`` found by the ``nnx.Linear``'s own
+  ``in_features``/``out_features``, ``layers`` in front of the style's names."""
+  target = own_models.llama_target(tensor_plan=own_models.LLAMA_PLAN)
+  planned = {path: (style, shape, names) for path, style, shape, names in
+             sharding.planned_params(nnx.eval_shape(target.make_model))}
+  assert planned["layers/self_attn/k_proj/kernel"] == ("colwise", (2, 32, 16), ("layers", "embed", "mlp"))
+  assert planned["layers/mlp/down_proj/kernel"] == ("rowwise", (2, 64, 32), ("layers", "mlp", "embed"))
+  specs = _specs(target, {"fsdp": 4, "tensor": 4})
+  assert specs["layers/self_attn/q_proj/kernel"] == P(None, "fsdp", "tensor")
+  assert specs["layers/self_attn/o_proj/kernel"] == P(None, "tensor", "fsdp")
+  assert specs["layers/input_layernorm/scale"] == P(None, "fsdp")  # not planned: the FSDP rule
+
+
+def test_auto_follows_a_scanned_stack_through_rope_and_grouped_query_attention(capsys):
+  assert own_models.llama_target(tensor_plan="auto").tensor_plan == SCANNED_AUTO
+  assert capsys.readouterr().err == f"own-llama-scan: tensor_plan='auto' chose {SCANNED_AUTO}\n"
+  unrolled = own_models.llama_target(tensor_plan="auto", scan=False).tensor_plan
+  assert unrolled == TensorPlan({p.replace("layers/", "layers/*/"): s for p, s in own_models.LLAMA_PLAN.items()})
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_auto_splits_a_dit_block_and_its_adaln_modulation_colwise(scan, capsys):
+  """adaLN's ``[D, 6D]`` modulation scales and shifts what ``qkv`` and ``fc1`` read: colwise on its own; timm's fused
+  ``qkv`` ``[D, 3D]`` pairs with ``proj`` ``[D, D]``; the timestep embedder and the final layer are outside blocks."""
+  block = "blocks" if scan else "blocks/*"
+  assert own_models.dit_target(scan=scan, tensor_plan="auto").tensor_plan == TensorPlan({
+      f"{block}/adaLN_modulation/layers/*": "colwise", f"{block}/attn/qkv": "colwise",
+      f"{block}/attn/proj": "rowwise", f"{block}/mlp/fc1": "colwise", f"{block}/mlp/fc2": "rowwise"})
+
+
+class _HalfBlock(nnx.Module):
+  """Two projections of the block input, and a third that reads one of them: no pair."""
+
+  def __init__(self, d, *, rngs):
+    self.a = nnx.Linear(d, d, rngs=rngs)
+    self.b = nnx.Linear(d, d, rngs=rngs)
+    self.c = nnx.Linear(d, d, rngs=rngs)
+
+  def __call__(self, x):  # x: [B, T, D]
+    a, b = self.a(x), self.b(x)
+    return x + self.c(b) + a
+
+
+def test_auto_names_the_link_it_could_not_follow():
+  with pytest.raises(TensorPlanError) as raised:
+    nnx_model_target(lambda: _HalfModel(rngs=nnx.Rngs(0)),
+                     jax.ShapeDtypeStruct((2, 5), jnp.int32), loss="next_token", blocks={"layer": _HalfBlock},
+                     tensor_plan="auto")
+  assert str(raised.value) == (
+      "tensor_plan='auto' finds no Megatron pair in block layers/0: layers/0/c reads layers/0/b but not layers/0/a; "
+      "write a path plan for this model (tensor_plan={pattern: style})")
+
+
+class _HalfModel(nnx.Module):
+  def __init__(self, *, rngs):
+    self.embed = nnx.Embed(16, 8, rngs=rngs)
+    self.layers = nnx.List([_HalfBlock(8, rngs=rngs) for _ in range(2)])
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    for layer in self.layers:
+      x = layer(x)
+    return self.embed.attend(x)
+
+
+@pytest.mark.parametrize("topology, target, plan", [
+    pytest.param("v5e:4x4", "dit_target", "auto", marks=needs_libtpu),
+    pytest.param("h100:2x8", "llama_target", str(SCANNED_AUTO), marks=needs_cuda_plugin)],
+    ids=["v5e-dit", "h100-llama"])
+def test_the_plans_compile_on_fsdp4_tensor4_of_16_chips(topology, target, plan, tmp_path):
+  """Rows ok on a TPU and a GPU topology: the DiT's automatic plan, the scanned Llama's path plan (which is its
+  automatic plan, above)."""
+  argv = ["--target", f"tests.own_models:{target}", "--target-arg", f"tensor_plan={plan}", "--topology", topology,
+          "--mesh", "fsdp=4,tensor=4", "--policies", "none", "--no-residuals", "--json", str(tmp_path / "r.json")]
+  assert report_main(argv) == 0
+  data = json.loads((tmp_path / "r.json").read_text())
+  assert data["mesh"] == {"fsdp": 4, "tensor": 4} and [r["status"] for r in data["rows"]] == ["ok"]
 
 
 # --- eight fake devices ---
@@ -210,27 +300,22 @@ def sharded():
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _expected_bytes(run: dict, layer: str, name: str, full: int) -> int:
-  """What one device holds of a parameter: the plan's layers 1/tensor (and their kernels 1/fsdp more: the other
-  dimension is "embed"); the rest by the FSDP rule (1/fsdp: every dimension here divides by 2)."""
-  tensor, fsdp = 4, 2 if run["mesh"].startswith("fsdp=2") else 1
+def _expected_bytes(layer: str, full: int) -> int:
+  """What one device holds of a parameter under ``tensor=4``: the plan's layers (their kernels and biases, the
+  embedding and the head) 1/4; the rest whole."""
   relative = "/".join(layer.split("/")[2:]) if layer.startswith("layers/") else layer
-  planned = relative in COLWISE | ROWWISE or (run["plan"] == "path" and layer in ("embed", "lm_head"))
-  if not planned:
-    return full // fsdp
-  return full // (tensor * fsdp) if name in ("kernel", "embedding") else full // tensor
+  return full // 4 if relative in COLWISE | ROWWISE or layer in ("embed", "lm_head") else full
 
 
 def test_sharded_gradients_equal_one_device_and_each_device_holds_what_the_plan_says(sharded):
   assert sharded["device_count"] == 8
-  assert [(r["mesh"], r["policy"], r["plan"]) for r in sharded["results"]] == [
-      ("tensor=4", "none", "path"), ("fsdp=2,tensor=4", "full", "path"), ("tensor=4", "full", "auto")]
+  assert [(r["mesh"], r["policy"], r["plan"]) for r in sharded["results"]] == [("tensor=4", "none", "path")]
   for run in sharded["results"]:
     assert run["mismatches"] == [], (run["mesh"], run["plan"], run["mismatches"])
     assert len(run["per_device"]) == 27
     for path, got in run["per_device"].items():
-      layer, _, name = path.rpartition("/")
-      assert got["per_device"] == _expected_bytes(run, layer, name, got["bytes"]), (run["mesh"], path, got)
+      layer = path.rpartition("/")[0]
+      assert got["per_device"] == _expected_bytes(layer, got["bytes"]), (run["mesh"], path, got)
   tensor4 = sharded["results"][0]["per_device"]
   assert tensor4["layers/0/mlp/up_proj/kernel"] == {"bytes": 32 * 64 * 4, "per_device": 32 * 64 * 4 // 4}
   assert tensor4["layers/0/input_norm/scale"] == {"bytes": 32 * 4, "per_device": 32 * 4}  # replicated
@@ -238,8 +323,8 @@ def test_sharded_gradients_equal_one_device_and_each_device_holds_what_the_plan_
 
 def test_the_compiled_steps_hold_megatrons_all_reduces_over_the_tensor_groups(sharded):
   """Two all-reduces per layer forward (after o_proj and down_proj) and two backward (the colwise layers' input
-  gradients), over groups of tensor=4 devices; FSDP's all-gathers over groups of fsdp=2."""
-  for run in sharded["results"]:
+  gradients), over groups of tensor=4 devices; FSDP's all-gathers over groups of fsdp=2 (the stacked models')."""
+  for run in sharded["results"] + sharded["stacked"]:
     kinds = {}
     for c in run["collectives"]:
       kinds[(c["kind"], c["group_size"])] = kinds.get((c["kind"], c["group_size"]), 0) + c["count"]
@@ -252,3 +337,24 @@ def test_an_unannotated_model_without_a_plan_is_refused_pointing_at_the_plan(sha
                                        "parameter of own-llama carries one: give the target a tensor plan")
   assert "tensor_plan='auto'" in sharded["refusal"] and "\n" not in sharded["refusal"]
   assert sharded["auto_plan"] == str(own_llama.target(tensor_plan="auto").tensor_plan)
+
+
+def test_stacked_and_dit_plans_keep_gradients_and_divide_each_planned_parameter(sharded):
+  """Under ``fsdp=2,tensor=4``: the scanned Llama's path plan and the DiT's automatic plan (adaLN's modulation
+  colwise) give the one-device gradients, and each device holds 1/8 of a planned kernel (``tensor`` × ``fsdp``;
+  a stacked kernel's layer axis whole), 1/4 of a colwise bias, and 1/2 of everything else (the FSDP rule)."""
+  runs = {r["model"]: r for r in sharded["stacked"]}
+  assert list(runs) == ["llama-scan", "dit"]
+  for name, run in runs.items():
+    assert run["mismatches"] == [], (name, run["mismatches"])
+    for path, got in run["per_device"].items():
+      kind = path.rsplit("/", 1)[-1]
+      divisor = {None: 2, "colwise": 4 if kind == "bias" else 8, "rowwise": 2 if kind == "bias" else 8}[got["style"]]
+      assert got["per_device"] * divisor == got["bytes"], (name, path, got)
+  llama = runs["llama-scan"]["per_device"]
+  assert llama["layers/self_attn/q_proj/kernel"] == {"bytes": 2 * 32 * 32 * 4, "per_device": 2 * 32 * 32 * 4 // 8,
+                                                     "style": "colwise"}
+  assert sum(v["style"] is not None for v in llama.values()) == 7
+  dit = runs["dit"]["per_device"]
+  assert dit["blocks/1/adaLN_modulation/layers/1/kernel"]["style"] == "colwise"
+  assert dit["t_embedder/mlp/layers/0/kernel"]["style"] is None and dit["final_layer/linear/kernel"]["style"] is None
