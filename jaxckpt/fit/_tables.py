@@ -61,17 +61,19 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
     c = plan.choice
     measured = {(m.policy, m.micro_batch): m for m in c.measured}
     rows = []
+    compiled = c.ranked_by == "compiled"
     for cand in list(c.table)[:12]:
       m = measured.get((cand.policy, cand.micro_batch))
-      terms = [f"{cand.terms.get(key, 0.0) * 1e3:.2f}" for key in ("compute_s", "hbm_s", "host_s", "collectives_s")]
       row = [("* " if cand == c.winner or (m and m == c.winner) else "") + cand.policy,
-             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}", f"{cand.est_step_s * 1e3:.2f} ms",
-             *terms, cand.dominant]
+             f"{cand.micro_batch} × {cand.accum}", f"{cand.flops * cand.accum:.3g}"]
+      if compiled:  # one step time per configuration: its compiled program's, else the roofline's (marked ≈)
+        row += ([format_seconds(cand.compiled_step["seconds"]), cand.compiled_step["bound"]] if cand.compiled_step
+                else [f"≈ {format_seconds(cand.est_step_s)}", cand.dominant])
+      else:
+        terms = [f"{cand.terms.get(key, 0.0) * 1e3:.2f}" for key in ("compute_s", "hbm_s", "host_s", "collectives_s")]
+        row += [f"{cand.est_step_s * 1e3:.2f} ms", *terms, cand.dominant]
       if c.measured:  # the measured columns only where something was measured
         row += [f"{m.measured_step_s * 1e3:.1f} ms" if m else "", f"{c.global_batch / m.measured_step_s:.0f}" if m else ""]
-      if c.ranked_by == "compiled":  # the compiled programs' estimates, where a candidate was timed
-        row += [format_seconds(cand.compiled_step["seconds"]) if cand.compiled_step else "",
-                cand.compiled_step["bound"] if cand.compiled_step else ""]
       rows.append(row)
     notes = ["* = the winner"]
     if c.dropped:
@@ -79,13 +81,18 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
           f"{p} {b} × {k} ({format_bytes(f)})" for p, b, k, f in c.dropped))
     if c.spearman is not None:
       notes.append(f"rank correlation (Spearman) of estimated and measured step times: {c.spearman:.2f}")
-    notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "
-                 "step takes the largest, 'bound by', plus a fixed overhead per micro-step; docs/fit.md)")
-    headers = ["policy", "b × k\nglobal", "FLOPs/step\nglobal", "est. step", "compute", "HBM", "host", "collectives",
-               "bound by"] + (
-        ["measured", "examples/s"] if c.measured else []) + (
-        ["compiled est.", "compiled bound"] if c.ranked_by == "compiled" else [])
-    if c.ranked_by == "compiled":
+    if compiled:
+      notes.append("est. step: the step time of each configuration's compiled program (jaxckpt.timing; the step as "
+                   "it will run, its accumulation at the global batch); ≈: not compiled, the fit's roofline that "
+                   "chose which to compile (docs/fit.md)")
+      headers = ["policy", "b × k\nglobal", "FLOPs/step\nglobal", "est. step", "bound by"]
+    else:
+      notes.append("compute, HBM, host, collectives: ms per step of each ceiling of the time model (they overlap: the "
+                   "step takes the largest, 'bound by', plus a fixed overhead per micro-step; docs/fit.md)")
+      headers = ["policy", "b × k\nglobal", "FLOPs/step\nglobal", "est. step", "compute", "HBM", "host",
+                 "collectives", "bound by"]
+    headers += ["measured", "examples/s"] if c.measured else []
+    if compiled:
       notes += compiled_lines(c)
     parts.append(render_table(headers, rows,
                               title=f"global batch {c.global_batch} on {plan.device.name}: fastest first (ranked by "
@@ -111,8 +118,8 @@ def _batch_cell(batch: int, unit: int, device: str) -> str:
 def compiled_lines(choice: GlobalChoice) -> list[str]:
   """The notes of a choice ranked by its compiled programs: what the compiled estimate is, and the winner's terms
   (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md)."""
-  lines = ["compiled est.: the step as it will run (accumulation at G) compiled for the topology and timed from its "
-           "program (per-kernel cycles or rooflines, collectives over their links, the schedule's overlap; "
+  lines = ["a compiled est. step: the step as it will run (accumulation at G) compiled for the topology and timed from "
+           "its program (per-kernel cycles or rates, collectives over their links, the schedule's overlap; "
            "docs/timing.md); the winner is the fastest of those. Its terms are busy seconds per step, which overlap "
            "only as the compiled schedule lets them (bound by: the largest)"]
   if choice.winner.compiled_step:
