@@ -118,7 +118,7 @@ def _batch_cell(batch: int, unit: int, device: str) -> str:
 def compiled_lines(choice: GlobalChoice) -> list[str]:
   """The notes of a choice ranked by its compiled programs: what the compiled estimate is, and the winner's terms
   (:func:`jaxckpt.timing.describe_step_time`; docs/timing.md)."""
-  lines = ["a compiled est. step: the step as it will run (accumulation at G) compiled for the topology and timed from "
+  lines = ["a compiled step time: the step as it will run (accumulation at G) compiled for the topology and timed from "
            "its program (per-kernel cycles or rates, collectives over their links, the schedule's overlap; "
            "docs/timing.md); the winner is the fastest of those. Its terms are busy seconds per step, which overlap "
            "only as the compiled schedule lets them (bound by: the largest)"]

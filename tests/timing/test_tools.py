@@ -88,7 +88,8 @@ def test_the_fit_ranks_the_fastest_configurations_by_their_compiled_programs(tmp
   assert choice["compiled_step"] == timed[0]["compiled_step"] and choice["policy"] == timed[0]["policy"]
   assert "winner's compiled step: " in out
   # one step-time column: each configuration's compiled estimate, the roofline's only where none was compiled (≈)
-  header = next(line for line in out.splitlines() if line.lstrip().startswith("policy"))
+  table = out[out.index("global batch 64 on"):]
+  header = next(line for line in table.splitlines() if line.lstrip().startswith("policy"))
   assert header.count("est. step") == 1 and "compiled est." not in out, header
   winner = next(line for line in out.splitlines() if line.startswith("* "))
   assert format_seconds(choice["compiled_step"]["seconds"]) in winner, winner
