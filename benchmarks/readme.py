@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import (budget_plans, common, faults, fit_planner, policy_sweep, published_configs, report_speed,
-                        runner_overhead, step_time, structure_depth, tpu_topology, truth_check)
+                        runner_overhead, step_time, step_time_gpu, structure_depth, tpu_topology, truth_check)
 
 _DOCS = os.path.normpath(os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs"))
 PAGE = os.path.join(_DOCS, "benchmarks.md")
@@ -32,7 +32,7 @@ MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_c
 """The scripts whose tables are on :data:`PAGE`."""
 PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,),
          os.path.join(_DOCS, "tpu.md"): (tpu_topology,), os.path.join(_DOCS, "llm.md"): (published_configs,),
-         os.path.join(_DOCS, "timing.md"): (step_time,)}
+         os.path.join(_DOCS, "timing.md"): (step_time, step_time_gpu)}
 """Each page holding tables -> the scripts whose tables it holds."""
 
 
