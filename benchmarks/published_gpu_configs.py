@@ -88,10 +88,11 @@ ROWS: tuple[Row, ...] = (
 """The rows of published-configs-gpu.md §3."""
 
 
-def target(row: Row, gpus: int, *, num_layers: int | None = None) -> ModelTarget:
-  """The row's train step as a target: ``per_device × gpus`` sequences."""
+def target(row: Row, gpus: int, *, num_layers: int | None = None, attention: str = "pallas") -> ModelTarget:
+  """The row's train step as a target: ``per_device × gpus`` sequences, flash attention by ``attention`` (the Pallas
+  Triton kernel by default; ``"cudnn"`` needs ``nvidia-cudnn-cu12``)."""
   entry = model_entry("llm")
-  config = entry.override(row.preset, seq_len=row.seq_len, attention="pallas", scan=row.scan, num_layers=num_layers,
+  config = entry.override(row.preset, seq_len=row.seq_len, attention=attention, scan=row.scan, num_layers=num_layers,
                           batch_size=row.per_device * gpus)
   return ModelTarget(lambda: entry.build(config), entry.batch(row.per_device * gpus, config), entry.loss_fn,
                      name="llm", preset=row.preset)

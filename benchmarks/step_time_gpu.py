@@ -26,7 +26,6 @@ a few minutes on 2 cores.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -37,43 +36,13 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common
+from benchmarks.published_gpu_configs import ROWS as GPU_ROWS
+from benchmarks.published_gpu_configs import Row, target
 from jaxckpt.models import model_entry
 from jaxckpt.report import build_report
 from jaxckpt.sharding import resolve_placement
-from jaxckpt.step import ModelTarget
 
 NAME = "step_time_gpu"
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuRow:
-  """One published GPU run (published-configs-gpu.md §3–§4).
-
-  Attributes:
-    key: its row (``G1``, ``MT-1``, ``DX-1``…).
-    preset: the LLM preset.
-    topology: the cluster (``h100:8x8``: 8 nodes of 8).
-    mesh: the ``--mesh`` (axes across nodes first).
-    per_device: sequences per GPU.
-    seq_len: tokens per sequence.
-    policy: MaxText's remat policy, by its name.
-    scan: ``scan_layers``.
-    memory_fraction: the run's ``XLA_PYTHON_CLIENT_MEM_FRACTION``.
-    step_s: published seconds per step (MT rows: from their TFLOP/s, module docstring).
-    source: the published figure as the source states it.
-  """
-
-  key: str
-  preset: str
-  topology: str
-  mesh: str
-  per_device: int
-  seq_len: int
-  policy: str
-  scan: bool
-  memory_fraction: float
-  step_s: float
-  source: str
 
 
 def formula_a_step(preset: str, per_device: int, seq_len: int, tflops: float) -> float:
@@ -84,25 +53,21 @@ def formula_a_step(preset: str, per_device: int, seq_len: int, tflops: float) ->
   return per_device * seq_len * per_token / (tflops * 1e12)
 
 
-def _mt(key: str, topology: str, mesh: str, tflops: float) -> GpuRow:
-  return GpuRow(key, "llama2-7b", topology, mesh, 4, 4096, "minimal_flash", False, 0.85,
-                formula_a_step("llama2-7b", 4, 4096, tflops), f"{tflops:.0f} TFLOP/s/GPU (formula A)")
+def _mt(key: str, topology: str, mesh: str, tflops: float) -> Row:
+  return Row(key, "llama2-7b", topology, mesh, 4, 4096, "minimal_flash", False, 0.85,
+             formula_a_step("llama2-7b", 4, 4096, tflops), f"{tflops:.0f} TFLOP/s/GPU (formula A)")
 
 
-def _dx(key: str, topology: str, mesh: str, step: float) -> GpuRow:
-  return GpuRow(key, "llama2-70b", topology, mesh, 2, 4096, "save_dot_except_mlpwi", True, 0.94, step,
-                f"{step:.3f} s/step")
+def _dx(key: str, topology: str, mesh: str, step: float) -> Row:
+  return Row(key, "llama2-70b", topology, mesh, 2, 4096, "save_dot_except_mlpwi", True, 0.94, step,
+             f"{step:.3f} s/step")
 
 
-def rows() -> tuple[GpuRow, ...]:
-  """Every bf16 row of published-configs-gpu.md §3–§4, in its order."""
+def rows() -> tuple[Row, ...]:
+  """Every bf16 row of published-configs-gpu.md §3–§4, in its order: §3's (:data:`benchmarks.published_gpu_configs.ROWS`,
+  with the memory each recipe's launcher gives) and §4's."""
   return (
-      GpuRow("G1", "llama2-7b", "h100:8", "fsdp=8", 2, 4096, "minimal_flash", False, 0.90, 0.721,
-             "0.721 s/step, 11,361 tok/s/GPU"),
-      GpuRow("G2", "llama2-7b", "h100:32x8", "data=32,fsdp=8", 4, 4096, "minimal_flash", False, 0.90, 1.500,
-             "1.500 s/step, 10,923 tok/s/GPU"),
-      GpuRow("G3", "llama3.1-70b", "h200:32x8", "data=2,fsdp=128", 2, 8192, "save_dot_with_context_except_mlp", True,
-             0.92, 15.516, "15.516 s/step, 1,056 tok/s/GPU"),
+      *GPU_ROWS,
       _mt("MT-1", "h100:8", "fsdp=8", 492), _mt("MT-2", "h100:2x8", "data=2,fsdp=8", 422),
       _mt("MT-3", "h100:4x8", "data=4,fsdp=8", 407), _mt("MT-4", "h100:8x8", "data=8,fsdp=8", 409),
       _dx("DX-1", "h100:8x8", "fsdp=64", 6.999), _dx("DX-2", "h100:16x8", "fsdp=128", 7.072),
@@ -111,16 +76,7 @@ def rows() -> tuple[GpuRow, ...]:
   )
 
 
-def target(row: GpuRow, gpus: int, *, attention: str, num_layers: int | None = None) -> ModelTarget:
-  """The row's train step: ``per_device × gpus`` sequences, its attention kernel."""
-  entry = model_entry("llm")
-  config = entry.override(row.preset, seq_len=row.seq_len, attention=attention, scan=row.scan, num_layers=num_layers,
-                          batch_size=row.per_device * gpus)
-  return ModelTarget(lambda: entry.build(config), entry.batch(row.per_device * gpus, config), entry.loss_fn,
-                     name="llm", preset=row.preset)
-
-
-def run_row(row: GpuRow, *, attention: str, num_layers: int | None = None) -> dict[str, Any]:
+def run_row(row: Row, *, attention: str, num_layers: int | None = None) -> dict[str, Any]:
   """Compiles one row on its cluster and estimates its step; the JSON record."""
   placement = resolve_placement(row.mesh, row.topology, memory_fraction=row.memory_fraction)
   built = target(row, placement.device_count, attention=attention, num_layers=num_layers)
@@ -132,7 +88,7 @@ def run_row(row: GpuRow, *, attention: str, num_layers: int | None = None) -> di
          "per_device": row.per_device, "seq_len": row.seq_len, "policy": row.policy, "scan": row.scan,
          "attention": attention, "num_layers": num_layers, "status": r["status"], "error_message": r["error"],
          "footprint_bytes": r["footprint_bytes"], "limit_bytes": placement.memory()[0],
-         "published_step_s": row.step_s, "source": row.source, "estimate": estimate,
+         "published_step_s": row.step_s, "source": row.published, "estimate": estimate,
          "collectives": r.get("collectives"), "compile_s": r["compile_s"], "wall_s": time.perf_counter() - started}
   if estimate:
     out["predicted_step_s"] = estimate["seconds"]

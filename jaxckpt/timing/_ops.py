@@ -82,32 +82,19 @@ def matmul_efficiency(dims: tuple[int, int, int], chip: Chip) -> float:
   return 1.0
 
 
+def _is_matmul(i: HloInstruction) -> bool:
+  return i.opcode in ("dot", "convolution") or (i.opcode == "custom-call" and i.custom_call_target in GEMM_TARGETS)
+
+
 def _dot_shapes(module: HloModule, ins: HloInstruction) -> list[tuple[float, tuple[int, int, int]]]:
-  """``(FLOPs, (M, N, K))`` of the dots and convolutions an executed instruction runs (a fusion's inside it): N the
-  result's last dimension, M the rest of it, K the contracted size its FLOPs imply."""
+  """``(FLOPs, (M, N, K))`` of the matmuls an executed instruction runs (dots, convolutions, cuBLAS GEMM calls; a
+  fusion's inside it): N the result's last dimension, M the rest of it, K the contracted size its FLOPs imply."""
   out = []
   inner = [ins]
   if ins.opcode in ("fusion", "fusion-start", "async-start") and ins.called in module.computations:
     inner = module.called_instructions(ins)
   for i in inner:
-    if i.opcode not in ("dot", "convolution") or not i.arrays:
-      continue
-    flops = float(instruction_flops(module, i))
-    result = i.arrays[0]
-    if not flops or not result.elements:
-      continue
-    n = result.dims[-1] if result.dims else 1
-    out.append((flops, (max(1, result.elements // max(1, n)), n, max(1, round(flops / (2 * result.elements))))))
-  return out
-
-
-def _gemm_shapes(module: HloModule, ins: HloInstruction) -> list[tuple[float, tuple[int, int, int]]]:
-  """``(FLOPs, (M, N, K))`` of the cuBLAS GEMM calls an executed instruction runs (the call, or a fusion holding it):
-  as :func:`_dot_shapes` for dots."""
-  inner = [ins] if ins.opcode == "custom-call" else module.called_instructions(ins)
-  out = []
-  for i in inner:
-    if i.opcode != "custom-call" or i.custom_call_target not in GEMM_TARGETS or not i.arrays:
+    if not _is_matmul(i) or not i.arrays:
       continue
     flops = float(instruction_flops(module, i))
     result = i.arrays[0]
@@ -257,7 +244,7 @@ def _cost(module: HloModule, ins: HloInstruction, run: Any, nbytes: float, chip:
     return OpCost(ATTENTION, seconds, "kernel_rate", is_start, flops, nbytes)
   target = _is_custom(module, ins)
   if target in GEMM_TARGETS:  # a cuBLAS GEMM: its FLOPs at what cuBLAS reaches for its shape
-    dots = _gemm_shapes(module, ins)
+    dots = _dot_shapes(module, ins)
     flops = float(run.dot_flops)
     efficiency = flops / sum(f / matmul_efficiency(d, chip) for f, d in dots) if dots and flops else 1.0
     term, seconds = _roofline(flops, nbytes, efficiency, chip)
