@@ -279,7 +279,9 @@ class HloTotals:
 # --- the text -----------------------------------------------------------------------------------------------------
 
 _COMMENT = re.compile(r"/\*.*?\*/")
-_TOKEN = re.compile(r'\\.|["(){}\[\]]|, (?=[A-Za-z_][\w.]*=)')
+_TOKEN = re.compile(r'\\.|["(){}\[\]]|, (?=[A-Za-z_][\w.\-]*=)')
+"""A top-level attribute separator: ``, key=`` (keys may hold hyphens: ``control-predecessors={...}``, which XLA:GPU
+prints on scheduled instructions), or a bracket or quote that opens or closes a nested part."""
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 _HEAD = re.compile(r"\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*")
 _OPCODE = re.compile(r"\s*([a-z][\w\-]*)\(")

@@ -17,7 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxckpt import parse_policy, sharding
-from jaxckpt.analysis import (HloParseError, count_flops, jaxpr_flops, parse_hlo, read_compiled,
+from jaxckpt.analysis import (HloParseError, count_flops, instruction_flops, jaxpr_flops, parse_hlo, read_compiled,
                               replica_groups)
 from jaxckpt.step import compile_policy, shipped_target
 from tests.extras import needs_cuda_plugin, needs_libtpu
@@ -381,3 +381,20 @@ def test_gpu_offload_step_moves_the_named_residual_of_every_layer_each_way(gpu_s
   assert {(t.direction, t.bytes, t.count) for t in transfers} == {("to_host", residual, L), ("to_device", residual, L)}
   assert {t.unit.split(".")[0] for t in transfers} == {"dynamic-update-slice-start", "dynamic-slice-start"}
   assert gpu_steps["offload"].totals().to_host_bytes == residual * L
+
+
+def test_an_attribute_whose_key_holds_a_hyphen_ends_the_one_before():
+  """XLA:GPU prints ``control-predecessors={...}`` on scheduled instructions (seen after a cuBLAS call of an unrolled
+  DiT): the key's hyphen must not let the custom call's target swallow the rest of the line."""
+  text = """HloModule m
+
+ENTRY %main (a: f32[64,64]) -> f32[64,64] {
+  %a = f32[64,64]{1,0} parameter(0)
+  %b = f32[64,64]{1,0} add(%a, %a)
+  ROOT %g = f32[64,64]{1,0} custom-call(%a, %a), custom_call_target="__cublas$lt$matmul", control-predecessors={%b}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+}
+"""
+  gemm = parse_hlo(text).instructions["g"]
+  assert gemm.custom_call_target == "__cublas$lt$matmul"
+  assert gemm.attributes["control-predecessors"] == "{%b}"
+  assert instruction_flops(parse_hlo(text), gemm) == 2 * 64 ** 3
