@@ -42,6 +42,10 @@ def reference_epilog(*, models: Sequence[str] | None = None, policy_words: str =
 EXIT_BAD_INPUT = 2
 """The exit status of every jaxckpt CLI for bad input (a flag, a file, the environment): one line on stderr."""
 
+EXIT_OUTPUT = 1
+"""The exit status of a jaxckpt CLI whose work finished but whose output file could not be written (a full disk): one
+line on stderr naming the file (:class:`~jaxckpt.errors.OutputWriteError`)."""
+
 _NEGATIVE = re.compile(r"-\d")
 """A value that starts like a negative number (``-1GiB``, ``-5%``, ``-0.5``), not a flag."""
 

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxckpt._paths import write_atomically
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report._build import Report
 from jaxckpt.report._formats import (column_header, estimate_lines, main_sources, plan_lines, report_title, row_value,
@@ -165,7 +166,8 @@ def to_json(report: Report) -> str:
 def write_outputs(report: Report, *, json_path: str | None = None, csv_path: str | None = None,
                   markdown_path: str | None = None, html_path: str | None = None,
                   plot_path: str | None = None, plotlyjs: str = "inline") -> list[str]:
-  """Writes every requested file (parent directories created).
+  """Writes every requested file (parent directories created), each atomically
+  (:func:`jaxckpt._paths.write_atomically`: a temporary file beside it, renamed into place).
 
   Args:
     report: the report.
@@ -178,6 +180,7 @@ def write_outputs(report: Report, *, json_path: str | None = None, csv_path: str
 
   Raises:
     JaxckptError: an unknown suffix of ``plot_path`` or ``plotlyjs`` value, before anything is written.
+    OutputWriteError: a file could not be written (a full disk): its previous content is kept.
   """
   if plot_path is not None:
     plot_format(plot_path, flag="plot_path")
@@ -188,9 +191,7 @@ def write_outputs(report: Report, *, json_path: str | None = None, csv_path: str
   def write(path: str | None, text: Callable[[], str]) -> None:
     if path is None:
       return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-      f.write(text())
+    write_atomically(path, lambda f: f.write(text()))  # whole or not at all: the previous file is kept
     written.append(path)
 
   write(json_path, lambda: to_json(report))
