@@ -11,6 +11,7 @@ from typing import Any
 
 from experiments.loop import RunInterrupted
 from experiments.options import NAN_POLICIES, RESUME_AUTO, RunOptions, configure
+from experiments.placement import await_lost_peer
 from jaxckpt import sharding
 from jaxckpt.cli import CLIParser, progress_enabled
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
@@ -96,7 +97,13 @@ def run_cli(parser: argparse.ArgumentParser, make_config: Callable[[argparse.Nam
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
   try:
-    train(make_config(args))
+    try:
+      train(make_config(args))
+    except (JaxckptError, RunInterrupted):
+      raise
+    except Exception:
+      await_lost_peer()  # a collective failed because a process of the run died: its one line, not this traceback
+      raise
   except NonFiniteLossError as err:  # a failed run, not bad input
     return parser.fail(err, status=1)
   except JaxckptError as err:

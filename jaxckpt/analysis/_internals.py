@@ -215,3 +215,16 @@ def topology_fingerprint(devices: Sequence[Any]) -> str:
     return str(client.get_topology_for_devices(list(devices)).fingerprint())
   except Exception:  # noqa: BLE001 - backends without a serializable topology (JaxRuntimeError)
     return ";".join(f"{d.id}:{d.device_kind}:{getattr(d, 'coords', '')}" for d in devices)
+
+
+def distributed_client() -> Any:
+  """The ``jax.distributed`` client of this process (its key-value store: ``key_value_set``, ``key_value_dir_get``),
+  ``jax._src.distributed.global_state.client``.
+
+  Raises:
+    RuntimeError: the installed JAX lacks it, or ``jax.distributed.initialize`` has not run.
+  """
+  client = internal("distributed", "global_state", needed_by="watching the processes of a run").client
+  if client is None:
+    raise RuntimeError("jax.distributed.initialize has not run in this process")
+  return client
