@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     placement = placement_from_args(args)
     chip = None if placement.topology is None and placement.mesh is None else placement.device
     resolve_memory(args.memory, placement=placement)
-    target = target_from_args(args)
+    target = target_from_args(args, placement)
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
                              ("--bandwidth", args.bandwidth), ("--overhead", args.overhead),

@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return _mincut(parser, args)
     budget = _budget(args.budget)
     placement = placement_from_args(args)
-    target = target_from_args(args)
+    target = target_from_args(args, placement)
     plan = plan_policy(target, budget, max_rounds=args.max_rounds, mesh=placement,
                        compiler_options=compiler_options_from_args(args))
     where = placement.compiled_for()

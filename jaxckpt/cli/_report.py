@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.topology is not None:
       check_topology_name(args.topology)  # after every flag: a bad flag is one line whatever is installed
     placement = placement_from_args(args)  # a bad mesh, no compiler: exit 2 before the target is built
-    target = target_from_args(args)
+    target = target_from_args(args, placement)
     if args.list_blocks:
       for block, block_names in target_block_types(target).items():
         print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxckpt._paths import write_atomically
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, shorten
 from jaxckpt.report._build import Report
 from jaxckpt.report._formats import (column_header, estimate_lines, main_sources, plan_lines, report_title, row_value,
                                      shown_columns, table_rows, top_groups)
@@ -28,6 +28,10 @@ from jaxckpt.analysis._tables import fit_widths, render_table, short_labels, ter
 
 WIDE_ONLY = ("XLA FLOPs (raw)",)
 """Columns only ``--wide`` (and JSON/CSV/Markdown/HTML) show: the terminal table leaves them out to fit."""
+
+LEGEND_CHARS = 400
+"""Characters of a policy the terminal table's legend shows (``[1] = <policy>``); the rest is cut with ``...`` (the
+whole policy is in JSON, CSV and HTML), as errors cut a long spec."""
 
 _NOTE = ("* = best of the column; ×none = ratio to the none row; FLOPs from the jaxpr (scan × length), XLA's raw "
          "count counts a loop body once")
@@ -89,6 +93,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
           and len(r["policy"]) > 22]
   labels, legend = short_labels(long, max_len=0, keep=12)
+  legend = [shorten(line, LEGEND_CHARS) for line in legend]  # a 20,000-character spec: whole in JSON/CSV/HTML only
   headers = ["policy", *(column_header(report, h, key).replace("/", "\n/", 1)  # "footprint\n/chip": narrow columns
                          + ("\n×none" if ratio and base is not None else "") for h, key, _, ratio in columns),
              "top residuals"]

@@ -282,7 +282,7 @@ class LoweredPolicy:
     key = None
     if cache is not None:  # a topology compile: its statistics may be kept from an earlier compile
       key = compile_key(self.lowered, options, self.mesh, **self.target_device)
-      hit = cache.get(key, program_text=program_text)
+      hit = cache.get(key)
       if hit is not None and hit.error is not None:
         raise CachedRefusal(hit.error)
       if hit is not None and (hit.has_program or not program_text):

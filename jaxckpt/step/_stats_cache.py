@@ -261,13 +261,13 @@ class StatsCache:
     """The compiled program's text kept for ``key`` (``compiled.as_text()``), or ``None`` (none kept, unreadable)."""
     return read_program(self.program_path(key))
 
-  def get(self, key: str, *, program_text: bool = False) -> CachedStats | None:
+  def get(self, key: str) -> CachedStats | None:
     """The entry of ``key``, or ``None``: a missing entry is a miss; so is a damaged one (it does not parse, holds
-    the wrong types, or its program text does not decompress), which is removed with one warning naming it.
+    the wrong types, or the program text it says it has does not decompress: empty, truncated, not gzip), which is
+    removed with one warning naming it.
 
     Args:
       key: the entry's key (:func:`cache_key`).
-      program_text: also check the kept program text (decompress it whole): the caller will read it.
     """
     path = self._path(key)
     try:
@@ -284,7 +284,7 @@ class StatsCache:
     has_text = os.path.exists(self.program_path(key))
     try:
       entry = _checked(json.loads(raw), has_text)
-      if entry.has_program and program_text and read_program(self.program_path(key)) is None:
+      if entry.has_program and not read_program(self.program_path(key)):  # missing, damaged or empty
         raise ValueError(f"its program text {self.program_path(key)} does not decompress")
     except ValueError as err:  # json.JSONDecodeError is a ValueError
       self._discard(key, path, str(err).splitlines()[0] if str(err) else "empty")
