@@ -89,8 +89,12 @@ def _fill(path: str, leave: int) -> None:
     f.write(b"\0" * max(0, free))
 
 
+MEMORY = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "footprint_bytes", "peak_memory_bytes")
+
+
 def _row(report: Mapping[str, Any]) -> dict[str, Any]:
-  return report["rows"][0]
+  """The first row's memory figures, bytes."""
+  return {k: report["rows"][0][k] for k in MEMORY}
 
 
 # --- the cases: each returns (expected, observed, held) ---------------------------------------------------------
@@ -103,7 +107,7 @@ def stale_cache(tmp: str) -> tuple[str, str, bool]:
   run([*REPORT, *LLAMA_H100, "--json", out["b"]], JAXCKPT_STATS_CACHE=cache,
       XLA_FLAGS="--xla_gpu_enable_triton_gemm=false")
   run([*REPORT, *LLAMA_H100, "--json", out["truth"]], XLA_FLAGS="--xla_gpu_enable_triton_gemm=false")
-  temp = {k: _row(json.load(open(p)))["memory"]["temp_bytes"] for k, p in out.items()}
+  temp = {k: _row(json.load(open(p)))["temp_bytes"] for k, p in out.items()}
   return (f"XLA_FLAGS changed: a miss, temp = the cache-off truth {temp['truth']:,} B",
           f"temp {temp['b']:,} B (before the flag: {temp['a']:,} B)", temp["b"] == temp["truth"] != temp["a"])
 
@@ -119,7 +123,7 @@ def damaged_cache(tmp: str) -> tuple[str, str, bool]:
   warned = [line for line in lines(got.stderr) if "warning: the compiled-stats cache entry" in line]
   a, b = _row(json.load(open(first))), _row(json.load(open(second)))
   healed = all(gzip.open(p).read() for p in glob.glob(f"{cache}/*/*.hlo.gz"))
-  same = a["memory"] == b["memory"] and b.get("step_time_estimate") is not None
+  same = a == b and json.load(open(second))["rows"][0].get("step_time_estimate") is not None
   return ("truncated .hlo.gz: a miss, one warning naming it, compiled afresh, the same row with est. step",
           f"exit {got.returncode}, {len(warned)} warning(s), same row: {same}, entry rewritten: {healed}",
           got.returncode == 0 and len(warned) == 1 and same and healed)
@@ -133,7 +137,7 @@ def wrong_types(tmp: str) -> tuple[str, str, bool]:
     data = json.load(open(path))
     json.dump({**data, "memory": {**data["memory"], "temp_bytes": "lots"}}, open(path, "w"))
   got = run([*REPORT, *LLAMA_H100, "--json", second], JAXCKPT_STATS_CACHE=cache)
-  same = _row(json.load(open(first)))["memory"] == _row(json.load(open(second)))["memory"]
+  same = _row(json.load(open(first))) == _row(json.load(open(second)))
   return ('"temp_bytes": "lots": a miss with one warning, the true row', f"exit {got.returncode}, same row: {same}",
           got.returncode == 0 and same and "was damaged" in got.stderr)
 
@@ -164,7 +168,7 @@ def dev_full(tmp: str) -> tuple[str, str, bool]:
 def _tools(tmp: str) -> dict[str, list[str]]:
   return {"report": [*REPORT, *MLP, "--policies", "none", "full", "--json", os.path.join(tmp, "report.json")],
           "fit": [*FIT, *MLP, "--memory", "16MiB", "--max-batch", "64", "--json", os.path.join(tmp, "fit.json")],
-          "plan": [*PLAN, *MLP, "--budget", "50%", "--json", os.path.join(tmp, "plan.json")]}
+          "plan": [*PLAN, *MLP, "--budget", "70%", "--json", os.path.join(tmp, "plan.json")]}
 
 
 def closed_pipe(tmp: str) -> tuple[str, str, bool]:
@@ -212,11 +216,10 @@ def _flip(step_dir: str) -> None:
 def bit_flip(tmp: str) -> tuple[str, str, bool]:
   ckpt, out, straight = (os.path.join(tmp, d) for d in ("ckpt", "out", "straight"))
   run([*TRAIN, "--epochs", "2", "--out", straight])
-  run([*TRAIN, "--epochs", "1", "--ckpt-every", "10", "--ckpt-dir", ckpt])
+  run([*TRAIN, "--epochs", "2", "--ckpt-every", "10", "--ckpt-dir", ckpt])  # steps 30, 40, 44 kept
   steps = sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())
   _flip(os.path.join(ckpt, str(steps[-1])))
-  got = run([*TRAIN, "--epochs", "2", "--ckpt-every", "10", "--ckpt-dir", ckpt, "--out", out, "--resume",
-             "--allow-config-change"])
+  got = run([*TRAIN, "--epochs", "2", "--ckpt-every", "10", "--ckpt-dir", ckpt, "--out", out, "--resume"])
   same = (json.load(open(f"{out}/metrics.json"))["params_sha256"] ==
           json.load(open(f"{straight}/metrics.json"))["params_sha256"]) if got.returncode == 0 else False
   named = f"step {steps[-1]}" in got.stdout and "is corrupt" in got.stdout
@@ -230,6 +233,7 @@ def save_on_full_disk(tmp: str) -> tuple[str, str, bool]:
   with full_disk("2m") as disk:
     if disk is None:
       return "one line, exit 2", "not run: cannot mount a tmpfs here", True
+    _fill(disk, 48 * 1024)  # room for the lock and the first files, not for a step's arrays
     got = run([*TRAIN, "--epochs", "1", "--ckpt-every", "2", "--ckpt-dir", os.path.join(disk, "ckpt")])
     err = lines(got.stderr)
   return ("a checkpoint save on a full disk: one line naming the step, no traceback",
@@ -277,7 +281,7 @@ def cache_temporaries(tmp: str) -> tuple[str, str, bool]:
   with full_disk("256k") as disk:
     if disk is None:
       return "swept at the next start", f"swept: {swept}; full disk not run (no tmpfs)", swept
-    _fill(disk, 64 * 1024)
+    _fill(disk, 2048)  # room for an entry's JSON, not for its program text
     got = run([*REPORT, *LLAMA_H100], JAXCKPT_STATS_CACHE=os.path.join(disk, "cache"))
     temps = glob.glob(f"{disk}/cache/*/.tmp-*")
     warned = [line for line in lines(got.stderr) if "warning: the compiled-stats cache" in line]

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from experiments import supervisor
 from experiments.loop import RunInterrupted
 from experiments.options import NAN_POLICIES, RESUME_AUTO, RunOptions, configure
 from experiments.placement import await_lost_peer
@@ -133,7 +134,13 @@ def command(build_parser: Callable[[], argparse.ArgumentParser], config_class: t
     def make_config(args: argparse.Namespace) -> Any:
       return configure(config_class(), **{**vars(args), "progress": progress_enabled(args.progress)})
 
-    return run_cli(build_parser(), make_config, train, argv)
+    parser = build_parser()
+    if argv is None:  # a program's command line: a process of a multi-process run is watched from outside
+      args = parser.parse_args()
+      if supervisor.wanted(argv, args.coordinator, args.num_processes):
+        return supervisor.supervise(args.process_id, args.num_processes)
+      supervisor.die_with_supervisor()
+    return run_cli(parser, make_config, train, argv)
 
   main.__doc__ = command.__doc__.split("\n")[0]
   return main

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import gc
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -191,22 +193,88 @@ class _HeldLogs(logging.Filter):
     return False
 
   def release(self) -> None:
-    logger = logging.getLogger("absl")
-    logger.removeFilter(self)
+    for name in _HELD_LOGGERS:
+      logging.getLogger(name).removeFilter(self)
     for record in self.records:
-      logger.handle(record)
+      logging.getLogger(record.name).handle(record)
     self.records = []
 
 
 @contextlib.contextmanager
 def _held_logs():
   held = _HeldLogs()
-  logger = logging.getLogger("absl")
-  logger.addFilter(held)
+  for name in _HELD_LOGGERS:
+    logging.getLogger(name).addFilter(held)
   try:
     yield held
   finally:
-    logger.removeFilter(held)
+    for name in _HELD_LOGGERS:
+      logging.getLogger(name).removeFilter(held)
+
+
+_HELD_LOGGERS = ("absl", "asyncio")
+"""What a save logs through: orbax (absl's logger) and its event loops (asyncio's: "Future exception was never
+retrieved" for each abandoned write of a failed save)."""
+
+
+def _drain_abandoned_writes(settle_s: float = 0.5) -> None:
+  """After a failed save: lets the writes orbax abandoned finish in TensorStore's threads and collects their
+  coroutines and futures now, while their reports are held (else they print at interpreter exit)."""
+  time.sleep(settle_s)
+  gc.collect()
+  gc.collect()
+
+
+class _HeldUnraisables:
+  """Holds back the unraisable errors (``sys.unraisablehook``) reported while a save runs: :meth:`release` reports
+  them after a save that succeeded; after a failed one they are orbax's abandoned writes (:func:`_quiet_abandoned_writes`)."""
+
+  def __init__(self):
+    self.held: list[Any] = []
+    self.previous = sys.unraisablehook
+
+  def __call__(self, unraisable: Any) -> None:
+    self.held.append(unraisable)
+
+  def release(self) -> None:
+    for unraisable in self.held:
+      sys.unraisablehook(unraisable)
+    self.held = []
+
+
+@contextlib.contextmanager
+def _held_unraisables():
+  held = _HeldUnraisables()
+  sys.unraisablehook = held
+  try:
+    yield held
+  finally:
+    sys.unraisablehook = held.previous
+
+
+def _quiet_abandoned_writes(directory: str) -> None:
+  """After a failed save, the array writes orbax abandoned go on reporting, one traceback each (dozens on a full
+  disk), until the interpreter exits: TensorStore's threads into the event loop orbax closed (``RuntimeError: Event
+  loop is closed``, through ``sys.unraisablehook``), their coroutines when collected at exit, and asyncio's "Task
+  exception was never retrieved" naming the failed step's directory. From here on those are dropped; every other
+  report goes through as before."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    value, where = unraisable.exc_value, getattr(unraisable.object, "__qualname__", "")
+    abandoned = ((isinstance(value, RuntimeError) and str(value) == "Event loop is closed")
+                 or "async_serialize" in where or "write_fragment" in where)
+    if not abandoned:
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+  class Abandoned(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+      message = record.getMessage()
+      return not ("exception was never retrieved" in message and directory in message)
+
+  logging.getLogger("asyncio").addFilter(Abandoned())
 
 
 class DirectoryLock:
@@ -475,13 +543,18 @@ class TrainStateSaver:
       )
     items = {"state": ocp.args.StandardSave(state), "config": ocp.args.JsonSave(self.config),
              "meta": ocp.args.JsonSave(dict(meta or {})), CHECKSUMS_ITEM: ocp.args.JsonSave(array_checksums(state))}
-    try:
-      with _held_logs() as held:
+    failure = None
+    with _held_logs() as held, _held_unraisables() as unraisables:
+      try:
         self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         self._manager.wait_until_finished()
-    except Exception as err:  # noqa: BLE001 - orbax and TensorStore raise many types (a full disk among them)
-      self._failed_save(step, err)  # one line: orbax's logged tracebacks of the same error are dropped
+      except Exception as err:  # noqa: BLE001 - orbax and TensorStore raise many types (a full disk among them)
+        failure = err
+        _drain_abandoned_writes()  # their reports land here, held, and are dropped with the held logs
+    if failure is not None:
+      self._failed_save(step, failure)  # one line: orbax's logged tracebacks of the same error are dropped
     held.release()
+    unraisables.release()
     self._manager.reload()
     if step not in self._manager.all_steps():
       raise CheckpointError(f"saving step {step} in {self.directory} finished but the step is not on disk")
@@ -491,6 +564,7 @@ class TrainStateSaver:
   def _failed_save(self, step: int, err: BaseException) -> None:
     """Removes what a failed save of ``step`` left (its unfinished directory) and raises one line naming the step,
     the directory and the reason (a full disk: "no space left on device")."""
+    _quiet_abandoned_writes(self.directory)
     if jax.process_index() == 0:
       for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
         if name == str(step) or name.startswith(f"{step}{TMP_MARKER}"):
