@@ -3,7 +3,8 @@
 Usage: ``python benchmarks/fault_cases.py [--quick] [--only NAME ...] [--out FILE.json]``.
 
 A sibling of ``benchmarks/faults.py`` (kills and signals of a training run): every case here runs the CLIs or an
-experiment as a user would (``jaxckpt-report``, ``jaxckpt-fit``, ``jaxckpt-plan``, ``python -m experiments.classifier``),
+experiment as a user would (``jaxckpt-report``, ``jaxckpt-fit``, ``jaxckpt-plan``,
+``python -m experiments.classifier``),
 with a stale or damaged compiled-stats cache, a full disk, a closed pipe, an ASCII terminal, Ctrl-C during a compile,
 a flipped bit in a checkpoint, a killed process of a two-process run, absurd shapes, a 29,000-character spec and a
 compiler that crashes on one mesh of the fit's search, and checks what the user sees: the table's columns are the
@@ -61,8 +62,8 @@ def run(argv: Sequence[str] | str, **extra: str) -> subprocess.CompletedProcess:
 
 def lines(text: str) -> list[str]:
   """stderr's lines less the CUDA plugin's start-up noise and progress lines (what the user reads as the error)."""
-  return [line for line in common.own_stderr_lines(text) if line.strip() and not line.startswith(("jaxckpt-fit: mesh",
-                                                                                                    "jaxckpt-fit: compile"))]
+  progress = ("jaxckpt-fit: mesh", "jaxckpt-fit: compile")
+  return [line for line in common.own_stderr_lines(text) if line.strip() and not line.startswith(progress)]
 
 
 def _traceback(text: str) -> bool:
@@ -73,7 +74,8 @@ def _traceback(text: str) -> bool:
 def full_disk(size: str = "1m") -> Iterator[str | None]:
   """A tmpfs of ``size`` mounted for one case (its path), or ``None`` where none can be mounted."""
   path = tempfile.mkdtemp(prefix="jaxckpt-full-")
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True).returncode
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                           capture_output=True).returncode
   try:
     yield path if mounted == 0 else None
   finally:

@@ -172,8 +172,9 @@ def compile_request(lowered: Any, options: Mapping[str, Any], *, for_key: bool =
   outs = tuple(pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
   to_inputs, to_outputs = pxla.get_prop_to_input_output(ins, outs, len(args["ordered_effects"]))
   overrides = {} if for_key else dict((*computation._compiler_options_kvs, *options.items()))  # noqa: SLF001
-  compile_options = pxla.create_compile_options(computation._hlo, args["tuple_args"], to_inputs, to_outputs,  # noqa: SLF001
-                                                args["backend"], np.array(list(devices), dtype=object), overrides)
+  hlo = computation._hlo  # noqa: SLF001
+  compile_options = pxla.create_compile_options(hlo, args["tuple_args"], to_inputs, to_outputs, args["backend"],
+                                                np.array(list(devices), dtype=object), overrides)
   if for_key:
     debug = compile_options.executable_build_options.debug_options
     for name in dir(debug):
@@ -184,7 +185,7 @@ def compile_request(lowered: Any, options: Mapping[str, Any], *, for_key: bool =
         setattr(debug, name, value)
     return b"", compile_options.SerializeAsString()
   mlir = internal("interpreters.mlir", needed_by=need)
-  return mlir.module_to_bytecode(computation._hlo), compile_options.SerializeAsString()  # noqa: SLF001
+  return mlir.module_to_bytecode(hlo), compile_options.SerializeAsString()
 
 
 def compile_serialized(module: bytes, compile_options: bytes, devices: Sequence[Any]) -> Any:

@@ -275,36 +275,37 @@ def search_meshes(
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
   if (kwargs.get("min_batch") or 1) > global_batch:  # bad input, not a reason of every mesh
     raise JaxckptError(f"min_batch={kwargs['min_batch']} > global_batch_size={global_batch}: no micro-batch between")
-  placement = resolve_placement(None, topology, memory_fraction=memory_fraction)
-  topo = placement.topology
-  limit, _ = resolve_memory(memory, placement=placement)
-  device = device or accelerator(device=topo.devices[0])
-  bounds = _Bounds(target, global_batch, device)
-  options = bounds.options(topo.chips, limit, max_tensor)
-  for i, option in enumerate(options):  # a mesh that cannot be laid over the torus is not a candidate
-    try:
-      topo.mesh(dict(option.shape))
-    except MeshSpecError as err:
-      options[i] = dataclasses.replace(option, status="unmappable", reason=str(err))
+  with isolated_compiles():  # its worker starts now (imports JAX meanwhile); a compiler crash ends one mesh only
+    placement = resolve_placement(None, topology, memory_fraction=memory_fraction)
+    topo = placement.topology
+    limit, _ = resolve_memory(memory, placement=placement)
+    device = device or accelerator(device=topo.devices[0])
+    bounds = _Bounds(target, global_batch, device)
+    options = bounds.options(topo.chips, limit, max_tensor)
+    for i, option in enumerate(options):  # a mesh that cannot be laid over the torus is not a candidate
+      try:
+        topo.mesh(dict(option.shape))
+      except MeshSpecError as err:
+        options[i] = dataclasses.replace(option, status="unmappable", reason=str(err))
 
-  def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
-    option = options[i]
-    if on_mesh is not None:  # before its compiles: a compiler that crashes the process has named the mesh
-      on_mesh(dataclasses.replace(option, status="fitting"))
-    try:
-      plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device,
-                      mesh=placement.with_mesh(dict(option.shape)), on_compile=on_compile, guesses=guesses, **kwargs)
-      options[i] = dataclasses.replace(option, status="fitted", plan=plan)
-    except NothingFitsError as err:
-      options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))
-    except CompilerCrashError as err:  # a native crash in one compile (in its worker): this mesh only
-      options[i] = dataclasses.replace(option, status=CRASHED, reason=str(err))
-    except (MeshSpecError, JaxckptError) as err:
-      options[i] = dataclasses.replace(option, status="refused", reason=str(err))
-    if on_mesh is not None:
-      on_mesh(options[i])
+    def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
+      option = options[i]
+      if on_mesh is not None:  # before its compiles: a compiler that crashes the process has named the mesh
+        on_mesh(dataclasses.replace(option, status="fitting"))
+      try:
+        plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device,
+                        mesh=placement.with_mesh(dict(option.shape)), on_compile=on_compile, guesses=guesses,
+                        **kwargs)
+        options[i] = dataclasses.replace(option, status="fitted", plan=plan)
+      except NothingFitsError as err:
+        options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))
+      except CompilerCrashError as err:  # a native crash in one compile (in its worker): this mesh only
+        options[i] = dataclasses.replace(option, status=CRASHED, reason=str(err))
+      except (MeshSpecError, JaxckptError) as err:
+        options[i] = dataclasses.replace(option, status="refused", reason=str(err))
+      if on_mesh is not None:
+        on_mesh(options[i])
 
-  with isolated_compiles(workers=kwargs.get("jobs") or 2):  # a compiler crash ends one mesh, not the search
     open_ = [i for i, o in enumerate(options) if o.status == "not fitted"]
     if open_:  # calibrate on the least state per device (no tensor axis when one ties), then bound the others
       first = min(open_, key=lambda i: (options[i].state_bytes_per_device, options[i].shape.get("tensor", 1),

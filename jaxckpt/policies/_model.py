@@ -417,7 +417,8 @@ def _parse_layered(text: str, spec: str) -> LayeredPolicy:
     try:
       segments.append((last - first + 1, parse_policy(spec_text.strip() and spec_text)))
     except PolicySpecError as err:
-      raise PolicySpecError(f"{err} (layer range {shorten(range_text.strip())} of policy spec {shorten(spec)!r})", spec=spec,
+      raise PolicySpecError(f"{err} (layer range {shorten(range_text.strip())} of policy spec {shorten(spec)!r})",
+                            spec=spec,
                             bad=err.bad, valid=err.valid) from None
     expected = last + 1
   return LayeredPolicy(tuple(segments), text=spec)

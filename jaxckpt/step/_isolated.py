@@ -1,4 +1,4 @@
-"""Compiles in worker processes: a compiler's native crash (a segfault or abort in libtpu or XLA:GPU) ends one
+"""Compiles in a worker process: a compiler's native crash (a segfault or abort in libtpu or XLA:GPU) ends one
 compile, not the run.
 
 A search that compiles many candidates for a topology (the fit's mesh search, :func:`jaxckpt.fit.search_meshes`)
@@ -7,29 +7,32 @@ the Mixtral 8x7B search and took the whole process with it. A crash in native co
 it happens in (a signal handler cannot resume a compiler whose state is gone), so inside :func:`isolated_compiles`
 every topology compile runs in a worker process instead: the parent lowers the step as always and hands the worker
 exactly what JAX would hand the compiler (the StableHLO module and XLA's ``CompileOptions``,
-:func:`jaxckpt.analysis._internals.compile_request`); the worker loads the same topology, compiles, and sends back
-what the tools read of the executable (memory stats, cost analysis, program text, the compiler's log). A worker that
-dies raises :class:`CompilerCrashError` for that compile, naming the signal and the compiler's last words (its log
-kept on disk), and a fresh worker takes the next compile. The results are the same (checked: the same memory stats,
-cost analysis and program text as a compile in the process).
+:func:`jaxckpt.analysis._internals.compile_request`); the worker, which loaded the same topology, compiles and sends
+back what the tools read of the executable (memory stats, cost analysis, program text, the compiler's log). The
+results are the same as a compile in the process (checked: memory stats, cost analysis and program text equal).
 
-Workers are started on first use, one per compile running at once (the fit's ``jobs``), and reused: a worker's
-start-up (importing JAX, loading the topology, about 3 s) is paid once per search, not per compile. They ignore
-Ctrl-C (the parent ends them) and end with the parent.
+One worker serves the whole search, its compiles in threads (the fit's ``jobs`` run at once, as in the process), so
+its start-up (importing JAX, loading the topology: about 4 s) is paid once, while the parent traces its first step.
+Its standard error passes through the parent, which keeps its last lines. When the worker dies, a compile that was
+alone in it raises :class:`CompilerCrashError`, naming the signal and the compiler's last line; compiles that were
+in flight beside others are each run again alone in a fresh worker, so the one that crashes is the one named, and
+the others answer. The next compile starts a fresh worker. The worker ignores Ctrl-C (the parent ends it) and ends
+with the parent.
 
-Fault injection: ``JAXCKPT_CRASH_COMPILE_ON_MESH=<mesh>`` (e.g. ``data=2,fsdp=2``) makes a worker ``os.abort()``
-when asked to compile over that mesh, the way tests and ``benchmarks/faults.py`` show a crash handled.
+Fault injection: ``JAXCKPT_CRASH_COMPILE_ON_MESH=<mesh>`` (e.g. ``data=2,fsdp=2``) makes the worker ``os.abort()``
+when asked to compile over that mesh, the way tests and ``benchmarks/fault_cases.py`` show a crash handled.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
+import itertools
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -45,15 +48,18 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.schema import MEMORY_FIELDS
 from jaxckpt.sharding import format_mesh, get_topology, mesh_shape
 from jaxckpt.sharding._topology import topology_of
-from jaxckpt.training._xla import compiler_log_lines
+from jaxckpt.training._xla import compiler_log
 
 CRASH_ENV = "JAXCKPT_CRASH_COMPILE_ON_MESH"
-"""Fault injection: a worker asked to compile over this mesh (its text, ``data=2,fsdp=2``) calls ``os.abort()``."""
+"""Fault injection: the worker asked to compile over this mesh (its text, ``data=2,fsdp=2``) calls ``os.abort()``."""
+
+_TAIL_LINES = 40
+"""Lines of the worker's standard error the parent keeps (the last one names a crash)."""
 
 
 class CompilerCrashError(JaxckptError):
   """The compiler crashed (the worker process compiling died of a signal or exited): the message names the signal,
-  the mesh and the compiler's last log line, and where its whole log is kept."""
+  the mesh and the compiler's last line."""
 
 
 class CompiledInWorker:
@@ -87,10 +93,18 @@ class CompiledInWorker:
     return self._text
 
 
-class _Worker:
-  """One worker process and the pipe to it."""
+class _Died(Exception):
+  """The worker died with requests in flight: ``alone`` when this request was its only one."""
 
-  def __init__(self, logs: str, stderr: int):
+  def __init__(self, alone: bool, message: str):
+    super().__init__(message)
+    self.alone = alone
+
+
+class _Worker:
+  """One worker process: requests over a pipe, answers read by a thread, its stderr passed through by another."""
+
+  def __init__(self, stderr: int):
     parent_read, child_write = os.pipe()
     child_read, parent_write = os.pipe()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -98,16 +112,57 @@ class _Worker:
     self.process = subprocess.Popen(
         [sys.executable, "-c", f"from jaxckpt.step._isolated import serve; serve({child_read}, {child_write})"],
         pass_fds=(child_read, child_write), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=stderr)
+        stderr=subprocess.PIPE)
     os.close(child_read)
     os.close(child_write)
     self.send, self.recv = Connection(parent_write, readable=False), Connection(parent_read, writable=False)
-    self.logs = logs
+    self.stderr, self.tail = stderr, collections.deque(maxlen=_TAIL_LINES)
+    self.pending: dict[int, concurrent.futures.Future] = {}
+    self.lock = threading.Lock()
+    self.dead = False
+    self.ids = itertools.count()
+    threading.Thread(target=self._answers, daemon=True, name="jaxckpt compile worker answers").start()
+    self._passing = threading.Thread(target=self._stderr, daemon=True, name="jaxckpt compile worker stderr")
+    self._passing.start()
 
-  def call(self, request: dict[str, Any]) -> Any:
-    """Sends ``request``; returns the worker's answer, or raises ``EOFError`` when it died."""
-    self.send.send(request)
-    return self.recv.recv()
+  def submit(self, request: dict[str, Any]) -> concurrent.futures.Future:
+    """Sends ``request``; its future holds the answer, or raises :class:`_Died`."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with self.lock:
+      if self.dead:
+        raise _Died(True, "the worker had died")
+      number = next(self.ids)
+      self.pending[number] = future
+      try:
+        self.send.send((number, request))
+      except OSError:
+        pass  # it died: the answers thread fails every pending request
+    return future
+
+  def _answers(self) -> None:
+    while True:
+      try:
+        number, answer = self.recv.recv()
+      except (EOFError, OSError):
+        break
+      with self.lock:
+        future = self.pending.pop(number, None)
+      if future is not None:
+        future.set_result(answer)
+    code = self.process.wait()
+    time.sleep(0.05)  # the stderr thread reads the compiler's last words
+    with self.lock:
+      self.dead = True
+      pending, self.pending = list(self.pending.values()), {}
+    message = _crash_reason(code, self.tail)
+    for future in pending:
+      future.set_exception(_Died(len(pending) == 1, message))
+
+  def _stderr(self) -> None:
+    for line in iter(self.process.stderr.readline, b""):
+      self.tail.append(line.decode(errors="replace").rstrip())
+      with contextlib.suppress(OSError):
+        os.write(self.stderr, line)
 
   def end(self) -> None:
     """Ends the worker (it holds nothing worth keeping)."""
@@ -116,89 +171,76 @@ class _Worker:
     if self.process.poll() is None:
       self.process.kill()
     self.process.wait()
+    self._passing.join(1.0)  # its last lines written before the descriptor it writes to is closed
 
 
-class _Pool:
-  """Workers started on demand, one per compile at once; a dead one is replaced by the next compile's."""
-
-  def __init__(self):
-    self.logs = tempfile.mkdtemp(prefix="jaxckpt-compiles-")
-    self.stderr = os.dup(2)  # the real stderr: a worker started while a compile captures fd 2 must not inherit that
-    self.idle: list[_Worker] = []
-    self.everyone: set[_Worker] = set()
-    self.lock = threading.Lock()
-    self.count = 0
-
-  def start(self, count: int) -> None:
-    """Starts ``count`` idle workers (they import JAX while the caller traces its first step)."""
-    for _ in range(count):
-      worker = _Worker(self.logs, self.stderr)
-      with self.lock:
-        self.everyone.add(worker)
-        self.idle.append(worker)
-
-  def compile(self, lowered: Any, options: Mapping[str, Any], mesh: Any) -> CompiledInWorker:
-    module, compile_options = compile_request(lowered, options)
-    name = topology_of(mesh)
-    with self.lock:
-      self.count += 1
-      log = os.path.join(self.logs, f"compile-{self.count}.log")
-      worker = self.idle.pop() if self.idle else None
-    if worker is None:
-      worker = _Worker(self.logs, self.stderr)
-      with self.lock:
-        self.everyone.add(worker)
-    shape = format_mesh(mesh_shape(mesh))
-    request = {"topology": name, "devices": [d.id for d in mesh.devices.flat], "module": module,
-               "compile_options": compile_options, "mesh": shape, "log": log,
-               "platform": next(iter(mesh.devices.flat)).platform}
-    try:
-      answer = worker.call(request)
-    except (EOFError, OSError):
-      with self.lock:
-        self.everyone.discard(worker)
-      worker.end()
-      message = _crash_message(worker.process.returncode, shape, log)
-      if os.path.exists(log) and not os.path.getsize(log):
-        os.remove(log)  # nothing said: nothing to keep
-      raise CompilerCrashError(message) from None
-    with self.lock:
-      self.idle.append(worker)
-    with contextlib.suppress(OSError):
-      os.remove(log)
-    if "error" in answer:
-      raise jax.errors.JaxRuntimeError(answer["error"])
-    return CompiledInWorker(mesh, answer["memory"], answer["cost"], answer["text"], tuple(answer["log"]))
-
-  def close(self) -> None:
-    with self.lock:
-      workers, self.everyone, self.idle = list(self.everyone), set(), []
-    for worker in workers:
-      worker.end()
-    fd, self.stderr = self.stderr, -1
-    if fd >= 0:
-      os.close(fd)
-    with contextlib.suppress(OSError):
-      if not os.listdir(self.logs):  # crash logs are kept (their messages name them); nothing else is
-        shutil.rmtree(self.logs, ignore_errors=True)
-
-
-def _crash_message(code: int | None, mesh: str, log: str) -> str:
-  """``compiler crashed (SIGABRT) compiling over mesh data=2,fsdp=2: <its last log line>; its log: <path>``."""
+def _crash_reason(code: int | None, tail: Any) -> str:
+  """``SIGABRT: <the compiler's last line>``."""
   if code is not None and code < 0:
     how = signal.Signals(-code).name if -code in signal.Signals.__members__.values() else f"signal {-code}"
   else:
     how = f"exit status {code}"
-  try:
-    with open(log, errors="replace") as f:
-      lines = [line.strip() for line in f.read().splitlines() if line.strip()]
-  except OSError:
-    lines = []
-  last = next((line for line in reversed(lines) if not line.startswith(("***", "@", "PC:", "Fatal Python error",
-                                                                         "Current thread", "Thread 0x", "  File",
-                                                                         "Extension modules"))), "")
-  return (f"compiler crashed ({how}) compiling over mesh {mesh}" + (f": {last[:200]}" if last else "")
-          + (f"; its log: {log}" if lines else ""))
+  skip = ("***", "@", "PC:", "Fatal Python error", "Current thread", "Thread 0x", "File ", "Extension modules",
+          "WARNING: All log messages", "I0000")
+  last = next((line.strip() for line in reversed(tail) if line.strip() and not line.strip().startswith(skip)), "")
+  return how + (f": {last[:200]}" if last else "")
+
+
+class _Pool:
+  """The worker the compiles share, started again after it dies; a crash's survivors run again alone."""
+
+  def __init__(self):
+    self.stderr = os.dup(2)  # the real stderr: a compile capturing fd 2 must not take the worker's lines
+    self.lock = threading.Lock()
+    self.alone = threading.Lock()
+    self.worker: _Worker | None = None
+
+  def start(self) -> None:
+    """Starts the worker now (it imports JAX while the caller traces its first step)."""
+    self._worker()
+
+  def _worker(self) -> _Worker:
+    with self.lock:
+      if self.worker is None or self.worker.dead:
+        if self.worker is not None:
+          self.worker.end()
+        self.worker = _Worker(self.stderr)
+      return self.worker
+
+  def compile(self, lowered: Any, options: Mapping[str, Any], mesh: Any) -> CompiledInWorker:
+    module, compile_options = compile_request(lowered, options)
+    shape = format_mesh(mesh_shape(mesh))
+    request = {"topology": topology_of(mesh), "devices": [d.id for d in mesh.devices.flat], "module": module,
+               "compile_options": compile_options, "mesh": shape,
+               "platform": next(iter(mesh.devices.flat)).platform}
+    try:
+      answer = self._worker().submit(request).result()
+    except _Died as died:
+      if died.alone:
+        raise CompilerCrashError(f"compiler crashed ({died}) compiling over mesh {shape}") from None
+      answer = self._alone(request, shape)  # which of the compiles in flight crashed? each runs again alone
+    if "error" in answer:
+      raise jax.errors.JaxRuntimeError(answer["error"])
+    return CompiledInWorker(mesh, answer["memory"], answer["cost"], answer["text"], tuple(answer["log"]))
+
+  def _alone(self, request: dict[str, Any], shape: str) -> dict[str, Any]:
+    with self.alone:
+      worker = _Worker(self.stderr)
+      try:
+        return worker.submit(request).result()
+      except _Died as died:
+        raise CompilerCrashError(f"compiler crashed ({died}) compiling over mesh {shape}") from None
+      finally:
+        worker.end()
+
+  def close(self) -> None:
+    with self.lock:
+      worker, self.worker = self.worker, None
+    if worker is not None:
+      worker.end()
+    fd, self.stderr = self.stderr, -1
+    if fd >= 0:
+      os.close(fd)
 
 
 _POOL: _Pool | None = None
@@ -207,19 +249,14 @@ _POOL_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def isolated_compiles(*, workers: int = 1) -> Iterator[None]:
-  """Inside it, every compile for a topology's compile-only devices runs in a worker process (module docstring);
-  the workers end with it. Nested uses share one pool.
-
-  Args:
-    workers: workers started at once (their start-up overlaps the caller's tracing); more start when more compiles
-      run at once.
-  """
+def isolated_compiles() -> Iterator[None]:
+  """Inside it, every compile for a topology's compile-only devices runs in the worker process (module docstring),
+  started at once; the worker ends with it. Nested uses share one worker."""
   global _POOL, _DEPTH
   with _POOL_LOCK:
     if _POOL is None:
       _POOL = _Pool()
-      _POOL.start(workers)
+      _POOL.start()
     _DEPTH += 1
   try:
     yield
@@ -234,18 +271,18 @@ def isolated_compiles(*, workers: int = 1) -> Iterator[None]:
 
 
 def end_workers() -> None:
-  """Ends every worker now (a Ctrl-C: the parent exits without waiting on their compiles)."""
+  """Ends the worker now (a Ctrl-C: the parent exits without waiting on its compiles)."""
   pool = _POOL
   if pool is not None:
     pool.close()
 
 
 def compile_lowered(lowered: Any, options: Mapping[str, Any], mesh: Any) -> Any:
-  """``lowered.compile(compiler_options=options)``, in a worker process when :func:`isolated_compiles` is on and
+  """``lowered.compile(compiler_options=options)``, in the worker process when :func:`isolated_compiles` is on and
   ``mesh`` is over a topology's compile-only devices (a :class:`CompiledInWorker` then), else in this process.
 
   Raises:
-    CompilerCrashError: the worker died (the compiler crashed). Whatever the compiler raises (a
+    CompilerCrashError: the worker died compiling it (the compiler crashed). Whatever the compiler raises (a
       ``JaxRuntimeError`` with the compiler's message: a program over the chip's memory...).
   """
   pool = _POOL
@@ -261,11 +298,11 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
   topology = get_topology(request["topology"])
   by_id = {d.id: d for d in topology.devices}
   devices = [by_id[i] for i in request["devices"]]
-  started = time.perf_counter()
-  try:
-    executable = compile_serialized(request["module"], request["compile_options"], devices)
-  except Exception as err:  # noqa: BLE001 - the compiler's refusal goes back as its message
-    return {"error": str(err)}
+  with compiler_log(request["platform"] == "gpu") as log:  # XLA:GPU's warnings, one compile at a time (a lock)
+    try:
+      executable = compile_serialized(request["module"], request["compile_options"], devices)
+    except Exception as err:  # noqa: BLE001 - the compiler's refusal goes back as its message
+      return {"error": str(err)}
   try:
     stats = executable.get_compiled_memory_stats()
   except Exception:  # noqa: BLE001 - as jaxckpt.training._xla.memory_stats: a backend without them
@@ -278,45 +315,24 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
   return {"memory": {attr: getattr(stats, attr, None) for attr in MEMORY_FIELDS.values()},
           "cost": {str(k): float(v) for k, v in (cost if isinstance(cost, Mapping) else {}).items()
                    if isinstance(v, (int, float))},
-          "text": "\n\n".join(m.to_string() for m in executable.hlo_modules()),
-          "seconds": time.perf_counter() - started}
-
-
-@contextlib.contextmanager
-def _stderr_to(path: str) -> Iterator[None]:
-  """File descriptor 2 into ``path`` while the block runs (a crash leaves the compiler's last words there); after it,
-  the text is written to the real stderr."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-  os.dup2(fd, 2)
-  os.close(fd)
-  try:
-    yield
-  finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
+          "text": "\n\n".join(m.to_string() for m in executable.hlo_modules()), "log": list(log)}
 
 
 def serve(read_fd: int, write_fd: int) -> None:
-  """A worker's loop: answer compile requests from the parent until it closes the pipe."""
+  """The worker's loop: each request from the parent compiled in a thread (several at once, as the parent's jobs),
+  its answer sent back, until the parent closes the pipe."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
   receive, reply = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+  sending = threading.Lock()
+
+  def handle(number: int, request: dict[str, Any]) -> None:
+    answer = _answer(request)
+    with sending:
+      reply.send((number, answer))
+
   while True:
     try:
-      request = receive.recv()
+      number, request = receive.recv()
     except (EOFError, OSError):
       return
-    with _stderr_to(request["log"]):
-      answer = _answer(request)
-    try:
-      with open(request["log"], errors="replace") as f:
-        text = f.read()
-    except OSError:
-      text = ""
-    if text:
-      sys.stderr.write(text)
-      sys.stderr.flush()
-    answer["log"] = compiler_log_lines(text) if request["platform"] == "gpu" else []
-    reply.send(answer)
+    threading.Thread(target=handle, args=(number, request), daemon=True).start()

@@ -227,7 +227,8 @@ def _drain_abandoned_writes(settle_s: float = 0.5) -> None:
 
 class _HeldUnraisables:
   """Holds back the unraisable errors (``sys.unraisablehook``) reported while a save runs: :meth:`release` reports
-  them after a save that succeeded; after a failed one they are orbax's abandoned writes (:func:`_quiet_abandoned_writes`)."""
+  them after a save that succeeded; after a failed one they are orbax's abandoned writes
+  (:func:`_quiet_abandoned_writes`)."""
 
   def __init__(self):
     self.held: list[Any] = []

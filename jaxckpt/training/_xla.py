@@ -100,11 +100,6 @@ _LOG_LINE = re.compile(r"^[WE]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (.*)$")
 """An absl warning or error line: ``W1205 10:11:12.345678   1234 hlo_rematerialization.cc:3021] message``."""
 
 
-def compiler_log_lines(text: str) -> list[str]:
-  """The warning and error messages (absl's prefix removed) in a compiler's captured stderr ``text``."""
-  return [m.group(1).strip() for line in text.splitlines() if (m := _LOG_LINE.match(line.strip()))]
-
-
 @contextlib.contextmanager
 def compiler_log(enabled: bool = True):
   """Captures what a compiler writes to the process's stderr (file descriptor 2) while the block runs, writes it back

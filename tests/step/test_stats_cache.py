@@ -150,7 +150,8 @@ def test_inputs_that_change_no_program_keep_the_key(monkeypatch):
   test's ``--xla_force_host_platform_device_count=8`` must not miss every entry), and XLA_FLAGS's word order is not."""
   base = _key(monkeypatch, env={"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0"})
   same = _key(monkeypatch, env={"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_dump_to=/tmp/d "
-                                             "--xla_force_host_platform_device_count=8 --xla_gpu_enable_triton_gemm=false",
+                                             "--xla_force_host_platform_device_count=8 "
+                                             "--xla_gpu_enable_triton_gemm=false",
                                 "TPU_ACCELERATOR_TYPE": "v5litepod-4", "JAX_PLATFORMS": "cpu"})
   assert same == base
 
