@@ -358,7 +358,9 @@ CASES: dict[str, tuple[str, Callable[[str], tuple[str, str, bool]], bool]] = {
 
 def render(data: Mapping[str, Any]) -> str:
   """The result as markdown: a header line and the table (docs/benchmarks.md)."""
-  rows = [[c["case"], c["expected"], c["observed"], "yes" if c["held"] else "**NO**"] for c in data["cases"]]
+  cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731 - a pipe in a case ends a Markdown cell
+  rows = [[cell(c["case"]), cell(c["expected"]), cell(c["observed"]), "yes" if c["held"] else "**NO**"]
+          for c in data["cases"]]
   held = sum(c["held"] for c in data["cases"])
   return "\n".join([f"Measured {common.header(data)}; {held} of {len(rows)} cases held.", "",
                     common.markdown_table(["case", "expected", "observed", "held"], rows)])

@@ -6,8 +6,9 @@ cannot reach: when process 0 dies, the coordination service it hosted goes with 
 every other process aborts the process at once from a C++ thread (``Polled an error from coordination service``, a
 ``LOG(FATAL)`` with its stack trace, or gloo's ``terminate called``), before any Python runs. So a multi-process
 experiment started as a program runs its training in a child process (the same command, marked supervised) whose
-stderr passes through this one: the runtime's lines are held back, and if the child then dies of a signal they
-become one line; otherwise they are printed as they were. The child dies with this process (``PR_SET_PDEATHSIG``),
+stderr passes through this one: the runtime's lines are held back; if the child then dies of a signal they become
+one line, if its peer watch says which process was lost they are dropped, and otherwise they are printed as they
+were. The child dies with this process (``PR_SET_PDEATHSIG``),
 so ``kill -9`` of either ends both; Ctrl-C reaches the child (the terminal signals the process group) and SIGTERM is
 passed on; the exit status is the child's.
 """
@@ -34,6 +35,8 @@ RUNTIME_NOISE = ("coordination_service", "Check failure", "terminate called", "w
 """Text of the lines JAX's distributed runtime (and gloo) write as they abort a process whose run lost a process."""
 
 _PR_SET_PDEATHSIG = 1
+_LOST = re.compile(r"^process \d+ of \d+: lost ")
+"""The line of the child's peer watch (:class:`jaxckpt.sharding.PeerWatch`) when the run lost a process."""
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 
 
@@ -77,14 +80,16 @@ def supervise(process_id: int, num_processes: int) -> int:
       if any(word in line for word in RUNTIME_NOISE):
         held.append(line)
         continue
-      sys.stderr.write("".join(held) + line)
+      if not _LOST.search(line):  # the peer watch's line says it all: the runtime's lines about it are dropped
+        sys.stderr.write("".join(held))
+      sys.stderr.write(line)
       held = []
       sys.stderr.flush()
     code = child.wait()
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
-  if code < 0 and held:
+  if code < 0 and held:  # aborted by the runtime (process 0, its coordinator, is gone)
     reason = next((line for line in held if "Polled an error" in line or "terminate called" in line), held[0])
     reason = _ABSL_PREFIX.sub("", reason.strip())
     print(f"process {process_id} of {num_processes}: lost a process of the run (JAX's distributed runtime aborted "

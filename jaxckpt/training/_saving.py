@@ -253,12 +253,12 @@ def _held_unraisables():
     sys.unraisablehook = held.previous
 
 
-def _quiet_abandoned_writes(directory: str) -> None:
+def _quiet_abandoned_writes(directory: str, reason: str) -> None:
   """After a failed save, the array writes orbax abandoned go on reporting, one traceback each (dozens on a full
   disk), until the interpreter exits: TensorStore's threads into the event loop orbax closed (``RuntimeError: Event
   loop is closed``, through ``sys.unraisablehook``), their coroutines when collected at exit, and asyncio's "Task
-  exception was never retrieved" naming the failed step's directory. From here on those are dropped; every other
-  report goes through as before."""
+  exception was never retrieved" naming the failed step's directory or the failure (``reason``: "No space left on
+  device"). From here on those are dropped; every other report goes through as before."""
   previous = sys.unraisablehook
 
   def hook(unraisable):
@@ -273,7 +273,7 @@ def _quiet_abandoned_writes(directory: str) -> None:
   class Abandoned(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
       message = record.getMessage()
-      return not ("exception was never retrieved" in message and directory in message)
+      return not ("exception was never retrieved" in message and (directory in message or reason in message))
 
   logging.getLogger("asyncio").addFilter(Abandoned())
 
@@ -565,14 +565,14 @@ class TrainStateSaver:
   def _failed_save(self, step: int, err: BaseException) -> None:
     """Removes what a failed save of ``step`` left (its unfinished directory) and raises one line naming the step,
     the directory and the reason (a full disk: "no space left on device")."""
-    _quiet_abandoned_writes(self.directory)
     if jax.process_index() == 0:
       for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
         if name == str(step) or name.startswith(f"{step}{TMP_MARKER}"):
           shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     text = str(err)
-    reason = ("no space left on device" if "No space left" in text or getattr(err, "errno", None) == errno.ENOSPC
-              else (text.strip().splitlines() or [type(err).__name__])[0][:200])
+    full = "No space left" in text or getattr(err, "errno", None) == errno.ENOSPC
+    reason = "no space left on device" if full else (text.strip().splitlines() or [type(err).__name__])[0][:200]
+    _quiet_abandoned_writes(self.directory, "No space left on device" if full else reason)
     latest = max((s for s in self._manager.all_steps() if s != step), default=None)
     kept = f"the last complete checkpoint is step {latest}" if latest is not None else "no earlier checkpoint exists"
     raise CheckpointError(f"saving checkpoint step {step} in {self.directory} failed ({reason}); {kept}; free space "
