@@ -22,13 +22,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import (budget_plans, common, faults, fit_planner, policy_sweep, published_configs, report_speed,
-                        runner_overhead, step_time, step_time_gpu, structure_depth, tpu_topology, truth_check)
+from benchmarks import (budget_plans, common, fault_cases, faults, fit_planner, policy_sweep, published_configs,
+                        report_speed, runner_overhead, step_time, step_time_gpu, structure_depth, tpu_topology,
+                        truth_check)
 
 _DOCS = os.path.normpath(os.path.join(os.path.dirname(common.RESULTS_DIR), os.pardir, "docs"))
 PAGE = os.path.join(_DOCS, "benchmarks.md")
 """The benchmark log (README.md before the manual moved to docs/)."""
-MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fit_planner)
+MODULES = (policy_sweep, structure_depth, runner_overhead, report_speed, truth_check, faults, fault_cases, fit_planner)
 """The scripts whose tables are on :data:`PAGE`."""
 PAGES = {PAGE: MODULES, os.path.join(_DOCS, "plans.md"): (budget_plans,),
          os.path.join(_DOCS, "tpu.md"): (tpu_topology,), os.path.join(_DOCS, "llm.md"): (published_configs,),

@@ -9,8 +9,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from experiments import supervisor
 from experiments.loop import RunInterrupted
 from experiments.options import NAN_POLICIES, RESUME_AUTO, RunOptions, configure
+from experiments.placement import await_lost_peer
 from jaxckpt import sharding
 from jaxckpt.cli import CLIParser, progress_enabled
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
@@ -96,7 +98,13 @@ def run_cli(parser: argparse.ArgumentParser, make_config: Callable[[argparse.Nam
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
   try:
-    train(make_config(args))
+    try:
+      train(make_config(args))
+    except (JaxckptError, RunInterrupted):
+      raise
+    except Exception:
+      await_lost_peer()  # a collective failed because a process of the run died: its one line, not this traceback
+      raise
   except NonFiniteLossError as err:  # a failed run, not bad input
     return parser.fail(err, status=1)
   except JaxckptError as err:
@@ -126,7 +134,13 @@ def command(build_parser: Callable[[], argparse.ArgumentParser], config_class: t
     def make_config(args: argparse.Namespace) -> Any:
       return configure(config_class(), **{**vars(args), "progress": progress_enabled(args.progress)})
 
-    return run_cli(build_parser(), make_config, train, argv)
+    parser = build_parser()
+    if argv is None:  # a program's command line: a process of a multi-process run is watched from outside
+      args = parser.parse_args()
+      if supervisor.wanted(argv, args.coordinator, args.num_processes):
+        return supervisor.supervise(args.process_id, args.num_processes)
+      supervisor.die_with_supervisor()
+    return run_cli(parser, make_config, train, argv)
 
   main.__doc__ = command.__doc__.split("\n")[0]
   return main

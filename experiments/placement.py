@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,34 @@ class Placement:
             "process_count": jax.process_count()}
 
 
+EXIT_LOST_PEER = 1
+"""The exit status of a process whose run lost another process (:func:`watch_peers`)."""
+
+_WATCH: list[sharding.PeerWatch] = []
+
+
+def _lost(line: str) -> None:
+  """A lost process ends this one at once: one line, no traceback, no wait for JAX's shutdown barrier."""
+  try:
+    os.write(2, (line + "; resume every process with --resume\n").encode())
+  finally:
+    os._exit(EXIT_LOST_PEER)
+
+
+def watch_peers() -> None:
+  """Starts this process's :class:`jaxckpt.sharding.PeerWatch` (once): a lost process of the run ends this one within
+  seconds, with one line (:func:`await_lost_peer` holds a collective's error back meanwhile)."""
+  if not _WATCH and jax.process_count() > 1:
+    _WATCH.append(sharding.PeerWatch(_lost).start())
+
+
+def await_lost_peer() -> None:
+  """In a multi-process run, gives the peer watch time to find a lost process before an error is reported (a
+  collective fails at once when a peer dies; the watch then ends this process with its one line instead)."""
+  if _WATCH:
+    _WATCH[0].await_loss()
+
+
 def setup_placement(options: RunOptions) -> Placement:
   """Joins the multi-process run (``--coordinator``) and builds the ``--mesh``; call before any JAX computation.
 
@@ -71,4 +100,5 @@ def setup_placement(options: RunOptions) -> Placement:
   if options.coordinator is not None:
     sharding.initialize_distributed(options.coordinator, num_processes=options.num_processes,
                                     process_id=options.process_id)
+    watch_peers()
   return Placement(None if options.mesh is None else sharding.make_mesh(options.mesh))

@@ -1,15 +1,35 @@
-"""Output paths checked before any work, by trying them: a file or a directory a tool will write.
+"""Output paths: checked before any work, by trying them, and written atomically after it.
 
 Trying beats guessing from permission bits: ``/sys`` and ``/proc`` look writable to root, and only the attempt
 fails. Used by the CLIs for their output flags and by the library for directories it writes (XProf traces).
+
+:func:`write_atomically` writes a tool's output as POSIX allows a file to be replaced whole: into a temporary file in
+the same directory, flushed to disk (``fsync``), then renamed over the path (``os.replace``), so a reader, a killed
+run or a full disk never leaves a torn or empty file where a good one was; a failed write removes its temporary
+file and raises :class:`~jaxckpt.errors.OutputWriteError` naming the path. A path that is not a regular file
+(``/dev/null``, a terminal, a pipe) is written in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import tempfile
+import threading
+from collections.abc import Callable
+from typing import IO, Any
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, OutputWriteError
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+"""The process's umask (read at import, while one thread runs): a replaced file gets the permissions ``open`` would
+have given it."""
+
+_LIVE: set[str] = set()
+"""Temporary files being written now (:func:`remove_temporaries` deletes them when a run is interrupted)."""
+_LIVE_LOCK = threading.Lock()
 
 
 def _made_parents(path: str) -> list[str]:
@@ -64,19 +84,45 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
   full = os.path.abspath(path)
   if os.path.isdir(full):
     raise JaxckptError(f"{flag} {path} is a directory; give a file path")
+  if os.path.exists(full) and not os.path.isfile(full):
+    _check_special(flag, path, full)
+    return
   made: list[str] = []
   try:
     made = _made_parents(full)
     if os.path.exists(full):
       with open(full, "a"):
         pass
-    else:
-      os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-      os.remove(full)
+    fd, probe = tempfile.mkstemp(prefix=f".{os.path.basename(full)}.", suffix=".probe", dir=os.path.dirname(full))
+    try:  # what write_atomically does: a file beside it, written, renamed (a full disk refuses the byte)
+      os.write(fd, b"\n")
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+      os.remove(probe)
   except OSError as err:
     raise JaxckptError(f"{flag} {path}: cannot write it ({_reason(err)}); give a writable file path") from None
   finally:
     _remove_dirs(made)
+
+
+def _check_special(flag: str, path: str, full: str) -> None:
+  """An output path that exists and is not a regular file: ``/dev/null``, a terminal and a pipe are written in place;
+  any other device (``/dev/full``, ``/dev/zero``, a disk) or a socket is refused."""
+  mode = os.stat(full).st_mode
+  if stat.S_ISFIFO(mode):
+    return
+  if stat.S_ISCHR(mode):
+    if os.stat(full).st_rdev == os.stat(os.devnull).st_rdev:
+      return
+    with contextlib.suppress(OSError):
+      fd = os.open(full, os.O_WRONLY | os.O_NONBLOCK)
+      try:
+        if os.isatty(fd):
+          return
+      finally:
+        os.close(fd)
+  raise JaxckptError(f"{flag} {path} is a device or special file, not a file; give a file path (or {os.devnull})")
 
 
 def check_output_dir(flag: str, path: str | os.PathLike[str] | None) -> None:
@@ -110,3 +156,64 @@ def check_output_dir(flag: str, path: str | os.PathLike[str] | None) -> None:
     raise JaxckptError(f"{flag} {path}: cannot write into it ({_reason(err)}); give a writable directory") from None
   finally:
     _remove_dirs(made)
+
+
+def write_atomically(path: str | os.PathLike[str], write: Callable[[IO[Any]], Any], *, binary: bool = False) -> None:
+  """Writes a file whole or not at all (module docstring): ``write(f)`` fills a temporary file beside ``path``
+  (parent directories created), which is flushed to disk and renamed over ``path``.
+
+  Args:
+    path: the output file. One that exists and is not a regular file (``/dev/null``, a pipe) is written in place.
+    write: called with the open file (text, UTF-8, or ``binary``) to write the content.
+    binary: open the file in binary mode.
+
+  Raises:
+    OutputWriteError: the file could not be written (a full disk, permission denied): one line naming ``path`` and
+      the reason; the previous file is kept and no temporary file is left.
+  """
+  path = os.fspath(path)
+  full = os.path.abspath(path)
+  kwargs: dict[str, Any] = {} if binary else {"encoding": "utf-8"}
+  mode = "wb" if binary else "w"
+  try:
+    if os.path.exists(full) and not os.path.isfile(full):
+      with open(full, mode, **kwargs) as f:
+        write(f)
+      return
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(full)}.", suffix=".tmp", dir=os.path.dirname(full))
+  except OSError as err:
+    raise OutputWriteError(f"{path}: cannot write it ({_reason(err)})") from None
+  with _LIVE_LOCK:
+    _LIVE.add(tmp)
+  try:
+    with os.fdopen(fd, mode, **kwargs) as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    previous = os.stat(full).st_mode & 0o7777 if os.path.exists(full) else 0o666 & ~_UMASK
+    os.chmod(tmp, previous)
+    os.replace(tmp, full)
+  except OSError as err:
+    kept = "; the previous file is kept" if os.path.exists(full) else ""
+    raise OutputWriteError(f"{path}: cannot write it ({_reason(err)}){kept}") from None
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    with _LIVE_LOCK:
+      _LIVE.discard(tmp)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+  """:func:`write_atomically` of ``text`` (UTF-8)."""
+  write_atomically(path, lambda f: f.write(text))
+
+
+def remove_temporaries() -> None:
+  """Deletes the temporary files :func:`write_atomically` is writing now (a run stopped by Ctrl-C exits without
+  finishing them)."""
+  with _LIVE_LOCK:
+    live = list(_LIVE)
+  for tmp in live:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)

@@ -18,6 +18,7 @@ __all__ = [
     "TracingError",
     "JaxckptError", "PolicySpecError", "DataError", "CheckpointError", "DirectoryInUseError", "NonFiniteLossError",
     "MeshSpecError", "LogicalAxisError", "TensorPlanError", "TopologyError", "StaticArgumentError", "EnvSettingError",
+    "OutputWriteError",
     "closest", "shorten",
 ]
 
@@ -127,6 +128,12 @@ class DataError(JaxckptError):
 
 class CheckpointError(JaxckptError):
   """A checkpoint directory cannot be used: foreign config, corrupt, or would overwrite an existing run."""
+
+
+class OutputWriteError(JaxckptError):
+  """An output file a tool was asked for could not be written (a full disk, a lost permission) after the work ran:
+  the message names the file and the reason; the file's previous content, if any, is kept (outputs are written to a
+  temporary file and renamed into place, :func:`jaxckpt._paths.write_atomically`). The CLIs exit 1 with it."""
 
 
 class DirectoryInUseError(CheckpointError):

@@ -3,8 +3,10 @@
 JAX has no public API for five things jaxckpt needs: the saved-residual analysis behind
 ``jax.ad_checkpoint.print_saved_residuals`` (:mod:`jaxckpt.analysis._residuals`), dead-code elimination of a jaxpr
 (:func:`jaxckpt.analysis._flops.count_live_flops`), source lines of equations (:mod:`jaxckpt.core._tagging`), a
-per-compile switch for the persistent compilation cache (:mod:`jaxckpt.step._compile`), and whether JAX's backends
-and its CUDA plugin's compile-only topology are set up (:mod:`jaxckpt.sharding._topology`). Every ``jax._src`` import of
+per-compile switch for the persistent compilation cache (:mod:`jaxckpt.step._compile`), whether JAX's backends
+and its CUDA plugin's compile-only topology are set up (:mod:`jaxckpt.sharding._topology`), and what a compile hands
+the compiler (the module and ``CompileOptions``: compiled in another process, :mod:`jaxckpt.step._isolated`, and keyed
+by the compiled-stats cache, :mod:`jaxckpt.step._stats_cache`). Every ``jax._src`` import of
 jaxckpt is here; a JAX release that moves one gives a one-line error naming it and the installed version, not an
 ``ImportError`` deep in a trace. Tested with the versions in ``pyproject.toml``.
 """
@@ -14,9 +16,11 @@ from __future__ import annotations
 import glob
 import importlib
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 
 
@@ -134,3 +138,94 @@ def cuda_compile_only() -> str | None:
   jax.config.update("jax_platforms", "cpu")  # the backends run already: this only tells the plugin to skip CUDA
   importlib.import_module("jax_plugins.xla_cuda12").initialize()
   return None if "cuda" in bridge._topology_factories else "JAX's CUDA plugin did not register"  # noqa: SLF001
+
+
+_KEY_FREE_DEBUG_OPTIONS = {"xla_dump_to": "", "xla_dump_hlo_module_re": "", "xla_dump_hlo_pass_re": "",
+                           "xla_dump_hlo_pipeline_re": "", "xla_gpu_cuda_data_dir": "",
+                           "xla_force_host_platform_device_count": 0}
+"""Debug options that change no compiled program (where XLA writes dumps, where CUDA lives, the host platform's device
+count), cleared before :func:`compile_request`'s options are hashed; every other ``xla_dump_*`` switch is cleared too.
+JAX's own persistent-cache key clears the same (``jax._src.cache_key._hash_serialized_compile_options``)."""
+
+
+def compile_request(lowered: Any, options: Mapping[str, Any], *, for_key: bool = False) -> tuple[bytes, bytes]:
+  """What ``lowered.compile(compiler_options=options)`` hands the compiler: ``(module, compile_options)``, the
+  StableHLO module as MLIR bytecode and XLA's ``CompileOptions`` serialized, built as JAX builds them
+  (``jax._src.interpreters.pxla._cached_compilation``): the executable build options from JAX's configuration, the
+  debug options from ``XLA_FLAGS`` (as XLA parsed them at start-up), the device assignment, ``options`` as overrides.
+
+  Args:
+    lowered: a ``jax.stages.Lowered`` of a ``jax.jit`` over a mesh.
+    options: the per-compile XLA options.
+    for_key: the form to hash (:mod:`jaxckpt.step._stats_cache`): no module (``b""``; the caller hashes the text),
+      no overrides (the caller hashes ``options`` sorted: a proto map serializes in no fixed order) and the debug
+      options that change no program cleared (:data:`_KEY_FREE_DEBUG_OPTIONS`).
+
+  Raises:
+    RuntimeError: the installed JAX lacks a piece of it.
+  """
+  need = "compiling in a worker process and keying the compiled-stats cache"
+  pxla = internal("interpreters.pxla", needed_by=need)
+  computation = lowered._lowering  # noqa: SLF001 - a MeshComputation
+  args, devices = computation.compile_args, computation._device_list  # noqa: SLF001
+  ins = tuple(pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"])
+  outs = tuple(pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
+  to_inputs, to_outputs = pxla.get_prop_to_input_output(ins, outs, len(args["ordered_effects"]))
+  overrides = {} if for_key else dict((*computation._compiler_options_kvs, *options.items()))  # noqa: SLF001
+  hlo = computation._hlo  # noqa: SLF001
+  compile_options = pxla.create_compile_options(hlo, args["tuple_args"], to_inputs, to_outputs, args["backend"],
+                                                np.array(list(devices), dtype=object), overrides)
+  if for_key:
+    debug = compile_options.executable_build_options.debug_options
+    for name in dir(debug):
+      if name.startswith("xla_dump") and isinstance(getattr(debug, name), bool):
+        setattr(debug, name, False)
+    for name, value in _KEY_FREE_DEBUG_OPTIONS.items():
+      if hasattr(debug, name):
+        setattr(debug, name, value)
+    return b"", compile_options.SerializeAsString()
+  mlir = internal("interpreters.mlir", needed_by=need)
+  return mlir.module_to_bytecode(hlo), compile_options.SerializeAsString()
+
+
+def compile_serialized(module: bytes, compile_options: bytes, devices: Sequence[Any]) -> Any:
+  """Compiles a :func:`compile_request` for ``devices`` (a topology's compile-only devices, in the request's device
+  order), as JAX's ``jax._src.compiler.backend_compile_and_load`` does; returns XLA's executable (its
+  ``get_compiled_memory_stats()``, ``cost_analysis()``, ``hlo_modules()``).
+
+  Raises:
+    Whatever the compiler raises (``JaxRuntimeError``: a program over the chip's memory...); RuntimeError: the
+    installed JAX lacks a piece of it.
+  """
+  need = "compiling in a worker process"
+  compiler = internal("compiler", needed_by=need)
+  mlir = internal("interpreters.mlir", needed_by=need)
+  client = internal("lib", "xla_client", needed_by=need)
+  with mlir.make_ir_context():
+    parsed = mlir.ir.Module.parse(module)
+    return compiler.backend_compile_and_load(devices[0].client, parsed, client.DeviceList(tuple(devices)),
+                                             client.CompileOptions.ParseFromString(compile_options), [])
+
+
+def topology_fingerprint(devices: Sequence[Any]) -> str:
+  """XLA's fingerprint of the topology ``devices`` span (its chips, their coordinates and links; what JAX's
+  persistent-cache key hashes as the accelerator config), or, where the backend has none, their ids, kinds and
+  coordinates as text."""
+  client = internal("lib", "xla_client", needed_by="keying the compiled-stats cache")
+  try:
+    return str(client.get_topology_for_devices(list(devices)).fingerprint())
+  except Exception:  # noqa: BLE001 - backends without a serializable topology (JaxRuntimeError)
+    return ";".join(f"{d.id}:{d.device_kind}:{getattr(d, 'coords', '')}" for d in devices)
+
+
+def distributed_client() -> Any:
+  """The ``jax.distributed`` client of this process (its key-value store: ``key_value_set``, ``key_value_dir_get``),
+  ``jax._src.distributed.global_state.client``.
+
+  Raises:
+    RuntimeError: the installed JAX lacks it, or ``jax.distributed.initialize`` has not run.
+  """
+  client = internal("distributed", "global_state", needed_by="watching the processes of a run").client
+  if client is None:
+    raise RuntimeError("jax.distributed.initialize has not run in this process")
+  return client

@@ -3,7 +3,9 @@
 Each tool's ``main`` parses its flags, resolves them once into the objects the library takes (a target, concrete
 policies, a placement: the mesh and what it is compiled for) and calls the library (:func:`jaxckpt.report.build_report`,
 :func:`jaxckpt.planner.plan_policy`, :func:`jaxckpt.fit.plan_fit`). Exit status: 0 done, 1 nothing succeeded (the
-report), 2 bad input — one line on stderr naming the flag, never a traceback (:data:`EXIT_BAD_INPUT`).
+report; an output file that could not be written), 2 bad input — one line on stderr naming the flag, never a
+traceback (:data:`EXIT_BAD_INPUT`), 130 stopped by Ctrl-C (143 by SIGTERM) at once, with one line
+(:func:`jaxckpt.cli._exits.run_tool`: also a closed pipe and a narrow terminal encoding).
 
 - :func:`report`, :func:`plan`, :func:`fit`: the console scripts' entry points (and ``python -m jaxckpt.report`` …).
 - :class:`CLIParser`: ``argparse`` with one-line errors that speak in flags, not Python arguments.
@@ -12,9 +14,9 @@ report), 2 bad input — one line on stderr naming the flag, never a traceback (
   checkpoint names), built from the registries.
 - :func:`check_output_file`, :func:`check_output_dir`: an output path checked before any work, by trying it.
 
-The modules behind this face are private: ``_parser`` (the parser class), ``_flags`` (the flags every tool shares:
-what to compile, ``--model``/``--target``, and what to compile it for, ``--topology``/``--mesh``), ``_report``,
-``_plan``, ``_fit`` (the three tools).
+The modules behind this face are private: ``_parser`` (the parser class), ``_exits`` (how a run ends), ``_flags``
+(the flags every tool shares: what to compile, ``--model``/``--target``, and what to compile it for,
+``--topology``/``--mesh``), ``_report``, ``_plan``, ``_fit`` (the three tools).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jaxckpt._paths import check_output_dir, check_output_file
+from jaxckpt.cli._exits import run_tool
 from jaxckpt.cli._fit import main as _fit_main
 from jaxckpt.cli._parser import EXIT_BAD_INPUT, CLIParser, progress_enabled, reference_epilog
 from jaxckpt.cli._plan import main as _plan_main
@@ -38,9 +41,10 @@ def report(argv: Sequence[str] | None = None) -> int:
     argv: the flags (default ``sys.argv[1:]``); ``--help`` lists them.
 
   Returns:
-    The exit status: 0 some policy row succeeded, 1 none did, 2 bad input.
+    The exit status: 0 some policy row succeeded, 1 none did (or an output could not be written), 2 bad input,
+    130 stopped by Ctrl-C.
   """
-  return _report_main(argv)
+  return run_tool("jaxckpt-report", _report_main, argv)
 
 
 def plan(argv: Sequence[str] | None = None) -> int:
@@ -50,9 +54,10 @@ def plan(argv: Sequence[str] | None = None) -> int:
     argv: the flags (default ``sys.argv[1:]``).
 
   Returns:
-    The exit status: 0 done, 2 bad input (or a budget no plan reaches).
+    The exit status: 0 done, 1 an output could not be written, 2 bad input (or a budget no plan reaches),
+    130 stopped by Ctrl-C.
   """
-  return _plan_main(argv)
+  return run_tool("jaxckpt-plan", _plan_main, argv)
 
 
 def fit(argv: Sequence[str] | None = None) -> int:
@@ -62,6 +67,6 @@ def fit(argv: Sequence[str] | None = None) -> int:
     argv: the flags (default ``sys.argv[1:]``).
 
   Returns:
-    The exit status: 0 done, 2 bad input.
+    The exit status: 0 done, 1 an output could not be written, 2 bad input, 130 stopped by Ctrl-C.
   """
-  return _fit_main(argv)
+  return run_tool("jaxckpt-fit", _fit_main, argv)

@@ -1,8 +1,9 @@
 """``python -m jaxckpt.fit`` / ``jaxckpt-fit``: which micro-batch, accumulation and policy fit a device, and which
 trains fastest, from a handful of compiles, verified.
 
-The CLI parses flags, builds a target and calls :func:`jaxckpt.fit.plan_fit`; exit status 0, or 2 for bad input
-(one line on stderr, no traceback).
+The CLI parses flags, builds a target and calls :func:`jaxckpt.fit.plan_fit`; exit status 0, 1 when an output file
+could not be written, or 2 for bad input (one line on stderr, no traceback). The output files are written before
+the tables are printed.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from jaxckpt.cli._parser import CLIParser, reference_epilog, progress_enabled
-from jaxckpt._paths import check_output_file
-from jaxckpt.errors import JaxckptError
+from jaxckpt.cli._parser import EXIT_OUTPUT, CLIParser, reference_epilog, progress_enabled
+from jaxckpt._paths import check_output_file, write_atomically
+from jaxckpt.errors import JaxckptError, OutputWriteError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
 from jaxckpt.fit._names import CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS
@@ -260,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     placement = placement_from_args(args)
     chip = None if placement.topology is None and placement.mesh is None else placement.device
     resolve_memory(args.memory, placement=placement)
-    target = target_from_args(args)
+    target = target_from_args(args, placement)
     device = None
     timing = [f for f, v in (("--device", args.device), ("--peak-flops", args.peak_flops),
                              ("--bandwidth", args.bandwidth), ("--overhead", args.overhead),
@@ -307,21 +308,33 @@ def main(argv: Sequence[str] | None = None) -> int:
       bar.close()
     return parser.fail(err)
   bar.close()
+  try:
+    written = _write_outputs(args, plan, search)  # before the tables: a closed pipe or Ctrl-C loses no file
+  except OutputWriteError as err:  # the work is done; a file could not be written (a full disk): its old one is kept
+    return parser.fail(err, status=EXIT_OUTPUT)
   if placement.header() is not None:
     print(placement.header())
   if search is not None:
     print(mesh_table(search, wide=args.wide), end="\n\n")
     print(f"the winner's mesh, {search.winner.name}:")
   print(to_table(plan, wide=args.wide), end="")
+  for path in written:
+    print(f"wrote {os.path.abspath(path)}")
+  return 0
+
+
+def _write_outputs(args: argparse.Namespace, plan: FitPlan, search: MeshSearch | None) -> list[str]:
+  """Writes ``--json``, ``--plot`` and ``--html`` (each whole or not at all); returns the paths written.
+
+  Raises:
+    OutputWriteError: a file could not be written.
+  """
   if args.json:
-    with open(args.json, "w") as fh:
-      json.dump(search.as_json() if search is not None else plan.as_json(), fh, indent=1)
-    print(f"wrote {os.path.abspath(args.json)}")
+    text = json.dumps(search.as_json() if search is not None else plan.as_json(), indent=1)
+    write_atomically(args.json, lambda f: f.write(text))
   if args.plot:
     plot_fit(plan, args.plot)
-    print(f"wrote {os.path.abspath(args.plot)}")
   if args.html:
-    with open(args.html, "w", encoding="utf-8") as fh:
-      fh.write(to_html(plan))
-    print(f"wrote {os.path.abspath(args.html)}")
-  return 0
+    page = to_html(plan)
+    write_atomically(args.html, lambda f: f.write(page))
+  return [p for p in (args.json, args.plot, args.html) if p]

@@ -15,6 +15,7 @@ from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
 from jaxckpt.models._configs import COMPUTE_DTYPES
 from jaxckpt.models.llm import MOE_DISPATCHES
 from jaxckpt.models._registry import DEFAULT_BATCH_SIZE
+from jaxckpt.step._bounds import check_array_sizes
 from jaxckpt.step._targets import SHIPPED_MODELS, Target, load_target, shipped_target, with_grad_accum
 from jaxckpt.sharding import TOPOLOGY_FORMS
 
@@ -66,17 +67,29 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
                            "reach a --target function as batch_size, seq_len, num_layers, compute_dtype, weight_dtype")
 
 
-def target_from_args(args: argparse.Namespace) -> Target:
-  """The target the flags of :func:`add_target_flags` describe.
+def _devices(placement: Placement | None) -> int:
+  """The devices a placement compiles for: its topology's chips (a mesh search's), its mesh's, else 1."""
+  if placement is None:
+    return 1
+  return placement.topology.chips if placement.topology is not None else placement.device_count
+
+
+def target_from_args(args: argparse.Namespace, placement: Placement | None = None) -> Target:
+  """The target the flags of :func:`add_target_flags` describe; with sizes given (``--batch-size``, ``--seq-len``,
+  ``--layers``), its arrays checked against what any device holds (:func:`jaxckpt.step._bounds.check_array_sizes`:
+  one line naming the flag, not an abort inside XLA).
 
   Args:
     args: parsed flags of a parser that :func:`add_target_flags` set up.
+    placement: what the step is compiled for (:func:`placement_from_args`): its device count bounds the arrays;
+      ``None``: one device.
 
   Returns:
     The :class:`~jaxckpt.step.ModelTarget` of ``--model`` or the target ``--target`` names.
 
   Raises:
-    JaxckptError: shape flags with ``--target``, or what :func:`shipped_target` / :func:`load_target` raise.
+    JaxckptError: shape flags with ``--target``, an array past any device, or what :func:`shipped_target` /
+      :func:`load_target` raise.
   """
   if args.target is not None:
     given = [f for f in ("preset", "scan", "structure", "attention", "vocab_tiles", "moe_dispatch", "capacity_factor")
@@ -85,17 +98,24 @@ def target_from_args(args: argparse.Namespace) -> Target:
       flags = ", ".join("--" + f.replace("_", "-") for f in given)
       raise JaxckptError(f"{flags} apply to --model only; a --target sets its own structure (its function may take "
                          f"sizes and dtypes: --batch-size, --seq-len, --layers, dtypes, --target-arg KEY=VALUE)")
-    return with_grad_accum(load_target(args.target, target_kwargs(args)), args.grad_accum_steps)
+    target = with_grad_accum(load_target(args.target, target_kwargs(args)), args.grad_accum_steps)
+    if args.batch_size is not None or args.seq_len is not None:
+      check_array_sizes(target, devices=_devices(placement))
+    return target
   if getattr(args, "target_args", None):
     raise JaxckptError("--target-arg applies to --target only (keyword arguments of your target function); "
                        "--model takes its shapes from --batch-size, --seq-len, --layers")
-  return shipped_target(
+  target = shipped_target(
       args.model or "vit", args.preset or "tiny",
       batch_size=args.batch_size,
       seq_len=args.seq_len, num_layers=args.num_layers, compute_dtype=args.compute_dtype, scan=args.scan,
       structure=args.structure, grad_accum_steps=args.grad_accum_steps, weight_dtype=args.weight_dtype,
       attention=args.attention, vocab_tiles=args.vocab_tiles, moe_dispatch=args.moe_dispatch,
       capacity_factor=args.capacity_factor)
+  given = {k: getattr(args, k) for k in ("batch_size", "seq_len", "num_layers") if getattr(args, k) is not None}
+  if given:  # a preset's own sizes fit a device: only sizes given on the command line are traced (~0.05 s)
+    check_array_sizes(target, devices=_devices(placement), sizes=given)  # not an abort inside XLA: one line
+  return target
 
 
 TARGET_SIZE_ARGS: tuple[str, ...] = ("batch_size", "seq_len", "num_layers", "compute_dtype", "weight_dtype")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from jaxckpt import names
 from jaxckpt.models import MODEL_REGISTRY
 from jaxckpt.policies import POLICY_FORMS, POLICY_NAMES
+from jaxckpt.step._bounds import INT32_MAX
 
 
 def reference_epilog(*, models: Sequence[str] | None = None, policy_words: str = "",
@@ -42,6 +43,15 @@ def reference_epilog(*, models: Sequence[str] | None = None, policy_words: str =
 EXIT_BAD_INPUT = 2
 """The exit status of every jaxckpt CLI for bad input (a flag, a file, the environment): one line on stderr."""
 
+EXIT_OUTPUT = 1
+"""The exit status of a jaxckpt CLI whose work finished but whose output file could not be written (a full disk): one
+line on stderr naming the file (:class:`~jaxckpt.errors.OutputWriteError`)."""
+
+DIMENSION_FLAGS = ("batch_size", "seq_len", "global_batch_size", "min_batch", "max_batch", "max_seq_len", "num_layers",
+                   "grad_accum_steps", "vocab_tiles")
+"""The flags (by ``dest``) whose value becomes an array dimension (or a count of them): each is bounded by
+:data:`jaxckpt.step._bounds.INT32_MAX` when parsed, so an absurd value is one line naming the flag."""
+
 _NEGATIVE = re.compile(r"-\d")
 """A value that starts like a negative number (``-1GiB``, ``-5%``, ``-0.5``), not a flag."""
 
@@ -70,7 +80,14 @@ class CLIParser(argparse.ArgumentParser):
       else:
         joined.append(args[i])
         i += 1
-    return super().parse_known_args(joined, namespace)
+    namespace, extras = super().parse_known_args(joined, namespace)
+    for action in self._actions:
+      value = getattr(namespace, action.dest, None) if action.dest in DIMENSION_FLAGS else None
+      if isinstance(value, int) and not isinstance(value, bool) and value > INT32_MAX:
+        flag = next((o for o in action.option_strings if o.startswith("--")), action.dest)
+        self.error(f"{flag} {value} is past {INT32_MAX} (2^31 - 1), the largest array dimension JAX indexes "
+                   "(int32); give a smaller one")
+    return namespace, extras
 
   def error(self, message: str):
     self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

@@ -15,9 +15,9 @@ import json
 import os
 from collections.abc import Sequence
 
-from jaxckpt.cli._parser import CLIParser, reference_epilog
-from jaxckpt._paths import check_output_file
-from jaxckpt.errors import JaxckptError
+from jaxckpt.cli._parser import EXIT_OUTPUT, CLIParser, reference_epilog
+from jaxckpt._paths import check_output_file, write_atomically
+from jaxckpt.errors import JaxckptError, OutputWriteError
 from jaxckpt.planner._export import export_code, linen_export_code
 from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner._segmented import mincut_policy
@@ -95,12 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
       return _mincut(parser, args)
     budget = _budget(args.budget)
     placement = placement_from_args(args)
-    target = target_from_args(args)
+    target = target_from_args(args, placement)
     plan = plan_policy(target, budget, max_rounds=args.max_rounds, mesh=placement,
                        compiler_options=compiler_options_from_args(args))
+    where = placement.compiled_for()
+    if args.json:  # before the plan is printed: a closed pipe or Ctrl-C loses no file
+      _write_json(args.json, {"model": target.name, "preset": target.preset, **where, **plan.to_json()})
+  except OutputWriteError as err:  # the work is done; the file could not be written (a full disk): its old one is kept
+    return parser.fail(err, status=EXIT_OUTPUT)
   except JaxckptError as err:
     return parser.fail(err)
-  where = placement.compiled_for()
   if placement.header() is not None:
     print(placement.header())
   print(plan.explain(candidates=args.explain, wide=args.wide))
@@ -111,9 +115,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(linen_export_code(plan, linen_model) if linen_model is not None
           else export_code(plan, tuple(target_block_types(target))), end="")
   if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-      json.dump({"model": target.name, "preset": target.preset, **where, **plan.to_json()}, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}")
   return 0
 
@@ -128,15 +129,24 @@ def _mincut(parser: CLIParser, args: argparse.Namespace) -> int:
     raise JaxckptError(f"--mincut {args.mincut!r} is not a cap")
   target = target_from_args(args)
   policy = mincut_policy(target, parsed)
+  if args.json:  # before the plan is printed: a closed pipe or Ctrl-C loses no file
+    plan = policy.plan
+    try:
+      _write_json(args.json, {"model": target.name, "preset": target.preset, "policy": str(policy),
+                              "activation_bytes": plan.activation_bytes, "recompute_flops": plan.flops,
+                              "mip_gap": plan.mip_gap,
+                              "regions": [{"equations": [r.start, r.stop], "saved": list(names)}
+                                          for r, names in zip(plan.segments.regions, plan.names)]})
+    except OutputWriteError as err:
+      return parser.fail(err, status=EXIT_OUTPUT)
   print("\n".join(wrap_lines(policy.plan.explain().split("\n"), wide=args.wide, indent="    ")))
   print(f"policy: {policy}")
   if args.json:
-    plan = policy.plan
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-      json.dump({"model": target.name, "preset": target.preset, "policy": str(policy),
-                 "activation_bytes": plan.activation_bytes, "recompute_flops": plan.flops, "mip_gap": plan.mip_gap,
-                 "regions": [{"equations": [r.start, r.stop], "saved": list(names)}
-                             for r, names in zip(plan.segments.regions, plan.names)]}, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}")
   return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+  """``data`` as indented JSON at ``path``, whole or not at all (:func:`jaxckpt._paths.write_atomically`)."""
+  text = json.dumps(data, indent=1)
+  write_atomically(path, lambda f: f.write(text))

@@ -1,7 +1,8 @@
 """``python -m jaxckpt.report`` / ``jaxckpt-report``: compare remat policies on a model's full train step.
 
 The CLI only parses flags, builds a target and calls :func:`jaxckpt.report.build_report`; exit status 0 if any policy
-row succeeded, 1 if none did, 2 for bad arguments (one line on stderr, no traceback).
+row succeeded, 1 if none did (or an output file could not be written), 2 for bad arguments (one line on stderr, no
+traceback). The output files are written before the table is printed.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import os
 from collections.abc import Sequence
 
 
-from jaxckpt.cli._parser import CLIParser, progress_enabled, reference_epilog
+from jaxckpt.cli._parser import EXIT_OUTPUT, CLIParser, progress_enabled, reference_epilog
 from jaxckpt._paths import check_output_dir, check_output_file
-from jaxckpt.errors import JaxckptError
+from jaxckpt.errors import JaxckptError, OutputWriteError
 from jaxckpt.report._build import build_report
 from jaxckpt.training._profile import check_profile_dir
 from jaxckpt.report._html import PLOTLYJS_MODES
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.topology is not None:
       check_topology_name(args.topology)  # after every flag: a bad flag is one line whatever is installed
     placement = placement_from_args(args)  # a bad mesh, no compiler: exit 2 before the target is built
-    target = target_from_args(args)
+    target = target_from_args(args, placement)
     if args.list_blocks:
       for block, block_names in target_block_types(target).items():
         print(f"{block}: {', '.join(sorted(block_names)) or '(no checkpoint names)'}")
@@ -129,11 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                           progress=progress_enabled(args.progress), mesh=placement, profile=args.profile,
                           profile_steps=args.profile_steps, compare_cpu=args.compare_cpu,
                           compiler_options=compiler_options_from_args(args))
+    written = write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
+                            html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs)  # before the table
+  except OutputWriteError as err:  # the work is done; a file could not be written (a full disk): its old one is kept
+    return parser.fail(err, status=EXIT_OUTPUT)
   except JaxckptError as err:
     return parser.fail(err)
   print(to_table(report, wide=args.wide))
-  for path in write_outputs(report, json_path=args.json, csv_path=args.csv, markdown_path=args.markdown,
-                            html_path=args.html, plot_path=args.plot, plotlyjs=args.plotlyjs):
+  for path in written:
     print(f"wrote {os.path.abspath(path)}")
   if args.profile is not None:
     runs = [r["profile"]["dir"] for r in report.rows if r.get("profile")]

@@ -25,6 +25,10 @@ divides each example's activations, the batch axes divide the batch) and the col
    :func:`jaxckpt.fit.plan_fit` — per policy the largest micro-batch, verified by a compile that fits beside one that
    does not — and answer the fastest verified configuration over them.
 
+Every compile of the search runs in a worker process (:func:`jaxckpt.step.isolated_compiles`): a native crash of the
+compiler on one mesh (libtpu's SparseCore code generation overflowed its stack on a Mixtral 8x7B mesh) makes that
+mesh's row ``compiler crashed``, naming the crash, and the search fits the next mesh in its place.
+
 This is a search heuristic, not an optimum: a mesh ranked below ``max_meshes`` by the lower bound is not compiled
 (the result lists it, with its bound, so a user can ask for it with ``--mesh``).
 """
@@ -47,6 +51,7 @@ from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit._plan import FitPlan, plan_fit, traffic_of
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
 from jaxckpt.fit._speed import Accelerator, Traffic, accelerator, collective_seconds
+from jaxckpt.step._isolated import CompilerCrashError, isolated_compiles
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.timing import within_resolution
 from jaxckpt.sharding import format_mesh
@@ -55,6 +60,10 @@ from jaxckpt._units import format_bytes
 
 DEFAULT_MAX_MESHES = 3
 """Meshes fitted (compiled) by default, the best by the lower bound of their step time."""
+
+CRASHED = "compiler crashed"
+"""The status of a mesh whose compile crashed the compiler (:class:`jaxckpt.step.CompilerCrashError`): the search
+went on without it, and fitted the next mesh in its place."""
 
 DEFAULT_MAX_TENSOR = 8
 """Largest ``tensor`` axis enumerated (module docstring)."""
@@ -148,7 +157,9 @@ class MeshOption:
       split, or no example predicted to fit: not compiled),
       ``"unmappable"`` (its axes cannot be laid over the torus even splitting a physical dimension,
       :meth:`jaxckpt.sharding.Topology.mesh`), ``"not fitted"`` (ranked below ``max_meshes``: not compiled), ``"nothing fits"`` or ``"refused"`` (compiled,
-      :attr:`reason` says why); ``"fitting"`` only in the progress callback, while its compiles run.
+      :attr:`reason` says why), ``"compiler crashed"`` (:data:`CRASHED`: a compile of it crashed the compiler, in
+      its worker process; :attr:`reason` names the signal and the compiler's last log line); ``"fitting"`` only in
+      the progress callback, while its compiles run.
     plan: its :class:`~jaxckpt.fit.FitPlan` when fitted.
     reason: why it has no plan.
   """
@@ -264,47 +275,51 @@ def search_meshes(
     raise JaxckptError(f"global_batch_size={global_batch} must be ≥ 1")
   if (kwargs.get("min_batch") or 1) > global_batch:  # bad input, not a reason of every mesh
     raise JaxckptError(f"min_batch={kwargs['min_batch']} > global_batch_size={global_batch}: no micro-batch between")
-  placement = resolve_placement(None, topology, memory_fraction=memory_fraction)
-  topo = placement.topology
-  limit, _ = resolve_memory(memory, placement=placement)
-  device = device or accelerator(device=topo.devices[0])
-  bounds = _Bounds(target, global_batch, device)
-  options = bounds.options(topo.chips, limit, max_tensor)
-  for i, option in enumerate(options):  # a mesh that cannot be laid over the torus is not a candidate
-    try:
-      topo.mesh(dict(option.shape))
-    except MeshSpecError as err:
-      options[i] = dataclasses.replace(option, status="unmappable", reason=str(err))
+  with isolated_compiles():  # its worker starts now (imports JAX meanwhile); a compiler crash ends one mesh only
+    placement = resolve_placement(None, topology, memory_fraction=memory_fraction)
+    topo = placement.topology
+    limit, _ = resolve_memory(memory, placement=placement)
+    device = device or accelerator(device=topo.devices[0])
+    bounds = _Bounds(target, global_batch, device)
+    options = bounds.options(topo.chips, limit, max_tensor)
+    for i, option in enumerate(options):  # a mesh that cannot be laid over the torus is not a candidate
+      try:
+        topo.mesh(dict(option.shape))
+      except MeshSpecError as err:
+        options[i] = dataclasses.replace(option, status="unmappable", reason=str(err))
 
-  def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
-    option = options[i]
-    if on_mesh is not None:  # before its compiles: a compiler that crashes the process has named the mesh
-      on_mesh(dataclasses.replace(option, status="fitting"))
-    try:
-      plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device,
-                      mesh=placement.with_mesh(dict(option.shape)), on_compile=on_compile, guesses=guesses, **kwargs)
-      options[i] = dataclasses.replace(option, status="fitted", plan=plan)
-    except NothingFitsError as err:
-      options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))
-    except (MeshSpecError, JaxckptError) as err:
-      options[i] = dataclasses.replace(option, status="refused", reason=str(err))
-    if on_mesh is not None:
-      on_mesh(options[i])
+    def fit(i: int, guesses: Mapping[str, int] | None = None) -> None:
+      option = options[i]
+      if on_mesh is not None:  # before its compiles: a compiler that crashes the process has named the mesh
+        on_mesh(dataclasses.replace(option, status="fitting"))
+      try:
+        plan = plan_fit(target, policies, memory, global_batch=global_batch, device=device,
+                        mesh=placement.with_mesh(dict(option.shape)), on_compile=on_compile, guesses=guesses,
+                        **kwargs)
+        options[i] = dataclasses.replace(option, status="fitted", plan=plan)
+      except NothingFitsError as err:
+        options[i] = dataclasses.replace(option, status="nothing fits", reason=str(err))
+      except CompilerCrashError as err:  # a native crash in one compile (in its worker): this mesh only
+        options[i] = dataclasses.replace(option, status=CRASHED, reason=str(err))
+      except (MeshSpecError, JaxckptError) as err:
+        options[i] = dataclasses.replace(option, status="refused", reason=str(err))
+      if on_mesh is not None:
+        on_mesh(options[i])
 
-  open_ = [i for i, o in enumerate(options) if o.status == "not fitted"]
-  if open_:  # calibrate on the least state per device (no tensor axis when one ties), then bound the others
-    first = min(open_, key=lambda i: (options[i].state_bytes_per_device, options[i].shape.get("tensor", 1),
-                                      options[i].bound_s))
-    fit(first)
-    calibration = options[first]
-    options = bounds.calibrated(options, first, limit)
-  options.sort(key=lambda o: (o.status in ("too big", "unmappable", "not fitted"), o.status == "unmappable",
-                              o.bound_s, o.state_bytes_per_device))
-  fitted = sum(o.status not in ("too big", "unmappable", "not fitted") for o in options)
-  for i, option in enumerate(options):
-    if option.status == "not fitted" and fitted < max_meshes:
-      fitted += 1
-      fit(i, bounds.guesses(calibration, option, limit))  # each policy's first compiles where its line says
+    open_ = [i for i, o in enumerate(options) if o.status == "not fitted"]
+    if open_:  # calibrate on the least state per device (no tensor axis when one ties), then bound the others
+      first = min(open_, key=lambda i: (options[i].state_bytes_per_device, options[i].shape.get("tensor", 1),
+                                        options[i].bound_s))
+      fit(first)
+      calibration = options[first]
+      options = bounds.calibrated(options, first, limit)
+    options.sort(key=lambda o: (o.status in ("too big", "unmappable", "not fitted"), o.status == "unmappable",
+                                o.bound_s, o.state_bytes_per_device))
+    fitted = sum(o.status not in ("too big", "unmappable", "not fitted", CRASHED) for o in options)
+    for i, option in enumerate(options):
+      if option.status == "not fitted" and fitted < max_meshes:
+        fit(i, bounds.guesses(calibration, option, limit))  # each policy's first compiles where its line says
+        fitted += options[i].status != CRASHED  # a crashed mesh leaves its place to the next
   done = [o for o in options if o.plan is not None and o.plan.choice is not None]
   if not done:
     tried = "; ".join(f"{o.name}: {o.status}" + (f" ({o.reason})" if o.reason else "") for o in options

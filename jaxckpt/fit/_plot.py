@@ -4,8 +4,10 @@ policy's largest batch (matplotlib; ``jaxckpt-fit --plot`` writes it, ``--html``
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
+from jaxckpt._paths import write_atomically
 from jaxckpt.fit._plan import FitPlan
 from jaxckpt._units import format_bytes
 
@@ -45,8 +47,11 @@ def plot_fit(plan: FitPlan, path: str) -> None:
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
   fig = fit_figure(plan)
-  fig.savefig(path)
-  plt.close(fig)
+  try:  # whole or not at all: the previous file is kept
+    write_atomically(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:].lower() or "png"),
+                     binary=True)
+  finally:
+    plt.close(fig)
 
 
 def fit_svg(plan: FitPlan) -> str:

@@ -115,7 +115,8 @@ class LayeredPolicy:
       PolicySpecError: the ranges cover another number of layers.
     """
     if num_layers != self.num_layers:
-      raise PolicySpecError(f"layered policy {str(self)!r} covers {self.num_layers} layers but the model's stack has "
+      raise PolicySpecError(f"layered policy {shorten(str(self))!r} covers {self.num_layers} layers but the model's "
+                            f"stack has "
                             f"{num_layers}: ranges must cover 0-{num_layers - 1}", spec=str(self), bad=str(self))
     return self.segments
 
@@ -416,7 +417,8 @@ def _parse_layered(text: str, spec: str) -> LayeredPolicy:
     try:
       segments.append((last - first + 1, parse_policy(spec_text.strip() and spec_text)))
     except PolicySpecError as err:
-      raise PolicySpecError(f"{err} (layer range {range_text.strip()} of policy spec {shorten(spec)!r})", spec=spec,
+      raise PolicySpecError(f"{err} (layer range {shorten(range_text.strip())} of policy spec {shorten(spec)!r})",
+                            spec=spec,
                             bad=err.bad, valid=err.valid) from None
     expected = last + 1
   return LayeredPolicy(tuple(segments), text=spec)

@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxckpt.errors import JaxckptError
+from jaxckpt._paths import write_atomically
+from jaxckpt.errors import JaxckptError, shorten
 from jaxckpt.report._build import Report
 from jaxckpt.report._formats import (column_header, estimate_lines, main_sources, plan_lines, report_title, row_value,
                                      shown_columns, table_rows, top_groups)
@@ -27,6 +28,10 @@ from jaxckpt.analysis._tables import fit_widths, longest_word, render_table, sho
 
 WIDE_ONLY = ("XLA FLOPs (raw)",)
 """Columns only ``--wide`` (and JSON/CSV/Markdown/HTML) show: the terminal table leaves them out to fit."""
+
+LEGEND_CHARS = 400
+"""Characters of a policy the terminal table's legend shows (``[1] = <policy>``); the rest is cut with ``...`` (the
+whole policy is in JSON, CSV and HTML), as errors cut a long spec."""
 
 _NOTE = ("* = best of the column; ×none = ratio to the none row; FLOPs from the jaxpr (scan × length), XLA's raw "
          "count counts a loop body once")
@@ -88,6 +93,7 @@ def to_table(report: Report, *, width: int | None = None, wide: bool = False) ->
   long = [r["policy"] for r in rows if "\n" not in _policy_cell(r["policy"], {r["policy"]: ""})
           and len(r["policy"]) > 22]
   labels, legend = short_labels(long, max_len=0, keep=12)
+  legend = [shorten(line, LEGEND_CHARS) for line in legend]  # a 20,000-character spec: whole in JSON/CSV/HTML only
   headers = ["policy", *(column_header(report, h, key, lines=True)  # "footprint" over "/chip": narrow columns
                          + ("\n×none" if ratio and base is not None else "") for h, key, _, ratio in columns),
              "top residuals"]
@@ -166,7 +172,8 @@ def to_json(report: Report) -> str:
 def write_outputs(report: Report, *, json_path: str | None = None, csv_path: str | None = None,
                   markdown_path: str | None = None, html_path: str | None = None,
                   plot_path: str | None = None, plotlyjs: str = "inline") -> list[str]:
-  """Writes every requested file (parent directories created).
+  """Writes every requested file (parent directories created), each atomically
+  (:func:`jaxckpt._paths.write_atomically`: a temporary file beside it, renamed into place).
 
   Args:
     report: the report.
@@ -179,6 +186,7 @@ def write_outputs(report: Report, *, json_path: str | None = None, csv_path: str
 
   Raises:
     JaxckptError: an unknown suffix of ``plot_path`` or ``plotlyjs`` value, before anything is written.
+    OutputWriteError: a file could not be written (a full disk): its previous content is kept.
   """
   if plot_path is not None:
     plot_format(plot_path, flag="plot_path")
@@ -189,9 +197,7 @@ def write_outputs(report: Report, *, json_path: str | None = None, csv_path: str
   def write(path: str | None, text: Callable[[], str]) -> None:
     if path is None:
       return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-      f.write(text())
+    write_atomically(path, lambda f: f.write(text()))  # whole or not at all: the previous file is kept
     written.append(path)
 
   write(json_path, lambda: to_json(report))

@@ -13,6 +13,7 @@ import io
 import os
 from collections.abc import Sequence
 
+from jaxckpt._paths import write_atomically
 from jaxckpt.errors import JaxckptError
 from jaxckpt.report._build import Report
 from jaxckpt.report._formats import report_title
@@ -117,9 +118,7 @@ def plot_pareto(report: Report, path: str | None = None, *, image_format: str | 
   plt.close(fig)
   data = buffer.getvalue()
   if path is not None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "wb") as f:
-      f.write(data)
+    write_atomically(path, lambda f: f.write(data), binary=True)
   return data
 
 

@@ -25,7 +25,8 @@ names, still imports with a ``DeprecationWarning``).
 from __future__ import annotations
 
 from jaxckpt.sharding._chips import CHIPS, GPU_CHIPS, TPU_CHIPS, Chip, chip_for_kind
-from jaxckpt.sharding._distributed import gather, initialize_distributed, process_rows, replica_mismatches, shard_batch
+from jaxckpt.sharding._distributed import (PeerWatch, gather, initialize_distributed, process_rows, replica_mismatches,
+                                           shard_batch)
 from jaxckpt.sharding._mesh import (BATCH_AXES, MESH_AXES, check_batch_size, format_mesh, make_mesh, mesh_device_kind,
                                     mesh_platform, mesh_shape, parse_mesh)
 from jaxckpt.sharding._placement import (DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_ENV, MemoryFraction, Placement,
@@ -57,7 +58,7 @@ __all__ = [
     "state_shardings", "batch_sharding", "batch_shardings", "step_shardings", "gathered_params",
     "gather_params_in_loss", "gather_for_use", "shard_state",
     # multi-process
-    "process_rows", "shard_batch", "initialize_distributed", "replica_mismatches", "gather",
+    "process_rows", "shard_batch", "initialize_distributed", "replica_mismatches", "gather", "PeerWatch",
     # chips and topologies
     "Chip", "CHIPS", "GPU_CHIPS", "TPU_CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version",
     "required_libtpu", "check_libtpu", "CUDA_PLUGIN", "check_cuda_plugin", "check_topology_name", "compiler_name",

@@ -11,13 +11,18 @@ twice or never, replicas drifting apart) has nothing to act on here; :func:`repl
 
 from __future__ import annotations
 
+import atexit
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxckpt.analysis._internals import distributed_client
 from jaxckpt.errors import MeshSpecError, shorten
 from jaxckpt.sharding._mesh import check_batch_size, format_mesh
 from jaxckpt.sharding._state import batch_sharding, path_names
@@ -115,6 +120,92 @@ def initialize_distributed(coordinator: str, *, num_processes: int, process_id: 
     raise MeshSpecError(f"process {process_id} could not join the run at {coordinator} within {INIT_TIMEOUT_S} s "
                         f"(are all {num_processes} processes started with the same coordinator?): "
                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
+
+
+HEARTBEAT_S = 0.5
+"""Seconds between a process's heartbeats in :class:`PeerWatch`."""
+LOST_AFTER_S = 5.0
+"""Seconds without a heartbeat after which :class:`PeerWatch` takes a process as lost: long beside a heartbeat (the
+beating thread needs the GIL, which a compile or a collective releases), short beside JAX's own detection (its
+``heartbeat_timeout_seconds``, 100 s by default, after which the survivors abort)."""
+_DONE = "done"
+
+
+class PeerWatch:
+  """Watches the other processes of a ``jax.distributed`` run, so that a lost one (``kill -9``, a crash, a lost host)
+  ends the others within seconds, each with one line, instead of a collective's traceback, a stall until JAX's
+  heartbeat timeout and an abort.
+
+  A thread writes this process's heartbeat (a counter) to the distributed key-value store every
+  :data:`HEARTBEAT_S` and reads the others'; a process whose counter stays still for :data:`LOST_AFTER_S` is lost, and
+  so is the coordinator (process 0, which holds the store) once the store stops answering. ``on_lost`` is then called
+  from the thread with one line saying which. A process that ends its run says so first (:meth:`stop`), and is not
+  taken as lost.
+
+  Args:
+    on_lost: called once with the line (a program ends its process there, ``os._exit``).
+    lost_after_s: seconds without a heartbeat that make a process lost.
+  """
+
+  def __init__(self, on_lost: Callable[[str], None], *, lost_after_s: float = LOST_AFTER_S):
+    self.on_lost, self.lost_after_s = on_lost, lost_after_s
+    self.me, self.count = jax.process_index(), jax.process_count()
+    self._client = distributed_client()
+    self._stopped = threading.Event()
+    self._lost = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="jaxckpt peer watch", daemon=True)
+    atexit.register(self.stop)  # before JAX's shutdown (atexit runs last-registered first)
+
+  def start(self) -> "PeerWatch":
+    """Starts the thread; returns ``self``."""
+    self._thread.start()
+    return self
+
+  def _run(self) -> None:
+    seen = {p: (None, time.monotonic()) for p in range(self.count) if p != self.me}
+    beat = 0
+    while not self._stopped.wait(HEARTBEAT_S if beat else 0):
+      beat += 1
+      try:
+        self._client.key_value_set(f"jaxckpt/alive/{self.me}", str(beat), allow_overwrite=True)
+        values = {k.rsplit("/", 1)[-1]: v for k, v in self._client.key_value_dir_get("jaxckpt/alive/")}
+      except Exception as err:  # noqa: BLE001 - the store is process 0's: it is gone
+        if not self._stopped.is_set():
+          reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+          self._lose(f"lost the run's coordinator, process 0 ({reason})")
+        return
+      now = time.monotonic()
+      for peer, (last, since) in list(seen.items()):
+        value = values.get(str(peer))
+        if value == _DONE:
+          del seen[peer]
+        elif value != last:
+          seen[peer] = (value, now)
+        elif now - since > self.lost_after_s:
+          self._lose(f"lost process {peer} (no heartbeat for {self.lost_after_s:g} s: killed, crashed or its host "
+                     "is gone)")
+          return
+
+  def _lose(self, what: str) -> None:
+    try:
+      self.on_lost(f"process {self.me} of {self.count}: {what}; stopping this process too")
+    finally:
+      self._lost.set()  # after on_lost: a program's ends the process before a waiting error is reported
+
+  def stop(self) -> None:
+    """Says this process has ended its run (others do not take it as lost) and stops the thread (idempotent)."""
+    if self._stopped.is_set():
+      return
+    self._stopped.set()
+    try:
+      self._client.key_value_set(f"jaxckpt/alive/{self.me}", _DONE, allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the store may be gone already
+      pass
+
+  def await_loss(self, slack_s: float = 10.0) -> bool:
+    """Waits (at most :data:`LOST_AFTER_S` and ``slack_s`` more, for a loaded machine) for the thread to find a lost
+    process: what a collective's error in the main thread usually means; ``True`` if it did (``on_lost`` has run)."""
+    return self._lost.wait(self.lost_after_s + slack_s) if self._thread.is_alive() else self._lost.is_set()
 
 
 def replica_mismatches(tree: Any) -> list[str]:

@@ -362,8 +362,9 @@ def gpu_axis_links(mesh: Mapping[str, int], gpus_per_node: int) -> dict[str, str
   return dict(reversed(list(out.items())))
 
 
-_COMPILE_ONLY: set[Any] = set()
-"""Every compile-only device of the topologies loaded in this process (:func:`compiles_only`)."""
+_COMPILE_ONLY: dict[Any, str] = {}
+"""Every compile-only device of the topologies loaded in this process, with its topology's name (:func:`compiles_only`,
+:func:`topology_of`)."""
 
 
 def compiles_only(devices: Mesh | Iterable[Any] | None) -> bool:
@@ -374,6 +375,15 @@ def compiles_only(devices: Mesh | Iterable[Any] | None) -> bool:
   if devices is None:
     return False
   return any(d in _COMPILE_ONLY for d in (devices.devices.flat if isinstance(devices, Mesh) else devices))
+
+
+def topology_of(devices: Mesh | Iterable[Any] | None) -> str | None:
+  """The name of the loaded topology whose compile-only devices ``devices`` (a mesh) are (``"v5e:2x2"``), or ``None``
+  for real devices (what a worker process loads to compile for the same devices, :mod:`jaxckpt.step._isolated`)."""
+  if devices is None:
+    return None
+  names = {_COMPILE_ONLY.get(d) for d in (devices.devices.flat if isinstance(devices, Mesh) else devices)}
+  return names.pop() if len(names) == 1 else None
 
 
 def _accelerator_type(chip: Chip, chips: int) -> str:
@@ -400,7 +410,7 @@ def _load_tpu(key: str, sizes: tuple[int, ...]) -> Topology:
   except Exception as err:  # noqa: BLE001 - libtpu raises JaxRuntimeError / RuntimeError with its reason
     raise TopologyError(f"the TPU compiler refuses topology {name!r}: {_reason(err)} (write "
                         f"{TOPOLOGY_FORMS})") from None
-  _COMPILE_ONLY.update(described.devices)
+  _COMPILE_ONLY.update(dict.fromkeys(described.devices, name))
   return Topology(name, key, sizes, tuple(described.devices))
 
 
@@ -433,7 +443,7 @@ def _load_gpu(key: str, sizes: tuple[int, int]) -> Topology:
   except Exception as err:  # noqa: BLE001 - the plugin raises JaxRuntimeError with its reason
     raise TopologyError(f"XLA:GPU refuses topology {name!r}: {_reason(err)} (write {TOPOLOGY_FORMS})") from None
   devices = sorted(described.devices, key=lambda d: (d.process_index, d.id))
-  _COMPILE_ONLY.update(devices)
+  _COMPILE_ONLY.update(dict.fromkeys(devices, name))
   return Topology(name, key, sizes, tuple(devices))
 
 

@@ -8,6 +8,9 @@ policies.
   shapes only; :func:`concrete_inputs` allocates real ones.
 - One compile path (:mod:`jaxckpt.step._compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,
   :meth:`LoweredPolicy.compile`) with :func:`step_compiler_options`.
+- Faults (:mod:`jaxckpt.step._isolated`, :mod:`jaxckpt.step._stats_cache`): :func:`isolated_compiles` (topology
+  compiles in worker processes: a compiler crash is a :class:`CompilerCrashError`), :func:`end_workers`;
+  :class:`StatsCacheWarning` (a damaged or unwritable compiled-stats cache, once per run).
 """
 
 from jaxckpt._deprecations import forward_names as _forward_names
@@ -38,6 +41,8 @@ from jaxckpt.step._compile import (
     xla_raw_flops,
 )
 from jaxckpt.step._auto_plan import auto_tensor_plan
+from jaxckpt.step._isolated import CompilerCrashError, end_workers, isolated_compiles
+from jaxckpt.step._stats_cache import StatsCacheWarning
 from jaxckpt.models._classifiers import DEFAULT_BATCH_SIZE
 from jaxckpt.step._targets import (
     SHIPPED_MODELS,
@@ -52,6 +57,10 @@ from jaxckpt.step._targets import (
 
 __all__ = [
     "auto_tensor_plan",
+    "CompilerCrashError",
+    "end_workers",
+    "isolated_compiles",
+    "StatsCacheWarning",
     "PolicyStep",
     "StepBuilder",
     "concrete_inputs",

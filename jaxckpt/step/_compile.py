@@ -35,7 +35,8 @@ from flax import nnx
 from jaxckpt.sharding._rules import mesh_axes_of, param_logical_axes
 from jaxckpt.sharding._state import path_names
 from jaxckpt.errors import JaxckptError, MeshSpecError
-from jaxckpt.step._stats_cache import CachedStats, cache_key, read_program, stats_cache
+from jaxckpt.step._isolated import compile_lowered
+from jaxckpt.step._stats_cache import CachedStats, compile_key, read_program, stats_cache
 from jaxckpt import sharding
 from jaxckpt.analysis._flops import FlopCount, jaxpr_flops
 from jaxckpt.analysis._jaxprs import LAYOUT_ONLY, checkpoint_name_of, iter_eqns, outermost_remats, remat_body
@@ -325,7 +326,7 @@ class LoweredPolicy:
     cache = stats_cache() if not self.cacheable and not dumps else None
     key = None
     if cache is not None:  # a topology compile: its statistics may be kept from an earlier compile
-      key = cache_key(self.lowered.as_text(), options, **self.target_device)
+      key = compile_key(self.lowered, options, self.mesh, **self.target_device)
       hit = cache.get(key)
       if hit is not None and hit.error is not None:
         raise CachedRefusal(hit.error)
@@ -337,7 +338,7 @@ class LoweredPolicy:
     try:
       with compilation_cache_switch(False) if bypass else contextlib.nullcontext(), \
           compiler_log(self.target_device["platform"] == "gpu") as log:
-        compiled = self.lowered.compile(compiler_options=options or None)
+        compiled = compile_lowered(self.lowered, options, self.mesh)  # in a worker inside isolated_compiles()
     except Exception as err:
       if cache is not None and is_memory_refusal(err):  # deterministic: the same program is refused again
         cache.put(key, CachedStats(None, {}, time.perf_counter() - started, str(err)))
@@ -348,7 +349,7 @@ class LoweredPolicy:
       cache.put(key, CachedStats(memory, cost, compile_s), program_text=compiled.as_text())
     return CompiledPolicy(self.step, self.traced, compiled, memory, self.flops, self.lower_s,
                           compile_s, self.fingerprint, {**self.stages, "compile": compile_s}, cost,
-                          compiler_log=tuple(log))
+                          compiler_log=tuple(log) or tuple(getattr(compiled, "compiler_log", ())))
 
   @property
   def target_device(self) -> dict[str, Any]:

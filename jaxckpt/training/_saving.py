@@ -12,6 +12,16 @@ that step lands. A save that is asked for and writes nothing raises instead of r
 :class:`DirectoryLock` holds a directory for one run (``filelock``: an OS ``flock`` on ``DIR/.jaxckpt.lock``), so
 a second run started into the same directories is refused at once, naming the holder.
 
+**Each step is verified on restore.** orbax checks the index of its files (a CRC32C of the zarr shard index) but
+not the array data: a flipped bit inside a data file restores silently as a wrong value (one flipped bit changed 62
+of 67 parameter leaves of a resumed run, and the run went on). So every save also writes, as a JSON item of the same
+orbax step (committed with it, atomically), a checksum of each saved array (:func:`array_checksums`: 64 bits per
+array, a sum of mixed 32-bit words, equal whatever the array's sharding); a restore recomputes them, and a step whose
+arrays do not match is named corrupt, skipped and moved aside like an unreadable one, and the resume falls back to the
+newest step that verifies. A step saved before checksums were written restores unverified. A save that fails (a full
+disk) raises one :class:`~jaxckpt.errors.CheckpointError` line naming the step and the reason, its unfinished
+directory removed.
+
 Multi-process runs (``jax.distributed``, :mod:`jaxckpt.sharding`): every process creates the same
 :class:`TrainStateSaver` on a directory they all see and calls the same methods in the same order; orbax writes each
 array's shards from the process that holds them and the metadata and JSON items from process 0, and a restore places
@@ -21,18 +31,26 @@ every array on the template's sharding (so a state saved under one mesh restores
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
+import gc
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import filelock
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from jaxckpt.errors import CheckpointError, DirectoryInUseError
 
@@ -76,8 +94,188 @@ def check_checkpoint_directory(directory: str | os.PathLike) -> None:
     )
 
 
+_MIX = (0x85EBCA6B, 0xC2B2AE35)
+"""murmur3's 32-bit finalizer constants (``fmix32``, Austin Appleby's MurmurHash3): every input bit flips about half
+the output bits."""
+_SEEDS = (0x9E3779B9, 0x7F4A7C15)
+"""The two lanes' seeds (64 bits of checksum per array)."""
+CHECKSUMS_ITEM = "checksums"
+"""The orbax item of a step that holds its arrays' checksums (JSON: ``{leaf path: "<method>:<16 hex digits>"}``)."""
+
+
+def _fmix(x):
+  x = x ^ (x >> jnp.uint32(16))
+  x = x * jnp.uint32(_MIX[0])
+  x = x ^ (x >> jnp.uint32(13))
+  x = x * jnp.uint32(_MIX[1])
+  return x ^ (x >> jnp.uint32(16))
+
+
+def _words(x):
+  """An array's bits as 32-bit words (``uint32``, flat): narrower items widened, 8-byte items split in two."""
+  if x.dtype == bool:
+    return x.reshape(-1).astype(jnp.uint32)
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    return jnp.concatenate([_words(x.real), _words(x.imag)])
+  kind = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, kind).astype(jnp.uint32).reshape(-1)
+
+
+@jax.jit
+def _spread_checksum(x):
+  """``uint32[2]`` of one array, computed where its shards are: per lane, the wrapping sum over elements of
+  ``fmix(word ^ fmix(index + seed))``; a sum is exact in any order, so it is the same whatever the sharding."""
+  words = _words(x)
+  index = jnp.arange(words.shape[0], dtype=jnp.uint32)
+  return jnp.stack([jnp.sum(_fmix(words ^ _fmix(index + jnp.uint32(seed))), dtype=jnp.uint32) for seed in _SEEDS])
+
+
+def _leaf_checksum(x: Any, method: str | None = None) -> str | None:
+  """``"blake2b:<hex>"`` of an array this process holds whole (its C-order bytes, dtype and shape), ``"sum64:<hex>"``
+  of one spread over processes (:func:`_spread_checksum`); ``method`` asks for one (``None`` where it cannot be
+  computed here: a ``blake2b`` of an array this process does not hold whole)."""
+  if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  whole = not isinstance(x, jax.Array) or x.is_fully_addressable
+  method = method or ("blake2b" if whole else "sum64")
+  if method == "blake2b":
+    if not whole:
+      return None
+    host = np.ascontiguousarray(np.asarray(x))
+    digest = hashlib.blake2b(f"{host.dtype.str}{host.shape}".encode(), digest_size=8)
+    digest.update(memoryview(host.reshape(-1).view(np.uint8)))
+    return f"blake2b:{digest.hexdigest()}"
+  value = np.asarray(_spread_checksum(x).addressable_data(0))
+  return "sum64:" + "".join(f"{int(v):08x}" for v in value)
+
+
+def array_checksums(tree: Any, methods: Mapping[str, str] | None = None) -> dict[str, str | None]:
+  """A 64-bit checksum of each array leaf of ``tree`` (parameters, optimizer state, step), by leaf path
+  (``jax.tree_util.keystr``).
+
+  An array this process holds whole (every single-process run) is hashed on the host: BLAKE2b (``hashlib``, 8 bytes)
+  of its bytes in C order, its dtype and shape, so a sharded array gives the same checksum on any mesh. An array spread
+  over processes is summed where it lies: per lane of two, the wrapping 32-bit sum over its elements of murmur3's
+  finalizer of the element's bits xor the finalized index (a flipped bit always changes it; a sum does not depend on
+  its order, so again any mesh gives the same).
+
+  Args:
+    tree: a pytree of arrays (``jax.Array``, NumPy, scalars; typed PRNG keys by their key data).
+    methods: per path, the method of a saved checksum to recompute (``"blake2b"`` or ``"sum64"``); default: as
+      above.
+
+  Returns:
+    ``{path: "blake2b:0123456789abcdef"}`` in leaf order; ``None`` for a leaf whose saved method cannot be computed
+    here (a ``blake2b`` array that is now spread over processes).
+  """
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    name = jax.tree_util.keystr(path)
+    out[name] = _leaf_checksum(leaf, (methods or {}).get(name))
+  return out
+
+
 def _utc_now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _HeldLogs(logging.Filter):
+  """Holds back what orbax logs (absl's logger) while a save runs: a failed save logs the same error from each of its
+  threads with a traceback (~330 lines on a full disk) before it raises; :meth:`release` logs them after a save that
+  succeeded, and they are dropped when the save raised (its one-line error says it)."""
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    self.records.append(record)
+    return False
+
+  def release(self) -> None:
+    for name in _HELD_LOGGERS:
+      logging.getLogger(name).removeFilter(self)
+    for record in self.records:
+      logging.getLogger(record.name).handle(record)
+    self.records = []
+
+
+@contextlib.contextmanager
+def _held_logs():
+  held = _HeldLogs()
+  for name in _HELD_LOGGERS:
+    logging.getLogger(name).addFilter(held)
+  try:
+    yield held
+  finally:
+    for name in _HELD_LOGGERS:
+      logging.getLogger(name).removeFilter(held)
+
+
+_HELD_LOGGERS = ("absl", "asyncio")
+"""What a save logs through: orbax (absl's logger) and its event loops (asyncio's: "Future exception was never
+retrieved" for each abandoned write of a failed save)."""
+
+
+def _drain_abandoned_writes(settle_s: float = 0.5) -> None:
+  """After a failed save: lets the writes orbax abandoned finish in TensorStore's threads and collects their
+  coroutines and futures now, while their reports are held (else they print at interpreter exit)."""
+  time.sleep(settle_s)
+  gc.collect()
+  gc.collect()
+
+
+class _HeldUnraisables:
+  """Holds back the unraisable errors (``sys.unraisablehook``) reported while a save runs: :meth:`release` reports
+  them after a save that succeeded; after a failed one they are orbax's abandoned writes
+  (:func:`_quiet_abandoned_writes`)."""
+
+  def __init__(self):
+    self.held: list[Any] = []
+    self.previous = sys.unraisablehook
+
+  def __call__(self, unraisable: Any) -> None:
+    self.held.append(unraisable)
+
+  def release(self) -> None:
+    for unraisable in self.held:
+      sys.unraisablehook(unraisable)
+    self.held = []
+
+
+@contextlib.contextmanager
+def _held_unraisables():
+  held = _HeldUnraisables()
+  sys.unraisablehook = held
+  try:
+    yield held
+  finally:
+    sys.unraisablehook = held.previous
+
+
+def _quiet_abandoned_writes(directory: str, reason: str) -> None:
+  """After a failed save, the array writes orbax abandoned go on reporting, one traceback each (dozens on a full
+  disk), until the interpreter exits: TensorStore's threads into the event loop orbax closed (``RuntimeError: Event
+  loop is closed``, through ``sys.unraisablehook``), their coroutines when collected at exit, and asyncio's "Task
+  exception was never retrieved" naming the failed step's directory or the failure (``reason``: "No space left on
+  device"). From here on those are dropped; every other report goes through as before."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    value, where = unraisable.exc_value, getattr(unraisable.object, "__qualname__", "")
+    abandoned = ((isinstance(value, RuntimeError) and str(value) == "Event loop is closed")
+                 or "async_serialize" in where or "write_fragment" in where)
+    if not abandoned:
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+  class Abandoned(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+      message = record.getMessage()
+      return not ("exception was never retrieved" in message and (directory in message or reason in message))
+
+  logging.getLogger("asyncio").addFilter(Abandoned())
 
 
 class DirectoryLock:
@@ -217,8 +415,9 @@ class TrainStateSaver:
   def restore(self, state: Any) -> tuple[Any, dict[str, Any]]:
     """Returns the latest readable checkpoint's ``(state, meta)``, or ``(state, {})`` if there is none.
 
-    Steps are tried newest first; a step that cannot be read is skipped with a line in :attr:`warnings`. Once an
-    older step restores (so the template is right and the newer ones are damaged), the skipped steps are moved aside
+    Steps are tried newest first; a step that cannot be read, or whose arrays do not match the checksums saved with
+    them (:func:`array_checksums`), is skipped with a line in :attr:`warnings`. Once an older step restores and
+    verifies (so the template is right and the newer ones are damaged), the skipped steps are moved aside
     to ``<step>.corrupt-<UTC time>`` (kept, not deleted), so that saving those steps again writes them.
 
     Args:
@@ -247,6 +446,7 @@ class TrainStateSaver:
         )
         self._check_config(dict(items.config))
         restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        corrupt = self._unverified(step, restored.state)
       except CheckpointError:
         raise
       except Exception as err:  # noqa: BLE001 - orbax raises many types; name the directory and step instead
@@ -254,10 +454,32 @@ class TrainStateSaver:
         errors.append(f"step {step}: {reason}")
         self.warnings.append(f"checkpoint step {step} in {self.directory} cannot be read ({reason}); trying older")
         continue
+      if corrupt is not None:
+        errors.append(f"step {step}: corrupt ({corrupt})")
+        self.warnings.append(f"checkpoint step {step} in {self.directory} is corrupt: {corrupt}; trying older")
+        continue
       self.latest_step = step
       self._move_aside([s for s in steps if s > step])
       return restored.state, dict(items.meta)
     raise CheckpointError(f"no checkpoint in {self.directory} can be read: {'; '.join(errors)}")
+
+  def _unverified(self, step: int, state: Any) -> str | None:
+    """What is wrong with the restored arrays of ``step`` against the checksums saved with it (which arrays differ),
+    or ``None`` when they match (or the step was saved without checksums)."""
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    if not os.path.isdir(os.path.join(self.directory, str(step), CHECKSUMS_ITEM)):
+      return None
+    saved = dict(self._manager.restore(step, args=ocp.args.Composite(
+        **{CHECKSUMS_ITEM: ocp.args.JsonRestore()})).get(CHECKSUMS_ITEM))
+    now = array_checksums(state, {k: str(v).split(":")[0] for k, v in saved.items()})
+    bad = sorted(k for k, v in now.items() if v is not None and saved.get(k) != v)
+    missing = sorted(set(saved) ^ set(now))
+    if not bad and not missing:
+      return None
+    shown = ", ".join((bad + missing)[:3]) + (", ..." if len(bad) + len(missing) > 3 else "")
+    return (f"{len(bad) + len(missing)} of {len(saved)} arrays differ from the checksums saved with them ({shown})"
+            if not missing else f"its arrays are not those saved with it ({shown})")
 
   def _move_aside(self, steps: list[int]) -> None:
     """Renames unreadable steps ``<step>.corrupt-<time>`` (process 0) and forgets them."""
@@ -305,7 +527,8 @@ class TrainStateSaver:
 
     Raises:
       CheckpointError: the directory already holds step ``step`` or a later one that this saver did not write (it
-        would not be written, or not be the latest), or the save finished without the step on disk.
+        would not be written, or not be the latest), the save failed (a full disk: one line, its unfinished directory
+        removed), or the save finished without the step on disk.
     """
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
@@ -319,21 +542,41 @@ class TrainStateSaver:
           f"cannot save step {step} in {self.directory}: it already holds step(s) {sorted(ahead)} that this run did "
           "not write (another run writing there?); nothing was overwritten"
       )
-    self._manager.save(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            config=ocp.args.JsonSave(self.config),
-            meta=ocp.args.JsonSave(dict(meta or {})),
-        ),
-        force=True,
-    )
-    self._manager.wait_until_finished()
+    items = {"state": ocp.args.StandardSave(state), "config": ocp.args.JsonSave(self.config),
+             "meta": ocp.args.JsonSave(dict(meta or {})), CHECKSUMS_ITEM: ocp.args.JsonSave(array_checksums(state))}
+    failure = None
+    with _held_logs() as held, _held_unraisables() as unraisables:
+      try:
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self._manager.wait_until_finished()
+      except Exception as err:  # noqa: BLE001 - orbax and TensorStore raise many types (a full disk among them)
+        failure = err
+        _drain_abandoned_writes()  # their reports land here, held, and are dropped with the held logs
+    if failure is not None:
+      self._failed_save(step, failure)  # one line: orbax's logged tracebacks of the same error are dropped
+    held.release()
+    unraisables.release()
     self._manager.reload()
     if step not in self._manager.all_steps():
       raise CheckpointError(f"saving step {step} in {self.directory} finished but the step is not on disk")
     self._written.add(step)
     return True
+
+  def _failed_save(self, step: int, err: BaseException) -> None:
+    """Removes what a failed save of ``step`` left (its unfinished directory) and raises one line naming the step,
+    the directory and the reason (a full disk: "no space left on device")."""
+    if jax.process_index() == 0:
+      for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+        if name == str(step) or name.startswith(f"{step}{TMP_MARKER}"):
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    text = str(err)
+    full = "No space left" in text or getattr(err, "errno", None) == errno.ENOSPC
+    reason = "no space left on device" if full else (text.strip().splitlines() or [type(err).__name__])[0][:200]
+    _quiet_abandoned_writes(self.directory, "No space left on device" if full else reason)
+    latest = max((s for s in self._manager.all_steps() if s != step), default=None)
+    kept = f"the last complete checkpoint is step {latest}" if latest is not None else "no earlier checkpoint exists"
+    raise CheckpointError(f"saving checkpoint step {step} in {self.directory} failed ({reason}); {kept}; free space "
+                          "or choose another ckpt_dir") from None
 
   def latest_saved_step(self) -> int | None:
     """The newest complete checkpoint step on disk, or ``None``."""

@@ -77,6 +77,14 @@ def test_faults(tmp_path):
   assert [sorted(codes) for codes in data["pairs"]["codes"]] == [[0, 2]]
 
 
+def test_fault_cases(tmp_path):
+  from benchmarks import fault_cases
+
+  data = _run(fault_cases, tmp_path)
+  assert [c["name"] for c in data["cases"]] == [n for n, (_, _, quick) in fault_cases.CASES.items() if quick]
+  assert all(c["held"] for c in data["cases"]), [c for c in data["cases"] if not c["held"]]
+
+
 def test_report_speed(tmp_path):
   data = _run(report_speed, tmp_path)
   assert [r["policy"] for r in data["rows"]] == ["none", "nothing_saveable", "save_only_these_names:mlp_out"]

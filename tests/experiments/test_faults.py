@@ -471,3 +471,117 @@ def test_make_train_step_refuses_non_bool_flags_and_non_int_accumulation(kwargs,
   with pytest.raises(jaxckpt.errors.JaxckptError, match=re.escape(match)):
     jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, **kwargs)
   assert jaxckpt.make_train_step(graphdef, tx, _sqrt_metrics_loss, metrics=np.bool_(False)) is not None
+
+
+# --- a checkpoint whose file is still readable but whose data is not what was saved --------------------------------
+
+
+def _flip_a_bit(step_dir):
+  """Flips one bit in the middle of the largest data file of a saved step (random float32 data: zstd stores it raw,
+  so the file stays readable and one value changes)."""
+  files = [os.path.join(root, name) for root, _, names in os.walk(step_dir / "state") for name in names]
+  largest = max(files, key=os.path.getsize)
+  data = bytearray(open(largest, "rb").read())
+  data[len(data) // 2] ^= 0x10
+  with open(largest, "wb") as f:
+    f.write(bytes(data))
+
+
+def test_a_flipped_bit_is_caught_on_restore_and_the_resume_falls_back(tmp_path):
+  """One flipped bit in an orbax data file restored silently (62 of 67 parameter leaves of a resumed classifier
+  differed from the straight run's, exit 0). Each save now writes a checksum per array with the step; the corrupt step
+  is named, skipped and moved aside, and the restore falls back to the newest step that verifies."""
+  rng = np.random.RandomState(0)
+  state = {"w": rng.randn(256, 256).astype(np.float32), "b": rng.randn(256).astype(np.float32),
+           "step": np.asarray(1, np.int32)}
+  ckpt = tmp_path / "ckpt"
+  saver = jaxckpt.TrainStateSaver(ckpt, config={"a": 1}, save_every=1, resume=False)
+  assert saver.maybe_save(1, state) and saver.maybe_save(2, {**state, "step": np.asarray(2, np.int32)})
+  saver.close()
+  _flip_a_bit(ckpt / "2")
+  resumed = jaxckpt.TrainStateSaver(ckpt, config={"a": 1}, save_every=1, resume=True)
+  restored, _ = resumed.restore(state)
+  assert resumed.latest_step == 1 and int(restored["step"]) == 1
+  assert all(np.array_equal(np.asarray(restored[k]), state[k]) for k in ("w", "b"))
+  assert any(f"checkpoint step 2 in {ckpt} is corrupt: 1 of 3 arrays differ from the checksums saved with them "
+             "(['w'])" in w for w in resumed.warnings), resumed.warnings
+  assert step_dirs(ckpt) == [1] and any(d.startswith("2.corrupt-") for d in os.listdir(ckpt))
+  resumed.close()
+
+
+def test_array_checksums_do_not_depend_on_where_they_are_computed():
+  """The host's checksum (an array held whole) and the devices' (an array spread over processes) are two methods;
+  each is the same however the array is laid out, and each catches a flipped bit."""
+  from jaxckpt.training._saving import array_checksums
+
+  tree = {"f": jnp.arange(12.0).reshape(3, 4), "h": jnp.ones(5, jnp.bfloat16), "k": jax.random.key(1),
+          "i": np.int32(7), "m": jnp.array([True, False])}
+  host = array_checksums(tree)
+  assert set(host) == {"['f']", "['h']", "['i']", "['k']", "['m']"} and all(v.startswith("blake2b:") for v in
+                                                                             host.values())
+  spread = array_checksums(tree, {k: "sum64" for k in host})
+  assert all(v.startswith("sum64:") for v in spread.values()) and array_checksums(tree, {"['f']": "sum64"}) == {
+      **host, "['f']": spread["['f']"]}
+  flipped = np.asarray(tree["f"]).copy()
+  flipped.reshape(-1).view(np.uint32)[5] ^= 1 << 9
+  assert array_checksums({"f": flipped}, {"['f']": "sum64"})["['f']"] != spread["['f']"]
+  assert array_checksums({"f": flipped})["['f']"] != host["['f']"]
+
+
+def test_a_save_that_fails_for_space_is_one_line(tmp_path):
+  """A checkpoint save on a full disk printed ~330 lines of orbax tracebacks; now one CheckpointError line, its
+  unfinished directory removed, the last complete step named."""
+  ckpt = tmp_path / "ckpt"
+  saver = jaxckpt.TrainStateSaver(ckpt, config={"a": 1}, save_every=1, resume=False)
+  saver.maybe_save(1, {"w": np.zeros(4, np.float32)})
+
+  def full(step, **kwargs):
+    (ckpt / f"{step}{TMP_MARKER}-1700000000").mkdir()
+    raise ValueError(f"RESOURCE_EXHAUSTED: Error writing \"w/0.0\" in OCDBT database at local file \"{ckpt}\": "
+                     "Failed to write 3716881 bytes to file 7: No space left on device [os_error_code='28']")
+
+  saver._manager.save = full
+  with pytest.raises(jaxckpt.errors.CheckpointError) as info:
+    saver.maybe_save(2, {"w": np.ones(4, np.float32)})
+  assert str(info.value) == (f"saving checkpoint step 2 in {ckpt} failed (no space left on device); the last complete "
+                             "checkpoint is step 1; free space or choose another ckpt_dir")
+  assert sorted(os.listdir(ckpt)) == ["1"]
+
+
+@pytest.mark.slow  # two training processes (~30 s each case)
+@pytest.mark.parametrize("victim, line", [
+    (1, "process 0 of 2: lost process 1 (no heartbeat for 5 s"),  # found by process 0's peer watch
+    (0, "process 1 of 2: lost a process of the run (JAX's distributed runtime aborted this one"),  # its supervisor
+])
+def test_a_killed_process_ends_its_peer_within_seconds_with_one_line(tmp_path, victim, line):
+  """kill -9 of one process of a --num-processes 2 run: the other printed a Gloo traceback, stalled ~60 s and aborted
+  (exit 134). Now the peer watch finds a lost process within seconds, and the loss of the coordinator (process 0),
+  which JAX's runtime answers by aborting the others at once, is one line from each one's supervisor: exit 1."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": os.getcwd()}
+  procs = [subprocess.Popen([*CLI[:5], "--epochs", "50", "--no-progress", "--mesh", "data=8", "--coordinator",
+                             f"localhost:{port}", "--num-processes", "2", "--process-id", str(p)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
+  try:
+    for printed in procs[0].stdout:
+      if printed.startswith("compiled in"):
+        break
+    time.sleep(1)
+    procs[victim].kill()  # the process a user started (its supervisor): its training child dies with it
+    killed_at = time.perf_counter()
+    survivor = procs[1 - victim]
+    _, err = survivor.communicate(timeout=60)
+    elapsed = time.perf_counter() - killed_at
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+      proc.communicate()
+  lines = [text for text in own_stderr_lines(err) if "joining the run" not in text]
+  assert survivor.returncode == 1 and elapsed < 15, (survivor.returncode, elapsed, err[-3000:])
+  assert len(lines) == 1 and lines[0].startswith(line), err[-3000:]
