@@ -83,7 +83,7 @@ def _chromium() -> str | None:
 
 _CLICK_TEMP = """<script>
 var th = Array.prototype.find.call(document.querySelectorAll("table.sortable")[0].tHead.rows[0].cells,
-                                   function (c) { return c.textContent === "temp"; });
+                                   function (c) { return c.textContent === "temp/device"; });
 th.click(); th.click();  // descending
 </script></body></html>"""
 
@@ -92,7 +92,7 @@ th.click(); th.click();  // descending
                                                  "needs a real browser")
 def test_page_renders_in_headless_chromium(report, tmp_path):
   """Every chart draws SVG (one marker per policy and panel, one bar per policy and segment), the console shows no
-  error, and a click on the 'temp' header sorts the summary by the raw bytes."""
+  error, and a click on the 'temp/device' header sorts the summary by the raw bytes."""
   path = tmp_path / "report.html"
   path.write_text(to_html(report).replace("</body></html>", _CLICK_TEMP))
   done = subprocess.run(
