@@ -74,6 +74,9 @@ MOVED_MODULES: dict[str, str] = {
     # jaxckpt 0.2: the sharding room (meshes, logical rules, state shardings, chips and topologies in one package)
     "jaxckpt.topology": "jaxckpt.sharding", "jaxckpt.training.sharding": "jaxckpt.sharding",
     "jaxckpt.core.names": "jaxckpt.names",
+    # jaxckpt 0.2: the one HLO reader (jaxckpt.analysis.hlo: parse, module, collectives, transfers, buffers)
+    "jaxckpt.analysis._hlo": "jaxckpt.analysis.hlo",
+    "jaxckpt.analysis._memory_spaces": "jaxckpt.analysis.hlo._buffers",
 }
 """Old module path -> the module behind it now (a private module, or the public face that replaced it)."""
 

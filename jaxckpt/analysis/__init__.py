@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from jaxckpt._deprecations import forward_names as _forward_names
 from jaxckpt.analysis._flops import FlopCount, count_flops, count_live_flops, jaxpr_flops
-from jaxckpt.analysis._hlo import (COLLECTIVE_KINDS, GEMM_TARGETS, HOST_MEMORY_SPACE, ArrayShape, Collective,
-                                   CollectiveUse, HloComputation, HloExecution, HloInstruction, HloModule, HloParseError,
-                                   HloTotals, HostTransfer, collectives_by_axis, describe_collectives, group_axes,
-                                   instruction_flops, parse_hlo, read_compiled, replica_groups)
+from jaxckpt.analysis.hlo import (COLLECTIVE_KINDS, DEVICE_MEMORY_SPACE, GEMM_TARGETS, HOST_MEMORY_SPACE, ArrayShape,
+                                  Collective, CollectiveUse, HloComputation, HloExecution, HloInstruction, HloModule,
+                                  HloParseError, HloTotals, HostTransfer, LiveBuffer, MemorySpace, MemorySpaces,
+                                  collectives_by_axis, describe_collectives, format_shape, group_axes, instruction_flops,
+                                  live_at_peak, offload_device_bytes, parse_hlo, read_compiled, read_memory_spaces,
+                                  replica_groups)
 from jaxckpt.analysis._jaxprs import REMAT_FORMS
-from jaxckpt.analysis._memory_spaces import (DEVICE_MEMORY_SPACE, MemorySpace, MemorySpaces, offload_device_bytes,
-                                             read_memory_spaces)
 from jaxckpt.analysis._residuals import Residual, ResidualGroup, group_residuals, saved_residuals
 from jaxckpt.analysis._render import memory_table, policy_summary
 
@@ -62,6 +62,9 @@ __all__ = [
     "offload_device_bytes",
     "COLLECTIVE_KINDS",
     "GEMM_TARGETS",
+    "LiveBuffer",
+    "live_at_peak",
+    "format_shape",
 ]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.analysis.<module>) as attributes, with a warning

@@ -24,9 +24,8 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError, raised_at
-from jaxckpt.analysis._hlo import collectives_by_axis, parse_hlo
+from jaxckpt.analysis.hlo import collectives_by_axis, offload_device_bytes, parse_hlo, read_memory_spaces
 from jaxckpt.analysis._jaxprs import count_remat_regions
-from jaxckpt.analysis._memory_spaces import offload_device_bytes, read_memory_spaces
 from jaxckpt.analysis._policy_meaning import GROUPED_MATMULS, grouped_matmul_gap
 from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._plan import resolve_policy

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from jaxckpt._units import format_seconds
-from jaxckpt.analysis import HloModule, parse_hlo
+from jaxckpt.analysis.hlo import HloModule, parse_hlo
 from jaxckpt.errors import JaxckptError, closest
 from jaxckpt.sharding import CHIPS, Chip, Topology, get_topology
 from jaxckpt.timing._gpu import collective_contention, gpu_basis
