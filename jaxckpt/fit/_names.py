@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxckpt._units import format_bytes
-from jaxckpt.analysis._tables import render_table
+from jaxckpt.rendering._tables import render_table
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch

@@ -1,4 +1,4 @@
-"""A policy with no compiled effect is never an ordinary ``ok`` row (jaxckpt.report.effect); the planner skips it."""
+"""A policy with no compiled effect is never an ordinary ``ok`` row (jaxckpt.planner._effect); the planner skips it."""
 
 import csv
 import io
@@ -12,7 +12,7 @@ from jaxckpt.planner._plan import CompiledPoint, _no_effect
 from jaxckpt import PolicySpec
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.report._build import Report
-from jaxckpt.analysis._effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
+from jaxckpt.planner._effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
 from jaxckpt.report._html import to_html
 from jaxckpt.report._keys import REPORT_KEYS, empty_row
 from jaxckpt.report._outputs import to_csv, to_json, to_markdown, to_table
