@@ -69,7 +69,7 @@ from jaxckpt._units import format_bytes
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
-from jaxckpt.sharding import CHIPS, Chip, chip_for_kind
+from jaxckpt.sharding import CHIPS, chip_for_kind
 from jaxckpt.timing import Links, axis_group, collective_seconds, mesh_links
 
 
@@ -93,10 +93,10 @@ class Accelerator:
     network_bandwidth: a GPU's bytes/s per direction to other nodes (its share of the node's NICs); 0: one
       interconnect (a TPU slice's ICI, or unknown).
     gpus_per_node: GPUs that share NVLink in a node (0: not a GPU cluster).
-    chip: the chip table's entry (:data:`jaxckpt.sharding.CHIPS`) whose links price the collectives (the timing
-      room's link model, :func:`jaxckpt.timing.mesh_links`: a TPU's ICI torus, NVLink inside a GPU node and NCCL's
-      rings over the nodes' NICs); ``None`` (a calibrated CPU, a hand-made device): no collective term. The bandwidth
-      fields above describe the same chip for tables.
+    chip: the key in the chip table (:data:`jaxckpt.sharding.CHIPS`, ``"v6e"``, ``"h100"``) of the chip whose links
+      price the collectives (the timing room's link model, :func:`jaxckpt.timing.mesh_links`: a TPU's ICI torus,
+      NVLink inside a GPU node and NCCL's rings over the nodes' NICs); ``None`` (a calibrated CPU, a hand-made
+      device): no collective term. The bandwidth fields above describe the same chip for tables.
   """
 
   name: str
@@ -110,12 +110,20 @@ class Accelerator:
   host_memory_bytes: int | None = None
   network_bandwidth: float = 0.0
   gpus_per_node: int = 0
-  chip: Chip | None = None
+  chip: str | None = None
 
   def links(self, mesh_shape: Mapping[str, int] | None) -> Links | None:
     """The links of a mesh of ``mesh_shape`` over this device's chips (:func:`jaxckpt.timing.mesh_links`), or
-    ``None`` without a :attr:`chip` (no collective term)."""
-    return mesh_links(self.chip, dict(mesh_shape or {})) if self.chip is not None else None
+    ``None`` without a :attr:`chip` (no collective term).
+
+    Raises:
+      JaxckptError: a :attr:`chip` that is not a key of the chip table.
+    """
+    if self.chip is None:
+      return None
+    if self.chip not in CHIPS:
+      raise JaxckptError(f"Accelerator(chip={self.chip!r}) is not in the chip table; valid: {', '.join(CHIPS)}")
+    return mesh_links(CHIPS[self.chip], dict(mesh_shape or {}))
 
   def link_bandwidth(self, axis: str, mesh_shape: Mapping[str, int]) -> float:
     """Bytes/s per device of a collective over mesh axis ``axis`` (:meth:`jaxckpt.timing.Links.route` of the axis's
@@ -174,7 +182,7 @@ ACCELERATORS: dict[str, Accelerator] = {
     key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes,
                      ici_bandwidth=chip.ici_bandwidth, host_bandwidth=chip.host_bandwidth,
                      host_memory_bytes=chip.host_memory_bytes or None, network_bandwidth=chip.network_bandwidth,
-                     gpus_per_node=chip.gpus_per_node, chip=chip)
+                     gpus_per_node=chip.gpus_per_node, chip=key)
     for key, chip in CHIPS.items()
 }
 """The chips of :data:`jaxckpt.sharding.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
