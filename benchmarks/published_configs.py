@@ -75,7 +75,7 @@ class Row:
   """One published configuration.
 
   Attributes:
-    key: its row in published-configs.md (``T1``…).
+    key: its row in ../shared/published-configs.md (``T1``…).
     preset: the :data:`jaxckpt.models.llm.LLM_PRESETS` name.
     topology: the slice (``v6e:16x16`` for v6e-256).
     per_device: MaxText's ``per_device_batch_size`` (sequences per chip).
@@ -135,7 +135,8 @@ ROWS: tuple[Row, ...] = (
     Row("T20", "llama3.1-8b", "v6e:16x16", 8, 8192, "full", SplashBlockSizes(),
         note="llama3-8b = llama3.1-8b's dimensions (§3); v6e-256 compiled"),
 )
-"""The dense Trillium rows and the Mixtral rows with a published number of published-configs.md §2, in its order."""
+"""The dense Trillium rows and the Mixtral rows with a published number of ../shared/published-configs.md §2, in its
+order."""
 
 
 def target(row: Row, *, num_layers: int | None = None) -> tuple[ModelTarget, int]:

@@ -52,7 +52,7 @@ class Row:
   """One published GPU configuration.
 
   Attributes:
-    key: its row in published-configs-gpu.md (``G1``…).
+    key: its row in ../shared/published-configs-gpu.md (``G1``…).
     preset: the :data:`jaxckpt.models.llm.LLM_PRESETS` name.
     topology: the cluster (``h100:32x8``: 32 nodes of 8).
     mesh: the ``--mesh`` (axes across nodes first).
@@ -86,7 +86,7 @@ ROWS: tuple[Row, ...] = (
     Row("G3", "llama3.1-70b", "h200:32x8", "data=2,fsdp=128", 2, 8192, "save_dot_with_context_except_mlp", True,
         0.92, 15.516, "15.516 s/step, 1,056 tok/s/GPU, 51.4% MFU"),
 )
-"""The rows of published-configs-gpu.md §3."""
+"""The rows of ../shared/published-configs-gpu.md §3."""
 
 
 def target(row: Row, gpus: int, *, num_layers: int | None = None) -> ModelTarget:

@@ -47,7 +47,7 @@ NAME = "step_time_gpu"
 
 @dataclasses.dataclass(frozen=True)
 class GpuRow:
-  """One published GPU run (published-configs-gpu.md §3–§4).
+  """One published GPU run (../shared/published-configs-gpu.md §3–§4).
 
   Attributes:
     key: its row (``G1``, ``MT-1``, ``DX-1``…).
@@ -95,7 +95,7 @@ def _dx(key: str, topology: str, mesh: str, step: float) -> GpuRow:
 
 
 def rows() -> tuple[GpuRow, ...]:
-  """Every bf16 row of published-configs-gpu.md §3–§4, in its order."""
+  """Every bf16 row of ../shared/published-configs-gpu.md §3–§4, in its order."""
   return (
       GpuRow("G1", "llama2-7b", "h100:8", "fsdp=8", 2, 4096, "minimal_flash", False, 0.90, 0.721,
              "0.721 s/step, 11,361 tok/s/GPU"),

@@ -37,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+
+from jax.sharding import Mesh
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.sharding import Chip, Topology
@@ -137,7 +138,7 @@ def tpu_wraps(chip: Chip, torus: Sequence[int]) -> tuple[bool, ...]:
   return tuple(n == 16 for n in torus)
 
 
-def links_for(topology: Topology, mesh: Any) -> Links:
+def links_for(topology: Topology, mesh: Mesh) -> Links:
   """The :class:`Links` of a program compiled on ``topology`` over ``mesh`` (partition id i is
   ``mesh.devices.flat[i]``).
 

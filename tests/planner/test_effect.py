@@ -22,7 +22,8 @@ from jaxckpt.training._xla import CPU_REMAT_FIX
 # Run again under JAX's next remat (.ci/run's remat3 leg): whether a policy has a compiled effect.
 pytestmark = pytest.mark.remat3
 
-L, D, H, B = 4, 64, 256, 256  # layers, width, hidden width, batch: NOTES.md §1's residual MLP, small
+L, D, H, B = 4, 64, 256, 256  # layers, width, hidden width, batch: an unrolled residual MLP (XLA:CPU undoes its remat
+# without the cse_barrier_expander option: jaxckpt.training._xla), small
 
 
 def _loss(policy):
