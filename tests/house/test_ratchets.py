@@ -13,6 +13,7 @@ reason, so that a new case fails and a fixed one must be struck off (a count bel
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import pathlib
@@ -92,6 +93,7 @@ def test_the_reference_check_finds_a_bare_and_a_new_citation(tmp_path):
 # --- functions ----------------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def functions(root: pathlib.Path = ROOT) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
   """Every function of ``jaxckpt/`` by ``"path:qualified.name"`` (a method as ``Class.method``, a nested function as
   ``outer.inner``)."""
