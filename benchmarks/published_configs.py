@@ -75,7 +75,7 @@ class Row:
   """One published configuration.
 
   Attributes:
-    key: its row in published-configs.md (``T1``…).
+    key: its row in ../shared/published-configs.md (``T1``…).
     preset: the :data:`jaxckpt.models.llm.LLM_PRESETS` name.
     topology: the slice (``v6e:16x16`` for v6e-256).
     per_device: MaxText's ``per_device_batch_size`` (sequences per chip).
@@ -135,7 +135,8 @@ ROWS: tuple[Row, ...] = (
     Row("T20", "llama3.1-8b", "v6e:16x16", 8, 8192, "full", SplashBlockSizes(),
         note="llama3-8b = llama3.1-8b's dimensions (§3); v6e-256 compiled"),
 )
-"""The dense Trillium rows and the Mixtral rows with a published number of published-configs.md §2, in its order."""
+"""The dense Trillium rows and the Mixtral rows with a published number of ../shared/published-configs.md §2, in its
+order."""
 
 
 def target(row: Row, *, num_layers: int | None = None) -> tuple[ModelTarget, int]:
@@ -181,11 +182,11 @@ def run_row(row: Row, *, num_layers: int | None = None) -> dict[str, Any]:
 def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   """The fit planner's time model (:mod:`jaxckpt.fit._speed`) for a compiled row: one micro-step per chip of the
   row's FLOPs (jaxpr count, recompute included) ÷ chips at v6e's peak, its host bytes moved out and back over the host
-  link, and the collectives over ICI (:func:`jaxckpt.fit.collective_seconds`: FSDP's gathers and reduce-scatter, an
+  link, and the collectives over ICI (:func:`jaxckpt.fit.traffic_seconds`: FSDP's gathers and reduce-scatter, an
   expert axis's all-to-alls and gradient all-reduce, from the preset's parameter bytes and its
   :func:`jaxckpt.fit.traffic_of`); no HBM term (the rows do not keep XLA's bytes accessed). Returns
   ``{"step_s", "bound", "tokens_per_s_chip", terms...}``, or ``None`` for a row without FLOPs."""
-  from jaxckpt.fit import accelerator, collective_seconds, state_bytes, traffic_of
+  from jaxckpt.fit import accelerator, traffic_seconds, state_bytes, traffic_of
 
   if not r.get("flops") or r.get("status") != "ok":
     return None
@@ -194,7 +195,7 @@ def predict(r: Mapping[str, Any]) -> dict[str, Any] | None:
   params, traffic = state_bytes(built)[0], traffic_of(built)
   mesh = r.get("mesh") or mesh_of(row)
   chip = accelerator(r["topology"].split(":")[0])
-  micro, step_s = collective_seconds(chip, params, mesh, **traffic.per_device(r["per_device"]))
+  micro, step_s = traffic_seconds(chip, params, mesh, **traffic.per_device(r["per_device"]))
   terms = chip.terms(r["flops"] / r["chips"], None, host_bytes=2.0 * (r["host_footprint_bytes"] or 0),
                      collective_s=micro + step_s)
   terms.pop("hbm_s")

@@ -26,6 +26,7 @@ Usage: ``python benchmarks/published_gpu_configs.py [--rows G1 G3] [--quick]`` (
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -37,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 from benchmarks import common
 from jaxckpt import format_bytes
-from jaxckpt.fit import accelerator, collective_seconds
+from jaxckpt.fit import accelerator, traffic_seconds
 from jaxckpt.models import model_entry
 from jaxckpt.report import build_report
 from jaxckpt.sharding import mesh_shape, resolve_placement
@@ -51,7 +52,7 @@ class Row:
   """One published GPU configuration.
 
   Attributes:
-    key: its row in published-configs-gpu.md (``G1``…).
+    key: its row in ../shared/published-configs-gpu.md (``G1``…).
     preset: the :data:`jaxckpt.models.llm.LLM_PRESETS` name.
     topology: the cluster (``h100:32x8``: 32 nodes of 8).
     mesh: the ``--mesh`` (axes across nodes first).
@@ -85,7 +86,7 @@ ROWS: tuple[Row, ...] = (
     Row("G3", "llama3.1-70b", "h200:32x8", "data=2,fsdp=128", 2, 8192, "save_dot_with_context_except_mlp", True,
         0.92, 15.516, "15.516 s/step, 1,056 tok/s/GPU, 51.4% MFU"),
 )
-"""The rows of published-configs-gpu.md §3."""
+"""The rows of ../shared/published-configs-gpu.md §3."""
 
 
 def target(row: Row, gpus: int, *, num_layers: int | None = None, attention: str = "pallas") -> ModelTarget:
@@ -105,7 +106,7 @@ def predict(row: Row, r: Mapping[str, Any], param_bytes: int) -> dict[str, Any]:
   deviceless, so no HBM term. Returns ``{"step_s", "bound", "tokens_per_s_gpu", terms...}``."""
   chip = accelerator(row.topology.split(":")[0])
   shape = mesh_shape(resolve_placement(row.mesh, row.topology).mesh)
-  micro, step = collective_seconds(chip, param_bytes, shape)
+  micro, step = traffic_seconds(chip, param_bytes, shape)
   terms = chip.terms(r["flops"] / r["device_count"], None, collective_s=micro)
   terms.pop("hbm_s")
   terms["collectives_s"] += step
@@ -159,12 +160,37 @@ def render(data: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def repredict(data: Mapping[str, Any]) -> dict[str, Any]:
+  """``data`` (a run's JSON) with each row's prediction made again from its stored FLOPs by the current time model
+  (:func:`predict`; nothing compiled), and the date of that in ``repredicted_utc``."""
+  from jaxckpt.fit import state_bytes  # the preset's parameter bytes, from its abstract model
+
+  by_key = {r.key: r for r in ROWS}
+  rows = []
+  for r in data["rows"]:
+    row = by_key[r["key"]]
+    params = state_bytes(target(row, r["device_count"], num_layers=r.get("num_layers")))[0]
+    rows.append({**r, "prediction": predict(row, r, params) if r["flops"] else None})
+  return {**data, "rows": rows, "repredicted_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Compiles the rows asked for (default all) and writes ``benchmarks/results/published_gpu_configs.json``."""
   parser = common.parser(NAME, __doc__)
   parser.add_argument("--rows", nargs="+", default=None,
                       help=f"rows to compile, in this order (default all: {' '.join(r.key for r in ROWS)})")
+  parser.add_argument("--repredict", metavar="JSON", default=None,
+                      help="make the predictions of a run's JSON again with the current time model (no compile) "
+                           "and write it back")
   args = parser.parse_args(argv)
+  if args.repredict:
+    if not os.path.isfile(args.repredict):
+      parser.error(f"--repredict {args.repredict}: no such file")
+    with open(args.repredict, encoding="utf-8") as f:
+      data = repredict(json.load(f))
+    common.write_json(args.repredict, data)
+    print(render(data))
+    return 0
   keys = [r.key for r in ROWS]
   chosen = args.rows or (keys if not args.quick else ["G1"])
   unknown = [k for k in chosen if k not in keys]

@@ -47,7 +47,7 @@ from jaxckpt.timing import OVERLAP_RULES, estimate_step_time, layer_trip_counts,
 NAME = "step_time"
 
 ROW_KEYS = ("T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T13")
-"""The rows with a published throughput (published-configs.md §2), in its order."""
+"""The rows with a published throughput (../shared/published-configs.md §2), in its order."""
 
 ORDER = ("T4", "T5", "T7", "T6")
 """Llama 3.1 70B's four rows in the order of their measured throughput (960 > 942 > 921 > 877 tokens/s/chip)."""

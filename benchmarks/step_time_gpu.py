@@ -64,8 +64,8 @@ def _dx(key: str, topology: str, mesh: str, step: float) -> Row:
 
 
 def rows() -> tuple[Row, ...]:
-  """Every bf16 row of published-configs-gpu.md §3–§4, in its order: §3's (:data:`benchmarks.published_gpu_configs.ROWS`,
-  with the memory each recipe's launcher gives) and §4's."""
+  """Every bf16 row of ../shared/published-configs-gpu.md §3–§4, in its order: §3's
+  (:data:`benchmarks.published_gpu_configs.ROWS`, with the memory each recipe's launcher gives) and §4's."""
   return (
       *GPU_ROWS,
       _mt("MT-1", "h100:8", "fsdp=8", 492), _mt("MT-2", "h100:2x8", "data=2,fsdp=8", 422),

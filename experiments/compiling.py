@@ -10,7 +10,8 @@ from typing import Any
 import jax
 
 import jaxckpt
-from jaxckpt.analysis import collectives_by_axis, describe_collectives, memory_table, policy_summary, read_compiled
+from jaxckpt.analysis import collectives_by_axis, describe_collectives, read_compiled
+from jaxckpt.rendering import memory_table, policy_summary
 from jaxckpt.step import ModelTarget, compile_policy
 from jaxckpt import sharding
 

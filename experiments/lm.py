@@ -35,7 +35,7 @@ from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
 from jaxckpt.errors import JaxckptError
 from jaxckpt.names import DECODER_NAMES
-from jaxckpt.models import MODEL_REGISTRY, LanguageModelEntry, model_entry
+from jaxckpt.models import MODEL_REGISTRY, LanguageModelEntry, config_record, model_entry
 from jaxckpt.models.llm import ATTENTION_KERNELS
 from jaxckpt.nnx import ATTENTION_IMPLEMENTATIONS
 from jaxckpt.models import COMPUTE_DTYPES
@@ -140,7 +140,7 @@ def _setup(config: LMConfig, log) -> Setup:  # noqa: ARG001 - the runner's setup
                  test_accuracy=final["eval_accuracy"], eval_loss=final["eval_loss"], perplexity=final["perplexity"],
                  eval_loss_history=history.get("eval_loss", []), unigram_entropy=corpus.unigram_entropy,
                  corpus=corpus.info(), structure=model_cfg.structure, attention=model_cfg.attention,
-                 model_config=dataclasses.asdict(model_cfg), tokens_per_step=batch_size * seq_len)
+                 model_config=config_record(model_cfg), tokens_per_step=batch_size * seq_len)
     verdict = "below" if final["eval_loss"] < corpus.unigram_entropy else "NOT below"
     return extra, [f"eval loss {final['eval_loss']:.4f} nats/byte (perplexity {final['perplexity']:.3f}), {verdict} "
                    f"the unigram entropy {corpus.unigram_entropy:.4f}"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from jaxckpt.cli import check_output_dir
 from jaxckpt.errors import JaxckptError, MeshSpecError
+from jaxckpt.models import config_record
 from jaxckpt.training import check_profile_dir
 
 __all__ = ["NAN_POLICIES", "RESUME_AUTO", "REMAT_FIELDS", "RunOptions", "configure", "flat_config", "run_identity", "check_seeds"]
@@ -122,7 +123,7 @@ def run_identity(config: Any, model_config: Any, *, ignore: Collection[str] = ()
     **extra: entries to add (the data's identity).
   """
   record = dataclasses.asdict(config)
-  model = {k: v for k, v in dataclasses.asdict(model_config).items() if k not in REMAT_FIELDS}
+  model = {k: v for k, v in config_record(model_config).items() if k not in REMAT_FIELDS}
   return {**{k: v for k, v in record.items() if k not in ("run", *REMAT_FIELDS, *ignore)}, "model_config": model,
           **extra}
 

@@ -20,11 +20,12 @@ them are private, ``_name.py``, as optax keeps ``optax._src``):
   compiles), :mod:`jaxckpt.planner` (budget plans), :mod:`jaxckpt.report`, :mod:`jaxckpt.fit`,
   :mod:`jaxckpt.sharding` (meshes, logical axis rules, state shardings, and the TPU slices and GPU clusters to
   compile for without the hardware: ``--topology v5e:2x2``), :mod:`jaxckpt.names` (checkpoint name constants),
-  :mod:`jaxckpt.analysis`,
-  :mod:`jaxckpt.schema`.
+  :mod:`jaxckpt.analysis` (reading traced and compiled steps; :mod:`jaxckpt.analysis.hlo`, the HLO reader),
+  :mod:`jaxckpt.rendering` (what the tools print and draw), :mod:`jaxckpt.schema`.
 
 The folders, bottom up (imports run one way; ``tests/house/test_architecture.py`` checks it): ground modules →
-analysis → policies → core → the front-ends nnx and linen → training → models → step → planner → report → fit.
+analysis → policies → sharding → timing → core → the front-ends nnx and linen → training → models → step →
+rendering → planner → report and fit → cli.
 
 Old paths still work and warn (``DeprecationWarning``) with the public path: module paths of earlier layouts
 (``jaxckpt.layers``, ``jaxckpt.report.compile``: table :data:`jaxckpt._deprecations.MOVED_MODULES`) and names that
@@ -49,7 +50,7 @@ from jaxckpt import errors, schema
 from jaxckpt import names, sharding
 from jaxckpt import nnx, linen  # the two front-ends (each registers itself for the verbs below)
 from jaxckpt import analysis, core, policies, training
-from jaxckpt import models, step, planner, report, fit
+from jaxckpt import models, step, rendering, planner, report, fit
 from jaxckpt import cli
 from jaxckpt.core._diagnostics import RematPolicyWarning, policy_warnings
 from jaxckpt.core._frontends import apply_remat, block_types, set_policy, with_policy

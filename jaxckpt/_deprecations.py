@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 PUBLIC_FACES: tuple[str, ...] = (
     "jaxckpt", "jaxckpt.nnx", "jaxckpt.linen", "jaxckpt.models", "jaxckpt.models.llm", "jaxckpt.policies",
     "jaxckpt.step", "jaxckpt.planner", "jaxckpt.report", "jaxckpt.fit", "jaxckpt.sharding", "jaxckpt.cli",
+    "jaxckpt.rendering",
     "jaxckpt.training", "jaxckpt.analysis", "jaxckpt.core", "jaxckpt.errors", "jaxckpt.schema", "jaxckpt.names",
 )
 """The modules whose ``__all__`` names are public; every public name is on exactly one of them
@@ -37,7 +38,7 @@ _OLD_TOP_LEVEL = {
     "jaxckpt.tagging": "jaxckpt.core._tagging", "jaxckpt.jaxprs": "jaxckpt.analysis._jaxprs",
     "jaxckpt.flops": "jaxckpt.analysis._flops", "jaxckpt.residuals": "jaxckpt.analysis._residuals",
     "jaxckpt.activations": "jaxckpt.analysis._activations", "jaxckpt.diagnostics": "jaxckpt.core._diagnostics",
-    "jaxckpt.render": "jaxckpt.analysis._render", "jaxckpt.layers": "jaxckpt.nnx._layers",
+    "jaxckpt.render": "jaxckpt.rendering._text", "jaxckpt.layers": "jaxckpt.nnx._layers",
     "jaxckpt.apply": "jaxckpt.nnx._apply", "jaxckpt.linen_apply": "jaxckpt.linen._apply",
     "jaxckpt.gpt": "jaxckpt.models._gpt", "jaxckpt.configs": "jaxckpt.models._configs",
     "jaxckpt.multitask": "jaxckpt.models._multitask", "jaxckpt.train": "jaxckpt.training._train",
@@ -47,8 +48,7 @@ _OLD_TOP_LEVEL = {
 """Module paths of jaxckpt 0.0's flat layout (before the folders)."""
 
 _PACKAGE_MODULES = {
-    "analysis": ("activations", "effect", "flops", "internals", "jaxprs", "policy_meaning", "render", "residuals",
-                 "tables"),
+    "analysis": ("activations", "flops", "internals", "jaxprs", "residuals"),
     "core": ("arguments", "autonames", "blocks", "diagnostics", "matching", "names", "remat", "structure", "tagging"),
     "fit": ("html", "model", "plan", "plot", "search", "speed"),
     "linen": ("apply", "layers"),
@@ -74,6 +74,15 @@ MOVED_MODULES: dict[str, str] = {
     # jaxckpt 0.2: the sharding room (meshes, logical rules, state shardings, chips and topologies in one package)
     "jaxckpt.topology": "jaxckpt.sharding", "jaxckpt.training.sharding": "jaxckpt.sharding",
     "jaxckpt.core.names": "jaxckpt.names",
+    # jaxckpt 0.2: the one HLO reader (jaxckpt.analysis.hlo: parse, module, collectives, transfers, buffers)
+    "jaxckpt.analysis._hlo": "jaxckpt.analysis.hlo",
+    "jaxckpt.analysis._memory_spaces": "jaxckpt.analysis.hlo._buffers",
+    # jaxckpt 0.2: analysis/ reads traced and compiled steps only; policy meaning, effect and rendering moved to the
+    # rooms that use them (the 0.0 public paths, jaxckpt.analysis.<module>, and the 0.1 private ones)
+    **{f"jaxckpt.analysis.{prefix}{old}": new for old, new in (
+        ("policy_meaning", "jaxckpt.policies._meaning"), ("effect", "jaxckpt.planner._effect"),
+        ("render", "jaxckpt.rendering._text"), ("tables", "jaxckpt.rendering._tables"),
+        ("pages", "jaxckpt.rendering._pages")) for prefix in ("", "_") if (prefix, old) != ("", "pages")},
 }
 """Old module path -> the module behind it now (a private module, or the public face that replaced it)."""
 

@@ -8,7 +8,7 @@ effect only as *data*: the policy objects of ``jax.checkpoint_policies`` that JA
 (``DotsSaveable``), ``save_only_these_names`` (``SaveOnlyTheseNames``), ``save_any_names_but_these``
 (``SaveAnyNamesButThese``)). Any other callable -- a hand-written predicate, ``save_from_both_policies``, the offload
 policies -- silently becomes full remat there, so jaxckpt refuses it under remat3
-(:func:`jaxckpt.analysis._policy_meaning.check_policy`).
+(:func:`jaxckpt.policies._meaning.check_policy`).
 
 Other differences under remat3 (jax 0.10.2, ``jax/_src/ad_checkpoint.py``): ``everything_saveable`` saves the
 checkpoint-named values (and nothing unnamed); ``prevent_cse`` is ignored (an optimization barrier guards the

@@ -41,7 +41,8 @@ residual reads as the line of your model that made it (``own_model.py:124``, the
 it is).
 
 Bytes are ``elements * dtype itemsize``, an upper bound on what is stored: XLA may fuse some residuals away or, on
-XLA:CPU, undo remat in unrolled code (see NOTES.md); compiled memory stats are the ground truth.
+XLA:CPU, undo remat in unrolled code (its ``cse_barrier_expander`` pass, unless disabled per compile:
+:mod:`jaxckpt.training._xla`); compiled memory stats are the ground truth.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from jaxckpt.planner._segmented import mincut_policy
 from jaxckpt.policies._model import MINCUT, Budget, MinCut, parse_model_policy
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
                                placement_from_args, target_from_args)
-from jaxckpt.analysis._tables import wrap_lines
+from jaxckpt.rendering._tables import wrap_lines
 from jaxckpt.step._build import target_block_types
 
 

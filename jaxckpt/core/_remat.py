@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxckpt.errors import JaxckptError, StaticArgumentError, closest, shorten
 from jaxckpt.policies._spec import DEFAULT_BLOCK, SAVE_TENSORS, Policy, PolicySpec, parse_policy
-from jaxckpt.analysis._policy_meaning import check_policy
+from jaxckpt.policies._meaning import check_policy
 from jaxckpt.core._autonames import tag_parts
 from jaxckpt.sharding._gather import constrain_batch, gather_block_state, gathering
 from jaxckpt.core._tagging import tag_values

@@ -32,7 +32,8 @@ from jaxckpt.fit._search import (DEFAULT_POLICIES, BatchFit, FitPoint, NothingFi
                                 with_batch, with_seq_len)
 from jaxckpt.fit._tables import mesh_table, to_table
 from jaxckpt.fit._speed import (ACCELERATORS, Accelerator, Candidate, accelerator, calibrate, candidates,
-                               Traffic, collective_bytes, collective_seconds, estimate_step, measure_cpu)
+                               AxisCollective, Traffic, collective_bytes, estimate_step, measure_cpu,
+                               traffic_collectives, traffic_seconds)
 from jaxckpt.fit._meshes import state_bytes
 
 __all__ = [
@@ -42,8 +43,10 @@ __all__ = [
            "compile_point", "exhausted_bytes", "fit_policies", "max_batch_size", "max_seq_len", "with_seq_len", "resolve_memory",
            "with_batch", "ACCELERATORS",
            "Accelerator", "Candidate", "accelerator", "calibrate", "candidates", "measure_cpu", "estimate_step",
-           "collective_bytes", "collective_seconds", "Traffic", "traffic_of",
+           "collective_bytes", "traffic_seconds", "traffic_collectives", "AxisCollective", "Traffic", "traffic_of",
            "CUSTOM_SEARCH", "CustomPlan", "CustomSearch", "NameCost", "custom_plans", "custom_policy", "name_costs",
            "to_table", "mesh_table"]
 
-__getattr__ = _forward_names(__name__, {})  # old module paths (e.g. jaxckpt.fit.<module>) as attributes, with a warning
+# old module paths (e.g. jaxckpt.fit.<module>) as attributes, and the roofline's collective seconds under their old
+# name (jaxckpt.timing.collective_seconds is the link model's), with a warning
+__getattr__ = _forward_names(__name__, {"collective_seconds": ("jaxckpt.fit._speed", "traffic_seconds")})

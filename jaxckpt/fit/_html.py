@@ -1,9 +1,9 @@
 """The fit plan as one HTML page: the per-policy table, the global-batch candidates, the winner and the
 footprint-vs-batch plot (inline SVG).
 
-Rendered from the Jinja2 template ``jaxckpt/fit/templates/fit.html.j2`` (autoescaped) with the report's table macros
-and sorting script (:func:`jaxckpt.analysis._pages.template_env`, :func:`~jaxckpt.analysis._pages.table_data`); this module
-only gathers the cells.
+Rendered from the Jinja2 template ``jaxckpt/fit/templates/fit.html.j2`` (autoescaped) with the shared table macros
+and sorting script (:func:`jaxckpt.rendering._pages.template_env`, :func:`~jaxckpt.rendering._pages.table_data`);
+this module only gathers the cells.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from jaxckpt.fit._names import custom_table
 from jaxckpt.fit._plan import FitPlan
 from jaxckpt.fit._plot import fit_svg
-from jaxckpt.analysis._pages import SORT_JS, table_data, template_env
+from jaxckpt.rendering._pages import SORT_JS, table_data, template_env
 from jaxckpt._units import format_bytes
 
 _ENV = template_env("jaxckpt.fit")

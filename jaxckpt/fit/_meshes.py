@@ -50,7 +50,7 @@ from jaxckpt.sharding._tensor_plan import tensor_split_sizes
 from jaxckpt.errors import JaxckptError, MeshSpecError
 from jaxckpt.fit._plan import FitPlan, plan_fit, traffic_of
 from jaxckpt.fit._search import DEFAULT_POLICIES, NothingFitsError, resolve_memory
-from jaxckpt.fit._speed import Accelerator, Traffic, accelerator, collective_seconds
+from jaxckpt.fit._speed import Accelerator, Traffic, accelerator, traffic_seconds
 from jaxckpt.step._isolated import CompilerCrashError, isolated_compiles
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.timing import within_resolution
@@ -352,12 +352,12 @@ class _Bounds:
 
   def bound(self, shape: Mapping[str, int], accum: int = 1) -> float:
     """Collectives of a step of ``accum`` micro-steps at the global batch, seconds (a lower bound: no compute),
-    each axis over its link (:func:`jaxckpt.fit._speed.collective_seconds`)."""
+    each axis over its link (:func:`jaxckpt.fit._speed.traffic_seconds`)."""
     units = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
-    fsdp_micro, per_step = collective_seconds(self.device, self.params, shape,
-                                              expert_param_bytes=self.traffic.expert_param_bytes)
+    fsdp_micro, per_step = traffic_seconds(self.device, self.params, shape,
+                                           expert_param_bytes=self.traffic.expert_param_bytes)
     traffic = dataclasses.replace(self.traffic, expert_param_bytes=0.0)  # the activations' terms of the whole step
-    activations = collective_seconds(self.device, 0.0, shape, **traffic.per_device(self.global_batch / units))[0]
+    activations = traffic_seconds(self.device, 0.0, shape, **traffic.per_device(self.global_batch / units))[0]
     return accum * fsdp_micro + activations + per_step
 
   def options(self, chips: int, limit: int, max_tensor: int) -> list[MeshOption]:

@@ -43,11 +43,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxckpt._units import format_bytes
-from jaxckpt.analysis._tables import render_table
+from jaxckpt.rendering._tables import render_table
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import line_through
 from jaxckpt.fit._search import BatchFit, batch_unit, with_batch
-from jaxckpt.fit._speed import Accelerator, Traffic, collective_seconds, estimate_step
+from jaxckpt.fit._speed import Accelerator, Traffic, traffic_seconds, estimate_step
 from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.step._compile import boundary_names, checkpoint_name_bytes, forward_jaxpr, lower_policy, step_builder
 from jaxckpt.step._targets import ModelTarget, Target
@@ -262,7 +262,7 @@ def custom_plans(costs: Sequence[NameCost], full: BatchFit, global_batch: int, d
   for b in sizes:
     k = global_batch // b
     per_device = b / unit  # examples per device of the batch split
-    per_micro, per_step = collective_seconds(device, params, mesh_shape, **traffic.per_device(per_device))
+    per_micro, per_step = traffic_seconds(device, params, mesh_shape, **traffic.per_device(per_device))
     base_foot = foot_line(b)
     base_flops = flops_line(b)
     accessed = bytes_line(b) if bytes_line else None

@@ -43,9 +43,11 @@ dominates:
   Collective Communication Operations in MPICH", §3), two in the forward pass and two in the backward pass per MoE
   layer (``expert_alltoall_bytes_per_example`` of the model, :class:`jaxckpt.models.llm.LLM`), and the gradients of
   the parameters an expert axis does not split (the batch is split over it) are all-reduced over it once per step,
-  2 (e − 1)/e of their bytes; all over the chip's ICI bandwidth (``ici_bandwidth``). With ``tensor`` the FSDP and
-  data terms move 1/t of the parameters per device (each tensor rank holds its slice), with ``expert`` 1/e of the
-  experts' parameters.
+  2 (e − 1)/e of their bytes. With ``tensor`` the FSDP and data terms move 1/t of the parameters per device (each
+  tensor rank holds its slice), with ``expert`` 1/e of the experts' parameters. Each collective is priced by the
+  timing room's link model (:func:`traffic_seconds`, :mod:`jaxckpt.timing`), the one that times compiled programs:
+  the mesh laid over the chip's links (a TPU slice's ICI torus, the dimensions an axis spans; NVLink inside a GPU
+  node, an all-reduce there by NVLink SHARP; NCCL's rings over the nodes' NICs across them).
 
 XLA overlaps collectives and host transfers with compute (asynchronous collectives, MaxText's host-offload
 flags), so one micro-step takes the largest of its terms — compute, HBM, host, collectives — plus the overhead:
@@ -58,7 +60,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +69,8 @@ from jaxckpt._units import format_bytes
 from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine, line_through
 from jaxckpt.fit._search import BatchFit
-from jaxckpt.sharding import CHIPS, chip_for_kind, gpu_axis_links
+from jaxckpt.sharding import CHIPS, chip_for_kind
+from jaxckpt.timing import Links, axis_group, collective_seconds, mesh_links
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +92,11 @@ class Accelerator:
       ``None``: unbounded (unknown). A candidate whose host bytes exceed it does not fit (:func:`candidates`).
     network_bandwidth: a GPU's bytes/s per direction to other nodes (its share of the node's NICs); 0: one
       interconnect (a TPU slice's ICI, or unknown).
-    gpus_per_node: GPUs that share NVLink in a node (0: not a GPU cluster). A mesh axis whose groups stay inside a
-      node moves at :attr:`ici_bandwidth` (NVLink), one that spans nodes at :attr:`network_bandwidth`
-      (:func:`jaxckpt.sharding.gpu_axis_links`).
+    gpus_per_node: GPUs that share NVLink in a node (0: not a GPU cluster).
+    chip: the key in the chip table (:data:`jaxckpt.sharding.CHIPS`, ``"v6e"``, ``"h100"``) of the chip whose links
+      price the collectives (the timing room's link model, :func:`jaxckpt.timing.mesh_links`: a TPU's ICI torus,
+      NVLink inside a GPU node and NCCL's rings over the nodes' NICs); ``None`` (a calibrated CPU, a hand-made
+      device): no collective term. The bandwidth fields above describe the same chip for tables.
   """
 
   name: str
@@ -105,14 +110,29 @@ class Accelerator:
   host_memory_bytes: int | None = None
   network_bandwidth: float = 0.0
   gpus_per_node: int = 0
+  chip: str | None = None
+
+  def links(self, mesh_shape: Mapping[str, int] | None) -> Links | None:
+    """The links of a mesh of ``mesh_shape`` over this device's chips (:func:`jaxckpt.timing.mesh_links`), or
+    ``None`` without a :attr:`chip` (no collective term).
+
+    Raises:
+      JaxckptError: a :attr:`chip` that is not a key of the chip table.
+    """
+    if self.chip is None:
+      return None
+    if self.chip not in CHIPS:
+      raise JaxckptError(f"Accelerator(chip={self.chip!r}) is not in the chip table; valid: {', '.join(CHIPS)}")
+    return mesh_links(CHIPS[self.chip], dict(mesh_shape or {}))
 
   def link_bandwidth(self, axis: str, mesh_shape: Mapping[str, int]) -> float:
-    """Bytes/s per device of a collective over mesh axis ``axis``: NVLink inside a GPU node, the network across
-    nodes (:attr:`network_bandwidth`), else the chip's interconnect (:attr:`ici_bandwidth`); 0: unknown."""
-    if self.gpus_per_node and self.network_bandwidth and \
-        gpu_axis_links(mesh_shape, self.gpus_per_node).get(axis) == "network":
-      return self.network_bandwidth
-    return self.ici_bandwidth
+    """Bytes/s per device of a collective over mesh axis ``axis`` (:meth:`jaxckpt.timing.Links.route` of the axis's
+    group: the ICI torus dimensions it spans, NVLink inside a GPU node, the nodes' NICs across them, each at NCCL's
+    ring efficiency on a GPU); 0: unknown (no :attr:`chip`)."""
+    links = self.links(mesh_shape)
+    if links is None or mesh_shape.get(axis, 1) <= 1:
+      return 0.0
+    return links.route(axis_group(mesh_shape, axis))[1]
 
   def bandwidth_at(self, working_set: float | None) -> float:
     """Bytes/s for a working set of ``working_set`` bytes: :attr:`bandwidth_curve` interpolated in log size
@@ -147,7 +167,7 @@ class Accelerator:
       bytes_accessed: bytes it reads and writes in device memory (``None``: 0).
       working_set: its compiled footprint in bytes (selects the bandwidth on :attr:`bandwidth_curve`).
       host_bytes: bytes it moves between device and host (both directions summed).
-      collective_s: seconds its collectives take on their links (:func:`collective_seconds`).
+      collective_s: seconds its collectives take on their links (:func:`traffic_seconds`).
 
     Returns:
       ``{"compute_s", "hbm_s", "host_s", "collectives_s"}``; a term whose bandwidth is unknown (0) is 0.
@@ -162,7 +182,7 @@ ACCELERATORS: dict[str, Accelerator] = {
     key: Accelerator(chip.name, chip.peak_flops, chip.bandwidth, 20e-6, chip.memory_bytes,
                      ici_bandwidth=chip.ici_bandwidth, host_bandwidth=chip.host_bandwidth,
                      host_memory_bytes=chip.host_memory_bytes or None, network_bandwidth=chip.network_bandwidth,
-                     gpus_per_node=chip.gpus_per_node)
+                     gpus_per_node=chip.gpus_per_node, chip=key)
     for key, chip in CHIPS.items()
 }
 """The chips of :data:`jaxckpt.sharding.CHIPS` (the one table of vendor datasheet figures: dense bf16 FLOP/s,
@@ -370,9 +390,50 @@ class Traffic:
   expert_param_bytes: float = 0.0
 
   def per_device(self, examples: float) -> dict[str, float]:
-    """The keyword arguments of :func:`collective_seconds` for ``examples`` examples per device per micro-step."""
+    """The keyword arguments of :func:`traffic_seconds` for ``examples`` examples per device per micro-step."""
     return {"tensor_bytes": self.tensor_bytes_per_example * examples,
             "expert_bytes": self.expert_bytes_per_example * examples, "expert_param_bytes": self.expert_param_bytes}
+
+
+class AxisCollective(NamedTuple):
+  """One collective a training step runs over one mesh axis, by the fit's account of its traffic
+  (:func:`traffic_collectives`)."""
+
+  axis: str  # the mesh axis its groups run along ("fsdp", "data", "tensor", "expert")
+  kind: str  # a jaxckpt.analysis.COLLECTIVE_KINDS entry: "all-gather", "reduce-scatter", "all-reduce", "all-to-all"
+  payload_bytes: float  # per device per run, as the timing room's collective_seconds takes it (all-gather: its
+  # output; reduce-scatter: its input; all-reduce: its buffer; all-to-all: its input)
+  per_micro: int  # runs per micro-step
+  per_step: int  # runs per step (gradients accumulate locally: their reduction runs once)
+
+
+def traffic_collectives(param_bytes: float, mesh_shape: Mapping[str, int] | None, *, tensor_bytes: float = 0.0,
+                        expert_bytes: float = 0.0, expert_param_bytes: float = 0.0) -> list[AxisCollective]:
+  """The collectives of one device's training step over a mesh, each with its payload and runs (the module
+  docstring's traffic; :func:`collective_bytes` for the arguments): FSDP's two all-gathers and one reduce-scatter of
+  a device's parameters per micro-step, the tensor all-reduce of the activations, the expert all-to-alls, and per
+  step the gradient all-reduces over ``data`` and over ``expert`` (of the parameters it does not split)."""
+  shape = dict(mesh_shape or {})
+  f, d, t, e = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1), shape.get("expert", 1)
+  dense = max(param_bytes - expert_param_bytes, 0.0)
+  local = (dense + expert_param_bytes / e) / t  # a device's share once gathered over fsdp
+  out = []
+  if f > 1:
+    out += [AxisCollective("fsdp", "all-gather", local, 2, 0), AxisCollective("fsdp", "reduce-scatter", local, 1, 0)]
+  if t > 1 and tensor_bytes:
+    out.append(AxisCollective("tensor", "all-reduce", tensor_bytes, 1, 0))
+  if e > 1:
+    if expert_bytes:
+      out.append(AxisCollective("expert", "all-to-all", expert_bytes, 1, 0))
+    out.append(AxisCollective("expert", "all-reduce", dense / (f * t), 0, 1))
+  if d > 1:
+    out.append(AxisCollective("data", "all-reduce", local / f, 0, 1))
+  return out
+
+
+def _wire_factor(kind: str, n: int) -> float:
+  """Bytes on the wire per payload byte of a ring collective over n devices (Patarasuk & Yuan 2009)."""
+  return (2 if kind == "all-reduce" else 1) * (n - 1) / n
 
 
 def collective_bytes_by_axis(param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
@@ -381,35 +442,34 @@ def collective_bytes_by_axis(param_bytes: float, mesh_shape: Mapping[str, int] |
   """Bytes one device moves in collectives per mesh axis: ``{axis: (per micro-step, per step)}`` for the axes that
   move any (:func:`collective_bytes` sums them; the formulas are there)."""
   shape = dict(mesh_shape or {})
-  f, d, t, e = shape.get("fsdp", 1), shape.get("data", 1), shape.get("tensor", 1), shape.get("expert", 1)
-  dense = max(param_bytes - expert_param_bytes, 0.0)
-  local = (dense + expert_param_bytes / e) / t  # a device's share once gathered over fsdp
-  out = {}
-  if f > 1:
-    out["fsdp"] = (3 * (f - 1) / f * local, 0.0)
-  if t > 1 and tensor_bytes:
-    out["tensor"] = (2 * (t - 1) / t * tensor_bytes, 0.0)
-  if e > 1:
-    out["expert"] = ((e - 1) / e * expert_bytes, 2 * (e - 1) / e * dense / (f * t))
-  if d > 1:
-    out["data"] = (0.0, 2 * (d - 1) / d * local / f)
+  out: dict[str, tuple[float, float]] = {}
+  for c in traffic_collectives(param_bytes, shape, tensor_bytes=tensor_bytes, expert_bytes=expert_bytes,
+                               expert_param_bytes=expert_param_bytes):
+    factor = _wire_factor(c.kind, shape[c.axis])
+    micro, step = out.get(c.axis, (0.0, 0.0))
+    out[c.axis] = (micro + factor * c.payload_bytes * c.per_micro, step + factor * c.payload_bytes * c.per_step)
   return out
 
 
-def collective_seconds(device: Accelerator, param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
-                       tensor_bytes: float = 0.0, expert_bytes: float = 0.0,
-                       expert_param_bytes: float = 0.0) -> tuple[float, float]:
-  """Seconds of one device's collectives, ``(per micro-step, per step)``: each axis's bytes
-  (:func:`collective_bytes_by_axis`) over its link (:meth:`Accelerator.link_bandwidth`: ICI on a TPU slice, NVLink
-  inside a GPU node, the network across nodes); 0 where the bandwidth is unknown."""
+def traffic_seconds(device: Accelerator, param_bytes: float, mesh_shape: Mapping[str, int] | None, *,
+                    tensor_bytes: float = 0.0, expert_bytes: float = 0.0,
+                    expert_param_bytes: float = 0.0) -> tuple[float, float]:
+  """Seconds of one device's collectives, ``(per micro-step, per step)``: each collective of
+  :func:`traffic_collectives` priced by the timing room's link model (:func:`jaxckpt.timing.collective_seconds` over
+  the group of its axis, :func:`jaxckpt.timing.axis_group`, on the links of the mesh laid over the device's chips,
+  :meth:`Accelerator.links`): ICI over the torus dimensions an axis spans on a TPU; NVLink inside a GPU node (an
+  all-reduce there by NVLink SHARP on Hopper and later) and NCCL's rings over the nodes' NICs across them, at the
+  ring's 92% efficiency. The same model times a compiled program's collectives (:func:`jaxckpt.timing.
+  estimate_step_time`). 0 without a link model (a device without a chip of the table)."""
   shape = dict(mesh_shape or {})
+  links = device.links(shape)
+  if links is None:
+    return 0.0, 0.0
   micro = step = 0.0
-  for axis, (per_micro, per_step) in collective_bytes_by_axis(
-      param_bytes, shape, tensor_bytes=tensor_bytes, expert_bytes=expert_bytes,
-      expert_param_bytes=expert_param_bytes).items():
-    bandwidth = device.link_bandwidth(axis, shape)
-    if bandwidth:
-      micro, step = micro + per_micro / bandwidth, step + per_step / bandwidth
+  for c in traffic_collectives(param_bytes, shape, tensor_bytes=tensor_bytes, expert_bytes=expert_bytes,
+                               expert_param_bytes=expert_param_bytes):
+    _, seconds = collective_seconds(c.kind, c.payload_bytes, axis_group(shape, c.axis), links)
+    micro, step = micro + seconds * c.per_micro, step + seconds * c.per_step
   return micro, step
 
 
@@ -452,7 +512,7 @@ def estimate_step(device: Accelerator, *, flops: float, bytes_accessed: float | 
     working_set: the micro-step's footprint per device, bytes (the bandwidth on a calibrated curve).
     host_bytes: the micro-step's host footprint per device (offloaded residuals), bytes: moved out in the forward
       pass and back in the backward pass (2 × over the host link).
-    per_micro_s, per_step_s: collective seconds per device per micro-step and per step (:func:`collective_seconds`).
+    per_micro_s, per_step_s: collective seconds per device per micro-step and per step (:func:`traffic_seconds`).
     accum: micro-steps per step k ≥ 1.
 
   Returns:
@@ -516,7 +576,7 @@ def candidates(fits: Sequence[BatchFit], global_batch: int, device: Accelerator,
     tensor = dict(mesh_shape or {}).get("tensor", 1)
     by_batch = fit.by_batch
     for b in sizes:
-      per_micro, per_step = collective_seconds(device, params, mesh_shape, **traffic.per_device(b / fit.unit))
+      per_micro, per_step = traffic_seconds(device, params, mesh_shape, **traffic.per_device(b / fit.unit))
       k = global_batch // b
       point = by_batch.get(b)
       flops = float(point.flops) if point else flops_model(b)

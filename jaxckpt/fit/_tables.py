@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxckpt._units import format_bytes, format_seconds
-from jaxckpt.analysis._tables import render_table
+from jaxckpt.rendering._tables import render_table
 from jaxckpt.fit._meshes import MeshSearch
 from jaxckpt.fit._names import custom_table
 from jaxckpt.fit._plan import FitPlan, GlobalChoice
@@ -20,7 +20,7 @@ def to_table(plan: FitPlan, *, width: int | None = None, wide: bool = False) -> 
   Args:
     plan: the :class:`~jaxckpt.fit.FitPlan`.
     width: characters per line (no line is longer); ``None`` = the terminal's
-      (:func:`jaxckpt.analysis._tables.terminal_width`).
+      (:func:`jaxckpt.rendering._tables.terminal_width`).
     wide: one line per row, whatever its length.
 
   Returns:

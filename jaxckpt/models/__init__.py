@@ -46,6 +46,8 @@ from jaxckpt.models._multitask import (
 from jaxckpt.models._configs import (
     compute_dtype,
     check_config,
+    config_record,
+    field_names,
     override,
 )
 
@@ -84,6 +86,8 @@ __all__ = [
     "compute_dtype",
     "check_config",
     "override",
+    "config_record",
+    "field_names",
 ]
 
 __getattr__ = _forward_names(__name__, {})  # old module paths (jaxckpt.models.gpt, ...) as attributes

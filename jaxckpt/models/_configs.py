@@ -9,6 +9,7 @@ translate them to their flags in one place (:func:`jaxckpt._cli.flag_error`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -130,14 +131,15 @@ def override(config: Config, **overrides: Any) -> Config:
     The new config (``config`` itself when nothing is overridden).
 
   Raises:
-    JaxckptError: a name that is not a field of this config (with its fields and the closest one), or a bad value.
+    JaxckptError: a name that is not a field of this config (:func:`field_names`, with the closest one), or a bad
+      value.
 
   Example::
 
     >>> override(GPT_PRESETS["tiny"], seq_len=128, num_layers=None)  # seq_len replaced, num_layers kept
   """
   given = {name: value for name, value in overrides.items() if value is not None}
-  fields = [f.name for f in dataclasses.fields(config)]
+  fields = field_names(config)
   for name, value in given.items():
     if name not in fields:
       raise JaxckptError(_unknown_field(type(config).__name__, name, value, fields))
@@ -166,3 +168,38 @@ def unknown_preset(model: str, name: str, presets: Iterable[str]) -> JaxckptErro
   hint = closest(name, presets) if isinstance(name, str) else None
   return JaxckptError(f"unknown preset {name!r} for model {model}; valid presets: {', '.join(presets)}"
                       + (f"; did you mean {hint!r}?" if hint else ""))
+
+
+def field_names(config: Any) -> tuple[str, ...]:
+  """The arguments a model config (or its class) takes: its dataclass fields, and for a config with parts (its
+  ``PARTS``, ``{field: record}``: :class:`~jaxckpt.models.llm.LLMConfig`'s ``moe``, ``mla`` and ``kernel``) each
+  part's fields by their own names after the part's (``moe``, ``num_experts``, ...)."""
+  parts = getattr(config, "PARTS", {})
+  out: list[str] = []
+  for f in dataclasses.fields(config):
+    out.append(f.name)
+    if f.name in parts:
+      out.extend(g.name for g in dataclasses.fields(parts[f.name]))
+  return tuple(out)
+
+
+def config_record(config: Any) -> dict[str, Any]:
+  """A model config as one flat JSON-ready ``{argument: value}`` record: a part's fields (:func:`field_names`) in place
+  of the part, an enum member as its value, a nested dataclass (splash blocks) as a dict. What metrics.json's
+  ``model_config`` and a run's identity keep, the same for a config with parts as before them.
+
+  Example::
+
+    >>> config_record(LLM_PRESETS["mixtral-tiny"])["moe_dispatch"]
+    'auto'
+  """
+  parts = getattr(config, "PARTS", {})
+  out: dict[str, Any] = {}
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if f.name in parts:
+      out.update({g.name: getattr(value, g.name) for g in dataclasses.fields(value)})
+    else:
+      out[f.name] = value
+  return {k: (v.value if isinstance(v, enum.Enum) else dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+          for k, v in out.items()}

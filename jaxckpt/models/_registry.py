@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt.models import _gpt as gpt
-from jaxckpt.models._configs import override, unknown_preset
+from jaxckpt.models._configs import field_names, override, unknown_preset
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx._layers import set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
@@ -104,10 +104,10 @@ class ModelEntry:
         its Python argument (``seq_len=0 must be a whole number ≥ 1``).
     """
     config = self.config(config)
-    fields = {f.name for f in dataclasses.fields(self.config_cls)}
+    fields = set(field_names(self.config_cls))
     for name, value in overrides.items():
       if value is not None and name not in fields:
-        takers = {n: e for n, e in MODEL_REGISTRY.items() if name in {f.name for f in dataclasses.fields(e.config_cls)}}
+        takers = {n: e for n, e in MODEL_REGISTRY.items() if name in field_names(e.config_cls)}
         if takers:
           kinds = {e.kind for e in takers.values()}
           who = (f"{', '.join(takers)} only" if self.kind in kinds  # another model of the same kind takes it

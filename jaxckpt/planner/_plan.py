@@ -28,7 +28,7 @@ import jax
 import optax
 from flax import nnx
 
-from jaxckpt.analysis._effect import row_warning
+from jaxckpt.planner._effect import row_warning
 from jaxckpt.errors import JaxckptError
 from jaxckpt.nnx._layers import Stack, record_stack_inputs, stacks
 from jaxckpt.planner._cache import PlanCache
@@ -52,7 +52,7 @@ from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import boundary_names, compile_policy, forward_jaxpr, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
 from jaxckpt.sharding import Placement, Topology, mesh_platform, resolve_placement
-from jaxckpt.analysis._tables import render_table, wrap_lines
+from jaxckpt.rendering._tables import render_table, wrap_lines
 from jaxckpt._units import format_bytes
 
 
@@ -173,7 +173,7 @@ class Plan:
 
     Args:
       candidates: add every candidate per layer (saved bytes, recompute FLOPs, policy; ``*`` = Pareto front).
-      width: characters per line, lines wrapped to it (:func:`jaxckpt.analysis._tables.render_table`); ``None`` = the
+      width: characters per line, lines wrapped to it (:func:`jaxckpt.rendering._tables.render_table`); ``None`` = the
         terminal's width (``COLUMNS``, else 100).
       wide: no wrapping.
     """

@@ -5,6 +5,9 @@
 - :mod:`jaxckpt.policies._model`: model-level policies. A :class:`LayeredPolicy` (a spec per range of layers) and a
   :class:`Budget` (resolved into a plan by :func:`jaxckpt.planner.resolve_policy`), parsed by
   :func:`parse_model_policy`.
+- :mod:`jaxckpt.policies._meaning`: does each JAX policy save what its name says, in the installed JAX (checked on a
+  small graph; the parser refuses those that do not), and ``check_policy``, which refuses under remat3 what JAX would
+  run as full remat.
 
 The parser and the policy types users write (``parse_policy``, ``parse_model_policy``, ``Policy``, ``PolicySpec``,
 ``LayeredPolicy``, ``Budget``) are on the top-level face (``jaxckpt.parse_policy``); the rest is here.

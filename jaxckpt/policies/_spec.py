@@ -49,8 +49,8 @@ from typing import Literal
 import jax
 
 from jaxckpt.errors import PolicySpecError, shorten
-from jaxckpt.analysis._policy_meaning import check_policy_meaning
-from jaxckpt.analysis._policy_meaning import check_policy
+from jaxckpt.policies._meaning import check_policy_meaning
+from jaxckpt.policies._meaning import check_policy
 
 DEFAULT_BLOCK = "default"
 """The block-map key whose policy covers every block type not named in the map."""
@@ -242,7 +242,7 @@ _CHECKED: dict[str, str] = {
 
 def refused(name: str) -> str | None:
   """Why the parser refuses canonical policy ``name`` in the installed JAX (its body does not do what its name says,
-  :func:`jaxckpt.analysis._policy_meaning.check_policy_meaning`), with what to use instead; None when it is accepted."""
+  :func:`jaxckpt.policies._meaning.check_policy_meaning`), with what to use instead; None when it is accepted."""
   if name not in _CHECKED:
     return None
   problem = check_policy_meaning(name)
@@ -310,7 +310,7 @@ class Policy:
 
     Raises:
       PolicySpecError: under JAX's next remat (``JAX_REMAT3=1``), a policy JAX would build as a callable that remat3
-        ignores (the offload policies): :func:`jaxckpt.analysis._policy_meaning.check_policy`.
+        ignores (the offload policies): :func:`jaxckpt.policies._meaning.check_policy`.
     """
     return check_policy(REGISTRY[self.name].build(self), what=f"policy {str(self)!r}")
 

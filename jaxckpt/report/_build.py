@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from jaxckpt import sharding
 from jaxckpt.errors import JaxckptError, TopologyError, TracingError
 from jaxckpt._units import format_bytes
-from jaxckpt.analysis._effect import annotate_rows
+from jaxckpt.planner._effect import annotate_rows
 from jaxckpt.policies._model import ModelPolicy
 from jaxckpt.training._profile import check_profile_dir, profile_slug
 from jaxckpt.report._compile import compile_rows, one_line, report_compiler_options

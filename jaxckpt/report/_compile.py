@@ -24,10 +24,9 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError, raised_at
-from jaxckpt.analysis._hlo import collectives_by_axis, parse_hlo
+from jaxckpt.analysis.hlo import collectives_by_axis, offload_device_bytes, parse_hlo, read_memory_spaces
 from jaxckpt.analysis._jaxprs import count_remat_regions
-from jaxckpt.analysis._memory_spaces import offload_device_bytes, read_memory_spaces
-from jaxckpt.analysis._policy_meaning import GROUPED_MATMULS, grouped_matmul_gap
+from jaxckpt.policies._meaning import GROUPED_MATMULS, grouped_matmul_gap
 from jaxckpt.planner._cache import PlanCache
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.policies._model import ModelPolicy
@@ -333,7 +332,7 @@ class _RowCompiles:
   def analyse(self, i: int, lowered: Any, residuals: bool, spec: Any = None) -> None:
     """FLOPs from the jaxpr (scan bodies × trip count) and the residual analysis of row ``i``; a warning for
     primitives the FLOP count has no rule for, and one for a policy that recomputes grouped matmuls its name promises
-    to keep (:func:`jaxckpt.analysis._policy_meaning.grouped_matmul_gap`)."""
+    to keep (:func:`jaxckpt.policies._meaning.grouped_matmul_gap`)."""
     row, stages = self.rows[i], self.rows[i]["stages_s"]
     try:
       t0 = time.perf_counter()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxckpt.report._build import Report
-from jaxckpt.analysis._pages import Cell
+from jaxckpt.rendering._pages import Cell
 from jaxckpt.report._keys import STATUS_OK, UNITS, device_word
 from jaxckpt.sharding import BATCH_AXES, topology_header
 from jaxckpt._units import format_bytes, format_seconds

@@ -28,7 +28,7 @@ from jaxckpt.report._build import Report
 from jaxckpt.report._formats import (OP_WORDS, Cell, format_flops, main_sources, plan_lines, report_title, residual_label,
                                     short_source, table_cells)
 from jaxckpt.report._keys import STATUS_OK
-from jaxckpt.analysis._pages import SORT_JS, cell as _cell, table as _table, template_env
+from jaxckpt.rendering._pages import SORT_JS, cell as _cell, table as _table, template_env
 from jaxckpt.report._plot import pareto_indices
 from jaxckpt._units import format_bytes
 

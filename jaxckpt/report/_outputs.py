@@ -23,7 +23,7 @@ from jaxckpt.report._formats import (column_header, estimate_lines, main_sources
 from jaxckpt.report._html import PLOTLYJS_MODES, to_html
 from jaxckpt.report._keys import ROW_KEYS, STATUS_OK
 from jaxckpt.report._plot import plot_format, plot_pareto
-from jaxckpt.analysis._tables import fit_widths, longest_word, render_table, short_labels, terminal_width
+from jaxckpt.rendering._tables import fit_widths, longest_word, render_table, short_labels, terminal_width
 
 
 WIDE_ONLY = ("XLA FLOPs (raw)",)
@@ -63,8 +63,8 @@ def _unshown_warnings(report: Report) -> list[str]:
 def to_table(report: Report, *, width: int | None = None, wide: bool = False) -> str:
   """The terminal table, with the budget plans, the errors and the warnings under it.
 
-  By default it fits ``width`` characters (``None``: the terminal's, :func:`jaxckpt.analysis._tables.terminal_width`): each
-  value has its ratio to ``none`` under it, a long policy string is broken after ``:``/``,`` or becomes a short
+  By default it fits ``width`` characters (``None``: the terminal's,
+  :func:`jaxckpt.rendering._tables.terminal_width`): each value has its ratio to ``none`` under it, a long policy string is broken after ``:``/``,`` or becomes a short
   label with a legend (the full strings are in JSON/CSV/HTML), an error row's message is printed once, wrapped,
   under the table, and :data:`WIDE_ONLY` columns are left out. ``wide`` prints every row on one line, every column
   included (the layout of :func:`to_markdown`).

@@ -6,6 +6,10 @@ process is never touched. XLA:CPU then writes, per module, ``*-memory-usage-repo
 ranges and the section "Live ranges at N (peak)") and the optimised HLO text (``*after_optimizations.txt``, whose
 instructions carry ``metadata={op_name=... stack_frame_id=...}`` and whose ``FileNames``/``FunctionNames``/
 ``FileLocations``/``StackFrames`` tables give the JAX source line). LLVM IR and object files are pruned.
+
+The texts are read by the one HLO reader, :mod:`jaxckpt.analysis.hlo` (the program by :func:`~jaxckpt.analysis.hlo.
+parse_hlo`, the peak's values by :func:`~jaxckpt.analysis.hlo.live_at_peak`); this module finds the files and joins
+them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import glob
 import os
 import re
 from typing import Any
+
+from jaxckpt.analysis.hlo import format_shape, live_at_peak, parse_hlo
+from jaxckpt.analysis.hlo._parse import ints
 
 KEEP_SUFFIXES: tuple[str, ...] = (".txt", ".debug_options")
 """Dump files kept; XLA:CPU also writes LLVM IR (``.ll``) and object files (``.o``), megabytes per step."""
@@ -25,13 +32,6 @@ _FILES = {
     "hlo": "*after_optimizations.txt",
     "hlo_before_optimizations": "*before_optimizations.txt",
 }
-_PEAK_RE = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
-_LIVE_RE = re.compile(r"^\s+(\S+?)(\{[^}]*\})?: (\d+) bytes")
-_INSTR_RE = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+?)(?:\{[^}]*\})? (\S+?)\(")
-_META_RE = re.compile(r'metadata=\{([^}]*)\}')
-_OPNAME_RE = re.compile(r'op_name="([^"]*)"')
-_FRAME_RE = re.compile(r"stack_frame_id=(\d+)")
-_SRC_RE = re.compile(r'source_file="([^"]*)" source_line=(\d+)')
 
 
 def dump_options(directory: str) -> dict[str, Any]:
@@ -62,52 +62,6 @@ def dump_files(directory: str) -> dict[str, str | None]:
   return out
 
 
-def _hlo_tables(text: str) -> tuple[dict[str, dict[str, Any]], dict[int, str]]:
-  """Instruction name -> {opcode, shape, op_name, frame}; stack frame id -> 'file:line (function)'."""
-  instructions: dict[str, dict[str, Any]] = {}
-  section = None
-  tables: dict[str, dict[int, str]] = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
-  for line in text.splitlines():
-    stripped = line.strip()
-    if stripped in tables:
-      section = stripped
-      continue
-    if section and re.match(r"^\d+ ", stripped):
-      index, _, value = stripped.partition(" ")
-      tables[section][int(index)] = value
-      continue
-    section = None
-    match = _INSTR_RE.match(line)
-    if match:
-      meta = _META_RE.search(line)
-      meta_text = meta.group(1) if meta else ""
-      op_name = _OPNAME_RE.search(meta_text)
-      frame = _FRAME_RE.search(meta_text)
-      src = _SRC_RE.search(meta_text)
-      instructions.setdefault(match.group(1), {
-          "opcode": match.group(3), "shape": match.group(2), "op_name": op_name.group(1) if op_name else None,
-          "frame": int(frame.group(1)) if frame else None,
-          "source": f"{src.group(1)}:{src.group(2)}" if src else None,
-      })
-
-  def field(value: str, name: str) -> int | None:
-    m = re.search(rf"{name}=(\d+)", value)
-    return int(m.group(1)) if m else None
-
-  def location(frame_id: int) -> str | None:
-    frame = tables["StackFrames"].get(frame_id)
-    loc_id = field(frame, "file_location_id") if frame else None
-    loc = tables["FileLocations"].get(loc_id) if loc_id is not None else None
-    if loc is None:
-      return None
-    file = tables["FileNames"].get(field(loc, "file_name_id"), "?").strip('"')
-    fn = tables["FunctionNames"].get(field(loc, "function_name_id"), "?").strip('"')
-    return f"{file}:{field(loc, 'line')} ({fn})"
-
-  frames = {i: location(i) for i in tables["StackFrames"]}
-  return instructions, {k: v for k, v in frames.items() if v is not None}
-
-
 def peak_buffers(directory: str, *, top: int = 10) -> list[dict[str, Any]]:
   """The largest buffers live at the step's memory peak, with the HLO op and the JAX op/source that made them.
 
@@ -119,32 +73,24 @@ def peak_buffers(directory: str, *, top: int = 10) -> list[dict[str, Any]]:
     ``[{"buffer", "bytes", "opcode", "shape", "op_name", "source"}]`` (``buffer`` is the HLO value name, e.g.
     ``fusion.12{}``; ``source`` is ``file:line (function)`` of the innermost JAX frame, or ``None``). Empty when
     the backend wrote no live-range report.
+
+  Raises:
+    jaxckpt.analysis.HloParseError: the dump's program text is not HLO the reader understands.
   """
   files = dump_files(directory)
   if files["live_range"] is None:
     return []
-  with open(files["live_range"]) as f:
-    lines = f.read().splitlines()
-  live: list[tuple[str, str, int]] = []
-  in_peak = False
-  for line in lines:
-    if _PEAK_RE.match(line):
-      in_peak = True
-      continue
-    if in_peak:
-      match = _LIVE_RE.match(line)
-      if not match:
-        break
-      live.append((match.group(1), match.group(2) or "{}", int(match.group(3))))
-  instructions, frames = {}, {}
+  with open(files["live_range"], encoding="utf-8") as f:
+    live = sorted(live_at_peak(f.read()), key=lambda b: -b.bytes)
+  module = None
   if files["hlo"] is not None:
-    with open(files["hlo"]) as f:
-      instructions, frames = _hlo_tables(f.read())
-  live.sort(key=lambda item: -item[2])
+    with open(files["hlo"], encoding="utf-8") as f:
+      module = parse_hlo(f.read())
   out = []
-  for name, index, size in live[:top]:
-    info = instructions.get(name, {})
-    source = info.get("source") or (frames.get(info["frame"]) if info.get("frame") is not None else None)
-    out.append({"buffer": f"{name}{index}", "bytes": size, "opcode": info.get("opcode"), "shape": info.get("shape"),
-                "op_name": info.get("op_name"), "source": source})
+  for buffer in live[:top]:
+    ins = module.instructions.get(buffer.instruction) if module is not None else None
+    out.append({"buffer": f"{buffer.instruction}{buffer.index}", "bytes": buffer.bytes,
+                "opcode": ins.opcode if ins else None,
+                "shape": format_shape(ins.shape, tuple(ints(buffer.index))) if ins else None,
+                "op_name": ins.op_name if ins else None, "source": module.source(ins) if ins else None})
   return out

@@ -37,7 +37,7 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.sharding._mesh import mesh_shape
 from jaxckpt.sharding._rules import (BATCH, GATHERED_AXES, logical_spec, param_logical_axes, traced_mesh,
@@ -112,7 +112,7 @@ def _gathered_bwd(use: NamedSharding, rest: Any, _: None, cotangent: jax.Array) 
 _gathered.defvjp(_gathered_fwd, _gathered_bwd)
 
 
-def gather_for_use(value: jax.Array, names: Sequence[str | None] | None, mesh: Any = None, *,
+def gather_for_use(value: jax.Array, names: Sequence[str | None] | None, mesh: Mesh | AbstractMesh | None = None, *,
                    lookup: bool = False) -> jax.Array:
   """``value`` all-gathered over ``fsdp`` for use; its gradient reduce-scattered back to its shard (module docstring).
 
@@ -238,7 +238,7 @@ def gather_param(value: jax.Array, names: Sequence[str | None] | None, *, lookup
   return gather_for_use(value, names, lookup=lookup)
 
 
-def _gather_leaf(leaf: Any, mesh: Any, *, lookup: bool = False) -> Any:
+def _gather_leaf(leaf: Any, mesh: Mesh | AbstractMesh | None, *, lookup: bool = False) -> Any:
   if not isinstance(leaf, nnx.Param):
     return leaf
   value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value

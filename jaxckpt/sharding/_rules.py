@@ -30,7 +30,7 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from jaxckpt.errors import JaxckptError, LogicalAxisError, closest
 
@@ -205,7 +205,7 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
-def kernel_split(mesh: Any, batch: int, heads: int, kv_heads: int, *, kernel: str
+def kernel_split(mesh: Mesh | AbstractMesh, batch: int, heads: int, kv_heads: int, *, kernel: str
                  ) -> tuple[tuple[str, ...], str | None]:
   """The mesh axes a per-device attention kernel's call is split over, for ``jax.shard_map``: (the batch's axes, the
   heads' axis or ``None``), by the rules' ``activation_batch`` and ``activation_heads``. A Pallas kernel is a custom
@@ -236,7 +236,7 @@ def kernel_split(mesh: Any, batch: int, heads: int, kv_heads: int, *, kernel: st
   return batch_axes, "tensor"
 
 
-def moe_split(mesh: Any, batch: int, hidden: int) -> tuple[tuple[str, ...], str | None]:
+def moe_split(mesh: Mesh | AbstractMesh, batch: int, hidden: int) -> tuple[tuple[str, ...], str | None]:
   """The mesh axes a dropless MoE dispatch's ``jax.shard_map`` splits over (:mod:`jaxckpt.models.llm._moe`): (the
   batch's axes, the experts' hidden width's axis or ``None``), by the rules' ``activation_batch`` and ``mlp``. Its
   sort of the tokens by expert must see each device's own tokens only: left to the SPMD partitioner, a sort over the

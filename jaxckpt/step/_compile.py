@@ -97,9 +97,9 @@ GPU_RECIPE_OPTIONS: dict[str, Any] = {
 }
 """XLA:GPU options of every GPU compile: the flags the published GPU training recipes run with, so a step is compiled
 as the measured runs were. Source: MaxText's A3 recipes (AI-Hypercomputer/maxtext ``MaxText/configs/a3/llama_2_7b/
-{1,2,4,8,16,32}vm.sh``, the runs of ../shared/published-configs-gpu.md §4 MT-1…MT-4; their ``XLA_FLAGS``), NVIDIA's
-JAX-Toolbox (``rosetta/docs/GPU_performance.md``: the latency-hiding scheduler, asynchronous collectives, the FSDP
-pipelining and loop double buffering) and NVIDIA's dgxc-benchmarking MaxText configuration (the DX rows). Those
+{1,2,4,8,16,32}vm.sh``, the published runs MT-1…MT-4 of ``benchmarks/step_time_gpu.py``; their ``XLA_FLAGS``),
+NVIDIA's JAX-Toolbox (``rosetta/docs/GPU_performance.md``: the latency-hiding scheduler, asynchronous collectives, the
+FSDP pipelining and loop double buffering) and NVIDIA's dgxc-benchmarking MaxText configuration (the DX rows). Those
 recipes also set ``--xla_gpu_enable_triton_softmax_fusion=false``, ``--xla_gpu_all_reduce_contiguous=true`` and
 ``--xla_gpu_graph_level=0``, which XLA has since removed (jax-cuda12-plugin 0.10.2: "No such compile option"), and
 ``--xla_disable_hlo_passes=rematerialization`` (:data:`jaxckpt.training.GPU_XLA_REMAT_PASS`, which

@@ -41,7 +41,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.analysis._internals import compile_request, compile_serialized
 from jaxckpt.errors import JaxckptError
@@ -75,7 +75,7 @@ class CompiledInWorker:
     log: the compiler's warning and error messages.
   """
 
-  def __init__(self, mesh: Any, memory: Mapping[str, int], cost: Mapping[str, float], text: str,
+  def __init__(self, mesh: Mesh, memory: Mapping[str, int], cost: Mapping[str, float], text: str,
                log: tuple[str, ...] = ()):
     self.input_shardings = (NamedSharding(mesh, PartitionSpec()),)
     self._memory, self._cost, self._text, self.compiler_log = dict(memory), dict(cost), text, tuple(log)
@@ -207,7 +207,7 @@ class _Pool:
         self.worker = _Worker(self.stderr)
       return self.worker
 
-  def compile(self, lowered: Any, options: Mapping[str, Any], mesh: Any) -> CompiledInWorker:
+  def compile(self, lowered: Any, options: Mapping[str, Any], mesh: Mesh) -> CompiledInWorker:
     module, compile_options = compile_request(lowered, options)
     shape = format_mesh(mesh_shape(mesh))
     request = {"topology": topology_of(mesh), "devices": [d.id for d in mesh.devices.flat], "module": module,
@@ -277,7 +277,7 @@ def end_workers() -> None:
     pool.close()
 
 
-def compile_lowered(lowered: Any, options: Mapping[str, Any], mesh: Any) -> Any:
+def compile_lowered(lowered: Any, options: Mapping[str, Any], mesh: Mesh) -> Any:
   """``lowered.compile(compiler_options=options)``, in the worker process when :func:`isolated_compiles` is on and
   ``mesh`` is over a topology's compile-only devices (a :class:`CompiledInWorker` then), else in this process.
 

@@ -53,6 +53,8 @@ from collections.abc import Iterator, Mapping
 from importlib import metadata
 from typing import Any
 
+from jax.sharding import Mesh
+
 from jaxckpt.analysis._internals import compile_request, topology_fingerprint
 from jaxckpt.schema import MEMORY_KEYS
 from jaxckpt.sharding._topology import target_config, topology_of
@@ -177,7 +179,7 @@ def cache_key(program_text: str, options: Mapping[str, Any], *, platform: str, d
   return digest.hexdigest()
 
 
-def target_of(mesh: Any) -> dict[str, Any]:
+def target_of(mesh: Mesh) -> dict[str, Any]:
   """What a compile is for beyond platform, kind and count: the backend's version string (libtpu's build, the CUDA
   plugin's), XLA's fingerprint of the topology (chips, coordinates, links), the topology's name and, for a GPU, the
   sha256 of its target config (``GpuTargetConfigProto``: the GPU's memory size, SM count, ...)."""
@@ -189,7 +191,7 @@ def target_of(mesh: Any) -> dict[str, Any]:
   return out
 
 
-def compile_key(lowered: Any, options: Mapping[str, Any], mesh: Any, *, platform: str, device_kind: str,
+def compile_key(lowered: Any, options: Mapping[str, Any], mesh: Mesh, *, platform: str, device_kind: str,
                 device_count: int) -> str:
   """:func:`cache_key` of ``lowered.compile(compiler_options=options)`` over ``mesh`` (a topology's mesh): the
   lowered text, ``options``, the ``CompileOptions`` JAX builds, the environment, versions and :func:`target_of`."""

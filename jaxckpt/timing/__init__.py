@@ -21,7 +21,8 @@ tools above (the step core, the report, the fit) call it.
 from __future__ import annotations
 
 from jaxckpt.timing._kernels import causal_block_fraction, kernel_flops, kernel_matmuls
-from jaxckpt.timing._links import Links, collective_seconds, links_for, tpu_wraps
+from jaxckpt.timing._links import (Links, axis_group, collective_seconds, links_for, mesh_links, slice_torus,
+                                   tpu_wraps)
 from jaxckpt.timing._ops import OpCost, matmul_efficiency, op_costs
 from jaxckpt.timing._schedule import OVERLAP_RULES, with_trip_counts
 from jaxckpt.timing._step import (RESOLUTION, OpTime, StepTime, describe_step_time, estimate_step_time,
@@ -39,6 +40,9 @@ __all__ = [
     "Links",
     "links_for",
     "tpu_wraps",
+    "mesh_links",
+    "slice_torus",
+    "axis_group",
     "collective_seconds",
     "layer_trip_counts",
     "with_trip_counts",

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from jaxckpt.analysis import HloInstruction, HloModule
+from jaxckpt.analysis.hlo import HloInstruction, HloModule
 
 KERNEL_MATMULS: dict[str, tuple[tuple[tuple[str, str, str], ...], str, str]] = {
     "splash_mha_fwd": ((("q", "kv", "d"), ("q", "d", "kv")), "block_q", "block_kv"),

@@ -20,6 +20,11 @@ TPU chip's torus coordinates (``device.coords``), a GPU's node. A collective ove
   ``g`` NICs at once: per GPU the collective runs at min(NVLink, ``g`` × one NIC) (a group of one GPU per node — a
   ``data`` axis over nodes — at one NIC; ``fsdp`` over whole nodes at eight). Link figures × :data:`RING_EFFICIENCY`.
 
+A mesh given by its axis sizes only (the fit's roofline, before anything is compiled) is laid as jaxckpt lays one
+(:func:`mesh_links`): over a GPU cluster row-major in node order (:meth:`jaxckpt.sharding.Topology.mesh`), over a TPU
+slice of the most nearly square (v5e, v6e) or cubic (v4, v5p) torus of that many chips (:func:`slice_torus`),
+row-major over the chips as libtpu numbers them; the devices along one mesh axis are :func:`axis_group`.
+
 The seconds of one collective on one device (:func:`collective_seconds`) are the bytes it moves over that
 bandwidth: all-gather and reduce-scatter (n − 1)/n of the full array, all-reduce twice that (a reduce-scatter then an
 all-gather, Patarasuk & Yuan 2009; once with NVLS), all-to-all (n − 1)/n of its input, a collective-permute its input
@@ -31,8 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+
+from jax.sharding import Mesh
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.sharding import Chip, Topology
@@ -132,7 +138,7 @@ def tpu_wraps(chip: Chip, torus: Sequence[int]) -> tuple[bool, ...]:
   return tuple(n == 16 for n in torus)
 
 
-def links_for(topology: Topology, mesh: Any) -> Links:
+def links_for(topology: Topology, mesh: Mesh) -> Links:
   """The :class:`Links` of a program compiled on ``topology`` over ``mesh`` (partition id i is
   ``mesh.devices.flat[i]``).
 
@@ -178,3 +184,57 @@ def collective_seconds(kind: str, payload_bytes: float, group: Sequence[int], li
   if kind == "all-reduce" and link == _NVLINK and links.nvls:  # NVLink SHARP: the switch reduces
     factor = 1.0
   return link, factor * payload_bytes / bandwidth
+
+
+def slice_torus(chip: Chip, chips: int) -> tuple[int, ...]:
+  """The torus of a TPU slice of ``chips`` chips when only the count is known: the most nearly square (a 2-D chip:
+  v5e, v6e) or cubic (3-D: v4, v5p) factorization, smallest dimension first (the slices Cloud TPU offers: v5e 2x2,
+  4x4, 8x16, 16x16; v5p 2x2x4, 4x4x4, 4x8x8).
+
+  Raises:
+    JaxckptError: ``chips`` < 1, or a GPU (a cluster is nodes × GPUs per node: :meth:`Links.gpu`).
+  """
+  if chip.is_gpu or chips < 1:
+    raise JaxckptError(f"slice_torus({chip.name!r}, {chips}): a TPU chip and a chip count ≥ 1")
+  def pairs(n: int, least: int) -> list[tuple[int, int]]:  # (a, n / a), least ≤ a ≤ n / a
+    return [(a, n // a) for a in range(least, math.isqrt(n) + 1) if n % a == 0]
+
+  shapes: list[tuple[int, ...]] = list(pairs(chips, 1))
+  if chip.torus == 3:
+    shapes = [(a, *rest) for a, n in pairs(chips, 1) for rest in pairs(n, a)]
+  return min(shapes, key=lambda shape: (shape[-1] - shape[0], -shape[0]))
+
+
+def mesh_links(chip: Chip, mesh: Mapping[str, int]) -> Links:
+  """The :class:`Links` of a mesh of ``mesh``'s sizes laid over chips of ``chip`` without a topology's devices: a GPU
+  cluster of nodes of :attr:`~jaxckpt.sharding.Chip.gpus_per_node` GPUs (fewer in one node), a TPU slice of
+  :func:`slice_torus`; partition ids are the mesh's positions, row-major.
+
+  Args:
+    chip: the chip (:data:`jaxckpt.sharding.CHIPS`).
+    mesh: ``{axis: size}`` in the mesh's axis order.
+  """
+  devices = math.prod(int(n) for n in mesh.values()) if mesh else 1
+  if chip.is_gpu:
+    per_node = min(devices, chip.gpus_per_node or devices)
+    return Links.gpu(chip, -(-devices // per_node), per_node)
+  return Links.tpu(chip, slice_torus(chip, devices))
+
+
+def axis_group(mesh: Mapping[str, int], axis: str) -> tuple[int, ...]:
+  """The partition ids of the devices along mesh axis ``axis`` that hold device 0, the mesh laid row-major (the
+  replica group of a collective over that axis).
+
+  Example::
+
+    >>> axis_group({"data": 2, "fsdp": 4}, "data")
+    (0, 4)
+
+  Raises:
+    JaxckptError: an axis the mesh does not have.
+  """
+  names = list(mesh)
+  if axis not in names:
+    raise JaxckptError(f"axis {axis!r} is not an axis of the mesh {dict(mesh)}")
+  stride = math.prod(int(mesh[a]) for a in names[names.index(axis) + 1:])
+  return tuple(k * stride for k in range(int(mesh[axis])))

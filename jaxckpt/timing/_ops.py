@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from jaxckpt.analysis import GEMM_TARGETS, Collective, HloInstruction, HloModule, HostTransfer, instruction_flops
+from jaxckpt.analysis.hlo import GEMM_TARGETS, Collective, HloInstruction, HloModule, HostTransfer, instruction_flops
 from jaxckpt.sharding import CHIPS, Chip
 from jaxckpt.timing._gpu import (ATTENTION_CALLS, HBM_EFFICIENCY, LAUNCH_S, NCCL_LAUNCH_S, attention_rate,
                                  flash_attention_flops, gemm_fraction)

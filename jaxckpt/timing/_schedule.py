@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from jaxckpt.analysis import HloComputation, HloInstruction, HloModule
+from jaxckpt.analysis.hlo import HloComputation, HloInstruction, HloModule
 from jaxckpt.errors import JaxckptError
 from jaxckpt.timing._ops import FREE, OpCost
 

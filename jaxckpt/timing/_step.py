@@ -8,8 +8,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from jax.sharding import Mesh
+
 from jaxckpt._units import format_seconds
-from jaxckpt.analysis import HloModule, parse_hlo
+from jaxckpt.analysis.hlo import HloModule, parse_hlo
 from jaxckpt.errors import JaxckptError, closest
 from jaxckpt.sharding import CHIPS, Chip, Topology, get_topology
 from jaxckpt.timing._gpu import collective_contention, gpu_basis
@@ -265,7 +267,7 @@ def describe_step_time(estimate: StepTime | Mapping[str, Any], *, terms: int = 3
   return f"{format_seconds(est['seconds'])}, bound by {est['bound']} ({', '.join(parts)})"
 
 
-def step_time_of(compiled: Any, *, topology: Topology | str | None = None, mesh: Any = None,
+def step_time_of(compiled: Any, *, topology: Topology | str | None = None, mesh: Mesh | None = None,
                  chip: Chip | str | None = None, **kwargs: Any) -> StepTime:
   """:func:`estimate_step_time` of a compiled step: a :class:`jaxckpt.step.CompiledPolicy` (its program text, also
   when served from the compiled-stats cache, :meth:`~jaxckpt.step.CompiledPolicy.hlo_text`), a

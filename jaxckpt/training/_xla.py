@@ -2,7 +2,9 @@
 
 On XLA:CPU the ``cse_barrier_expander`` pass removes the optimization barriers ``jax.checkpoint`` puts around the
 recomputation; CSE and scheduling then pull the recomputation into the forward pass, and remat of unrolled layers
-saves nothing (``shared/NOTES.md``; scanned layers are not affected). jaxckpt disables that pass *per compile* with
+saves nothing (measured with jax 0.10 on an 8-layer residual MLP, d=512, batch 8192: 1216 MiB of compiled temp under
+``nothing_saveable`` against 1232 MiB without remat, 272 MiB with the pass disabled; scanned layers are not affected:
+the backward loop cannot borrow values from the forward loop). jaxckpt disables that pass *per compile* with
 ``compiler_options`` on the CPU backend — never through the process-wide ``XLA_FLAGS`` — in every compile path it
 owns (train steps, the report). Gradients are unchanged by it. :func:`jit` gives users the same for their own steps.
 """

@@ -201,7 +201,7 @@ def test_remat_adds_recomputation_flops(block, recomputed_dots_per_layer):
 
 def test_remat_recomputation_matches_xla_when_cse_is_off():
   # Unrolled + remat on XLA:CPU: with the cse_barrier_expander pass disabled, XLA keeps the recomputation and its
-  # flops match the jaxpr count. (With default options XLA:CPU merges it back into the forward; see NOTES.md.)
+  # flops match the jaxpr count. (With default options XLA:CPU merges it back into the forward: jaxckpt.training._xla.)
   fn = unrolled_loss(_mlp_block_tanh_out, remat=True)
   xla_flops, _ = xla_cost(fn, *PER_LAYER, compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"})
   assert count_flops(fn, *PER_LAYER).total == pytest.approx(xla_flops, rel=0.02)

@@ -10,7 +10,7 @@ from jax.experimental import pallas as pl
 
 import jaxckpt
 from jaxckpt.analysis._flops import count_flops
-from jaxckpt.analysis._policy_meaning import MATMUL_PROMISES, grouped_matmul_gap, grouped_probe
+from jaxckpt.policies._meaning import MATMUL_PROMISES, grouped_matmul_gap, grouped_probe
 from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.report import LossTarget, build_report
 from jaxckpt.report._compile import uncounted_warning

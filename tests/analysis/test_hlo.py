@@ -1,4 +1,4 @@
-"""Tests for jaxckpt.analysis._hlo: compiled programs read from their HLO text, on XLA:CPU (always), the TPU compiler
+"""Tests for jaxckpt.analysis.hlo: compiled programs read from their HLO text, on XLA:CPU (always), the TPU compiler
 (deviceless, needs libtpu) and the GPU compiler (deviceless, needs jax-cuda12-plugin).
 
 The program is one small scanned MLP grad step: ``L`` layers ``h = tanh(h @ w[l])`` under ``jax.lax.scan``, loss
@@ -17,8 +17,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxckpt import parse_policy, sharding
-from jaxckpt.analysis import (HloParseError, count_flops, instruction_flops, jaxpr_flops, parse_hlo, read_compiled,
-                              replica_groups)
+from jaxckpt.analysis import (HloParseError, count_flops, format_shape, instruction_flops, jaxpr_flops, live_at_peak,
+                              parse_hlo, read_compiled, replica_groups)
 from jaxckpt.step import compile_policy, shipped_target
 from tests.extras import needs_cuda_plugin, needs_libtpu
 
@@ -196,6 +196,47 @@ def test_a_literal_module_reads_into_typed_records():
   (gather,) = module.collectives()
   assert (gather.kind, gather.groups, gather.group_size, gather.payload_bytes, gather.is_async) == (
       "all-gather", ((0, 1), (2, 3)), 2, 16 * 16 * 4, False)
+
+
+SOURCED = """HloModule jit_h, entry_computation_layout={(f32[4]{0})->(f32[4]{0}, s32[])}
+
+FileNames
+1 "/src/model.py"
+
+FunctionNames
+1 "layer"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=42 end_line=42 column=3 end_column=9}
+
+StackFrames
+1 {file_location_id=1}
+
+ENTRY %main (x: f32[4]) -> (f32[4], s32[]) {
+  %x = f32[4]{0} parameter(0)
+  %tanh = f32[4]{0} tanh(%x), metadata={op_name="jit(h)/tanh" stack_frame_id=1}
+  %sin = f32[4]{0} sine(%x), metadata={op_name="jit(h)/sin" source_file="/src/other.py" source_line=7}
+  %c = s32[] constant(1)
+  ROOT %t = (f32[4]{0}, s32[]) tuple(%tanh, %c)
+}
+"""
+"""A module with XLA's source tables (what ``xla_dump_hlo_as_text`` writes): one frame, and one instruction that names
+its source line itself."""
+
+
+def test_source_lines_come_from_the_metadata_or_the_stack_frame_tables_and_tuple_elements_have_shapes():
+  module = parse_hlo(SOURCED)
+  assert module.frames == {1: "/src/model.py:42 (layer)"}
+  assert module.source(module.instructions["tanh"]) == "/src/model.py:42 (layer)"
+  assert module.source(module.instructions["sin"]) == "/src/other.py:7"
+  assert module.source(module.instructions["c"]) is None
+  root = module.instructions["t"]
+  assert [format_shape(root.shape, i) for i in ((), (0,), (1,), (5,))] == [
+      "(f32[4], s32[])", "f32[4]", "s32[]", "(f32[4], s32[])"]
+  live = live_at_peak("BufferLiveRange:\n  t{0}:0-3\nLive ranges at 2 (peak):\n  tanh: 16 bytes\n  t{1}: 4 bytes\n"
+                      "Next section\n  x: 16 bytes\n")
+  assert [(b.instruction, b.index, b.bytes) for b in live] == [("tanh", "{}", 16), ("t", "{1}", 4)]
+  assert live_at_peak("no peak here\n") == ()
 
 
 PALLAS = """HloModule jit_g, num_partitions=1

@@ -547,8 +547,9 @@ def test_remat_around_scan_only_moves_memory_to_backward():
 
   No remat keeps every layer's intermediates; ``nothing_saveable`` on the scan body keeps one carry per layer; one
   ``jax.checkpoint`` around the scan keeps nothing but its inputs -- yet its backward pass re-runs the whole scan and
-  holds every layer's intermediates at once then, so its peak is that of no remat (NOTES.md fact 2: put the policy on
-  the scan body). FLOPs: one extra forward pass for either placement.
+  holds every layer's intermediates at once then, so its peak is that of no remat (put the policy on the scan body:
+  measured with jax 0.10 on 16 scanned layers, 436 MiB of temp with it there, 4520 MiB without remat). FLOPs: one
+  extra forward pass for either placement.
   """
   x, key = jax.ShapeDtypeStruct((B, D), jnp.float32), jax.random.key(0)
 

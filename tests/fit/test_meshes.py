@@ -1,6 +1,7 @@
 """The mesh in the fit search: factorizations of a slice's chips into data × fsdp × tensor, meshes whose
 train state cannot fit dropped without a compile, the rest ranked by a lower bound and fitted, the fastest verified
-configuration answered; the tensor all-reduce term of the time model."""
+configuration answered; the tensor all-reduce term of the time model, and its collectives priced by the timing room's
+link model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import math
 
 import pytest
 
-from jaxckpt.fit import AffineModel, BatchFit, FitPoint, accelerator, candidates, mesh_shapes
+import jaxckpt
+from jaxckpt.fit import (Accelerator, AffineModel, BatchFit, FitPoint, accelerator, candidates, mesh_shapes,
+                         traffic_seconds)
 from jaxckpt.cli._fit import main
 from jaxckpt.fit._meshes import STATE_COPIES, state_bytes
 from jaxckpt.fit._plan import tensor_bytes_per_example
@@ -62,9 +65,34 @@ def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
   (cand,) = [c for c in candidates([fit], 2 * unit, v6e, mesh_shape={"fsdp": 128, "tensor": 2},
                                    tensor_bytes_per_example=acts) if c.accum == 1]
   assert cand.terms["compute_s"] == pytest.approx(2e15 / (unit * 2) / v6e.peak_flops)
-  per_micro = 3 * 127 / 128 * params / 2 + acts * 2 * unit / unit  # 2 sequences per tensor pair
-  assert cand.terms["collectives_s"] == pytest.approx(per_micro / v6e.ici_bandwidth)
+  # Priced by the timing room's link model (jaxckpt.timing.mesh_links), not at the chip's 400 GB/s for every axis: the
+  # mesh laid over v6e's 16x16 torus puts each tensor pair on 2 chips of a row of 16 (one link, 100 GB/s one way), and
+  # each fsdp group on 8 of a row's 16 chips (one link) and a whole column that wraps around (two): 300 GB/s.
+  fsdp_s = 3 * 127 / 128 * params / 2 / 300e9
+  tensor_s = 2 * 1 / 2 * (acts * 2 * unit / unit) / 100e9  # 2 sequences per tensor pair
+  assert cand.terms["collectives_s"] == pytest.approx(fsdp_s + tensor_s)
   assert cand.mesh == {"fsdp": 128, "tensor": 2}
+
+
+def test_the_roofline_prices_its_collectives_with_the_timing_rooms_links():
+  """One link model for the fit's roofline and the compiled programs' times (jaxckpt.timing): H100 nodes of 8 GPUs,
+  NCCL's rings at 92% of a link. FSDP inside a node moves 3 × 7/8 of the parameters over NVLink; a data axis of one
+  GPU per node all-reduces the gradient shards over that GPU's NIC; an fsdp axis over two whole nodes runs 8 rings, one
+  per NIC (min(NVLink, 8 NICs) per GPU, where the fit's own model had one NIC); a whole v6e 16x16 slice is the chip's
+  400 GB/s. The roofline's function is traffic_seconds; jaxckpt.timing.collective_seconds is the link model's."""
+  params, nvlink, nic = 32e9, 450e9 * 0.92, 50e9 * 0.92
+  h100, v6e = accelerator("h100"), accelerator("v6e")
+  micro, step = traffic_seconds(h100, params, {"data": 4, "fsdp": 8})
+  assert micro == pytest.approx(3 * 7 / 8 * params / nvlink)
+  assert step == pytest.approx(2 * 3 / 4 * (params / 8) / nic)
+  assert traffic_seconds(h100, params, {"fsdp": 16})[0] == pytest.approx(3 * 15 / 16 * params / min(450e9, 8 * 50e9)
+                                                                            / 0.92)
+  assert traffic_seconds(v6e, params, {"fsdp": 256})[0] == pytest.approx(3 * 255 / 256 * params / v6e.ici_bandwidth)
+  assert traffic_seconds(accelerator("v6e", peak_flops=1e15), params, {"fsdp": 256}) == traffic_seconds(
+      v6e, params, {"fsdp": 256})  # given figures keep the chip's links
+  assert traffic_seconds(Accelerator("hand-made", 1e12, 1e12), params, {"fsdp": 8}) == (0.0, 0.0)  # no chip, no links
+  with pytest.warns(DeprecationWarning, match="jaxckpt.fit.collective_seconds moved: use jaxckpt.fit.traffic_seconds"):
+    assert jaxckpt.fit.collective_seconds is traffic_seconds
 
 
 @pytest.mark.parametrize("argv, expected", [

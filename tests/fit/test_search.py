@@ -282,7 +282,7 @@ def test_max_seq_len_fits_and_next_does_not():
 
 def test_time_model_terms_fsdp_collectives_and_host_transfers():
   """The pod-scale terms (jaxckpt.fit._speed): under fsdp=256 a v6e chip moves 3 × 255/256 of the parameter bytes
-  per micro-step over ICI (two all-gathers and a reduce-scatter), so 4 micro-steps of 1 cost 4 × that where 1 of 4
+  per micro-step over ICI (two all-gathers and a reduce-scatter; the whole 16x16 torus: the chip's 400 GB/s), so 4 micro-steps of 1 cost 4 × that where 1 of 4
   costs it once; an offload policy's host bytes cross PCIe twice per micro-step. Each term is reported, the step is
   the largest plus the overhead."""
   from jaxckpt.fit._search import BatchFit, FitPoint  # noqa: PLC0415

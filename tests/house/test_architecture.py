@@ -26,6 +26,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("jaxckpt.training",),
     ("jaxckpt.models",),
     ("jaxckpt.step",),
+    ("jaxckpt.rendering",),
     ("jaxckpt.planner",),
     ("jaxckpt.report", "jaxckpt.fit"),
     ("jaxckpt.cli",),

@@ -17,6 +17,7 @@ Published parameter counts (total / activated per token), the sources of ``tests
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,9 @@ from jaxckpt import names
 from jaxckpt.analysis._jaxprs import emitted_checkpoint_names
 from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.errors import JaxckptError
-from jaxckpt.models.llm import (LLM_PRESETS, DecoderBlock, build_llm, dropping_moe, expert_capacity, llm_loss,
-                                route, sorted_moe)
+from jaxckpt.models import MODEL_REGISTRY, config_record, field_names
+from jaxckpt.models.llm import (LLM_PRESETS, DecoderBlock, LLMConfig, MLAConfig, MoEConfig, MoEDispatch, build_llm,
+                                dropping_moe, expert_capacity, llm_loss, route, sorted_moe)
 from tests.numerics import assert_trees_close
 
 ACTIVE_BILLIONS = {"mixtral-8x7b": "12.9", "mixtral-8x22b": "39", "qwen3-30b-a3b": "3.3", "qwen3-235b-a22b": "22",
@@ -81,6 +83,37 @@ def test_bad_moe_field_is_one_line(overrides, message):
   with pytest.raises(JaxckptError, match=message) as err:
     dataclasses.replace(LLM_PRESETS["mixtral-tiny"], **overrides)
   assert "\n" not in str(err.value)
+
+
+def test_the_moe_and_mla_fields_are_parts_that_the_config_still_takes_and_reads_flat():
+  """LLMConfig groups a variant's fields into frozen parts (moe, mla, kernel); construction, dataclasses.replace and
+  a model entry's override take the flat names, the attributes read them, and metrics' flat record is unchanged. The
+  dispatch is read once into a str-valued enum: members compare, the text stays in JSON and on the command line."""
+  config = LLM_PRESETS["deepseek-tiny"]
+  assert isinstance(config.moe, MoEConfig) and isinstance(config.mla, MLAConfig)
+  assert (config.moe.num_experts, config.num_experts, config.mla.kv_lora_rank, config.kernel.attention) == (
+      8, 8, 16, "xla")
+  made = LLMConfig(num_layers=3, first_dense_layers=1, num_heads=4, num_kv_heads=4, num_experts=8,
+                   moe_dispatch="dropping", kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16)
+  assert made.moe == MoEConfig(num_experts=8, first_dense_layers=1, moe_dispatch=MoEDispatch.DROPPING)
+  assert made.moe_dispatch is MoEDispatch.DROPPING and made.moe_dispatch == "dropping"
+  assert (str(made.moe_dispatch), f"{made.moe_dispatch}", json.dumps(made.moe_dispatch)) == (
+      "dropping", "dropping", '"dropping"')
+  replaced = dataclasses.replace(config, moe_dispatch="ragged", routed_scale=1.5)
+  assert (replaced.moe_dispatch, replaced.routed_scale, replaced.router, replaced.mla) == (
+      MoEDispatch.RAGGED, 1.5, "sigmoid", config.mla)
+  whole = LLMConfig(moe=MoEConfig(num_experts=4), experts_per_token=1)  # a part given whole, one field beside it
+  assert (whole.num_experts, whole.experts_per_token) == (4, 1)
+  overridden = MODEL_REGISTRY["llm"].override("mixtral-tiny", moe_dispatch="gmm", capacity_factor=2.0)
+  assert overridden.moe_dispatch is MoEDispatch.GMM and overridden.capacity_factor == 2.0
+  record = config_record(config)
+  assert record["moe_dispatch"] == "auto" and record["kv_lora_rank"] == 16 and "moe" not in record
+  assert set(record) == set(field_names(LLMConfig)) - {"moe", "mla", "kernel"}
+  assert len(dataclasses.fields(LLMConfig)) <= 31  # 45 flat fields before the parts
+  with pytest.raises(TypeError, match="unexpected keyword argument 'num_expert'"):
+    LLMConfig(num_expert=4)
+  with pytest.raises(JaxckptError, match="moe=4 must be a MoEConfig"):
+    LLMConfig(moe=4)
 
 
 # --- the router ---

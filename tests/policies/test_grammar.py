@@ -10,7 +10,7 @@ from jaxckpt import parse_policy
 from jaxckpt.policies import ALIASES, CANONICAL_POLICIES, POLICY_NAMES, REGISTRY
 from jaxckpt import Policy, PolicySpec
 from jaxckpt.policies._spec import refused
-from jaxckpt.analysis._policy_meaning import PROMISES, broken_policies, check_policy_meaning, saved_kinds
+from jaxckpt.policies._meaning import PROMISES, broken_policies, check_policy_meaning, saved_kinds
 from jaxckpt._remat_impl import remat_implementation
 
 # Run again under JAX's next remat (.ci/run's remat3 leg): what each policy means and refuses.
@@ -196,7 +196,7 @@ def test_fuzz_near_miss_names(name, cut, extra):
     assert err.bad  # names the bad part
 
 
-# --- Policies mean what their names say, in the installed JAX (jaxckpt.analysis._policy_meaning) ---------------------------
+# --- Policies mean what their names say, in the installed JAX (jaxckpt.policies._meaning) ---------------------------
 
 
 def test_policy_meaning_check_covers_every_jax_policy_jaxckpt_exposes():

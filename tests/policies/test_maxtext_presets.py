@@ -19,7 +19,7 @@ from tests.tiny import llm_batch, llm_loss_and_grads
 ALL_MAXTEXT_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "kv_proj", "qkv_proj", "context",
                      "out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
 
-# MaxText's table (published-configs.md §4b): preset -> (saved on device, offloaded to host), S expanded.
+# MaxText's table (../shared/published-configs.md §4b): preset -> (saved on device, offloaded to host), S expanded.
 S = {"query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj"}
 MLP = {"mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"}
 EXPECTED = {

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from jaxckpt.models.llm._config import (
     LLMConfig,
+    MoEConfig,
+    MLAConfig,
+    KernelConfig,
     LLM_PRESETS,
     MLP_ACTIVATIONS,
     LAYER_KINDS,
@@ -47,6 +50,7 @@ from jaxckpt.models.llm._moe import (
     MOE_DISPATCHES,
     ROUTERS,
     MoE,
+    MoEDispatch,
     dropping_moe,
     expert_capacity,
     grouped_matmul,
@@ -71,6 +75,10 @@ from jaxckpt.models.llm._loss import cross_entropy, tiled_loss, llm_loss
 
 __all__ = [
     "LLMConfig",
+    "MoEConfig",
+    "MLAConfig",
+    "KernelConfig",
+    "MoEDispatch",
     "LLM_PRESETS",
     "MLP_ACTIVATIONS",
     "LAYER_KINDS",

@@ -1,4 +1,5 @@
-"""The LLM family's config and its presets: one frozen dataclass, one line of dimensions per released model.
+"""The LLM family's config and its presets: one frozen dataclass with three parts (the Mixture of Experts, multi-head
+latent attention, the attention kernel), one line of dimensions per released model.
 
 The dimensions are those of MaxText's model configs (AI-Hypercomputer/maxtext, ``configs/models/*.yml``), which
 follow the model cards: Llama 2 (Touvron et al. 2023), Llama 3 / 3.1 (Grattafiori et al. 2024, "The Llama 3 Herd of
@@ -13,11 +14,12 @@ as the released models.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import check_fields, dtype_named
 from jaxckpt.models.llm._kernels import ATTENTION_KERNELS
-from jaxckpt.models.llm._moe import MOE_DISPATCHES, ROUTERS
+from jaxckpt.models.llm._moe import ROUTERS, MoEDispatch
 from jaxckpt.models.llm._splash import SplashBlockSizes
 
 MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu")
@@ -38,13 +40,139 @@ LLAMA31_ROPE_SCALING: dict[str, float] = {"factor": 8.0, "low_freq_factor": 1.0,
 ``rope_scaling`` of Llama 3.1)."""
 
 
+def _whole(part: object, names: tuple[str, ...]) -> None:
+  for name in names:
+    value = getattr(part, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise JaxckptError(f"{name}={value!r} must be a whole number ≥ 0")
+
+
+def _flags(part: object, names: tuple[str, ...]) -> None:
+  for name in names:
+    if not isinstance(getattr(part, name), bool):
+      raise JaxckptError(f"{name}={getattr(part, name)!r} must be True or False")
+
+
 @dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """The Mixture of Experts of an :class:`LLMConfig` (``config.moe``; ``num_experts = 0``: a dense gated MLP in every
+  layer). Each field is also an :class:`LLMConfig` argument and attribute of the same name
+  (``LLMConfig(num_experts=8)``, ``config.num_experts``).
+
+  Checked when made: counts whole numbers ≥ 0 (``experts_per_token`` ≥ 1), the dispatch and router known, factors
+  > 0, flags bools; what needs the whole model (``experts_per_token`` ≤ ``num_experts``, the dense layers against
+  ``num_layers``) is checked by :class:`LLMConfig`.
+
+  Raises:
+    JaxckptError: a bad field, named as its Python argument.
+  """
+
+  num_experts: int = 0  # Routed experts X per MoE layer; 0: no MoE.
+  experts_per_token: int = 2  # Experts k each token is routed to (top-k of the router's scores), 1 ≤ k ≤ X.
+  moe_mlp_dim: int = 0  # Hidden width F of each expert (MaxText's moe_mlp_dim); 0: mlp_dim.
+  shared_experts: int = 0  # Experts every token passes besides its k routed ones (DeepSeek: 1), width F each.
+  first_dense_layers: int = 0  # Leading layers with a dense gated MLP of mlp_dim (DeepSeek-V3: 3); a multiple of
+  # the pattern's length.
+  moe_dispatch: MoEDispatch = MoEDispatch.AUTO  # DROPPING (capacity_factor, one-hot dispatch einsums: MaxText's
+  # dense_matmul), RAGGED (dropless: tokens sorted by expert, jax.lax.ragged_dot), GMM (dropless, the megablox Pallas
+  # grouped matmul, TPU), AUTO: gmm on a TPU, else ragged (MaxText's defaults megablox and sparse_matmul); the text
+  # ("dropping", ...) is read into the member.
+  capacity_factor: float = 1.25  # "dropping": each expert takes ceil(S·k / X · factor) tokens per sequence.
+  router: str = "softmax"  # "softmax": weights = softmax of the top-k logits (Mixtral; Qwen3 with norm_topk_prob);
+  # "sigmoid": sigmoid scores, top-k by score + a bias, weights the chosen scores normalised (DeepSeek-V3).
+  routed_scale: float = 1.0  # Factor of the routed experts' output (DeepSeek-V3: 2.5, routed_scaling_factor).
+  gmm_interpret: bool = False  # Run the megablox kernel in Pallas' interpret mode (any platform; slow, for tests).
+
+  def __post_init__(self):
+    _whole(self, ("num_experts", "moe_mlp_dim", "shared_experts", "first_dense_layers"))
+    object.__setattr__(self, "moe_dispatch", MoEDispatch.parse(self.moe_dispatch))
+    if self.router not in ROUTERS:
+      raise JaxckptError(f"router={self.router!r} is unknown; valid: {', '.join(ROUTERS)}")
+    for name in ("capacity_factor", "routed_scale"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise JaxckptError(f"{name}={value!r} must be a number > 0")
+    _flags(self, ("gmm_interpret",))
+    k = self.experts_per_token
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+      raise JaxckptError(f"experts_per_token={k!r} must be a whole number ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAConfig:
+  """Multi-head latent attention of an :class:`LLMConfig` (``config.mla``; DeepSeek-AI 2024, "DeepSeek-V2";
+  ``kv_lora_rank = 0``: grouped-query attention). Each field is also an :class:`LLMConfig` argument and attribute of
+  the same name.
+
+  Raises:
+    JaxckptError: a field that is not a whole number ≥ 0, the other fields without ``kv_lora_rank``, an odd or
+      missing ``qk_rope_head_dim`` or no ``v_head_dim`` with it.
+  """
+
+  q_lora_rank: int = 0  # Rank of the query's low-rank projection (DeepSeek-V3: 1536); 0: a full-rank query.
+  kv_lora_rank: int = 0  # Rank of the compressed key/value latent (DeepSeek-V3: 512); > 0 makes attention MLA.
+  qk_rope_head_dim: int = 0  # MLA: channels per head that carry RoPE (DeepSeek-V3: 64), besides head_dim's.
+  v_head_dim: int = 0  # MLA: channels per value head (DeepSeek-V3: 128).
+
+  def __post_init__(self):
+    _whole(self, ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"))
+    if not self.kv_lora_rank:
+      if self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
+        raise JaxckptError("q_lora_rank, qk_rope_head_dim and v_head_dim are multi-head latent attention's: give "
+                           "kv_lora_rank > 0 too (DeepSeek-V3: 512), or leave them 0")
+      return
+    if self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
+      raise JaxckptError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even and ≥ 2 with kv_lora_rank > 0 "
+                         "(RoPE rotates pairs of channels; DeepSeek-V3: 64)")
+    if self.v_head_dim < 1:
+      raise JaxckptError(f"v_head_dim={self.v_head_dim} must be ≥ 1 with kv_lora_rank > 0 (DeepSeek-V3: 128)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """The attention kernel of an :class:`LLMConfig` (``config.kernel``): which implementation computes attention, and
+  the splash kernel's settings. Each field is also an :class:`LLMConfig` argument and attribute of the same name
+  (``LLMConfig(attention="splash")``, ``config.attention``).
+
+  Raises:
+    JaxckptError: an unknown kernel, blocks that are not a :class:`~jaxckpt.models.llm.SplashBlockSizes`, a flag that
+      is not a bool.
+  """
+
+  attention: str = "xla"  # Kernel: "auto" (from 128 tokens: splash on a TPU, pallas on a GPU; else xla), "xla",
+  # "splash" (TPU), "pallas" or "cudnn" (GPU): jaxckpt.models.llm._kernels.
+  splash_blocks: SplashBlockSizes = dataclasses.field(default_factory=SplashBlockSizes)  # Splash kernel blocks.
+  splash_interpret: bool = False  # Run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
+
+  def __post_init__(self):
+    if self.attention not in ATTENTION_KERNELS:
+      raise JaxckptError(f"attention={self.attention!r} is unknown; valid: {', '.join(ATTENTION_KERNELS)}")
+    if not isinstance(self.splash_blocks, SplashBlockSizes):
+      raise JaxckptError(f"splash_blocks={self.splash_blocks!r} must be a SplashBlockSizes")
+    _flags(self, ("splash_interpret",))
+
+
+PARTS: dict[str, type] = {"moe": MoEConfig, "mla": MLAConfig, "kernel": KernelConfig}
+""":class:`LLMConfig`'s parts: field name -> record."""
+
+FLAT_FIELDS: dict[str, str] = {f.name: part for part, record in PARTS.items() for f in dataclasses.fields(record)}
+"""Each part's fields by the name :class:`LLMConfig` takes and reads them by (``num_experts`` -> ``"moe"``)."""
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class LLMConfig:
   """A decoder-only language model of the Llama / Mistral / Gemma family (``llm``); presets in :data:`LLM_PRESETS`.
 
   Shapes use B = batch, S = tokens per sequence, E = ``dim``, N = ``num_heads``, K = ``num_kv_heads``,
   Dh = ``head_dim``, M = ``mlp_dim``, V = ``vocab_size``, L = ``num_layers``; for a Mixture of Experts X =
   ``num_experts``, k = ``experts_per_token``, F = ``moe_mlp_dim`` (each expert's hidden width).
+
+  Three parts group the fields of one variant each: :class:`MoEConfig` (``moe``), :class:`MLAConfig` (``mla``) and
+  :class:`KernelConfig` (``kernel``). Their fields are arguments and attributes of the config itself, as before the
+  parts: ``LLMConfig(num_experts=8, moe_dispatch="dropping")``, ``config.num_experts``, ``dataclasses.replace(config,
+  kv_lora_rank=512, ...)`` and :meth:`jaxckpt.models.ModelEntry.override` take the names of :data:`FLAT_FIELDS`; a
+  part may also be given whole (``LLMConfig(moe=MoEConfig(...))``), a flat name beside it replacing that field.
+  Keyword arguments only.
 
   A config with ``num_experts`` > 0 is a Mixture of Experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020): each
   layer after the first ``first_dense_layers`` replaces the gated MLP by X gated experts of width F, each token routed
@@ -59,6 +187,7 @@ class LLMConfig:
   Raises:
     JaxckptError: a bad field, named as its Python argument (``num_heads=30 must be a multiple of
       num_kv_heads=8``).
+    TypeError: an argument that is neither a field nor a part's field (as a dataclass's own ``__init__``).
 
   Example::
 
@@ -90,34 +219,34 @@ class LLMConfig:
   query_scale: float | None = None  # Factor q is multiplied by; None: head_dim ** -0.5 (Gemma 2 27B: (E/N) ** -0.5).
   compute_dtype: str = "float32"  # Activations and matmuls: "bfloat16" on the real presets, "float32" on tiny ones.
   weight_dtype: str = "float32"  # Parameters (and so AdamW's moments): "float32" (MaxText's default) or "bfloat16".
-  attention: str = "xla"  # Kernel: "auto" (from 128 tokens: splash on a TPU, pallas on a GPU; else xla), "xla",
-  # "splash" (TPU), "pallas" or "cudnn" (GPU): jaxckpt.models.llm._kernels.
-  splash_blocks: SplashBlockSizes = dataclasses.field(default_factory=SplashBlockSizes)  # Splash kernel blocks.
-  splash_interpret: bool = False  # Run the splash kernel in Pallas' interpret mode (any platform; slow, for tests).
   vocab_tiles: int = 1  # Sequence chunks the loss computes logits for one at a time (MaxText's num_vocab_tiling).
   scan: bool = True  # Scan over blocks (True) or unroll them.
   structure: str = "block"  # Remat structure of the stack: "block", "every:K", "nested", "nested:D" (see Stack).
   qk_norm: bool = False  # RMSNorm over each head's Dh channels of q and k before RoPE (Qwen3).
-  # Mixture of Experts (num_experts = 0: a dense gated MLP in every layer).
-  num_experts: int = 0  # Routed experts X per MoE layer; 0: no MoE.
-  experts_per_token: int = 2  # Experts k each token is routed to (top-k of the router's scores), 1 ≤ k ≤ X.
-  moe_mlp_dim: int = 0  # Hidden width F of each expert (MaxText's moe_mlp_dim); 0: mlp_dim.
-  shared_experts: int = 0  # Experts every token passes besides its k routed ones (DeepSeek: 1), width F each.
-  first_dense_layers: int = 0  # Leading layers with a dense gated MLP of mlp_dim (DeepSeek-V3: 3); a multiple of
-  # the pattern's length.
-  moe_dispatch: str = "auto"  # "dropping" (capacity_factor, one-hot dispatch einsums: MaxText's dense_matmul),
-  # "ragged" (dropless: tokens sorted by expert, jax.lax.ragged_dot), "gmm" (dropless, the megablox Pallas grouped
-  # matmul, TPU), "auto": gmm on a TPU, else ragged (MaxText's defaults megablox and sparse_matmul).
-  capacity_factor: float = 1.25  # "dropping": each expert takes ceil(S·k / X · factor) tokens per sequence.
-  router: str = "softmax"  # "softmax": weights = softmax of the top-k logits (Mixtral; Qwen3 with norm_topk_prob);
-  # "sigmoid": sigmoid scores, top-k by score + a bias, weights the chosen scores normalised (DeepSeek-V3).
-  routed_scale: float = 1.0  # Factor of the routed experts' output (DeepSeek-V3: 2.5, routed_scaling_factor).
-  gmm_interpret: bool = False  # Run the megablox kernel in Pallas' interpret mode (any platform; slow, for tests).
-  # Multi-head latent attention (kv_lora_rank = 0: grouped-query attention).
-  q_lora_rank: int = 0  # Rank of the query's low-rank projection (DeepSeek-V3: 1536); 0: a full-rank query.
-  kv_lora_rank: int = 0  # Rank of the compressed key/value latent (DeepSeek-V3: 512); > 0 makes attention MLA.
-  qk_rope_head_dim: int = 0  # MLA: channels per head that carry RoPE (DeepSeek-V3: 64), besides head_dim's.
-  v_head_dim: int = 0  # MLA: channels per value head (DeepSeek-V3: 128).
+  PARTS: ClassVar[dict[str, type]] = PARTS
+  moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)  # The Mixture of Experts (MoEConfig's fields).
+  mla: MLAConfig = dataclasses.field(default_factory=MLAConfig)  # Multi-head latent attention (MLAConfig's fields).
+  kernel: KernelConfig = dataclasses.field(default_factory=KernelConfig)  # The attention kernel (KernelConfig's).
+
+  def __init__(self, **fields: Any):
+    given = {part: fields.pop(part, None) for part in PARTS}
+    flat: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
+    for name in [n for n in fields if n in FLAT_FIELDS]:
+      flat[FLAT_FIELDS[name]][name] = fields.pop(name)
+    own = {f.name: f for f in dataclasses.fields(self)}
+    unknown = [n for n in fields if n not in own]
+    if unknown:
+      raise TypeError(f"LLMConfig.__init__() got an unexpected keyword argument {unknown[0]!r}")
+    for part, record in PARTS.items():
+      base = given[part]
+      if base is not None and not isinstance(base, record):
+        raise JaxckptError(f"{part}={base!r} must be a {record.__name__}")
+      fields[part] = dataclasses.replace(base, **flat[part]) if base is not None else record(**flat[part])
+    for name, f in own.items():
+      value = fields[name] if name in fields else (f.default_factory() if f.default is dataclasses.MISSING
+                                                   else f.default)
+      object.__setattr__(self, name, value)
+    self.__post_init__()
 
   def __post_init__(self):
     check_fields(self)
@@ -199,10 +328,8 @@ def _check(config: LLMConfig) -> None:
   if config.head_dim % 2:
     raise JaxckptError(f"head_dim={config.head_dim} must be even (RoPE rotates pairs of channels)")
   dtype_named(config.weight_dtype, argument="weight_dtype")
-  for name, value, valid in (("mlp_activation", config.mlp_activation, MLP_ACTIVATIONS),
-                             ("attention", config.attention, ATTENTION_KERNELS)):
-    if value not in valid:
-      raise JaxckptError(f"{name}={value!r} is unknown; valid: {', '.join(valid)}")
+  if config.mlp_activation not in MLP_ACTIVATIONS:
+    raise JaxckptError(f"mlp_activation={config.mlp_activation!r} is unknown; valid: {', '.join(MLP_ACTIVATIONS)}")
   if config.rope_scaling is not None and config.rope_scaling not in ROPE_SCALINGS:
     raise JaxckptError(f"rope_scaling={config.rope_scaling!r} is unknown; valid: None, {', '.join(ROPE_SCALINGS)}")
   pattern = config.layer_pattern
@@ -221,14 +348,12 @@ def _check(config: LLMConfig) -> None:
     raise JaxckptError(f"layer_pattern={pattern} has local layers: give sliding_window (tokens), e.g. 4096")
   if config.norm_scale_offset not in (0.0, 1.0):
     raise JaxckptError(f"norm_scale_offset={config.norm_scale_offset!r} must be 0 (Llama) or 1 (Gemma)")
-  for name in ("scale_embeddings", "post_norms", "splash_interpret"):
+  for name in ("scale_embeddings", "post_norms", "qk_norm"):
     if not isinstance(getattr(config, name), bool):
       raise JaxckptError(f"{name}={getattr(config, name)!r} must be True or False")
   if config.seq_len % config.vocab_tiles:
     raise JaxckptError(f"vocab_tiles={config.vocab_tiles} must divide seq_len={config.seq_len} (the loss splits "
                        "each sequence into vocab_tiles chunks)")
-  if not isinstance(config.splash_blocks, SplashBlockSizes):
-    raise JaxckptError(f"splash_blocks={config.splash_blocks!r} must be a SplashBlockSizes")
   if config.attention == "splash":
     config.splash_blocks.for_length(config.seq_len)  # blocks that do not tile seq_len: one line naming both
   _check_moe(config)
@@ -236,27 +361,10 @@ def _check(config: LLMConfig) -> None:
 
 
 def _check_moe(config: LLMConfig) -> None:
-  """The Mixture-of-Experts fields (checked also on a dense config, so a bad value never waits for num_experts)."""
-  for name in ("num_experts", "moe_mlp_dim", "shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank",
-               "qk_rope_head_dim", "v_head_dim"):
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-      raise JaxckptError(f"{name}={value!r} must be a whole number ≥ 0")
-  for name, value, valid in (("moe_dispatch", config.moe_dispatch, MOE_DISPATCHES), ("router", config.router, ROUTERS)):
-    if value not in valid:
-      raise JaxckptError(f"{name}={value!r} is unknown; valid: {', '.join(valid)}")
-  for name in ("capacity_factor", "routed_scale"):
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-      raise JaxckptError(f"{name}={value!r} must be a number > 0")
-  for name in ("qk_norm", "gmm_interpret"):
-    if not isinstance(getattr(config, name), bool):
-      raise JaxckptError(f"{name}={getattr(config, name)!r} must be True or False")
-  k = config.experts_per_token
-  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-    raise JaxckptError(f"experts_per_token={k!r} must be a whole number ≥ 1")
+  """What the Mixture of Experts needs of the whole model (its own fields are checked by :class:`MoEConfig`)."""
   if not config.is_moe:
     return
+  k = config.experts_per_token
   if k > config.num_experts:
     raise JaxckptError(f"experts_per_token={k} must be at most num_experts={config.num_experts}")
   if config.first_dense_layers >= config.num_layers:
@@ -268,19 +376,20 @@ def _check_moe(config: LLMConfig) -> None:
 
 
 def _check_mla(config: LLMConfig) -> None:
-  if not config.is_mla:
-    if config.q_lora_rank or config.qk_rope_head_dim or config.v_head_dim:
-      raise JaxckptError("q_lora_rank, qk_rope_head_dim and v_head_dim are multi-head latent attention's: give "
-                         "kv_lora_rank > 0 too (DeepSeek-V3: 512), or leave them 0")
-    return
-  if config.qk_rope_head_dim < 2 or config.qk_rope_head_dim % 2:
-    raise JaxckptError(f"qk_rope_head_dim={config.qk_rope_head_dim} must be even and ≥ 2 with kv_lora_rank > 0 (RoPE "
-                       "rotates pairs of channels; DeepSeek-V3: 64)")
-  if config.v_head_dim < 1:
-    raise JaxckptError(f"v_head_dim={config.v_head_dim} must be ≥ 1 with kv_lora_rank > 0 (DeepSeek-V3: 128)")
-  if config.num_kv_heads != config.num_heads:
+  """What multi-head latent attention needs of the whole model (its own fields are checked by :class:`MLAConfig`)."""
+  if config.is_mla and config.num_kv_heads != config.num_heads:
     raise JaxckptError(f"num_kv_heads={config.num_kv_heads} must equal num_heads={config.num_heads} with "
                        "kv_lora_rank > 0 (MLA gives every query head its own key and value)")
+
+
+def _flat(name: str, part: str) -> property:
+  return property(lambda config: getattr(getattr(config, part), name),
+                  doc=f"``config.{part}.{name}`` (:class:`{PARTS[part].__name__}`).")
+
+
+for _name, _part in FLAT_FIELDS.items():
+  setattr(LLMConfig, _name, _flat(_name, _part))
+del _name, _part
 
 
 def _llama(**fields) -> LLMConfig:

@@ -29,7 +29,7 @@ from jaxckpt.sharding._rules import constrain
 from jaxckpt.models._configs import dtype_named
 from jaxckpt.models.llm import _kernels as kernels
 from jaxckpt.models.llm._config import LLAMA31_ROPE_SCALING, LLMConfig
-from jaxckpt.models.llm._moe import MoE
+from jaxckpt.models.llm._moe import MoE, MoEDispatch
 from jaxckpt.models.llm._params import param as _param
 from jaxckpt.nnx._layers import PolicyLike, RematBlock
 
@@ -373,7 +373,7 @@ def decoder_checkpoint_names(config: LLMConfig, *, experts: bool = False) -> tup
   out = list(names.DECODER_NAMES)
   if config.is_mla:
     out += [n for n in names.MLA_NAMES if config.q_lora_rank or n not in (names.QUERY_WA_PROJ, names.MLA_Q)]
-  if experts and config.moe_dispatch == "dropping":
+  if experts and config.moe_dispatch is MoEDispatch.DROPPING:
     out += [names.MOE_MLPWI_0, names.MOE_MLPWI_1, names.MOE_MLPWO]
   elif experts:
     out += list(names.MOE_NAMES)

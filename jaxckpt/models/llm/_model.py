@@ -18,7 +18,7 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.models._configs import dtype_named, unknown_preset
 from jaxckpt.models.llm._config import LLM_PRESETS, LLMConfig
 from jaxckpt.models.llm._layers import EMBED_AXES, DecoderBlock, RMSNorm
-from jaxckpt.models.llm._moe import expert_capacity
+from jaxckpt.models.llm._moe import MoEDispatch, expert_capacity
 from jaxckpt.nnx._layers import Stack, set_policy
 from jaxckpt.policies._spec import Policy, PolicySpec
 from jaxckpt.sharding._gather import gather_param
@@ -126,7 +126,7 @@ class LLM(nnx.Module):
     :func:`~jaxckpt.models.llm.expert_capacity`; a remat policy that recomputes the dispatch moves more). 0 for a
     dense model and for the dropless dispatches (they gather their experts' weights over the axis instead). Read by
     the fit planner's time model (:func:`jaxckpt.fit.traffic_of`)."""
-    if not self.num_experts or self.moe_dispatch != "dropping":
+    if not self.num_experts or self.moe_dispatch is not MoEDispatch.DROPPING:
       return 0
     capacity = expert_capacity(self.seq_len, self.num_experts, self.experts_per_token, self.capacity_factor)
     return (4 * self.num_moe_layers * self.num_experts * capacity * self.dim

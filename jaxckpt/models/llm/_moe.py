@@ -34,6 +34,7 @@ DeepSeek-V3 moves it by a load rule, left out), ``wi_0`` and ``wi_1 [X, E, F]`` 
 
 from __future__ import annotations
 
+import enum
 import math
 
 import jax
@@ -48,8 +49,37 @@ from jaxckpt.errors import JaxckptError
 from jaxckpt.models.llm._params import param
 from jaxckpt.sharding._rules import constrain, moe_split, traced_platform
 
-MOE_DISPATCHES: tuple[str, ...] = ("auto", "dropping", "ragged", "gmm")
-"""The ``moe_dispatch=`` choices (module docstring)."""
+class MoEDispatch(str, enum.Enum):
+  """How a Mixture of Experts runs its experts (module docstring): the ``moe_dispatch=`` choices, read once
+  (:meth:`parse`) and compared as members everywhere after. ``str``-valued, so JSON, CSV and the CLI's
+  ``--moe-dispatch`` keep the text (``MoEDispatch.GMM == "gmm"``, ``str(MoEDispatch.GMM) == "gmm"``)."""
+
+  AUTO = "auto"  # gmm on a TPU, ragged elsewhere (select_dispatch)
+  DROPPING = "dropping"  # GShard's capacity dispatch: one-hot masks and einsums, tokens over capacity dropped
+  RAGGED = "ragged"  # dropless: tokens sorted by expert, jax.lax.ragged_dot
+  GMM = "gmm"  # dropless: the megablox Pallas grouped matmul (TPU)
+
+  def __str__(self) -> str:
+    return self.value
+
+  def __format__(self, spec: str) -> str:
+    return format(self.value, spec)
+
+  @classmethod
+  def parse(cls, value: "str | MoEDispatch") -> "MoEDispatch":
+    """The member of ``value`` (a member or its text).
+
+    Raises:
+      JaxckptError: an unknown dispatch, named as the ``moe_dispatch`` argument with the valid ones.
+    """
+    try:
+      return cls(value)
+    except ValueError:
+      raise JaxckptError(f"moe_dispatch={value!r} is unknown; valid: {', '.join(MOE_DISPATCHES)}") from None
+
+
+MOE_DISPATCHES: tuple[str, ...] = tuple(d.value for d in MoEDispatch)
+"""The ``moe_dispatch=`` choices as text (:class:`MoEDispatch`)."""
 ROUTERS: tuple[str, ...] = ("softmax", "sigmoid")
 """The ``router=`` choices (:func:`route`)."""
 
@@ -62,18 +92,17 @@ MASK_AXES = ("activation_batch", "activation_length", None, None)
 """Logical names of the dispatch and combine masks ``[B, S, X, C]``."""
 
 
-def select_dispatch(dispatch: str) -> str:
+def select_dispatch(dispatch: "str | MoEDispatch") -> MoEDispatch:
   """The dispatch that runs: ``dispatch`` itself, or for ``auto`` ``gmm`` when the trace is compiled for a TPU
   (:func:`jaxckpt.sharding._rules.traced_platform`), else ``ragged``.
 
   Raises:
     JaxckptError: an unknown dispatch, listing the valid ones.
   """
-  if dispatch not in MOE_DISPATCHES:
-    raise JaxckptError(f"moe_dispatch={dispatch!r} is unknown; valid: {', '.join(MOE_DISPATCHES)}")
-  if dispatch != "auto":
+  dispatch = MoEDispatch.parse(dispatch)
+  if dispatch is not MoEDispatch.AUTO:
     return dispatch
-  return "gmm" if traced_platform() == "tpu" else "ragged"
+  return MoEDispatch.GMM if traced_platform() == "tpu" else MoEDispatch.RAGGED
 
 
 def route(logits: jax.Array, k: int, *, router: str = "softmax", bias: jax.Array | None = None,
@@ -160,7 +189,7 @@ def _tile(size: int) -> int:
   return math.gcd(size, 512)
 
 
-def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, kernel: str,
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, kernel: "str | MoEDispatch",
                    interpret: bool = False) -> jax.Array:
   """Rows of ``lhs`` in consecutive groups, each group times its own matrix: ``[M, K] × [G, K, N] → [M, N]``.
 
@@ -178,7 +207,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, ke
   Raises:
     JaxckptError: ``gmm`` on a trace that is not compiled for a TPU without ``interpret``.
   """
-  if kernel == "ragged":
+  if kernel == MoEDispatch.RAGGED:
     return jax.lax.ragged_dot(lhs, rhs, group_sizes)
   if not interpret and (platform := traced_platform()) != "tpu":
     raise JaxckptError(f"moe_dispatch='gmm' runs the megablox Pallas TPU kernel, but this step is compiled for "
@@ -189,7 +218,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, ke
 
 
 def sorted_moe(x: jax.Array, indices: jax.Array, weights: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array,
-               *, kernel: str, activation: str, interpret: bool = False, tensor_axis: str | None = None) -> jax.Array:
+               *, kernel: "str | MoEDispatch", activation: str, interpret: bool = False,
+               tensor_axis: str | None = None) -> jax.Array:
   """The dropless dispatch on one device's tokens (module docstring): sort the (token, expert) pairs by expert, three
   grouped matmuls (:func:`grouped_matmul`), unsort, weight.
 
@@ -237,7 +267,7 @@ class MoE(nnx.Module):
     expert_dim: each expert's hidden width F.
     num_experts: X.
     experts_per_token: k.
-    dispatch: one of :data:`MOE_DISPATCHES`.
+    dispatch: a :class:`MoEDispatch` (or its text, :data:`MOE_DISPATCHES`).
     capacity_factor: the dropping dispatch's (:func:`expert_capacity`).
     router: one of :data:`ROUTERS`.
     routed_scale: factor of the routed output.
@@ -254,12 +284,12 @@ class MoE(nnx.Module):
     (2, 16, 64)
   """
 
-  def __init__(self, dim: int, expert_dim: int, num_experts: int, experts_per_token: int, *, dispatch: str = "auto",
+  def __init__(self, dim: int, expert_dim: int, num_experts: int, experts_per_token: int, *,
+               dispatch: str | MoEDispatch = MoEDispatch.AUTO,
                capacity_factor: float = 1.25, router: str = "softmax", routed_scale: float = 1.0,
                activation: str = "silu", gmm_interpret: bool = False, dtype=jnp.float32, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
-    if dispatch not in MOE_DISPATCHES:
-      raise JaxckptError(f"moe_dispatch={dispatch!r} is unknown; valid: {', '.join(MOE_DISPATCHES)}")
+    dispatch = MoEDispatch.parse(dispatch)
     if router not in ROUTERS:
       raise JaxckptError(f"router={router!r} is unknown; valid: {', '.join(ROUTERS)}")
     if not 1 <= experts_per_token <= num_experts:
@@ -282,7 +312,7 @@ class MoE(nnx.Module):
     """Whether an ``expert`` mesh axis splits the experts' work (the dropping dispatch's all-to-alls), not only their
     weights at rest (the dropless dispatches gather them per layer); read by
     :func:`jaxckpt.step._compile.mesh_use_notes`."""
-    return self.dispatch == "dropping"
+    return self.dispatch is MoEDispatch.DROPPING
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x: [B, S, E]`` (compute dtype) -> ``[B, S, E]`` (compute dtype), the routed experts' weighted sum."""
@@ -292,12 +322,12 @@ class MoE(nnx.Module):
     indices, weights = route(logits, self.experts_per_token, router=self.router, bias=bias, scale=self.routed_scale)
     wi_0, wi_1, wo = (w[...].astype(dtype) for w in (self.wi_0, self.wi_1, self.wo))
     kind = select_dispatch(self.dispatch)
-    if kind == "dropping":
+    if kind is MoEDispatch.DROPPING:
       return dropping_moe(x, indices, weights, wi_0, wi_1, wo, capacity_factor=self.capacity_factor,
                           activation=self.activation)
     return self._dropless(x, indices, weights, wi_0, wi_1, wo, kind)
 
-  def _dropless(self, x, indices, weights, wi_0, wi_1, wo, kind: str) -> jax.Array:
+  def _dropless(self, x, indices, weights, wi_0, wi_1, wo, kind: MoEDispatch) -> jax.Array:
     """:func:`sorted_moe` on each device's tokens: directly without a mesh, else in ``jax.shard_map`` (module
     docstring)."""
     batch, seq, dim = x.shape

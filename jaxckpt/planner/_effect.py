@@ -7,17 +7,18 @@ Three signs, each turned into a one-line ``warning`` on the row (and shown in ev
 2. The residual analysis says the policy keeps at most :data:`RESIDUAL_RATIO` (50%) of ``none``'s residual bytes,
    but compiled temp stays at :data:`TEMP_RATIO` (90%) or more of ``none``'s. Residual bytes are an upper bound of
    what the backward pass keeps (XLA fusion can only drop more), and in a train step the saved activations are the
-   bulk of temp; halving them leaves temp within 10% of ``none`` only when XLA undid the remat (NOTES.md §1: an
-   unrolled stack on XLA:CPU without the ``cse_barrier_expander`` option; an outer ``jax.checkpoint`` around a scan).
+   bulk of temp; halving them leaves temp within 10% of ``none`` only when XLA undid the remat: an unrolled stack on
+   XLA:CPU without the ``cse_barrier_expander`` option (measured with jax 0.10: an 8-layer residual MLP, d=512,
+   batch 8192, keeps 1216 MiB of temp under ``nothing_saveable`` against 1232 MiB without remat, 272 MiB with the
+   pass disabled), or an outer ``jax.checkpoint`` around a scan.
    The 10% slack covers gradient and optimizer buffers no policy changes; the 50% bar keeps policies that save a
    little (``dots_saveable`` on a model of few matmuls) from being flagged for a small, honest effect.
 3. An offloading policy whose compiled host bytes are zero on a backend where host memory is separate (GPU/TPU): its
    names were never attached, so nothing moved (MaxText issue 4990: byte-identical AOT stats with and without
    offload). On CPU the report already says offloading saves nothing there.
 
-The planner skips candidates flagged this way (:func:`no_effect`).
-
-New layout: belongs in ``jaxckpt/analysis/`` (the report and the planner both read it).
+The planner skips candidates flagged this way (:func:`no_effect`); the report (above the planner) annotates its rows
+with :func:`annotate_rows`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What the compiler assigned to each memory space: the device's HBM and the host's memory of a compiled program, read
-from XLA's buffer assignment (its dump), and the device footprint of a host-offload program from its memory stats.
+"""XLA's buffer assignment of a compiled program, read from its dump: the bytes in each memory space (the device's HBM
+and the host's memory), the values live at the memory peak, and the device footprint of a host-offload program from
+its memory stats.
 
 XLA's buffer assignment puts every buffer of a program in an allocation of one memory space ("color"): 0 the
 device's main memory (HBM), 5 the host's pinned memory (``S(5)`` in a layout, :data:`HOST_MEMORY_SPACE`), and on a
@@ -7,7 +8,9 @@ TPU 1 the on-chip vector memory (VMEM), 2 the scalar memory, 4 and 6 small host 
 ``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}`` the compiler writes
 ``*-memory-usage-report.txt``, which opens each space with ``Memory Space: <name> (color=<n>)`` and ``Total bytes:
 <n>``: the bytes of that space's allocations, parameters and outputs included (an output aliased to a donated
-parameter is one allocation). :func:`read_memory_spaces` reads it.
+parameter is one allocation). :func:`read_memory_spaces` reads it. ``*-live-range.txt`` lists the schedule and, under
+``Live ranges at <n> (peak):``, every HLO value live at the peak with its bytes (``  fusion.12{}: 4096 bytes``):
+:func:`live_at_peak` reads it.
 
 The device footprint of a program that offloads residuals (``docs/tpu.md``, "Host offload"): the TPU compiler's
 ``CompiledMemoryStats`` do not give it directly. Measured with libtpu 0.0.42.1 (deviceless):
@@ -33,7 +36,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from jaxckpt.analysis._hlo import HOST_MEMORY_SPACE
+from jaxckpt.analysis.hlo._parse import HOST_MEMORY_SPACE
 from jaxckpt.errors import JaxckptError
 
 DEVICE_MEMORY_SPACE = 0
@@ -128,3 +131,39 @@ def offload_device_bytes(stats: Mapping[str, int | None], spaces: MemorySpaces |
   if host <= 0 or peak > host + resident + tolerance:
     return peak, True
   return peak, False
+
+
+class LiveBuffer(NamedTuple):
+  """An HLO value live at a compiled program's memory peak (:func:`live_at_peak`)."""
+
+  instruction: str  # the instruction that defines it ("fusion.12")
+  index: str  # its place in the instruction's (tuple) result, as written: "{}" for the whole result, "{1}", ...
+  bytes: int  # its size
+
+
+_PEAK = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
+_LIVE = re.compile(r"^\s+(\S+?)(\{[^}]*\})?: (\d+) bytes")
+
+
+def live_at_peak(text: str) -> tuple[LiveBuffer, ...]:
+  """The values live at the memory peak, from the text of XLA's ``*-live-range.txt`` dump, in the order written.
+
+  Args:
+    text: the live-range report (its ``Live ranges at <n> (peak):`` section, one ``  <value>{<index>}: <n> bytes``
+      line per value).
+
+  Returns:
+    The :class:`LiveBuffer` records; ``()`` where the text has no peak section.
+  """
+  out: list[LiveBuffer] = []
+  in_peak = False
+  for line in text.splitlines():
+    if _PEAK.match(line):
+      in_peak = True
+      continue
+    if in_peak:
+      match = _LIVE.match(line)
+      if not match:
+        break
+      out.append(LiveBuffer(match.group(1), match.group(2) or "{}", int(match.group(3))))
+  return tuple(out)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,9 @@ from jaxckpt.analysis._internals import internal
 from jaxckpt.analysis._residuals import saved_residuals
 from jaxckpt.errors import PolicySpecError
 from jaxckpt._remat_impl import ENV_VAR, REMAT3, remat_implementation
+
+JaxPolicy = Optional[Callable[..., object]]
+"""A ``jax.checkpoint`` policy: a predicate over primitives (or one of JAX's policy objects), or None (full remat)."""
 
 KINDS = ("named_a", "named_b", "dot", "batch_dot", "other", "offloaded")
 """What :func:`probe` can save: ``named_a``/``named_b`` (the checkpoint-named values), ``dot`` (an unnamed matmul
@@ -189,7 +192,7 @@ def _data_policy_types() -> tuple[type, ...]:
   return tuple(t for n in names if (t := getattr(ac, n, None)) is not None)
 
 
-def is_data_policy(policy: Any) -> bool:
+def is_data_policy(policy: JaxPolicy) -> bool:
   """Whether remat3 honours ``policy``: None, ``nothing_saveable``, ``everything_saveable`` or one of JAX's policy
   classes (``DotsSaveable``, ``SaveOnlyTheseNames``, ``SaveAnyNamesButThese``)."""
   cp = jax.checkpoint_policies
@@ -198,7 +201,7 @@ def is_data_policy(policy: Any) -> bool:
   return isinstance(policy, _data_policy_types())
 
 
-def check_policy(policy: Any, *, what: str = "policy") -> Any:
+def check_policy(policy: JaxPolicy, *, what: str = "policy") -> JaxPolicy:
   """Returns ``policy`` unchanged, or raises when the remat implementation in use would silently ignore it.
 
   Args:

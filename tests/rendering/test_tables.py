@@ -1,5 +1,5 @@
-"""Terminal tables (jaxckpt.analysis._tables on rich): the report and plan tables fit the width, long policies become labels,
-an error row's message is printed once, --wide keeps one line per row, CSV holds JSON text, --help lists every
+"""Terminal tables (jaxckpt.rendering._tables on rich): the report and plan tables fit the width, long policies become
+labels, an error row's message is printed once, --wide keeps one line per row, CSV holds JSON text, --help lists every
 policy form. A hand-made report keeps these cheap; one slow test runs the CLI on the tiny GPT."""
 
 import csv
@@ -12,7 +12,7 @@ from jaxckpt.policies import AUTO, BUDGET, MIN_SAVED, MINCUT
 from jaxckpt.report._build import Report
 from jaxckpt.report._keys import STATUS_ERROR, empty_row
 from jaxckpt.report._outputs import to_csv, to_markdown, to_table
-from jaxckpt.analysis._tables import render_table, short_labels, wrap_lines
+from jaxckpt.rendering._tables import render_table, short_labels, wrap_lines
 
 MiB = 2**20
 PLAN = ("attn=save_tensors:" + "+".join(f"t{i}_squeeze" for i in range(12)) + ",mlp=save_tensors:"
@@ -131,7 +131,7 @@ def test_a_narrow_table_keeps_file_lines_and_policy_names_whole():
   """A column is narrowed to its longest word, not below, while the table fits: ``model.py:231`` and
   ``nothing_saveable`` are never broken; numbers then go over their units; only a table that cannot fit so breaks
   words."""
-  from jaxckpt.analysis._tables import fit_widths, longest_word
+  from jaxckpt.rendering._tables import fit_widths, longest_word
 
   cells = ["3.38 MiB multiply at own_models.py:231", "nothing_saveable"]
   assert longest_word(cells) == len("own_models.py:231")

@@ -1,4 +1,4 @@
-"""A policy with no compiled effect is never an ordinary ``ok`` row (jaxckpt.report.effect); the planner skips it."""
+"""A policy with no compiled effect is never an ordinary ``ok`` row (jaxckpt.planner._effect); the planner skips it."""
 
 import csv
 import io
@@ -12,7 +12,7 @@ from jaxckpt.planner._plan import CompiledPoint, _no_effect
 from jaxckpt import PolicySpec
 from jaxckpt._remat_impl import remat_implementation
 from jaxckpt.report._build import Report
-from jaxckpt.analysis._effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
+from jaxckpt.planner._effect import RESIDUAL_RATIO, TEMP_RATIO, annotate_rows, row_warning
 from jaxckpt.report._html import to_html
 from jaxckpt.report._keys import REPORT_KEYS, empty_row
 from jaxckpt.report._outputs import to_csv, to_json, to_markdown, to_table
@@ -22,7 +22,8 @@ from jaxckpt.training._xla import CPU_REMAT_FIX
 # Run again under JAX's next remat (.ci/run's remat3 leg): whether a policy has a compiled effect.
 pytestmark = pytest.mark.remat3
 
-L, D, H, B = 4, 64, 256, 256  # layers, width, hidden width, batch: NOTES.md §1's residual MLP, small
+L, D, H, B = 4, 64, 256, 256  # layers, width, hidden width, batch: an unrolled residual MLP (XLA:CPU undoes its remat
+# without the cse_barrier_expander option: jaxckpt.training._xla), small
 
 
 def _loss(policy):

@@ -75,7 +75,8 @@ def table_data(headers: Sequence[str], rows: Sequence[Sequence[Cell]], *,
 
 def template_env(*packages: str) -> jinja2.Environment:
   """A Jinja2 environment (autoescaped, strict) that finds templates in ``<package>/templates`` for each of
-  ``packages``, then the shared table macros (``jaxckpt/analysis/templates/macros.html.j2``)."""
+  ``packages``, then the shared table macros (``jaxckpt/rendering/templates/macros.html.j2``)."""
   loaders = [jinja2.PackageLoader(p, "templates") for p in packages]
-  return jinja2.Environment(loader=jinja2.ChoiceLoader([*loaders, jinja2.PackageLoader("jaxckpt.analysis", "templates")]),
+  shared = jinja2.PackageLoader("jaxckpt.rendering", "templates")
+  return jinja2.Environment(loader=jinja2.ChoiceLoader([*loaders, shared]),
                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
