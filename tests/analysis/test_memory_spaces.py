@@ -42,7 +42,7 @@ def _compile(topology: str, layers: int, hidden: int, dump: str):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
+@pytest.mark.parametrize("topology", ["v5e:2x2", pytest.param("v6e:2x2", marks=pytest.mark.slow)])
 def test_the_host_holds_every_layers_input_and_the_device_figure_is_the_buffer_assignments(topology, tmp_path):
   """16 layers, hidden 4096: the host space holds the 16 offloaded layer inputs exactly (512 MiB per chip); the
   compiler's peak is then the host's figure (host + arguments + output), so the stats alone give no exact device
@@ -60,7 +60,7 @@ def test_the_host_holds_every_layers_input_and_the_device_figure_is_the_buffer_a
 
 
 @needs_libtpu
-@pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
+@pytest.mark.parametrize("topology", ["v5e:2x2", pytest.param("v6e:2x2", marks=pytest.mark.slow)])
 def test_where_the_device_dominates_the_peak_is_the_devices(topology, tmp_path):
   """4 layers, hidden 16384: the device's temporaries outweigh the 128 MiB on the host; the peak is then the HBM's
   (within 3% of the buffer assignment's total: allocation versus live bytes) and jaxckpt's footprint is that peak."""

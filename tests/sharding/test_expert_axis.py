@@ -141,6 +141,7 @@ def sharded():
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # one 8-device subprocess (~45 s on 2 cores) for the three
 def test_sharded_gradients_equal_one_device(sharded):
   assert sharded["device_count"] == 8
   assert [(r["model"], r["mesh"]) for r in sharded["results"]] == [
@@ -151,6 +152,7 @@ def test_sharded_gradients_equal_one_device(sharded):
     assert run["mismatches"] == [], (run["model"], run["mesh"], run["mismatches"])
 
 
+@pytest.mark.slow  # one 8-device subprocess (~45 s on 2 cores) for the three
 def test_each_device_holds_its_share_of_the_experts(sharded):
   def ways(mesh: str, *axes: str) -> int:
     shape = dict((k, int(v)) for k, v in (item.split("=") for item in mesh.split(",")))
@@ -169,6 +171,7 @@ def test_each_device_holds_its_share_of_the_experts(sharded):
       assert got["per_device"] == got["bytes"] // split, (run["model"], run["mesh"], path, got)
 
 
+@pytest.mark.slow  # one 8-device subprocess (~45 s on 2 cores) for the three
 def test_the_dropping_dispatch_moves_tokens_by_all_to_all_over_the_expert_axis(sharded):
   for run in sharded["results"]:
     # in the layer loop: outside it, the embedding's gradient is an all-to-all of the lookup's cotangent

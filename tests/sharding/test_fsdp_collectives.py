@@ -121,7 +121,7 @@ def test_an_own_scanned_model_gathers_per_layer_and_reduce_scatters(topology):
   assert sum(u["runs"] for u in gathers if u["in_loop"]) >= 3  # per layer, inside the scan: not the stack at once
 
 
-@pytest.mark.parametrize("topology", [pytest.param("h100:8", marks=needs_cuda_plugin),
+@pytest.mark.parametrize("topology", [pytest.param("h100:8", marks=(needs_cuda_plugin, pytest.mark.slow)),
                                       pytest.param("v5e:2x4", marks=(needs_libtpu, pytest.mark.slow))])
 def test_accumulation_on_a_sharded_batch_costs_the_accumulator_not_k_steps(topology):
   """k × B/k accumulated under fsdp=8, compiled for the topology: the B/k step's footprint plus the accumulator (one

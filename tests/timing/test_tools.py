@@ -43,6 +43,7 @@ def test_the_report_gives_each_policys_compiled_step_time_and_its_recompute_seco
 
 
 @needs_cuda_plugin
+@pytest.mark.slow
 def test_recomputation_costs_time_on_a_gpu_node_where_the_matmuls_are_not_launch_bound():
   """A 2-layer Llama 2048 wide with flash attention, 2 × 1024 tokens per GPU (GEMMs of tens of µs, not launch-bound):
   full remat runs the forward matmuls again, so its compute term exceeds none's by about those matmuls' FLOPs at the
@@ -75,6 +76,7 @@ def test_recomputation_costs_time_on_a_gpu_node_where_the_matmuls_are_not_launch
 
 
 @needs_cuda_plugin
+@pytest.mark.slow
 def test_the_fit_ranks_the_fastest_configurations_by_their_compiled_programs(tmp_path, capsys):
   path = tmp_path / "fit.json"
   assert fit_main([*TINY, "--topology", NODE, "--mesh", "data=8", "--global-batch-size", "64", "--policies", "none",
