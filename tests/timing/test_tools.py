@@ -98,6 +98,7 @@ def test_the_fit_ranks_the_fastest_configurations_by_their_compiled_programs(tmp
 
 
 @needs_cuda_plugin
+@pytest.mark.slow
 def test_rank_compiled_zero_is_the_roofline_alone():
   plan = plan_fit(shipped_target("llm", "llama-tiny"), ["none", "nothing_saveable"], global_batch=64,
                   topology=NODE, mesh="data=8", rank_compiled=0)
