@@ -22,7 +22,7 @@ from flax import nnx
 import jaxckpt
 from experiments.autofit import autofit, batch_size_flag
 from experiments.data import eval_batches, load_dataset, train_batch
-from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command, exit_with
 from jaxckpt.cli import reference_epilog
 from experiments.options import RunOptions, run_identity
 from experiments.runner import RunResult, Setup, run
@@ -272,4 +272,4 @@ main = command(build_parser, ClassifierConfig, train)
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  exit_with(main())

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from experiments import supervisor
 from experiments.loop import RunInterrupted
@@ -17,7 +18,7 @@ from jaxckpt import sharding
 from jaxckpt.cli import CLIParser, progress_enabled
 from jaxckpt.errors import JaxckptError, NonFiniteLossError
 
-__all__ = ["CLIParser", "add_policy_flags", "add_run_flags", "run_cli", "command", "interrupted_line"]
+__all__ = ["CLIParser", "add_policy_flags", "add_run_flags", "run_cli", "command", "interrupted_line", "exit_with"]
 
 
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
@@ -144,3 +145,26 @@ def command(build_parser: Callable[[], argparse.ArgumentParser], config_class: t
 
   main.__doc__ = command.__doc__.split("\n")[0]
   return main
+
+
+def exit_with(status: int) -> NoReturn:
+  """Ends a ``python -m experiments.<name>`` process with ``main``'s exit status.
+
+  ``SystemExit`` as usual, except after SIGINT or SIGTERM (130, 143): then the streams are flushed and the process
+  leaves with ``os._exit``, as jaxckpt's tools do (:mod:`jaxckpt.cli`). A signal that lands while XLA compiles the
+  first step leaves its threads running, and the interpreter's teardown beside them crashed (a segmentation fault
+  after the one-line message). What the run saved is complete before ``main`` returns: a save in flight finishes
+  first (:class:`experiments.loop.SignalGuard`).
+
+  Args:
+    status: ``main``'s exit status (0 success, 1 non-finite loss, 2 bad input, 130/143 interrupted).
+  """
+  if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
+        pass
+    os._exit(status)
+  raise SystemExit(status)
+

@@ -29,7 +29,7 @@ import optax
 
 from experiments import text
 from experiments.autofit import autofit, batch_size_flag
-from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command
+from experiments.flags import CLIParser, add_policy_flags, add_run_flags, command, exit_with
 from jaxckpt.cli import reference_epilog
 from experiments.options import RunOptions, configure, run_identity
 from experiments.runner import RunResult, Setup, run
@@ -266,4 +266,4 @@ main = command(build_parser, LMConfig, train)
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  exit_with(main())

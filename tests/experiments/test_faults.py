@@ -585,3 +585,19 @@ def test_a_killed_process_ends_its_peer_within_seconds_with_one_line(tmp_path, v
   lines = [text for text in own_stderr_lines(err) if "joining the run" not in text]
   assert survivor.returncode == 1 and elapsed < 15, (survivor.returncode, elapsed, err[-3000:])
   assert len(lines) == 1 and lines[0].startswith(line), err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status,teardown", [(130, False), (143, False), (2, True)])
+def test_an_interrupted_experiment_leaves_without_the_interpreters_teardown(status, teardown):
+  """After SIGINT/SIGTERM the process ends by ``os._exit`` with its output flushed: the teardown beside XLA's compile
+  threads, still running when Ctrl-C lands in the first compile, crashed (exit -11 after the one-line message).
+  Other statuses leave as usual."""
+  code = ("import atexit, sys; from experiments.flags import exit_with; atexit.register(print, 'teardown'); "
+          f"print('the one line', file=sys.stderr, end=''); exit_with({status})")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=False)
+  assert done.returncode == status
+  assert done.stderr.endswith("the one line")
+  assert ("teardown" in done.stdout) == teardown
