@@ -680,7 +680,7 @@ def resolve_policy(
     *,
     tx: optax.GradientTransformation | None = None,
     compiler_options: Mapping[str, Any] | None = None,
-    mesh: Any = None,
+    mesh: "jax.sharding.Mesh | Placement | None" = None,
     cache: PlanCache | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
 ) -> tuple[ConcretePolicy, Plan | None]:
@@ -693,8 +693,10 @@ def resolve_policy(
     target: the :class:`~jaxckpt.step.ModelTarget` the policy is for (used only for budgets).
     policy: a spec string or parsed policy (:func:`jaxckpt.policies.parse_model_policy`).
     tx, compiler_options, cache, candidates: as :func:`plan_policy`.
-    mesh: the device mesh the step will run on (a TPU topology's too): budgets are planned and ``min_saved``'s
-      fixed rivals compiled sharded over it (per-device memory).
+    mesh: where the step will be compiled: a :class:`~jaxckpt.sharding.Placement` (a topology's mesh and a GPU's
+      memory fraction: ``auto`` budgets are planned at the memory its device may use,
+      :meth:`~jaxckpt.sharding.Placement.memory`), or a ``jax.sharding.Mesh`` of this machine's devices. Budgets
+      are planned and ``min_saved``'s fixed rivals compiled sharded over its mesh (per-device memory).
 
   Returns:
     ``(policy, plan)``: the concrete policy and the :class:`Plan` it came from (``None`` when ``policy`` was not a
@@ -710,21 +712,23 @@ def resolve_policy(
   parsed = parse_model_policy(policy)
   if parsed.resolved:
     return parsed, None
+  placement = resolve_placement(mesh)  # a Placement as it is; a Mesh on this machine's devices
   return _RESOLVERS[type(parsed)](target, parsed, tx=tx or default_optimizer(), compiler_options=compiler_options,
-                                  mesh=mesh, cache=PlanCache() if cache is None else cache, candidates=candidates)
+                                  placement=placement, cache=PlanCache() if cache is None else cache,
+                                  candidates=candidates)
 
 
-def _resolve_min_saved(target, parsed: MinSaved, *, tx, compiler_options, mesh, cache, candidates):  # noqa: ARG001
-  return _min_saved_guarded(target, parsed.tolerance, tx, compiler_options, cache, mesh), None
+def _resolve_min_saved(target, parsed: MinSaved, *, tx, compiler_options, placement, cache, candidates):  # noqa: ARG001
+  return _min_saved_guarded(target, parsed.tolerance, tx, compiler_options, cache, placement.mesh), None
 
 
-def _resolve_mincut(target, parsed: MinCut, *, tx, compiler_options, mesh, cache, candidates):  # noqa: ARG001
+def _resolve_mincut(target, parsed: MinCut, *, tx, compiler_options, placement, cache, candidates):  # noqa: ARG001
   return mincut_policy(target, parsed, cache), None
 
 
-def _resolve_budget(target, parsed: Budget, *, tx, compiler_options, mesh, cache, candidates):
+def _resolve_budget(target, parsed: Budget, *, tx, compiler_options, placement, cache, candidates):
   plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates,
-                     mesh=mesh)
+                     mesh=placement)
   return plan.policy, plan
 
 

@@ -322,7 +322,7 @@ def build_report(
     specs = expand_policies(policies, block_types, backend=platform)
     rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
                                   compiler_options=compiler_options, residuals=residuals, progress=progress,
-                                  mesh=mesh, cpu_target=cpu_target, topology=placement.topology)
+                                  placement=placement, cpu_target=cpu_target)
   warnings += mesh_use_notes(builder, mesh)
   warnings += memory_verdicts(rows, placement)
   warnings += saving_warnings(rows)

@@ -37,7 +37,7 @@ from jaxckpt.report._keys import STATUS_ERROR, STATUS_OK, empty_row
 from jaxckpt.schema import MEMORY_KEYS, footprint_bytes
 from jaxckpt._units import format_bytes
 from jaxckpt.report._residuals import analyse_residuals
-from jaxckpt.sharding import Topology, make_mesh, mesh_platform, mesh_shape
+from jaxckpt.sharding import Placement, Topology, make_mesh, mesh_platform, mesh_shape
 from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import (compiler_hint, lower_policy, step_builder, step_compiler_options,
@@ -89,16 +89,17 @@ def _slug(index: int, policy: str) -> str:
 
 def _resolve_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[dict[str, Any]], warnings: list[str], *,
                      tx: optax.GradientTransformation, compiler_options: Mapping[str, Any] | None,
-                     mesh: Any = None) -> list[Any]:
-  """Each spec as a concrete policy (:func:`jaxckpt.planner.resolve_policy`; budgets share compiled anchors);
-  ``None`` where a budget could not be planned: an error row and a warning."""
+                     placement: Placement) -> list[Any]:
+  """Each spec as a concrete policy (:func:`jaxckpt.planner.resolve_policy`; budgets share compiled anchors and are
+  planned for ``placement``: its mesh, and the memory its device may use for ``auto``); ``None`` where a budget could
+  not be planned: an error row and a warning."""
   cache = PlanCache()
   candidates = None
   resolved: list[Any] = []
   for i, spec in enumerate(specs):
     try:
-      policy, plan = resolve_policy(target, spec, tx=tx, compiler_options=compiler_options, mesh=mesh, cache=cache,
-                                    candidates=candidates)
+      policy, plan = resolve_policy(target, spec, tx=tx, compiler_options=compiler_options, mesh=placement,
+                                    cache=cache, candidates=candidates)
     except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
       rows[i].update(status=STATUS_ERROR, error=one_line(err))
       warnings.append(f"policy {rows[i]['policy']!r}: {one_line(err)}")
@@ -136,9 +137,8 @@ def compile_rows(
     residuals: bool = True,
     stats_only: bool = True,
     progress: bool = True,
-    mesh: jax.sharding.Mesh | None = None,
+    placement: Placement | None = None,
     cpu_target: Target | None = None,
-    topology: Topology | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
   """Compiles the train step of ``target`` under each spec and collects its statistics.
 
@@ -155,15 +155,16 @@ def compile_rows(
     residuals: run the residual analysis (``residual_bytes``, ``activation_residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
-    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
-      parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
-      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded. A TPU topology's mesh
-      (:mod:`jaxckpt.sharding`) compiles with the TPU compiler.
+    placement: where the step is compiled (:func:`jaxckpt.sharding.resolve_placement`, resolved once by the caller):
+      its mesh shards the step (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``, parameters and optimizer
+      state over ``fsdp`` by the FSDP rule), the memory stats then those of one device (XLA reports the
+      SPMD-partitioned, per-device program); a topology's mesh compiles with its compiler (TPU, GPU) and each row's
+      ``step_time_estimate`` is its compiled program's step time (:func:`step_time_estimate`); budgets are planned
+      for it, ``auto`` at the memory its device may use (:meth:`~jaxckpt.sharding.Placement.memory`, a GPU's memory
+      fraction included). ``None``: one device of this machine, unsharded.
     cpu_target: also compile each row's concrete policy for this target on XLA:CPU, one device, unsharded (the report
       passes ``target`` at the per-chip batch: ``--compare-cpu``), in the same thread pool; the row's ``cpu`` holds
       its memory stats (bytes), ``flops_xla_raw``, ``compile_s`` and ``batch_size``. ``None``: no comparison.
-    topology: the TPU slice or GPU cluster ``mesh`` lays out (a compile without the hardware): each row's
-      ``step_time_estimate`` is then its compiled program's step time (:func:`step_time_estimate`).
 
   Returns:
     ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report._keys.ROW_KEYS`, memory in bytes,
@@ -172,12 +173,15 @@ def compile_rows(
     warning line per spec invalid for the target. A row whose traced step has remat regions that contradict its
     policy (none for a remat policy, some for ``none``) is an error row: the policy was not applied.
   """
+  placement = Placement() if placement is None else placement
+  mesh, topology = placement.mesh, placement.topology
   rows = [empty_row(str(spec)) for spec in specs]
   impl, backend = remat_implementation(), mesh_platform(mesh)
   for row in rows:
     row["remat_impl"], row["backend"] = impl, backend
   warnings: list[str] = []
-  resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
+  resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options,
+                              placement=placement)
   warnings += [w for w in (offload_warning(p, backend) for p in resolved if p is not None) if w is not None]
   builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
   # On a machine whose default backend is not the CPU, a one-CPU-device mesh puts the comparison on XLA:CPU.

@@ -181,6 +181,32 @@ def test_a_step_over_the_gpus_memory_is_reported_as_not_fitting_with_its_bytes(c
 
 
 @needs_cuda_plugin
+def test_the_memory_fraction_reaches_the_auto_budget_of_the_report_and_the_fit(monkeypatch, tmp_path):
+  """``--memory-fraction`` is the budget of every plan on a GPU topology: the report's ``auto`` plan and the fit's
+  ``memory="auto"`` are the H100's memory × the fraction, less ``auto``'s 10% margin, at 0.5 and at 0.9. The fraction
+  is not in a compile's key (XLA:GPU compiles for a topology without reading it), so the second fraction reuses the
+  first one's compiled statistics (jaxckpt.step's stats cache, in a directory of this test)."""
+  from jaxckpt.fit import plan_fit
+  from jaxckpt.policies import DEFAULT_MARGIN
+  from jaxckpt.report import build_report
+
+  monkeypatch.setenv("JAXCKPT_STATS_CACHE", str(tmp_path))
+  target = shipped_target("mlp", "tiny")
+  limits = {}
+  for fraction in (0.5, 0.9):
+    expected = int(int(CHIPS["h100"].memory_bytes * fraction) * (1 - DEFAULT_MARGIN))
+    row = build_report(target, ["auto"], topology=NODE, memory_fraction=fraction, residuals=False,
+                       progress=False).rows[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["plan"]["limit_bytes"] == expected, (fraction, row["plan"])
+    assert f"× {fraction:g} memory fraction (given)" in row["plan"]["memory_source"]
+    fit = plan_fit(target, ["none"], topology=NODE, memory_fraction=fraction, max_batch=8)
+    assert (fit.limit_bytes, f"× {fraction:g} memory fraction (given)" in fit.memory_source) == (expected, True)
+    limits[fraction] = expected
+  assert limits[0.5] < limits[0.9]
+
+
+@needs_cuda_plugin
 def test_auto_attention_on_a_gpu_is_the_pallas_flash_kernel_in_shard_map():
   from jaxckpt.analysis import read_compiled
   from jaxckpt.step import compile_policy
