@@ -368,13 +368,14 @@ def _at_least(table: Sequence[Candidate], smallest: int, global_batch: int) -> l
 
 
 def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any], additivity: float, *, limit: int,
-                      mesh: Any,
+                      placement: Placement,
                       global_batch: int, device: Accelerator, custom_lists: int,
                       on_compile: Callable[[str, int], None] | None, started: float, **kwargs: Any) -> CustomSearch:
   """``custom:search``'s lists (:mod:`jaxckpt.fit._names`): the best predicted list is fitted (appended to ``fits``),
   what its compile teaches is learnt, and the next best is fitted, up to ``custom_lists``; returns the record
   (``started``: when the names' costing began, for its seconds)."""
   full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
+  mesh = placement.mesh
   shape = None if mesh is None else dict(mesh.shape)
   traffic = traffic_of(target) if shape else None
   hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
@@ -399,7 +400,7 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
       stopped += " with what the compiles taught" if chosen else ""
       break
     plan = plans[0]
-    fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
+    fit = max_batch_size(target, plan.policy, limit, mesh=placement, on_compile=on_compile, intercept_hint=hint,
                          **kwargs)
     chosen.append(plan)
     fits.append(fit)
@@ -423,11 +424,12 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
                       learnt, stopped)
 
 
-def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, searched: bool, mesh: Any,
+def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, searched: bool, placement: Placement,
                     global_batch: int | None, device: Accelerator | None, custom_lists: int,
                     guesses: Mapping[str, int] | None, on_compile: Callable[[str, int], None] | None,
                     **kwargs: Any) -> tuple[list[BatchFit], CustomSearch | None]:
-  """The policies' fits and, with ``custom:search`` (``searched``), its lists, fitted after them.
+  """The policies' fits and, with ``custom:search`` (``searched``), its lists, fitted after them, each compiled for
+  ``placement`` (handed down whole: nothing below rebuilds it from its mesh).
 
   Raises:
     NothingFitsError: nothing fits the smallest batch — with the search, not even its lists (fixed policies that fit
@@ -436,12 +438,12 @@ def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, sear
   """
   if searched:  # the names first: a model without any is one line before a compile
     costing = time.perf_counter()
-    costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
-  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, require_fit=not searched,
+    costs, additivity = name_costs(target, mesh=placement.mesh, options=kwargs.get("compiler_options"))
+  fits = fit_policies(target, policies, limit, mesh=placement, on_compile=on_compile, require_fit=not searched,
                       guesses=guesses, **kwargs)
   if not searched:
     return fits, None
-  custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, mesh=mesh, global_batch=global_batch,
+  custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, placement=placement, global_batch=global_batch,
                              device=device, custom_lists=custom_lists, on_compile=on_compile, started=costing,
                              **kwargs)
   if all(f.max_batch_size is None for f in fits):
@@ -605,7 +607,7 @@ def plan_fit(
     _check_global_batch(global_batch, device, mesh, kwargs.get("min_batch"))
     kwargs["max_batch"] = min(kwargs.get("max_batch", global_batch), global_batch)  # no micro-batch beyond G
   policies, searched = _without_search(policies, global_batch, custom_lists)
-  fits, custom = _fits_and_lists(target, policies, limit, searched=searched, mesh=mesh, global_batch=global_batch,
+  fits, custom = _fits_and_lists(target, policies, limit, searched=searched, placement=placement, global_batch=global_batch,
                                  device=device, custom_lists=custom_lists, guesses=guesses, on_compile=on_compile,
                                  **kwargs)
   choice = None

@@ -38,9 +38,16 @@ from jaxckpt.schema import SCHEMA_VERSION, versions
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-  """A finished report: ``data`` is exactly what ``--json`` writes (keys :data:`jaxckpt.report._keys.REPORT_KEYS`)."""
+  """A finished report.
+
+  Attributes:
+    data: exactly what ``--json`` writes (keys :data:`jaxckpt.report._keys.REPORT_KEYS`).
+    placement: where it was compiled (:class:`~jaxckpt.sharding.Placement`), ``None`` for a report read back from
+      its JSON (the title then reads the topology's name there).
+  """
 
   data: dict[str, Any]
+  placement: Placement | None = dataclasses.field(default=None, compare=False, repr=False)
 
   @property
   def rows(self) -> list[dict[str, Any]]:
@@ -358,4 +365,4 @@ def build_report(
       "rows": rows,
   }
   assert tuple(data) == REPORT_KEYS  # internal invariant, not user input
-  return Report(data)
+  return Report(data, placement)
