@@ -33,6 +33,7 @@ from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
                                PlacementFlags, placement_from_flags, target_from_args)
 from jaxckpt.sharding import check_topology_name
+from jaxckpt.step._job import runs_beside_refusal
 from jaxckpt._units import parse_bytes
 
 
@@ -213,7 +214,7 @@ def _check_args(args: argparse.Namespace, flags: PlacementFlags) -> FitOptions:
   if args.measure and args.global_batch_size is None:
     raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
   if args.measure and args.mesh:
-    raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
+    raise runs_beside_refusal("--measure", mesh="--mesh")
   if args.mesh == "auto" and (args.topology is None or args.global_batch_size is None or args.max_seq_len):
     raise JaxckptError("--mesh auto searches the mesh of a --topology for a --global-batch-size: give both "
                        "(and no --max-seq-len)")
@@ -316,8 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       fits = fit_policies(target, fit.policies, limit, mesh=placement.mesh, on_compile=on_compile, axis="seq_len",
                           min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024), jobs=args.jobs,
                           compiler_options=options)
-      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
-                     compiled_for=placement.compiled_for())
+      plan = FitPlan(fits=tuple(fits), limit_bytes=limit, memory_source=source, device=None, choice=None,
+                     seconds=time.perf_counter() - started, axis="seq_len", compiled_for=placement.compiled_for())
     else:
       plan = plan_fit(target, fit.policies, args.memory, global_batch=args.global_batch_size, device=device,
                       measure=args.measure, mesh=placement, on_compile=on_compile,

@@ -8,7 +8,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from jaxckpt.errors import JaxckptError, TopologyError
+from jaxckpt.errors import JaxckptError
+from jaxckpt.step._job import runs_beside_refusal
 from jaxckpt.sharding import (DEFAULT_MEMORY_FRACTION, MemoryFraction, Placement, TopologyName, check_topology_name,
                               memory_fraction, parse_topology, resolve_placement)
 from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
@@ -215,9 +216,7 @@ def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = (),
   if args.topology is not None:
     for dest in runs:
       if getattr(args, dest):
-        raise TopologyError(f"--{dest.replace('_', '-')} runs steps on this machine, but --topology {args.topology} "
-                            "compiles for hardware that is not here: there is nothing to run them on (drop one of "
-                            "them)")
+        raise runs_beside_refusal(f"--{dest.replace('_', '-')}", topology=f"--topology {args.topology}")
   topology = None if args.topology is None else parse_topology(args.topology)
   gpu = topology is not None and topology.is_gpu
   # The flag's fraction, or on a GPU topology the environment's: checked before JAX's CUDA plugin reads

@@ -25,6 +25,7 @@ from jaxckpt.step._build import target_block_types
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
                                placement_from_flags, target_from_args)
 from jaxckpt.sharding import check_topology_name
+from jaxckpt.step._job import runs_beside_refusal
 
 
 PROG = "jaxckpt-report"
@@ -113,8 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare_cpu and args.topology is None:
       raise JaxckptError("--compare-cpu puts XLA:CPU's figures beside a topology's: give --topology too")
     if args.mesh is not None and args.topology is None and (args.measure or args.profile is not None):
-      flag = "--measure" if args.measure else "--profile"
-      raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
+      raise runs_beside_refusal("--measure" if args.measure else "--profile", mesh="--mesh")
     policies = expand_policies(args.policies, {}, keep_all=True)  # parsed once, here: a typo exits 2 now
     if flags.topology is not None:
       check_topology_name(flags.topology)  # after every flag: a bad flag is one line whatever is installed

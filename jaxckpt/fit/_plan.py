@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxckpt.errors import JaxckptError, TopologyError
+from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine
 from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomPlan, CustomSearch,
                                custom_plans, name_costs, name_lists, offload_excess, predicted_footprint)
@@ -22,7 +22,8 @@ from jaxckpt.fit._speed import Accelerator, Candidate, Traffic, accelerator, can
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.sharding import check_batch_size
 from jaxckpt.sharding._rules import mesh_axes_of, param_logical_axes
-from jaxckpt.sharding import Placement, Topology, resolve_placement
+from jaxckpt.sharding import Placement, Topology
+from jaxckpt.step._job import compile_job
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
@@ -287,23 +288,12 @@ def tensor_bytes_per_example(target: Target) -> float | None:
   return float(method()) if callable(method) else None
 
 
-def _on_placement(mesh: Any, topology: Any, memory_fraction: float | None, *, measure: int,
-                  device: Accelerator | None, timed: bool) -> tuple[Placement, Accelerator | None]:
-  """``(placement, device)`` of a fit (:func:`jaxckpt.sharding.resolve_placement`): on a topology, for a timed fit
-  without ``device``, its chip as the time model's device; else as given.
-
-  Raises:
-    TopologyError: ``measure`` with a topology (nothing to run on); a bad topology, its compiler missing.
-  """
-  given = mesh.topology if isinstance(mesh, Placement) else topology
-  if given is not None and measure:
-    raise TopologyError(f"measure={measure} times configurations on this machine, but topology="
-                        f"{str(getattr(given, 'name', given))!r} is compiled for without its hardware: there is "
-                        "nothing to run them on (drop one of them)")
-  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+def _time_model_device(placement: Placement, device: Accelerator | None, *, timed: bool) -> Accelerator | None:
+  """The time model's device of a fit: on a topology, for a timed fit without ``device``, its chip; else as
+  given."""
   if timed and device is None and placement.topology is not None:
-    device = accelerator(device=placement.device)
-  return placement, device
+    return accelerator(device=placement.device)
+  return device
 
 
 def _check_global_batch(global_batch: int, device: Accelerator | None, mesh: Any, min_batch: int | None) -> None:
@@ -594,13 +584,15 @@ def plan_fit(
       divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
       without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_lists`` < 1.
-    TopologyError: ``measure`` with a topology, a bad topology, its compiler missing.
+    TopologyError: ``measure`` with a topology, a bad topology, its compiler missing (``measure`` with a mesh:
+      JaxckptError, the candidates run on one device; :func:`jaxckpt.step.compile_job`).
   """
   started = time.perf_counter()
   if rank_compiled < 0:
     raise JaxckptError(f"rank_compiled={rank_compiled} must be ≥ 0 (0: rank by the roofline alone)")
-  placement, device = _on_placement(mesh, topology, memory_fraction, measure=measure, device=device,
-                                    timed=global_batch is not None)
+  placement = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
+                          runs=f"measure={measure}" if measure else None, check_batch=False).placement
+  device = _time_model_device(placement, device, timed=global_batch is not None)
   mesh = placement.mesh
   limit, source = resolve_memory(memory, placement=placement)
   if global_batch is not None:
@@ -618,5 +610,5 @@ def plan_fit(
     verify = _Verifier(target, global_batch, mesh, placement.topology, on_compile)
     choice = _choose(target, table, verify, limit=limit, measure=measure,
                      timed=rank_compiled if placement.topology is not None else 0)
-  return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started,
-                 compiled_for=placement.compiled_for(), custom=custom)
+  return FitPlan(fits=tuple(fits), limit_bytes=limit, memory_source=source, device=device, choice=choice,
+                 seconds=time.perf_counter() - started, compiled_for=placement.compiled_for(), custom=custom)

@@ -40,7 +40,8 @@ from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.policies._model import Budget, parse_model_policy
 from jaxckpt.policies._model import DEFAULT_MARGIN
 from jaxckpt.sharding import BATCH_AXES, mesh_platform, mesh_shape
-from jaxckpt.sharding import Placement, Topology, compiles_only, resolve_placement
+from jaxckpt.sharding import Placement, Topology, compiles_only
+from jaxckpt.step._job import compile_job
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_target, with_batch
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
@@ -94,7 +95,7 @@ class FitPoint:
   step_time: Any = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchFit:
   """The largest batch size of one policy that fits a memory, verified by compiles.
 
@@ -429,7 +430,8 @@ class _Search:
             compiler_options: Any, on_compile: Any) -> "_Search":
     """The search's record, its arguments checked (:func:`max_batch_size`'s errors)."""
     started = time.perf_counter()
-    placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+    placement = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
+                            check_batch=False).placement  # the batch is what the search chooses
     mesh = placement.mesh
     parsed = parse_model_policy(policy)
     if isinstance(parsed, Budget):
@@ -507,8 +509,10 @@ class _Search:
     over = points[best + unit].footprint_bytes if best is not None and best + unit in points else None
     foot = points[best if best is not None else self.lo].footprint_bytes
     beyond = _beyond(points, self.limit, unit) if best == self.hi and self.axis == "batch" else None
-    return BatchFit(self.text, best, foot, self.limit, len(points), model, tuple(points.values()), method,
-                    best == self.hi, over, unit, time.perf_counter() - self.started, beyond)
+    return BatchFit(policy=self.text, max_batch_size=best, footprint_bytes=foot, limit_bytes=self.limit,
+                    compiles=len(points), model=model, points=tuple(points.values()), method=method,
+                    capped=best == self.hi, verified_over=over, unit=unit, seconds=time.perf_counter() - self.started,
+                    estimated_max_batch=beyond)
 
 
 def _probe(search: _Search, probes: Sequence[int], guess: int | None, intercept_hint: float | None

@@ -51,7 +51,8 @@ from jaxckpt.policies._model import (
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import boundary_names, compile_policy, forward_jaxpr, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
-from jaxckpt.sharding import Placement, Topology, mesh_platform, resolve_placement
+from jaxckpt.step._job import CompileJob, compile_job
+from jaxckpt.sharding import Placement, Topology, mesh_platform
 from jaxckpt.rendering._tables import render_table, wrap_lines
 from jaxckpt._units import format_bytes
 
@@ -453,16 +454,14 @@ def plan_policy(
     MeshSpecError: a mesh that does not cover the topology's chips, or a batch it cannot split.
   """
   started = time.perf_counter()
-  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
-  mesh = placement.mesh
-  for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
-    placement.check_batch_size(size)
+  job = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction, tx=tx,
+                    compiler_options=compiler_options)
+  placement, mesh, tx = job.placement, job.mesh, job.tx
   parsed = parse_model_policy(budget)
   if not isinstance(parsed, Budget):
     raise JaxckptError(f"{str(parsed)!r} is not a budget; write budget:<size>, budget:<percent>% or auto")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds must be ≥ 1, got {max_rounds}")
-  tx = tx or default_optimizer()
   cache = PlanCache() if cache is None else cache
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by the probes of the planning
   compiling = builder if mesh is None else step_builder(target, tx=tx, mesh=mesh)  # and by its compiles
@@ -712,26 +711,25 @@ def resolve_policy(
   parsed = parse_model_policy(policy)
   if parsed.resolved:
     return parsed, None
-  placement = resolve_placement(mesh)  # a Placement as it is; a Mesh on this machine's devices
-  return _RESOLVERS[type(parsed)](target, parsed, tx=tx or default_optimizer(), compiler_options=compiler_options,
-                                  placement=placement, cache=PlanCache() if cache is None else cache,
-                                  candidates=candidates)
+  job = compile_job(target, mesh=mesh, tx=tx, compiler_options=compiler_options, check_batch=False)
+  return _RESOLVERS[type(parsed)](job, parsed, cache=PlanCache() if cache is None else cache, candidates=candidates)
 
 
-def _resolve_min_saved(target, parsed: MinSaved, *, tx, compiler_options, placement, cache, candidates):  # noqa: ARG001
-  return _min_saved_guarded(target, parsed.tolerance, tx, compiler_options, cache, placement.mesh), None
+def _resolve_min_saved(job: CompileJob, parsed: MinSaved, *, cache, candidates):  # noqa: ARG001
+  return _min_saved_guarded(job.target, parsed.tolerance, job.tx, job.compiler_options, cache, job.mesh), None
 
 
-def _resolve_mincut(target, parsed: MinCut, *, tx, compiler_options, placement, cache, candidates):  # noqa: ARG001
-  return mincut_policy(target, parsed, cache), None
+def _resolve_mincut(job: CompileJob, parsed: MinCut, *, cache, candidates):  # noqa: ARG001
+  return mincut_policy(job.target, parsed, cache), None
 
 
-def _resolve_budget(target, parsed: Budget, *, tx, compiler_options, placement, cache, candidates):
-  plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates,
-                     mesh=placement)
+def _resolve_budget(job: CompileJob, parsed: Budget, *, cache, candidates):
+  plan = plan_policy(job.target, parsed, tx=job.tx, compiler_options=job.compiler_options, cache=cache,
+                     candidates=candidates, mesh=job.placement)
   return plan.policy, plan
 
 
 _RESOLVERS: dict[type, Callable[..., tuple[ConcretePolicy, Plan | None]]] = {
     MinSaved: _resolve_min_saved, MinCut: _resolve_mincut, Budget: _resolve_budget}
-"""How each model-level policy that is not concrete (``resolved`` False) becomes one: a table, not a ladder."""
+"""How each model-level policy that is not concrete (``resolved`` False) becomes one for a :class:`CompileJob`: a
+table, not a ladder."""

@@ -97,6 +97,12 @@ class TopologyName(NamedTuple):
     """Chips (TPU) or GPUs of the topology."""
     return math.prod(self.sizes)
 
+  @property
+  def name(self) -> str:
+    """The canonical name (``"v5e:2x2"``, ``"h100:8"``, ``"h100:32x8"``)."""
+    nodes_one = self.is_gpu and self.sizes[0] == 1
+    return f"{self.key}:{self.sizes[1]}" if nodes_one else f"{self.key}:{'x'.join(map(str, self.sizes))}"
+
 
 def parse_topology(name: str | TopologyName) -> TopologyName:
   """Parses a topology name: ``"v5e:2x2"`` → ``("v5e", (2, 2))``; ``"h100:32x8"`` → ``("h100", (32, 8))``;

@@ -187,7 +187,6 @@ _JOB = "takes what its public caller was given, resolved again below it: the com
 
 ANY_MESH_OR_POLICY: dict[str, str] = {
     "jaxckpt/fit/_plan.py:_check_global_batch:mesh": _JOB,
-    "jaxckpt/fit/_plan.py:_on_placement:mesh": _JOB,
     "jaxckpt/fit/_search.py:_Search.start:mesh": _JOB,
     "jaxckpt/fit/_search.py:_Search.start:policy": _JOB,
     "jaxckpt/fit/_search.py:_compiled_point:mesh": _JOB,
@@ -201,7 +200,6 @@ ANY_MESH_OR_POLICY: dict[str, str] = {
     "jaxckpt/planner/_plan.py:_offload_hint:mesh": _JOB,
     "jaxckpt/planner/_plan.py:plan_policy.compile_point:policy": "a candidate's concrete policy, as the planner's "
                                                                  "stages pass it",
-    "jaxckpt/report/_build.py:_placement:mesh": _JOB,
     "jaxckpt/report/_compile.py:_RowCompiles.__init__:mesh": _JOB,
     "jaxckpt/report/_compile.py:step_time_estimate:mesh": _JOB,
     "jaxckpt/step/_build.py:check_plain_step:policy": "only printed in its message: the policy's text or object",
