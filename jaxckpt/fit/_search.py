@@ -41,7 +41,7 @@ from jaxckpt.policies._model import Budget, parse_model_policy
 from jaxckpt.policies._model import DEFAULT_MARGIN
 from jaxckpt.sharding import BATCH_AXES, mesh_platform, mesh_shape
 from jaxckpt.sharding import Placement, Topology, compiles_only
-from jaxckpt.step._job import compile_job
+from jaxckpt.step._job import CompileJob, compile_job
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_target, with_batch
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
@@ -379,9 +379,10 @@ def max_batch_size(
     >>> fit = max_batch_size(shipped_target("gpt", "small"), "nothing_saveable", "4GiB")
     >>> fit.max_batch_size, fit.compiles
   """
-  search = _Search.start(target, policy, memory, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
-                         tx=tx, min_batch=min_batch, max_batch=max_batch, max_rounds=max_rounds, jobs=jobs, axis=axis,
-                         compiler_options=compiler_options, on_compile=on_compile)
+  job = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction, tx=tx,
+                    compiler_options=compiler_options, check_batch=False)  # the batch is what the search chooses
+  search = _Search.start(job, policy, memory, min_batch=min_batch, max_batch=max_batch, max_rounds=max_rounds,
+                         jobs=jobs, axis=axis, on_compile=on_compile)
   model, at_cap = _probe(search, probes, guess, intercept_hint)
   if len(search.points) > 1 and model.slope <= 0 and not any(p.refused for p in list(search.points.values())[:2]) \
       and not search.settled():
@@ -425,14 +426,12 @@ class _Search:
   points: dict[int, FitPoint] = dataclasses.field(default_factory=dict)
 
   @classmethod
-  def start(cls, target: Target, policy: Any, memory: int | str, *, mesh: Any, topology: Any, memory_fraction: Any,
-            tx: Any, min_batch: int | None, max_batch: int, max_rounds: int, jobs: int | None, axis: str,
-            compiler_options: Any, on_compile: Any) -> "_Search":
-    """The search's record, its arguments checked (:func:`max_batch_size`'s errors)."""
+  def start(cls, job: CompileJob, policy: Any, memory: int | str, *, min_batch: int | None, max_batch: int,
+            max_rounds: int, jobs: int | None, axis: str, on_compile: Any) -> "_Search":
+    """The search's record for ``job`` (:func:`jaxckpt.step.compile_job`), its arguments checked
+    (:func:`max_batch_size`'s errors)."""
     started = time.perf_counter()
-    placement = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
-                            check_batch=False).placement  # the batch is what the search chooses
-    mesh = placement.mesh
+    target, placement, mesh, tx, compiler_options = job.target, job.placement, job.mesh, job.tx, job.compiler_options
     parsed = parse_model_policy(policy)
     if isinstance(parsed, Budget):
       raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "

@@ -307,9 +307,8 @@ def build_report(
     warnings = [str(err)]
   if block_types is not None:
     specs = expand_policies(policies, block_types, backend=platform)
-    rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
-                                  compiler_options=compiler_options, residuals=residuals, progress=progress,
-                                  placement=placement, cpu_target=cpu_target)
+    rows, warnings = compile_rows(job, specs, builder=builder, jobs=jobs, xla_dump_dir=xla_dump, residuals=residuals,
+                                  progress=progress, cpu_target=cpu_target)
   warnings += mesh_use_notes(builder, mesh)
   warnings += memory_verdicts(rows, placement)
   warnings += saving_warnings(rows)

@@ -135,7 +135,6 @@ WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
     "jaxckpt/fit/_plan.py:_fit_custom_lists": (12, _STAGE),
     "jaxckpt/fit/_plan.py:_fits_and_lists": (11, _STAGE),
     "jaxckpt/fit/_plan.py:plan_fit": (14, _RESOLVED_BELOW),
-    "jaxckpt/fit/_search.py:_Search.start": (14, _STAGE),
     "jaxckpt/fit/_search.py:max_batch_size": (17, _RESOLVED_BELOW),
     "jaxckpt/models/llm/_layers.py:Attention.__init__": (17, "a public layer's dimensions and variants, as Flax's "
                                                               "nnx.MultiHeadAttention takes them one by one"),
@@ -147,7 +146,6 @@ WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
     "jaxckpt/report/_build.py:build_report": (17, _RESOLVED_BELOW),
     "jaxckpt/report/_compile.py:_RowCompiles.__init__": (13, "the report's compile queue, made from build_report's "
                                                           "arguments until the compile job carries them"),
-    "jaxckpt/report/_compile.py:compile_rows": (12, _RESOLVED_BELOW),
     "jaxckpt/step/_targets.py:shipped_target": (14, "a shipped model's config overrides by name (the CLI's model "
                                                     "flags) beside the target's own options"),
 }
@@ -187,7 +185,6 @@ _JOB = "takes what its public caller was given, resolved again below it: the com
 
 ANY_MESH_OR_POLICY: dict[str, str] = {
     "jaxckpt/fit/_plan.py:_check_global_batch:mesh": _JOB,
-    "jaxckpt/fit/_search.py:_Search.start:mesh": _JOB,
     "jaxckpt/fit/_search.py:_Search.start:policy": _JOB,
     "jaxckpt/fit/_search.py:_compiled_point:mesh": _JOB,
     "jaxckpt/fit/_search.py:_concrete:mesh": _JOB,
