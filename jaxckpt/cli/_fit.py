@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from tqdm.auto import tqdm
 
@@ -32,8 +31,9 @@ from jaxckpt.fit._search import DEFAULT_MAX_BATCH, DEFAULT_POLICIES, fit_policie
 from jaxckpt.fit._speed import ACCELERATORS, accelerator
 from jaxckpt.policies._model import parse_model_policy
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
-                               placement_from_args, target_from_args)
-from jaxckpt.sharding import check_topology_name, parse_topology
+                               PlacementFlags, placement_from_flags, target_from_args)
+from jaxckpt.sharding import check_topology_name
+from jaxckpt.step._job import runs_beside_refusal
 from jaxckpt._units import parse_bytes
 
 
@@ -139,7 +139,8 @@ def _host_memory(text: str | None) -> int | None:
   return value
 
 
-def _search(args: argparse.Namespace, target, placement, device, on_compile, bar, started_at: float) -> MeshSearch:
+def _search(args: argparse.Namespace, options: FitOptions, target, placement, device, on_compile, bar,
+            started_at: float) -> MeshSearch:
   """``--mesh auto``: :func:`jaxckpt.fit.search_meshes` with a progress line per mesh settled (stderr; through the
   bar at a terminal)."""
   def on_mesh(option) -> None:
@@ -150,19 +151,35 @@ def _search(args: argparse.Namespace, target, placement, device, on_compile, bar
     else:
       bar.write(message, file=sys.stderr)
 
-  return search_meshes(target, args.policies, args.memory, topology=placement.topology,
+  return search_meshes(target, options.policies, args.memory, topology=placement.topology,
                        memory_fraction=placement.fraction,
                        global_batch=args.global_batch_size, device=device, max_meshes=args.max_meshes,
                        on_compile=on_compile, compiler_options=compiler_options_from_args(args),
                        on_mesh=on_mesh if args.progress else None, min_batch=args.min_batch, jobs=args.jobs,
-                       custom_lists=args.custom_lists,
-                       **({} if args.max_batch is None else {"max_batch": args.max_batch}),
+                       custom_lists=options.custom_lists,
+                       **({} if options.max_batch is None else {"max_batch": options.max_batch}),
                        **({} if args.rank_compiled is None else {"rank_compiled": args.rank_compiled}))
 
 
-def _check_args(args: argparse.Namespace) -> None:
+class FitOptions(NamedTuple):
+  """What the fit's flags resolve to at its door (:func:`_check_args`), read once; the namespace is never written."""
+
+  mesh: str | None  # --mesh, or "auto" (more than one chip of a --topology, a --global-batch-size and no mesh named)
+  policies: tuple[Any, ...]  # --policies parsed (jaxckpt.policies.parse_model_policy), or CUSTOM_SEARCH
+  custom_lists: int  # --custom-lists, else DEFAULT_CUSTOM_LISTS
+  max_batch: int | None  # --max-batch, else DEFAULT_MAX_BATCH without a --global-batch-size (with one: G)
+
+
+def _check_args(args: argparse.Namespace, flags: PlacementFlags) -> FitOptions:
   """Checks the flags that need no compile (output paths, flag combinations, policy specs), then that the
   topology's compiler is installed, before any work.
+
+  Args:
+    args: the parsed flags.
+    flags: the placement flags read at the door (:func:`jaxckpt.cli._flags.check_placement_flags`).
+
+  Returns:
+    The :class:`FitOptions`.
 
   Raises:
     JaxckptError: the first bad flag or combination, naming it. TopologyError: the topology's compiler missing.
@@ -181,9 +198,10 @@ def _check_args(args: argparse.Namespace) -> None:
     raise JaxckptError(f"--html {args.html}: use a .html file")
   if args.measure < 0:
     raise JaxckptError(f"--measure {args.measure} must be ≥ 0")
-  if args.device is not None and args.topology is not None and args.device != parse_topology(args.topology)[0]:
+  topology = flags.topology
+  if args.device is not None and topology is not None and args.device != topology.key:
     raise JaxckptError(f"--device {args.device} times another chip than --topology {args.topology} compiles for "
-                       f"({parse_topology(args.topology)[0]}): drop --device (the topology's chip is the time model's)")
+                       f"({topology.key}): drop --device (the topology's chip is the time model's)")
   if args.rank_compiled is not None and args.rank_compiled < 0:
     raise JaxckptError(f"--rank-compiled {args.rank_compiled} must be ≥ 0 (0: rank by the roofline alone)")
   if args.rank_compiled is not None and (args.topology is None or args.global_batch_size is None):
@@ -196,13 +214,14 @@ def _check_args(args: argparse.Namespace) -> None:
   if args.measure and args.global_batch_size is None:
     raise JaxckptError("--measure ranks the configurations of a --global-batch-size; give one")
   if args.measure and args.mesh:
-    raise JaxckptError("--measure runs on one device; it does not take --mesh (drop one of them)")
+    raise runs_beside_refusal("--measure", mesh="--mesh")
   if args.mesh == "auto" and (args.topology is None or args.global_batch_size is None or args.max_seq_len):
     raise JaxckptError("--mesh auto searches the mesh of a --topology for a --global-batch-size: give both "
                        "(and no --max-seq-len)")
-  if args.mesh is None and args.topology is not None and args.global_batch_size is not None \
-      and args.max_seq_len is None and math.prod(parse_topology(args.topology)[1]) > 1:
-    args.mesh = "auto"  # more than one chip and no mesh named: the mesh is part of the answer
+  mesh = args.mesh
+  if mesh is None and topology is not None and args.global_batch_size is not None and args.max_seq_len is None \
+      and topology.chips > 1:
+    mesh = "auto"  # more than one chip and no mesh named: the mesh is part of the answer
   if args.max_meshes < 1:
     raise JaxckptError(f"--max-meshes {args.max_meshes} must be ≥ 1")
   if args.min_batch is not None and args.min_batch < 1:
@@ -227,24 +246,24 @@ def _check_args(args: argparse.Namespace) -> None:
       raise JaxckptError(f"--policies {spec}: unknown; did you mean {CUSTOM_SEARCH} (MaxText's custom lists chosen "
                          "by the time model), or save_and_offload_only_these_names:SAVE/OFFLOAD (a list you give)?")
     parsed.append(parse_model_policy(spec))  # parsed once, here: a typo exits 2 before any compile
-  args.policies = parsed
   if args.custom_lists is not None and not searched:
     raise JaxckptError(f"--custom-lists {args.custom_lists} goes with --policies {CUSTOM_SEARCH}; add it or drop "
                        "--custom-lists")
-  if args.custom_lists is None:
-    args.custom_lists = DEFAULT_CUSTOM_LISTS
-  if args.custom_lists < 1:
-    raise JaxckptError(f"--custom-lists {args.custom_lists} must be ≥ 1")
-  if args.max_batch is None and args.global_batch_size is None:
-    args.max_batch = DEFAULT_MAX_BATCH  # with a global batch: G, or the one given (at most G)
-  if args.topology is not None:  # every flag before the compiler: a bad flag is one line whatever is installed
-    check_topology_name(args.topology)
+  custom_lists = DEFAULT_CUSTOM_LISTS if args.custom_lists is None else args.custom_lists
+  if custom_lists < 1:
+    raise JaxckptError(f"--custom-lists {custom_lists} must be ≥ 1")
+  max_batch = args.max_batch
+  if max_batch is None and args.global_batch_size is None:
+    max_batch = DEFAULT_MAX_BATCH  # with a global batch: G, or the one given (at most G)
+  if topology is not None:  # every flag before the compiler: a bad flag is one line whatever is installed
+    check_topology_name(topology)
+  return FitOptions(mesh, tuple(parsed), custom_lists, max_batch)
 
 
-def _plan_options(args: argparse.Namespace, options: Mapping[str, Any] | None) -> dict[str, Any]:
+def _plan_options(args: argparse.Namespace, fit: FitOptions, options: Mapping[str, Any] | None) -> dict[str, Any]:
   """:func:`jaxckpt.fit.plan_fit`'s keyword arguments from the flags given (a flag not given keeps its default)."""
-  given = {"max_batch": args.max_batch, "compiler_options": options, "rank_compiled": args.rank_compiled,
-           "custom_lists": None if args.global_batch_size is None else args.custom_lists}
+  given = {"max_batch": fit.max_batch, "compiler_options": options, "rank_compiled": args.rank_compiled,
+           "custom_lists": None if args.global_batch_size is None else fit.custom_lists}
   return {"min_batch": args.min_batch, "jobs": args.jobs, **{k: v for k, v in given.items() if v is not None}}
 
 
@@ -254,11 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   bar = None
   try:
-    check_placement_flags(args, runs=("measure",), compiler=False)
-    _check_args(args)
+    flags = check_placement_flags(args, runs=("measure",), compiler=False)
+    fit = _check_args(args, flags)
     search = None
-    auto = args.mesh == "auto"
-    placement = placement_from_args(args)
+    auto = fit.mesh == "auto"
+    placement = placement_from_flags(flags._replace(mesh=fit.mesh))
     chip = None if placement.topology is None and placement.mesh is None else placement.device
     resolve_memory(args.memory, placement=placement)
     target = target_from_args(args, placement)
@@ -289,20 +308,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     options = compiler_options_from_args(args)
     if auto:
-      search = _search(args, target, placement, device, on_compile, bar, started_at)
+      search = _search(args, fit, target, placement, device, on_compile, bar, started_at)
       plan = search.winner.plan
       placement = placement.with_mesh(dict(search.winner.shape))
     elif args.max_seq_len is not None:
       started = time.perf_counter()
       limit, source = resolve_memory(args.memory, placement=placement)
-      fits = fit_policies(target, args.policies, limit, mesh=placement.mesh, on_compile=on_compile, axis="seq_len",
+      fits = fit_policies(target, fit.policies, limit, mesh=placement.mesh, on_compile=on_compile, axis="seq_len",
                           min_batch=1, max_batch=args.max_seq_len, probes=(256, 1024), jobs=args.jobs,
                           compiler_options=options)
-      plan = FitPlan(tuple(fits), limit, source, None, None, time.perf_counter() - started, axis="seq_len",
-                     compiled_for=placement.compiled_for())
+      plan = FitPlan(fits=tuple(fits), limit_bytes=limit, memory_source=source, device=None, choice=None,
+                     seconds=time.perf_counter() - started, axis="seq_len", compiled_for=placement.compiled_for())
     else:
-      plan = plan_fit(target, args.policies, args.memory, global_batch=args.global_batch_size, device=device,
-                      measure=args.measure, mesh=placement, on_compile=on_compile, **_plan_options(args, options))
+      plan = plan_fit(target, fit.policies, args.memory, global_batch=args.global_batch_size, device=device,
+                      measure=args.measure, mesh=placement, on_compile=on_compile,
+                      **_plan_options(args, fit, options))
   except JaxckptError as err:
     if bar is not None:
       bar.close()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from jaxckpt.errors import JaxckptError, TopologyError
-from jaxckpt.sharding import (CHIPS, DEFAULT_MEMORY_FRACTION, Placement, check_topology_name, memory_fraction,
-                              parse_topology, resolve_placement)
+from jaxckpt.errors import JaxckptError
+from jaxckpt.step._job import runs_beside_refusal
+from jaxckpt.sharding import (DEFAULT_MEMORY_FRACTION, MemoryFraction, Placement, TopologyName, check_topology_name,
+                              memory_fraction, parse_topology, resolve_placement)
 from jaxckpt.training import GPU_XLA_REMAT_PASS, xla_flags
 from jaxckpt.models._configs import COMPUTE_DTYPES
 from jaxckpt.models.llm import MOE_DISPATCHES
@@ -81,7 +82,7 @@ def target_from_args(args: argparse.Namespace, placement: Placement | None = Non
 
   Args:
     args: parsed flags of a parser that :func:`add_target_flags` set up.
-    placement: what the step is compiled for (:func:`placement_from_args`): its device count bounds the arrays;
+    placement: what the step is compiled for (:func:`placement_from_flags`): its device count bounds the arrays;
       ``None``: one device.
 
   Returns:
@@ -159,7 +160,7 @@ def target_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_placement_flags(parser: argparse.ArgumentParser, *, mesh_help: str, auto_mesh: bool = False) -> None:
   """Adds the flags that say where the step is compiled: ``--mesh``, ``--topology``, ``--memory-fraction`` and
-  ``--xla-rematerialization`` (:func:`placement_from_args` resolves them once).
+  ``--xla-rematerialization`` (:func:`check_placement_flags` reads them once, :func:`placement_from_flags` resolves them).
 
   Args:
     parser: the tool's parser.
@@ -182,17 +183,31 @@ def add_placement_flags(parser: argparse.ArgumentParser, *, mesh_help: str, auto
                            "published GPU recipes run: --xla_disable_hlo_passes=rematerialization)")
 
 
-def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = (), compiler: bool = True) -> None:
-  """Checks the placement flags without loading anything (a bad flag is one line whatever is installed): the
-  topology's name and its compiler, the memory fraction, and no flag that runs steps beside ``--topology``.
+class PlacementFlags(NamedTuple):
+  """The placement flags, each read once at a tool's door (:func:`check_placement_flags`); what is below takes
+  these, never the text again (:func:`placement_from_flags`)."""
+
+  mesh: str | None  # --mesh as given ("auto": the fit's mesh search), read by resolve_placement
+  topology: TopologyName | None  # --topology, read (not loaded: no compiler is started by reading it)
+  fraction: MemoryFraction | None  # a GPU topology's --memory-fraction (else the environment's or JAX's); None off GPU
+
+
+def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = (), compiler: bool = True
+                          ) -> PlacementFlags:
+  """Reads and checks the placement flags without loading anything (a bad flag is one line whatever is
+  installed): the topology's name and its compiler, the memory fraction, and no flag that runs steps beside
+  ``--topology``.
 
   Args:
     args: parsed flags of :func:`add_placement_flags`.
     runs: the ``dest`` of every flag that runs steps (``measure``, ``profile``): set (truthy) beside ``--topology``
       is refused.
     compiler: also check that the topology's compiler is installed (:func:`jaxckpt.sharding.check_topology_name`).
-      A tool with more flags to check passes False and calls that itself after them, so a bad flag is reported
-      before a missing package.
+      A tool with more flags to check passes False and calls that itself after them (with the returned
+      ``topology``), so a bad flag is reported before a missing package.
+
+  Returns:
+    The :class:`PlacementFlags`, each flag read once.
 
   Raises:
     TopologyError: a flag that runs steps beside ``--topology``; a bad topology name or its compiler missing.
@@ -201,34 +216,30 @@ def check_placement_flags(args: argparse.Namespace, *, runs: Sequence[str] = (),
   if args.topology is not None:
     for dest in runs:
       if getattr(args, dest):
-        raise TopologyError(f"--{dest.replace('_', '-')} runs steps on this machine, but --topology {args.topology} "
-                            "compiles for hardware that is not here: there is nothing to run them on (drop one of "
-                            "them)")
-  gpu = False
-  if args.topology is not None:
-    key, _ = parse_topology(args.topology)
-    gpu = CHIPS[key].is_gpu
+        raise runs_beside_refusal(f"--{dest.replace('_', '-')}", topology=f"--topology {args.topology}")
+  topology = None if args.topology is None else parse_topology(args.topology)
+  gpu = topology is not None and topology.is_gpu
   # The flag's fraction, or on a GPU topology the environment's: checked before JAX's CUDA plugin reads
   # XLA_PYTHON_CLIENT_MEM_FRACTION and fails on a bad one with a traceback.
-  if args.memory_fraction is not None or gpu:
-    memory_fraction(args.memory_fraction)
+  fraction = memory_fraction(args.memory_fraction) if args.memory_fraction is not None or gpu else None
   for flag, value in (("--memory-fraction", args.memory_fraction), ("--xla-rematerialization",
                                                                     args.xla_rematerialization or None)):
     if value is not None and not gpu:
       raise JaxckptError(f"{flag} applies to a GPU --topology (e.g. --topology h100:8); drop it or give one")
-  if compiler and args.topology is not None:
-    check_topology_name(args.topology)
+  if compiler and topology is not None:
+    check_topology_name(topology)
+  return PlacementFlags(args.mesh, topology, fraction)
 
 
-def placement_from_args(args: argparse.Namespace) -> Placement:
-  """The :class:`~jaxckpt.sharding.Placement` of the placement flags (``--mesh auto``: the topology alone, the mesh
-  left to the search).
+def placement_from_flags(flags: PlacementFlags) -> Placement:
+  """The :class:`~jaxckpt.sharding.Placement` of the placement flags read at the door (``--mesh auto``: the
+  topology alone, the mesh left to the search).
 
   Raises:
     TopologyError, MeshSpecError, JaxckptError: as :func:`jaxckpt.sharding.resolve_placement`.
   """
-  mesh = None if args.mesh == "auto" else args.mesh
-  return resolve_placement(mesh, args.topology, memory_fraction=args.memory_fraction)
+  mesh = None if flags.mesh == "auto" else flags.mesh
+  return resolve_placement(mesh, flags.topology, memory_fraction=flags.fraction)
 
 
 def compiler_options_from_args(args: argparse.Namespace) -> dict[str, Any] | None:

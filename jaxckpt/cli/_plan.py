@@ -23,7 +23,7 @@ from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
 from jaxckpt.planner._segmented import mincut_policy
 from jaxckpt.policies._model import MINCUT, Budget, MinCut, parse_model_policy
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
-                               placement_from_args, target_from_args)
+                               placement_from_flags, target_from_args)
 from jaxckpt.rendering._tables import wrap_lines
 from jaxckpt.step._build import target_block_types
 
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_rounds < 1:
       raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
     check_output_file("--json", args.json)
-    check_placement_flags(args)
+    flags = check_placement_flags(args)
     if args.mincut is not None:
       if args.topology is not None or args.mesh is not None:
         flag = "--topology" if args.topology is not None else "--mesh"
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"nothing: compare the policy mincut:{args.mincut} with jaxckpt-report {flag} instead")
       return _mincut(parser, args)
     budget = _budget(args.budget)
-    placement = placement_from_args(args)
+    placement = placement_from_flags(flags)
     target = target_from_args(args, placement)
     plan = plan_policy(target, budget, max_rounds=args.max_rounds, mesh=placement,
                        compiler_options=compiler_options_from_args(args))

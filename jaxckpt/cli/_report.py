@@ -23,8 +23,9 @@ from jaxckpt.report._plot import PLOT_SUFFIXES, plot_format
 from jaxckpt.report._policies import ALL, check_policy_names, expand_policies
 from jaxckpt.step._build import target_block_types
 from jaxckpt.cli._flags import (add_placement_flags, add_target_flags, check_placement_flags, compiler_options_from_args,
-                               placement_from_args, target_from_args)
+                               placement_from_flags, target_from_args)
 from jaxckpt.sharding import check_topology_name
+from jaxckpt.step._job import runs_beside_refusal
 
 
 PROG = "jaxckpt-report"
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   try:
-    check_placement_flags(args, runs=("measure", "profile"), compiler=False)
+    flags = check_placement_flags(args, runs=("measure", "profile"), compiler=False)
     for flag in ("steps", "warmup", "jobs", "profile_steps"):
       if getattr(args, flag) < 1:
         raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
@@ -113,12 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare_cpu and args.topology is None:
       raise JaxckptError("--compare-cpu puts XLA:CPU's figures beside a topology's: give --topology too")
     if args.mesh is not None and args.topology is None and (args.measure or args.profile is not None):
-      flag = "--measure" if args.measure else "--profile"
-      raise JaxckptError(f"{flag} runs each policy on one device; it does not take --mesh (drop one of them)")
+      raise runs_beside_refusal("--measure" if args.measure else "--profile", mesh="--mesh")
     policies = expand_policies(args.policies, {}, keep_all=True)  # parsed once, here: a typo exits 2 now
-    if args.topology is not None:
-      check_topology_name(args.topology)  # after every flag: a bad flag is one line whatever is installed
-    placement = placement_from_args(args)  # a bad mesh, no compiler: exit 2 before the target is built
+    if flags.topology is not None:
+      check_topology_name(flags.topology)  # after every flag: a bad flag is one line whatever is installed
+    placement = placement_from_flags(flags)  # a bad mesh, no compiler: exit 2 before the target is built
     target = target_from_args(args, placement)
     if args.list_blocks:
       for block, block_names in target_block_types(target).items():

@@ -55,7 +55,8 @@ from jaxckpt.step._isolated import CompilerCrashError, isolated_compiles
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.timing import within_resolution
 from jaxckpt.sharding import format_mesh
-from jaxckpt.sharding import MemoryFraction, Topology, resolve_placement
+from jaxckpt.sharding import MemoryFraction, Topology
+from jaxckpt.step._job import compile_job
 from jaxckpt._units import format_bytes
 
 DEFAULT_MAX_MESHES = 3
@@ -276,7 +277,7 @@ def search_meshes(
   if (kwargs.get("min_batch") or 1) > global_batch:  # bad input, not a reason of every mesh
     raise JaxckptError(f"min_batch={kwargs['min_batch']} > global_batch_size={global_batch}: no micro-batch between")
   with isolated_compiles():  # its worker starts now (imports JAX meanwhile); a compiler crash ends one mesh only
-    placement = resolve_placement(None, topology, memory_fraction=memory_fraction)
+    placement = compile_job(target, topology=topology, memory_fraction=memory_fraction, check_batch=False).placement
     topo = placement.topology
     limit, _ = resolve_memory(memory, placement=placement)
     device = device or accelerator(device=topo.devices[0])

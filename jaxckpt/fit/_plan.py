@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxckpt.errors import JaxckptError, TopologyError
+from jaxckpt.errors import JaxckptError
 from jaxckpt.fit._model import fit_affine
 from jaxckpt.fit._names import (CUSTOM_SEARCH, DEFAULT_CUSTOM_LISTS, FULL_REMAT_POLICIES, CustomPlan, CustomSearch,
                                custom_plans, name_costs, name_lists, offload_excess, predicted_footprint)
@@ -22,7 +22,8 @@ from jaxckpt.fit._speed import Accelerator, Candidate, Traffic, accelerator, can
 from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.sharding import check_batch_size
 from jaxckpt.sharding._rules import mesh_axes_of, param_logical_axes
-from jaxckpt.sharding import Placement, Topology, resolve_placement
+from jaxckpt.sharding import Placement, Topology
+from jaxckpt.step._job import compile_job
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import compile_policy
 from jaxckpt.step._build import concrete_inputs, default_optimizer
@@ -287,23 +288,12 @@ def tensor_bytes_per_example(target: Target) -> float | None:
   return float(method()) if callable(method) else None
 
 
-def _on_placement(mesh: Any, topology: Any, memory_fraction: float | None, *, measure: int,
-                  device: Accelerator | None, timed: bool) -> tuple[Placement, Accelerator | None]:
-  """``(placement, device)`` of a fit (:func:`jaxckpt.sharding.resolve_placement`): on a topology, for a timed fit
-  without ``device``, its chip as the time model's device; else as given.
-
-  Raises:
-    TopologyError: ``measure`` with a topology (nothing to run on); a bad topology, its compiler missing.
-  """
-  given = mesh.topology if isinstance(mesh, Placement) else topology
-  if given is not None and measure:
-    raise TopologyError(f"measure={measure} times configurations on this machine, but topology="
-                        f"{str(getattr(given, 'name', given))!r} is compiled for without its hardware: there is "
-                        "nothing to run them on (drop one of them)")
-  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
+def _time_model_device(placement: Placement, device: Accelerator | None, *, timed: bool) -> Accelerator | None:
+  """The time model's device of a fit: on a topology, for a timed fit without ``device``, its chip; else as
+  given."""
   if timed and device is None and placement.topology is not None:
-    device = accelerator(device=placement.device)
-  return placement, device
+    return accelerator(device=placement.device)
+  return device
 
 
 def _check_global_batch(global_batch: int, device: Accelerator | None, mesh: Any, min_batch: int | None) -> None:
@@ -368,13 +358,14 @@ def _at_least(table: Sequence[Candidate], smallest: int, global_batch: int) -> l
 
 
 def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any], additivity: float, *, limit: int,
-                      mesh: Any,
+                      placement: Placement,
                       global_batch: int, device: Accelerator, custom_lists: int,
                       on_compile: Callable[[str, int], None] | None, started: float, **kwargs: Any) -> CustomSearch:
   """``custom:search``'s lists (:mod:`jaxckpt.fit._names`): the best predicted list is fitted (appended to ``fits``),
   what its compile teaches is learnt, and the next best is fitted, up to ``custom_lists``; returns the record
   (``started``: when the names' costing began, for its seconds)."""
   full = next(f for f in fits if f.policy.strip() in FULL_REMAT_POLICIES)
+  mesh = placement.mesh
   shape = None if mesh is None else dict(mesh.shape)
   traffic = traffic_of(target) if shape else None
   hint = fit_affine([(p.batch, p.footprint_bytes) for p in full.points]).intercept \
@@ -399,7 +390,7 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
       stopped += " with what the compiles taught" if chosen else ""
       break
     plan = plans[0]
-    fit = max_batch_size(target, plan.policy, limit, mesh=mesh, on_compile=on_compile, intercept_hint=hint,
+    fit = max_batch_size(target, plan.policy, limit, mesh=placement, on_compile=on_compile, intercept_hint=hint,
                          **kwargs)
     chosen.append(plan)
     fits.append(fit)
@@ -423,11 +414,12 @@ def _fit_custom_lists(target: Target, fits: list[BatchFit], costs: Sequence[Any]
                       learnt, stopped)
 
 
-def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, searched: bool, mesh: Any,
+def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, searched: bool, placement: Placement,
                     global_batch: int | None, device: Accelerator | None, custom_lists: int,
                     guesses: Mapping[str, int] | None, on_compile: Callable[[str, int], None] | None,
                     **kwargs: Any) -> tuple[list[BatchFit], CustomSearch | None]:
-  """The policies' fits and, with ``custom:search`` (``searched``), its lists, fitted after them.
+  """The policies' fits and, with ``custom:search`` (``searched``), its lists, fitted after them, each compiled for
+  ``placement`` (handed down whole: nothing below rebuilds it from its mesh).
 
   Raises:
     NothingFitsError: nothing fits the smallest batch — with the search, not even its lists (fixed policies that fit
@@ -436,12 +428,12 @@ def _fits_and_lists(target: Target, policies: Sequence[Any], limit: int, *, sear
   """
   if searched:  # the names first: a model without any is one line before a compile
     costing = time.perf_counter()
-    costs, additivity = name_costs(target, mesh=mesh, options=kwargs.get("compiler_options"))
-  fits = fit_policies(target, policies, limit, mesh=mesh, on_compile=on_compile, require_fit=not searched,
+    costs, additivity = name_costs(target, mesh=placement.mesh, options=kwargs.get("compiler_options"))
+  fits = fit_policies(target, policies, limit, mesh=placement, on_compile=on_compile, require_fit=not searched,
                       guesses=guesses, **kwargs)
   if not searched:
     return fits, None
-  custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, mesh=mesh, global_batch=global_batch,
+  custom = _fit_custom_lists(target, fits, costs, additivity, limit=limit, placement=placement, global_batch=global_batch,
                              device=device, custom_lists=custom_lists, on_compile=on_compile, started=costing,
                              **kwargs)
   if all(f.max_batch_size is None for f in fits):
@@ -592,20 +584,22 @@ def plan_fit(
       divide; an empty batch
       range; a footprint that does not grow with the batch; ``global_batch`` without ``device``; ``custom:search``
       without ``global_batch``, on a loss target or a model that emits no checkpoint name, ``custom_lists`` < 1.
-    TopologyError: ``measure`` with a topology, a bad topology, its compiler missing.
+    TopologyError: ``measure`` with a topology, a bad topology, its compiler missing (``measure`` with a mesh:
+      JaxckptError, the candidates run on one device; :func:`jaxckpt.step.compile_job`).
   """
   started = time.perf_counter()
   if rank_compiled < 0:
     raise JaxckptError(f"rank_compiled={rank_compiled} must be ≥ 0 (0: rank by the roofline alone)")
-  placement, device = _on_placement(mesh, topology, memory_fraction, measure=measure, device=device,
-                                    timed=global_batch is not None)
+  placement = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
+                          runs=f"measure={measure}" if measure else None, check_batch=False).placement
+  device = _time_model_device(placement, device, timed=global_batch is not None)
   mesh = placement.mesh
   limit, source = resolve_memory(memory, placement=placement)
   if global_batch is not None:
     _check_global_batch(global_batch, device, mesh, kwargs.get("min_batch"))
     kwargs["max_batch"] = min(kwargs.get("max_batch", global_batch), global_batch)  # no micro-batch beyond G
   policies, searched = _without_search(policies, global_batch, custom_lists)
-  fits, custom = _fits_and_lists(target, policies, limit, searched=searched, mesh=mesh, global_batch=global_batch,
+  fits, custom = _fits_and_lists(target, policies, limit, searched=searched, placement=placement, global_batch=global_batch,
                                  device=device, custom_lists=custom_lists, guesses=guesses, on_compile=on_compile,
                                  **kwargs)
   choice = None
@@ -616,5 +610,5 @@ def plan_fit(
     verify = _Verifier(target, global_batch, mesh, placement.topology, on_compile)
     choice = _choose(target, table, verify, limit=limit, measure=measure,
                      timed=rank_compiled if placement.topology is not None else 0)
-  return FitPlan(tuple(fits), limit, source, device, choice, time.perf_counter() - started,
-                 compiled_for=placement.compiled_for(), custom=custom)
+  return FitPlan(fits=tuple(fits), limit_bytes=limit, memory_source=source, device=device, choice=choice,
+                 seconds=time.perf_counter() - started, compiled_for=placement.compiled_for(), custom=custom)

@@ -40,7 +40,8 @@ from jaxckpt.planner._plan import resolve_policy
 from jaxckpt.policies._model import Budget, parse_model_policy
 from jaxckpt.policies._model import DEFAULT_MARGIN
 from jaxckpt.sharding import BATCH_AXES, mesh_platform, mesh_shape
-from jaxckpt.sharding import Placement, Topology, compiles_only, resolve_placement
+from jaxckpt.sharding import Placement, Topology, compiles_only
+from jaxckpt.step._job import CompileJob, compile_job
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, shipped_target, with_batch
 from jaxckpt.step._compile import lower_policy
 from jaxckpt._units import format_bytes, parse_bytes
@@ -94,7 +95,7 @@ class FitPoint:
   step_time: Any = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchFit:
   """The largest batch size of one policy that fits a memory, verified by compiles.
 
@@ -378,9 +379,10 @@ def max_batch_size(
     >>> fit = max_batch_size(shipped_target("gpt", "small"), "nothing_saveable", "4GiB")
     >>> fit.max_batch_size, fit.compiles
   """
-  search = _Search.start(target, policy, memory, mesh=mesh, topology=topology, memory_fraction=memory_fraction,
-                         tx=tx, min_batch=min_batch, max_batch=max_batch, max_rounds=max_rounds, jobs=jobs, axis=axis,
-                         compiler_options=compiler_options, on_compile=on_compile)
+  job = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction, tx=tx,
+                    compiler_options=compiler_options, check_batch=False)  # the batch is what the search chooses
+  search = _Search.start(job, policy, memory, min_batch=min_batch, max_batch=max_batch, max_rounds=max_rounds,
+                         jobs=jobs, axis=axis, on_compile=on_compile)
   model, at_cap = _probe(search, probes, guess, intercept_hint)
   if len(search.points) > 1 and model.slope <= 0 and not any(p.refused for p in list(search.points.values())[:2]) \
       and not search.settled():
@@ -424,13 +426,12 @@ class _Search:
   points: dict[int, FitPoint] = dataclasses.field(default_factory=dict)
 
   @classmethod
-  def start(cls, target: Target, policy: Any, memory: int | str, *, mesh: Any, topology: Any, memory_fraction: Any,
-            tx: Any, min_batch: int | None, max_batch: int, max_rounds: int, jobs: int | None, axis: str,
-            compiler_options: Any, on_compile: Any) -> "_Search":
-    """The search's record, its arguments checked (:func:`max_batch_size`'s errors)."""
+  def start(cls, job: CompileJob, policy: Any, memory: int | str, *, min_batch: int | None, max_batch: int,
+            max_rounds: int, jobs: int | None, axis: str, on_compile: Any) -> "_Search":
+    """The search's record for ``job`` (:func:`jaxckpt.step.compile_job`), its arguments checked
+    (:func:`max_batch_size`'s errors)."""
     started = time.perf_counter()
-    placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
-    mesh = placement.mesh
+    target, placement, mesh, tx, compiler_options = job.target, job.placement, job.mesh, job.tx, job.compiler_options
     parsed = parse_model_policy(policy)
     if isinstance(parsed, Budget):
       raise JaxckptError(f"policy={str(parsed)!r} is a memory budget, a plan chosen for one batch size: its largest "
@@ -507,8 +508,10 @@ class _Search:
     over = points[best + unit].footprint_bytes if best is not None and best + unit in points else None
     foot = points[best if best is not None else self.lo].footprint_bytes
     beyond = _beyond(points, self.limit, unit) if best == self.hi and self.axis == "batch" else None
-    return BatchFit(self.text, best, foot, self.limit, len(points), model, tuple(points.values()), method,
-                    best == self.hi, over, unit, time.perf_counter() - self.started, beyond)
+    return BatchFit(policy=self.text, max_batch_size=best, footprint_bytes=foot, limit_bytes=self.limit,
+                    compiles=len(points), model=model, points=tuple(points.values()), method=method,
+                    capped=best == self.hi, verified_over=over, unit=unit, seconds=time.perf_counter() - self.started,
+                    estimated_max_batch=beyond)
 
 
 def _probe(search: _Search, probes: Sequence[int], guess: int | None, intercept_hint: float | None

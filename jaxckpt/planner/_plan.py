@@ -51,7 +51,8 @@ from jaxckpt.policies._model import (
 from jaxckpt.step._targets import ModelTarget, Target
 from jaxckpt.step._compile import boundary_names, compile_policy, forward_jaxpr, step_builder
 from jaxckpt.step._build import default_optimizer, policy_step
-from jaxckpt.sharding import Placement, Topology, mesh_platform, resolve_placement
+from jaxckpt.step._job import CompileJob, compile_job
+from jaxckpt.sharding import Placement, Topology, mesh_platform
 from jaxckpt.rendering._tables import render_table, wrap_lines
 from jaxckpt._units import format_bytes
 
@@ -453,16 +454,14 @@ def plan_policy(
     MeshSpecError: a mesh that does not cover the topology's chips, or a batch it cannot split.
   """
   started = time.perf_counter()
-  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
-  mesh = placement.mesh
-  for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
-    placement.check_batch_size(size)
+  job = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction, tx=tx,
+                    compiler_options=compiler_options)
+  placement, mesh, tx = job.placement, job.mesh, job.tx
   parsed = parse_model_policy(budget)
   if not isinstance(parsed, Budget):
     raise JaxckptError(f"{str(parsed)!r} is not a budget; write budget:<size>, budget:<percent>% or auto")
   if max_rounds < 1:
     raise JaxckptError(f"max_rounds must be ≥ 1, got {max_rounds}")
-  tx = tx or default_optimizer()
   cache = PlanCache() if cache is None else cache
   builder = step_builder(target, tx=tx)  # the abstract model and state, shared by the probes of the planning
   compiling = builder if mesh is None else step_builder(target, tx=tx, mesh=mesh)  # and by its compiles
@@ -680,7 +679,7 @@ def resolve_policy(
     *,
     tx: optax.GradientTransformation | None = None,
     compiler_options: Mapping[str, Any] | None = None,
-    mesh: Any = None,
+    mesh: "jax.sharding.Mesh | Placement | None" = None,
     cache: PlanCache | None = None,
     candidates: Sequence[LayerCandidate] | None = None,
 ) -> tuple[ConcretePolicy, Plan | None]:
@@ -693,8 +692,10 @@ def resolve_policy(
     target: the :class:`~jaxckpt.step.ModelTarget` the policy is for (used only for budgets).
     policy: a spec string or parsed policy (:func:`jaxckpt.policies.parse_model_policy`).
     tx, compiler_options, cache, candidates: as :func:`plan_policy`.
-    mesh: the device mesh the step will run on (a TPU topology's too): budgets are planned and ``min_saved``'s
-      fixed rivals compiled sharded over it (per-device memory).
+    mesh: where the step will be compiled: a :class:`~jaxckpt.sharding.Placement` (a topology's mesh and a GPU's
+      memory fraction: ``auto`` budgets are planned at the memory its device may use,
+      :meth:`~jaxckpt.sharding.Placement.memory`), or a ``jax.sharding.Mesh`` of this machine's devices. Budgets
+      are planned and ``min_saved``'s fixed rivals compiled sharded over its mesh (per-device memory).
 
   Returns:
     ``(policy, plan)``: the concrete policy and the :class:`Plan` it came from (``None`` when ``policy`` was not a
@@ -710,24 +711,25 @@ def resolve_policy(
   parsed = parse_model_policy(policy)
   if parsed.resolved:
     return parsed, None
-  return _RESOLVERS[type(parsed)](target, parsed, tx=tx or default_optimizer(), compiler_options=compiler_options,
-                                  mesh=mesh, cache=PlanCache() if cache is None else cache, candidates=candidates)
+  job = compile_job(target, mesh=mesh, tx=tx, compiler_options=compiler_options, check_batch=False)
+  return _RESOLVERS[type(parsed)](job, parsed, cache=PlanCache() if cache is None else cache, candidates=candidates)
 
 
-def _resolve_min_saved(target, parsed: MinSaved, *, tx, compiler_options, mesh, cache, candidates):  # noqa: ARG001
-  return _min_saved_guarded(target, parsed.tolerance, tx, compiler_options, cache, mesh), None
+def _resolve_min_saved(job: CompileJob, parsed: MinSaved, *, cache, candidates):  # noqa: ARG001
+  return _min_saved_guarded(job.target, parsed.tolerance, job.tx, job.compiler_options, cache, job.mesh), None
 
 
-def _resolve_mincut(target, parsed: MinCut, *, tx, compiler_options, mesh, cache, candidates):  # noqa: ARG001
-  return mincut_policy(target, parsed, cache), None
+def _resolve_mincut(job: CompileJob, parsed: MinCut, *, cache, candidates):  # noqa: ARG001
+  return mincut_policy(job.target, parsed, cache), None
 
 
-def _resolve_budget(target, parsed: Budget, *, tx, compiler_options, mesh, cache, candidates):
-  plan = plan_policy(target, parsed, tx=tx, compiler_options=compiler_options, cache=cache, candidates=candidates,
-                     mesh=mesh)
+def _resolve_budget(job: CompileJob, parsed: Budget, *, cache, candidates):
+  plan = plan_policy(job.target, parsed, tx=job.tx, compiler_options=job.compiler_options, cache=cache,
+                     candidates=candidates, mesh=job.placement)
   return plan.policy, plan
 
 
 _RESOLVERS: dict[type, Callable[..., tuple[ConcretePolicy, Plan | None]]] = {
     MinSaved: _resolve_min_saved, MinCut: _resolve_mincut, Budget: _resolve_budget}
-"""How each model-level policy that is not concrete (``resolved`` False) becomes one: a table, not a ladder."""
+"""How each model-level policy that is not concrete (``resolved`` False) becomes one for a :class:`CompileJob`: a
+table, not a ladder."""

@@ -20,7 +20,7 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxckpt import sharding
-from jaxckpt.errors import JaxckptError, TopologyError, TracingError
+from jaxckpt.errors import JaxckptError, TracingError
 from jaxckpt._units import format_bytes
 from jaxckpt.planner._effect import annotate_rows
 from jaxckpt.policies._model import ModelPolicy
@@ -30,17 +30,25 @@ from jaxckpt.report._keys import REPORT_KEYS, STATUS_ERROR, STATUS_OK, empty_row
 from jaxckpt.report._measure import measure_policy
 from jaxckpt.report._policies import expand_policies
 from jaxckpt.step._targets import ModelTarget, Target, batch_size_of, with_batch
-from jaxckpt.step._build import default_optimizer, target_structure
+from jaxckpt.step._build import target_structure
 from jaxckpt.step._compile import check_mesh_use, mesh_use_notes, step_builder
-from jaxckpt.sharding import Placement, Topology, resolve_placement
+from jaxckpt.sharding import Placement, Topology
+from jaxckpt.step._job import compile_job
 from jaxckpt.schema import SCHEMA_VERSION, versions
 
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-  """A finished report: ``data`` is exactly what ``--json`` writes (keys :data:`jaxckpt.report._keys.REPORT_KEYS`)."""
+  """A finished report.
+
+  Attributes:
+    data: exactly what ``--json`` writes (keys :data:`jaxckpt.report._keys.REPORT_KEYS`).
+    placement: where it was compiled (:class:`~jaxckpt.sharding.Placement`), ``None`` for a report read back from
+      its JSON (the title then reads the topology's name there).
+  """
 
   data: dict[str, Any]
+  placement: Placement | None = dataclasses.field(default=None, compare=False, repr=False)
 
   @property
   def rows(self) -> list[dict[str, Any]]:
@@ -141,27 +149,6 @@ def _per_chip(target: Target, mesh: jax.sharding.Mesh) -> Target:
     split *= shape.get(axis, 1)
   accum = target.grad_accum_steps if isinstance(target, ModelTarget) else 1
   return with_batch(target, batch_size_of(target) // split, grad_accum_steps=accum)
-
-
-def _placement(target: Target, mesh: Any, topology: Any, memory_fraction: float | None, *, runs: str | None,
-               compare_cpu: bool) -> Placement:
-  """Where the report compiles (:func:`jaxckpt.sharding.resolve_placement`), checked against the target's batch and
-  against what runs steps (``runs``: ``"measure=True"``, ``"profile='DIR'"`` or ``None``)."""
-  given = mesh.topology if isinstance(mesh, Placement) else topology
-  if given is not None and runs is not None:
-    name = given.name if isinstance(given, Topology) else str(given)
-    raise TopologyError(f"{runs} runs each policy on this machine, but topology={name!r} is compiled for without "
-                        "its hardware: there is nothing to run it on (drop one of them)")
-  if given is None and compare_cpu:
-    raise JaxckptError("compare_cpu=True puts XLA:CPU's figures beside a topology's: give topology= too")
-  placement = resolve_placement(mesh, topology, memory_fraction=memory_fraction)
-  if placement.mesh is not None:
-    for size in sorted({a.shape[0] for a in jax.tree.leaves(target.batch) if len(a.shape)}):
-      placement.check_batch_size(size)
-    if runs is not None:
-      raise JaxckptError(f"{runs} runs each policy on one device; it does not take "
-                         f"mesh={sharding.format_mesh(placement.mesh)!r} (drop one of them)")
-  return placement
 
 
 def memory_verdicts(rows: list[dict[str, Any]], placement: Placement) -> list[str]:
@@ -299,13 +286,13 @@ def build_report(
     TopologyError: ``measure`` or ``profile`` with a topology (nothing to run on), a bad topology name, its
       compiler missing or of the wrong release (:func:`jaxckpt.sharding.get_topology`).
   """
-  tx = tx or default_optimizer()
-  placement = _placement(target, mesh, topology, memory_fraction,
-                         runs="measure=True" if measure else None if profile is None else
-                         f"profile={os.fspath(profile)!r}", compare_cpu=compare_cpu)
-  mesh = placement.mesh
-  if profile is not None:
-    profile = check_profile_dir(profile, flag="profile")
+  runs = "measure=True" if measure else None if profile is None else f"profile={os.fspath(profile)!r}"
+  job = compile_job(target, mesh=mesh, topology=topology, memory_fraction=memory_fraction, tx=tx,
+                    compiler_options=compiler_options, runs=runs)
+  if compare_cpu and job.topology is None:
+    raise JaxckptError("compare_cpu=True puts XLA:CPU's figures beside a topology's: give topology= too")
+  placement, tx, mesh = job.placement, job.tx, job.mesh
+  profile = None if profile is None else check_profile_dir(profile, flag="profile")
   platform = sharding.mesh_platform(mesh)
   cpu_target = _per_chip(target, mesh) if compare_cpu else None
   builder = step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once for every row
@@ -320,9 +307,8 @@ def build_report(
     warnings = [str(err)]
   if block_types is not None:
     specs = expand_policies(policies, block_types, backend=platform)
-    rows, warnings = compile_rows(target, specs, tx=tx, builder=builder, jobs=jobs, xla_dump_dir=xla_dump,
-                                  compiler_options=compiler_options, residuals=residuals, progress=progress,
-                                  mesh=mesh, cpu_target=cpu_target, topology=placement.topology)
+    rows, warnings = compile_rows(job, specs, builder=builder, jobs=jobs, xla_dump_dir=xla_dump, residuals=residuals,
+                                  progress=progress, cpu_target=cpu_target)
   warnings += mesh_use_notes(builder, mesh)
   warnings += memory_verdicts(rows, placement)
   warnings += saving_warnings(rows)
@@ -358,4 +344,4 @@ def build_report(
       "rows": rows,
   }
   assert tuple(data) == REPORT_KEYS  # internal invariant, not user input
-  return Report(data)
+  return Report(data, placement)

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import optax
 from tqdm.auto import tqdm
 
 from jaxckpt.errors import JaxckptError, raised_at
@@ -38,6 +37,7 @@ from jaxckpt.schema import MEMORY_KEYS, footprint_bytes
 from jaxckpt._units import format_bytes
 from jaxckpt.report._residuals import analyse_residuals
 from jaxckpt.sharding import Topology, make_mesh, mesh_platform, mesh_shape
+from jaxckpt.step._job import CompileJob
 from jaxckpt.sharding._rules import tracing_for
 from jaxckpt.training._xla import offload_warning
 from jaxckpt.step._compile import (compiler_hint, lower_policy, step_builder, step_compiler_options,
@@ -87,18 +87,18 @@ def _slug(index: int, policy: str) -> str:
   return f"{index:02d}-{re.sub(r'[^A-Za-z0-9_.+-]+', '_', policy)[:80]}"
 
 
-def _resolve_budgets(target: Target, specs: Sequence[ModelPolicy], rows: list[dict[str, Any]], warnings: list[str], *,
-                     tx: optax.GradientTransformation, compiler_options: Mapping[str, Any] | None,
-                     mesh: Any = None) -> list[Any]:
-  """Each spec as a concrete policy (:func:`jaxckpt.planner.resolve_policy`; budgets share compiled anchors);
-  ``None`` where a budget could not be planned: an error row and a warning."""
+def _resolve_budgets(job: CompileJob, specs: Sequence[ModelPolicy], rows: list[dict[str, Any]],
+                     warnings: list[str]) -> list[Any]:
+  """Each spec as a concrete policy (:func:`jaxckpt.planner.resolve_policy`; budgets share compiled anchors and are
+  planned for the job's placement: its mesh, and the memory its device may use for ``auto``); ``None`` where a
+  budget could not be planned: an error row and a warning."""
   cache = PlanCache()
   candidates = None
   resolved: list[Any] = []
   for i, spec in enumerate(specs):
     try:
-      policy, plan = resolve_policy(target, spec, tx=tx, compiler_options=compiler_options, mesh=mesh, cache=cache,
-                                    candidates=candidates)
+      policy, plan = resolve_policy(job.target, spec, tx=job.tx, compiler_options=job.compiler_options,
+                                    mesh=job.placement, cache=cache, candidates=candidates)
     except Exception as err:  # noqa: BLE001 - an infeasible budget or a target that cannot be planned: an error row
       rows[i].update(status=STATUS_ERROR, error=one_line(err))
       warnings.append(f"policy {rows[i]['policy']!r}: {one_line(err)}")
@@ -125,45 +125,39 @@ def _check_applied(row: dict[str, Any], spec: Any) -> None:
 
 
 def compile_rows(
-    target: Target,
+    job: CompileJob,
     specs: Sequence[ModelPolicy],
     *,
-    tx: optax.GradientTransformation,
     builder: StepBuilder | None = None,
     jobs: int = 1,
     xla_dump_dir: str | None = None,
-    compiler_options: Mapping[str, Any] | None = None,
     residuals: bool = True,
     stats_only: bool = True,
     progress: bool = True,
-    mesh: jax.sharding.Mesh | None = None,
     cpu_target: Target | None = None,
-    topology: Topology | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-  """Compiles the train step of ``target`` under each spec and collects its statistics.
+  """Compiles the train step of a job's target under each spec and collects its statistics.
 
   Args:
-    target: what to compile.
+    job: what to compile and where (:func:`jaxckpt.step.compile_job`, made once by the caller): its target, its
+      optimizer, its extra XLA options (merged with jaxckpt's remat fix), and its placement: the mesh shards the step
+      (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``, parameters and optimizer state over ``fsdp`` by the
+      FSDP rule), the memory stats then those of one device (XLA reports the SPMD-partitioned, per-device program);
+      a topology's mesh compiles with its compiler (TPU, GPU) and each row's ``step_time_estimate`` is its compiled
+      program's step time (:func:`step_time_estimate`); budgets are planned for it, ``auto`` at the memory its
+      device may use (:meth:`~jaxckpt.sharding.Placement.memory`, a GPU's memory fraction included).
     specs: parsed policies (validated against the target here); a :class:`~jaxckpt.policies.Budget` is first
       resolved into a plan (:func:`jaxckpt.planner.resolve_policy`, sharing compiled anchors between budgets), its
       row keeping the budget as ``policy`` and the plan under ``plan``; an infeasible budget is an error row.
-    tx: the optimizer of the step.
-    builder: the target's :func:`jaxckpt.step.step_builder` (for ``tx`` and ``mesh``), if the caller has one.
+    builder: the target's :func:`jaxckpt.step.step_builder` (for the job's ``tx`` and mesh), if the caller has one.
     jobs: XLA compilations running at once (threads), ≥ 1.
     xla_dump_dir: if set, XLA's dumps of policy ``i`` go to ``xla_dump_dir/<ii>-<policy>/`` (text files only).
-    compiler_options: extra XLA options, merged with jaxckpt's remat fix.
     residuals: run the residual analysis (``residual_bytes``, ``activation_residual_bytes``, ``residuals``).
     stats_only: compile with :data:`STATS_ONLY_OPTIONS` (same memory stats, faster).
     progress: show a tqdm bar on stderr.
-    mesh: compile the step sharded over this mesh (:mod:`jaxckpt.sharding`: batch over ``data``/``fsdp``,
-      parameters and optimizer state over ``fsdp`` by the FSDP rule); the memory stats are then those of one device
-      (XLA reports the SPMD-partitioned, per-device program). ``None``: one device, unsharded. A TPU topology's mesh
-      (:mod:`jaxckpt.sharding`) compiles with the TPU compiler.
     cpu_target: also compile each row's concrete policy for this target on XLA:CPU, one device, unsharded (the report
       passes ``target`` at the per-chip batch: ``--compare-cpu``), in the same thread pool; the row's ``cpu`` holds
       its memory stats (bytes), ``flops_xla_raw``, ``compile_s`` and ``batch_size``. ``None``: no comparison.
-    topology: the TPU slice or GPU cluster ``mesh`` lays out (a compile without the hardware): each row's
-      ``step_time_estimate`` is then its compiled program's step time (:func:`step_time_estimate`).
 
   Returns:
     ``(rows, warnings)``: one row per spec in order (keys :data:`jaxckpt.report._keys.ROW_KEYS`, memory in bytes,
@@ -172,12 +166,14 @@ def compile_rows(
     warning line per spec invalid for the target. A row whose traced step has remat regions that contradict its
     policy (none for a remat policy, some for ``none``) is an error row: the policy was not applied.
   """
+  target, placement, tx, compiler_options = job.target, job.placement, job.tx, job.compiler_options
+  mesh, topology = placement.mesh, placement.topology
   rows = [empty_row(str(spec)) for spec in specs]
   impl, backend = remat_implementation(), mesh_platform(mesh)
   for row in rows:
     row["remat_impl"], row["backend"] = impl, backend
   warnings: list[str] = []
-  resolved = _resolve_budgets(target, specs, rows, warnings, tx=tx, compiler_options=compiler_options, mesh=mesh)
+  resolved = _resolve_budgets(job, specs, rows, warnings)
   warnings += [w for w in (offload_warning(p, backend) for p in resolved if p is not None) if w is not None]
   builder = builder or step_builder(target, tx=tx, mesh=mesh)  # the abstract model and state, built once
   # On a machine whose default backend is not the CPU, a one-CPU-device mesh puts the comparison on XLA:CPU.

@@ -232,8 +232,10 @@ def report_title(report: Report) -> str:
   where = (f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())}: memory per device" if mesh
            else "one device, unsharded")
   if d.get("topology"):
+    placement = report.placement  # the loaded topology, not its name read again
+    topology = placement.topology if placement is not None and placement.topology is not None else d["topology"]
     return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers{batch}, "
-            f"{topology_header(d['topology'], mesh, mesh_given=bool(d.get('mesh_given')))}")
+            f"{topology_header(topology, mesh, mesh_given=bool(d.get('mesh_given')))}")
   return (f"jaxckpt memory report: {d['model']}{preset}, {d['structure']} layers{batch}, backend {d['backend']} "
           f"× {d['device_count']} ({where})")
 

@@ -39,7 +39,8 @@ from jaxckpt.sharding._gather import gather_for_use, gather_params_in_loss, gath
 from jaxckpt.sharding._state import (batch_sharding, batch_shardings, fsdp_partition, gathered_in_use_paths,
                                      param_partition, shard_state,
                                      stacked_layer_paths, state_partition_specs, state_shardings, step_shardings)
-from jaxckpt.sharding._topology import (CUDA_PLUGIN, TOPOLOGY_FORMS, Topology, check_cuda_plugin, check_libtpu,
+from jaxckpt.sharding._topology import (CUDA_PLUGIN, TOPOLOGY_FORMS, Topology, TopologyName, check_cuda_plugin,
+                                        check_libtpu,
                                         check_topology_name, compiled_for, compiler_name, compiles_only, get_topology,
                                         gpu_axis_links, libtpu_version, parse_topology, required_libtpu,
                                         target_config, topology_header, topology_mesh)
@@ -60,7 +61,8 @@ __all__ = [
     # multi-process
     "process_rows", "shard_batch", "initialize_distributed", "replica_mismatches", "gather", "PeerWatch",
     # chips and topologies
-    "Chip", "CHIPS", "GPU_CHIPS", "TPU_CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "libtpu_version",
+    "Chip", "CHIPS", "GPU_CHIPS", "TPU_CHIPS", "chip_for_kind", "TOPOLOGY_FORMS", "parse_topology", "TopologyName",
+    "libtpu_version",
     "required_libtpu", "check_libtpu", "CUDA_PLUGIN", "check_cuda_plugin", "check_topology_name", "compiler_name",
     "target_config", "Topology", "get_topology", "topology_mesh", "topology_header", "gpu_axis_links", "compiled_for",
     "compiles_only",

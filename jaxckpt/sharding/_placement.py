@@ -55,12 +55,14 @@ class MemoryFraction(NamedTuple):
   source: str  # "given", "JAX's default", or the environment variable it was read from
 
 
-def memory_fraction(value: float | None = None, *, environ: Mapping[str, str] | None = None) -> MemoryFraction:
+def memory_fraction(value: float | MemoryFraction | None = None, *,
+                    environ: Mapping[str, str] | None = None) -> MemoryFraction:
   """The share of a GPU's memory XLA may allocate, and where it came from.
 
   Args:
     value: the fraction given (``--memory-fraction``), in (0, 1]; ``None``: the environment's
-      (:data:`MEMORY_FRACTION_ENV`), else JAX's default :data:`DEFAULT_MEMORY_FRACTION`.
+      (:data:`MEMORY_FRACTION_ENV`), else JAX's default :data:`DEFAULT_MEMORY_FRACTION`; a :class:`MemoryFraction`
+      already read is returned as it is.
     environ: the environment (default ``os.environ``).
 
   Returns:
@@ -69,10 +71,16 @@ def memory_fraction(value: float | None = None, *, environ: Mapping[str, str] | 
   Raises:
     JaxckptError: a fraction outside (0, 1], or an environment value that is not a number (naming the variable).
   """
+  if isinstance(value, MemoryFraction):
+    return value
+  return _read_fraction(value, os.environ if environ is None else environ)
+
+
+def _read_fraction(value: float | None, env: Mapping[str, str]) -> MemoryFraction:
+  """The one reader of a memory fraction (:func:`memory_fraction`): the value given, else the environment's."""
   if value is not None:
     source = "given"
   else:
-    env = os.environ if environ is None else environ
     name = next((n for n in MEMORY_FRACTION_ENV if env.get(n)), None)
     if name is None:
       return MemoryFraction(DEFAULT_MEMORY_FRACTION, "JAX's default")
@@ -170,7 +178,7 @@ class Placement:
     the memory a device may use included on a GPU; ``None`` on this machine."""
     if self.topology is None or self.mesh is None:
       return None
-    line = topology_header(self.topology.name, self.shape, mesh_given=self.mesh_given)
+    line = topology_header(self.topology, self.shape, mesh_given=self.mesh_given)
     if self.platform == "gpu":
       limit, source = self.memory()
       line += f"; XLA may use {format_bytes(limit)} per GPU ({source})"

@@ -53,7 +53,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from importlib import metadata, resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -79,39 +79,72 @@ CUDA_PLUGIN = ("jax-cuda12-plugin", "jax-cuda12-pjrt")
 """The distributions of JAX's CUDA plugin that hold XLA:GPU (the ``[gpu]`` extra); each must be jaxlib's release."""
 
 
-def parse_topology(name: str) -> tuple[str, tuple[int, ...]]:
+class TopologyName(NamedTuple):
+  """A topology name read once (:func:`parse_topology`): a tool's door reads ``--topology`` into one, and
+  :func:`get_topology`, :func:`check_topology_name` and :func:`topology_header` take it as it is, never reading the
+  text again. A tuple, so ``key, sizes = parse_topology(name)`` unpacks it."""
+
+  key: str  # the chip's key in CHIPS ("v5e", "h100")
+  sizes: tuple[int, ...]  # a TPU's chips per torus dimension; a GPU cluster's (nodes, gpus per node)
+
+  @property
+  def is_gpu(self) -> bool:
+    """Whether the chips are GPUs (compiled by XLA:GPU of JAX's CUDA plugin, not libtpu)."""
+    return CHIPS[self.key].is_gpu
+
+  @property
+  def chips(self) -> int:
+    """Chips (TPU) or GPUs of the topology."""
+    return math.prod(self.sizes)
+
+  @property
+  def name(self) -> str:
+    """The canonical name (``"v5e:2x2"``, ``"h100:8"``, ``"h100:32x8"``)."""
+    nodes_one = self.is_gpu and self.sizes[0] == 1
+    return f"{self.key}:{self.sizes[1]}" if nodes_one else f"{self.key}:{'x'.join(map(str, self.sizes))}"
+
+
+def parse_topology(name: str | TopologyName) -> TopologyName:
   """Parses a topology name: ``"v5e:2x2"`` → ``("v5e", (2, 2))``; ``"h100:32x8"`` → ``("h100", (32, 8))``;
   ``"h100:8"`` → ``("h100", (1, 8))``.
 
   Args:
     name: :data:`TOPOLOGY_FORMS`: a TPU chip key of :data:`~jaxckpt.sharding.CHIPS` and one size ≥ 1 per torus
       dimension (2 for v5e/v6e, 3 for v4/v5p), or a GPU key and ``<gpus>`` (one node) or ``<nodes>x<gpus per
-      node>``, at most the GPU's :attr:`~jaxckpt.sharding.Chip.gpus_per_node` per node.
+      node>``, at most the GPU's :attr:`~jaxckpt.sharding.Chip.gpus_per_node` per node; or a :class:`TopologyName`
+      (returned as it is).
 
   Returns:
-    ``(chip key, sizes)``: a TPU's torus; a GPU cluster's ``(nodes, gpus per node)``.
+    The :class:`TopologyName` ``(chip key, sizes)``: a TPU's torus; a GPU cluster's ``(nodes, gpus per node)``.
 
   Raises:
     TopologyError: one line naming the bad part and the accepted forms (and the closest chip name).
   """
-  match = _NAME.match(str(name))
+  if isinstance(name, TopologyName):
+    return name
+  return _parse_text(str(name))
+
+
+def _parse_text(name: str) -> TopologyName:
+  """The one reader of topology text (:func:`parse_topology`)."""
+  match = _NAME.match(name)
   if match is None:
-    raise TopologyError(f"bad topology {shorten(str(name))!r}: write {TOPOLOGY_FORMS}")
+    raise TopologyError(f"bad topology {shorten(name)!r}: write {TOPOLOGY_FORMS}")
   key, sizes = match.group(1).lower(), tuple(int(s) for s in re.split(r"\s*x\s*", match.group(2)))
   if key not in CHIPS:
     hint = closest(key, list(CHIPS))
-    raise TopologyError(f"unknown chip {key!r} in topology {shorten(str(name))!r}; valid: TPU chips "
+    raise TopologyError(f"unknown chip {key!r} in topology {shorten(name)!r}; valid: TPU chips "
                         f"{', '.join(TPU_CHIPS)}; GPUs {', '.join(GPU_CHIPS)}"
                         + (f"; did you mean {hint!r}?" if hint else "") + f" (write {TOPOLOGY_FORMS})")
   chip = CHIPS[key]
   if chip.is_gpu:
-    return key, _gpu_sizes(name, key, chip, sizes)
+    return TopologyName(key, _gpu_sizes(name, key, chip, sizes))
   torus = chip.torus
   if len(sizes) != torus or min(sizes) < 1:
     example = "x".join(["2"] * 2 + ["1"] * (torus - 2))
-    raise TopologyError(f"bad topology {shorten(str(name))!r}: a {key} slice is a {torus}-D torus, write {torus} "
+    raise TopologyError(f"bad topology {shorten(name)!r}: a {key} slice is a {torus}-D torus, write {torus} "
                         f"sizes ≥ 1 (e.g. {key}:{example})")
-  return key, sizes
+  return TopologyName(key, sizes)
 
 
 def _gpu_sizes(name: str, key: str, chip: Chip, sizes: tuple[int, ...]) -> tuple[int, int]:
@@ -447,11 +480,12 @@ def _load_gpu(key: str, sizes: tuple[int, int]) -> Topology:
   return Topology(name, key, sizes, tuple(devices))
 
 
-def get_topology(topology: str | Topology) -> Topology:
+def get_topology(topology: str | TopologyName | Topology) -> Topology:
   """The :class:`Topology` of a name (loaded once per process), or ``topology`` itself.
 
   Args:
-    topology: ``"v5e:2x2"``, ``"h100:32x8"`` (:data:`TOPOLOGY_FORMS`) or a :class:`Topology`.
+    topology: ``"v5e:2x2"``, ``"h100:32x8"`` (:data:`TOPOLOGY_FORMS`), a name already read (:class:`TopologyName`),
+      or a :class:`Topology`.
 
   Returns:
     The topology, its chips as compile-only devices.
@@ -479,7 +513,7 @@ def get_topology(topology: str | Topology) -> Topology:
   return _load_tpu(key, sizes)
 
 
-def check_topology_name(topology: str | Topology) -> None:
+def check_topology_name(topology: str | TopologyName | Topology) -> None:
   """Checks a topology name and that its compiler is installed, without loading it (what the CLIs check before
   anything else: a bad flag is one line whatever is installed).
 
@@ -502,20 +536,22 @@ def topology_mesh(topology: str | Topology, mesh: str | Mapping[str, int] | Mesh
   return get_topology(topology).mesh(mesh)
 
 
-def topology_header(topology: str, mesh: Mapping[str, int], *, mesh_given: bool = False) -> str:
+def topology_header(topology: str | TopologyName | Topology, mesh: Mapping[str, int], *,
+                    mesh_given: bool = False) -> str:
   """What a tool prints about a topology compile, from names only (a report's JSON suffices):
   ``"TPU v5e 2x2 (4 chips), compiled without a TPU; mesh data=4 (every chip on the data axis; --mesh to shape it):
   memory per chip"``; a GPU cluster's says which axes cross nodes.
 
   Args:
-    topology: the topology's name (:data:`TOPOLOGY_FORMS`).
+    topology: the topology's name (:data:`TOPOLOGY_FORMS`), read (:class:`TopologyName`) or loaded
+      (:class:`Topology`).
     mesh: ``{axis: size}`` of the mesh over its chips.
     mesh_given: whether the user gave that mesh; ``False``: the default (every chip on ``data``), said as such.
 
   Raises:
     TopologyError: a bad name.
   """
-  key, sizes = parse_topology(topology)
+  key, sizes = (topology.chip_key, topology.shape) if isinstance(topology, Topology) else parse_topology(topology)
   chip = CHIPS[key]
   count = math.prod(sizes)
   is_default = not mesh_given and dict(mesh) == {"data": count}

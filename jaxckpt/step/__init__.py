@@ -8,6 +8,9 @@ policies.
   shapes only; :func:`concrete_inputs` allocates real ones.
 - One compile path (:mod:`jaxckpt.step._compile`): :func:`compile_policy` (and its two stages :func:`lower_policy`,
   :meth:`LoweredPolicy.compile`) with :func:`step_compiler_options`.
+- The compile job (:mod:`jaxckpt.step._job`): :func:`compile_job` resolves an entry point's keywords (mesh,
+  topology, memory fraction, optimizer, compiler options) once into a frozen :class:`CompileJob` handed down;
+  :func:`runs_beside_refusal` is the one refusal of a run of steps beside a mesh or topology.
 - Faults (:mod:`jaxckpt.step._isolated`, :mod:`jaxckpt.step._stats_cache`): :func:`isolated_compiles` (topology
   compiles in worker processes: a compiler crash is a :class:`CompilerCrashError`), :func:`end_workers`;
   :class:`StatsCacheWarning` (a damaged or unwritable compiled-stats cache, once per run).
@@ -41,6 +44,7 @@ from jaxckpt.step._compile import (
     xla_raw_flops,
 )
 from jaxckpt.step._auto_plan import auto_tensor_plan
+from jaxckpt.step._job import CompileJob, compile_job, runs_beside_refusal
 from jaxckpt.step._isolated import CompilerCrashError, end_workers, isolated_compiles
 from jaxckpt.step._stats_cache import StatsCacheWarning
 from jaxckpt.models._classifiers import DEFAULT_BATCH_SIZE
@@ -57,6 +61,9 @@ from jaxckpt.step._targets import (
 
 __all__ = [
     "auto_tensor_plan",
+    "CompileJob",
+    "compile_job",
+    "runs_beside_refusal",
     "CompilerCrashError",
     "end_workers",
     "isolated_compiles",

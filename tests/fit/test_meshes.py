@@ -60,8 +60,9 @@ def test_tensor_divides_the_fsdp_traffic_and_adds_its_all_reduces():
   v6e, unit = accelerator("v6e"), 128
   points = tuple(FitPoint(b, 10 * 2**30 + b * 2**20, int(1e15 * b / unit), 1e12 * b / unit, 1.0,
                           param_bytes=int(params)) for b in (unit, 2 * unit))
-  fit = BatchFit("full", 2 * unit, points[-1].footprint_bytes, 32 * 2**30, 2, AffineModel(2**20, 10 * 2**30),
-                 points, "affine", False, None, unit, 0.0)
+  fit = BatchFit(policy="full", max_batch_size=2 * unit, footprint_bytes=points[-1].footprint_bytes,
+                 limit_bytes=32 * 2**30, compiles=2, model=AffineModel(2**20, 10 * 2**30),
+                 points=points, method="affine", capped=False, verified_over=None, unit=unit, seconds=0.0)
   (cand,) = [c for c in candidates([fit], 2 * unit, v6e, mesh_shape={"fsdp": 128, "tensor": 2},
                                    tensor_bytes_per_example=acts) if c.accum == 1]
   assert cand.terms["compute_s"] == pytest.approx(2e15 / (unit * 2) / v6e.peak_flops)
@@ -165,8 +166,9 @@ def test_a_candidate_over_the_host_memory_does_not_fit():
   unit = 4
   points = tuple(FitPoint(b, 2**30 + b * 2**20, int(1e12 * b), 1e9 * b, 1.0, host_bytes=b * 2**30 // unit,
                           param_bytes=2**20) for b in (unit, 4 * unit))
-  fit = BatchFit("offload", 4 * unit, points[-1].footprint_bytes, 32 * 2**30, 2, AffineModel(2**20, 2**30),
-                 points, "affine", False, None, unit, 0.0)
+  fit = BatchFit(policy="offload", max_batch_size=4 * unit, footprint_bytes=points[-1].footprint_bytes,
+                 limit_bytes=32 * 2**30, compiles=2, model=AffineModel(2**20, 2**30),
+                 points=points, method="affine", capped=False, verified_over=None, unit=unit, seconds=0.0)
   small_host = accelerator("v6e", host_memory_bytes=2 * 2**30)  # 1 GiB per example on the host: b ≤ 2 per device
   table = candidates([fit], 4 * unit, small_host, mesh_shape={"fsdp": unit})
   assert {c.micro_batch for c in table} == {unit, 2 * unit} and all(c.host_bytes <= 2 * 2**30 for c in table)
@@ -184,7 +186,9 @@ def test_the_plan_counts_the_compiles_the_compiler_refused():
   from jaxckpt.fit import to_table
 
   points = (FitPoint(4, 2**20, 10, None, 1.0), FitPoint(8, 2**30, 20, None, 0.5, refused=True))
-  fit = BatchFit("full", 4, 2**20, 2**24, 2, AffineModel(2**18, 0), points, "affine", False, 2**30, 1, 0.0)
+  fit = BatchFit(policy="full", max_batch_size=4, footprint_bytes=2**20, limit_bytes=2**24, compiles=2,
+                 model=AffineModel(2**18, 0), points=points, method="affine", capped=False, verified_over=2**30, unit=1,
+                 seconds=0.0)
   plan = FitPlan((fit,), 2**24, "given", None, None, 12.0)
   assert plan.refusals == 1 and plan.as_json()["refusals"] == 1
   assert "2 compiles (1 refused for memory), 12 s" in to_table(plan, wide=True)
@@ -226,8 +230,9 @@ def test_later_meshes_start_where_the_calibration_line_predicts(monkeypatch):
   assert wrong.max_batch_size == 32 and wrong.compiles == 4 and wrong.verified_over is not None
 
   state = 2**28
-  fit = BatchFit("nothing_saveable", 32, right.footprint_bytes, limit, 2,
-                 AffineModel(2**29, 2**24), right.points, "affine", False, None, 4, 0.0)
+  fit = BatchFit(policy="nothing_saveable", max_batch_size=32, footprint_bytes=right.footprint_bytes,
+                 limit_bytes=limit, compiles=2, model=AffineModel(2**29, 2**24), points=right.points, method="affine",
+                 capped=False, verified_over=None, unit=4, seconds=0.0)
   calibration = MeshOption({"fsdp": 4}, state, 0.0, "fitted", plan=types.SimpleNamespace(fits=(fit,)))
   bounds = _Bounds(target, 1024, accelerator("v5e"))
   assert bounds.guesses(calibration, calibration, limit) == {"nothing_saveable": 32}
@@ -263,8 +268,9 @@ def test_a_fit_of_one_compile_still_prices_the_hbm_of_smaller_micro_batches():
   credited with an HBM term of 0 (found by a helper: data=4 won on a tiny model for that reason alone)."""
   unit = 4
   point = FitPoint(16, 2**30, int(1e12 * 16), 1e9 * 16, 1.0, host_bytes=0, param_bytes=2**20)
-  fit = BatchFit("nothing_saveable", 16, 2**30, 32 * 2**30, 1, AffineModel(2**30, 0.0), (point,), "affine", True,
-                 None, unit, 0.0)
+  fit = BatchFit(policy="nothing_saveable", max_batch_size=16, footprint_bytes=2**30, limit_bytes=32 * 2**30,
+                 compiles=1, model=AffineModel(2**30, 0.0), points=(point,), method="affine", capped=True,
+                 verified_over=None, unit=unit, seconds=0.0)
   table = candidates([fit], 16, accelerator("v6e"), mesh_shape={"fsdp": unit})
   assert {c.micro_batch for c in table} == {4, 8, 16}
   hbm = {c.micro_batch: c.terms["hbm_s"] for c in table}

@@ -51,8 +51,9 @@ def _full_fit(unit: int = 4, limit: int = 2**30) -> BatchFit:
   example, fitting 64 per device (256 examples)."""
   points = tuple(FitPoint(b, 2**28 + b // unit * 2**23, int(1e12 * b), 1e9 * b, 1.0, param_bytes=2**30)
                  for b in (16 * unit, 64 * unit))
-  return BatchFit("nothing_saveable", 96 * unit, points[-1].footprint_bytes, limit, 2, AffineModel(2**28, 2**21),
-                  points, "affine", False, None, unit, 0.0)
+  return BatchFit(policy="nothing_saveable", max_batch_size=96 * unit, footprint_bytes=points[-1].footprint_bytes,
+                  limit_bytes=limit, compiles=2, model=AffineModel(2**28, 2**21),
+                  points=points, method="affine", capped=False, verified_over=None, unit=unit, seconds=0.0)
 
 
 COSTS = (NameCost("layer_in", 2**22, 0.0, True), NameCost("proj", 2**22, 2e11, False),
@@ -158,8 +159,10 @@ def test_a_capped_fit_states_the_largest_batch_its_line_predicts():
   slope = (17.74 - 6.29) * gib / 768
   expected = int((28.8 * gib - (17.74 * gib - slope * 1024)) / slope) // 256 * 256
   assert _beyond(points, int(28.8 * gib), 256) == expected == 1536
-  fit = BatchFit("nothing_saveable", 1024, int(17.74 * gib), int(28.8 * gib), 2, AffineModel(0, slope),
-                 tuple(points.values())[:2], "affine", True, None, 256, 0.0, estimated_max_batch=expected)
+  fit = BatchFit(policy="nothing_saveable", max_batch_size=1024, footprint_bytes=int(17.74 * gib),
+                 limit_bytes=int(28.8 * gib), compiles=2, model=AffineModel(0, slope),
+                 points=tuple(points.values())[:2], method="affine", capped=True, verified_over=None, unit=256,
+                 seconds=0.0, estimated_max_batch=expected)
   text = to_table(FitPlan((fit,), int(28.8 * gib), "given", None, None, 1.0), wide=True)
   assert "1024 (4/device) (est. 1536)" in text and "est. N: the largest batch within the memory" in text
   assert "max batch: global, over the mesh's batch axes (per device beside it)" in text
@@ -182,8 +185,9 @@ def test_a_compile_over_the_prediction_teaches_what_offload_left_on_the_device()
   assert predicted == 2**28 + 16 * 2**23 - 16 * 2**22  # full remat's line, the boundary off the device
   moved = 16 * 2**24  # "big" at 16 examples per device
   over = FitPoint(64, int(predicted + moved / 2), 1, None, 1.0)
-  fit = BatchFit(plan.policy, 64, over.footprint_bytes, full.limit_bytes, 1, AffineModel(0, 1), (over,), "affine",
-                 False, None, unit, 0.0)
+  fit = BatchFit(policy=plan.policy, max_batch_size=64, footprint_bytes=over.footprint_bytes,
+                 limit_bytes=full.limit_bytes, compiles=1, model=AffineModel(0, 1), points=(over,), method="affine",
+                 capped=False, verified_over=None, unit=unit, seconds=0.0)
   learnt = offload_excess(plan, COSTS, full, fit)
   assert learnt == {"big": pytest.approx(0.5)}
   assert predicted_footprint(plan, COSTS, full, 64, offload_device=learnt) == pytest.approx(over.footprint_bytes)
@@ -251,8 +255,10 @@ def test_a_global_batch_of_one_is_planned():
   from jaxckpt.fit import candidates
 
   point = FitPoint(1, 2**20, 10**9, None, 1.0)
-  fit = BatchFit("nothing_saveable", 1, 2**20, 2**30, 1, AffineModel(2**20, 0.0), (point,), "affine", True, None, 1,
-                 0.0)
+  fit = BatchFit(policy="nothing_saveable", max_batch_size=1, footprint_bytes=2**20, limit_bytes=2**30, compiles=1,
+                 model=AffineModel(2**20, 0.0), points=(point,), method="affine", capped=True, verified_over=None,
+                 unit=1,
+                 seconds=0.0)
   (only,) = candidates([fit], 1, accelerator("h100"))
   assert (only.micro_batch, only.accum, only.flops) == (1, 1, 10**9)
 

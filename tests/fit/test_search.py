@@ -177,7 +177,9 @@ def test_global_batch_no_divisor():
   from jaxckpt.fit._search import BatchFit  # noqa: PLC0415
 
   # micro-batches 2 and 4 fit (a data=2 mesh: multiples of 2); G=7 is reachable by neither
-  fit = BatchFit("none", 4, 10, 100, 4, AffineModel(0.0, 1.0), (), "affine", False, None, 2, 0.0)
+  fit = BatchFit(policy="none", max_batch_size=4, footprint_bytes=10, limit_bytes=100, compiles=4,
+                 model=AffineModel(0.0, 1.0), points=(), method="affine", capped=False, verified_over=None, unit=2,
+                 seconds=0.0)
   with pytest.raises(JaxckptError, match="global_batch_size=7: no micro-batch that fits divides it"):
     candidates([fit], 7, accelerator("h100"))
 
@@ -298,8 +300,9 @@ def test_time_model_terms_fsdp_collectives_and_host_transfers():
   unit = 256  # the batch is split over 256 chips: micro-batches are multiples of 256
   points = tuple(FitPoint(b, 10 * 2**30 + b * 2**20, int(1e15 * b / unit), 1e12 * b / unit, 1.0,
                           host_bytes=int(2**30 * b / unit), param_bytes=int(params)) for b in (unit, 4 * unit))
-  fit = BatchFit("offload", 4 * unit, points[-1].footprint_bytes, 32 * 2**30, 2, AffineModel(2**20, 10 * 2**30),
-                 points, "affine", False, None, unit, 0.0)
+  fit = BatchFit(policy="offload", max_batch_size=4 * unit, footprint_bytes=points[-1].footprint_bytes,
+                 limit_bytes=32 * 2**30, compiles=2, model=AffineModel(2**20, 10 * 2**30),
+                 points=points, method="affine", capped=False, verified_over=None, unit=unit, seconds=0.0)
   table = {c.micro_batch: c for c in candidates([fit], 4 * unit, v6e, mesh_shape={"fsdp": 256})}
   big, small = table[4 * unit], table[unit]
   assert (big.accum, small.accum) == (1, 4)

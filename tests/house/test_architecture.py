@@ -259,7 +259,7 @@ def test_the_flag_check_finds_a_flag():
 
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "jaxckpt/planner/_plan.py:plan_policy": (93, "the budget planner as stages (candidates, anchors, limit, rounds, "
+    "jaxckpt/planner/_plan.py:plan_policy": (91, "the budget planner as stages (candidates, anchors, limit, rounds, "
                                                  "the dominance guard) with the errors of a budget no plan reaches"),
 }
 """Functions allowed over :data:`MAX_FUNCTION_LINES`: their length today (docstring not counted) as a ceiling that

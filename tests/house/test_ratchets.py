@@ -135,7 +135,6 @@ WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
     "jaxckpt/fit/_plan.py:_fit_custom_lists": (12, _STAGE),
     "jaxckpt/fit/_plan.py:_fits_and_lists": (11, _STAGE),
     "jaxckpt/fit/_plan.py:plan_fit": (14, _RESOLVED_BELOW),
-    "jaxckpt/fit/_search.py:_Search.start": (14, _STAGE),
     "jaxckpt/fit/_search.py:max_batch_size": (17, _RESOLVED_BELOW),
     "jaxckpt/models/llm/_layers.py:Attention.__init__": (17, "a public layer's dimensions and variants, as Flax's "
                                                               "nnx.MultiHeadAttention takes them one by one"),
@@ -147,7 +146,6 @@ WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
     "jaxckpt/report/_build.py:build_report": (17, _RESOLVED_BELOW),
     "jaxckpt/report/_compile.py:_RowCompiles.__init__": (13, "the report's compile queue, made from build_report's "
                                                           "arguments until the compile job carries them"),
-    "jaxckpt/report/_compile.py:compile_rows": (13, _RESOLVED_BELOW),
     "jaxckpt/step/_targets.py:shipped_target": (14, "a shipped model's config overrides by name (the CLI's model "
                                                     "flags) beside the target's own options"),
 }
@@ -187,10 +185,6 @@ _JOB = "takes what its public caller was given, resolved again below it: the com
 
 ANY_MESH_OR_POLICY: dict[str, str] = {
     "jaxckpt/fit/_plan.py:_check_global_batch:mesh": _JOB,
-    "jaxckpt/fit/_plan.py:_fit_custom_lists:mesh": _JOB,
-    "jaxckpt/fit/_plan.py:_fits_and_lists:mesh": _JOB,
-    "jaxckpt/fit/_plan.py:_on_placement:mesh": _JOB,
-    "jaxckpt/fit/_search.py:_Search.start:mesh": _JOB,
     "jaxckpt/fit/_search.py:_Search.start:policy": _JOB,
     "jaxckpt/fit/_search.py:_compiled_point:mesh": _JOB,
     "jaxckpt/fit/_search.py:_concrete:mesh": _JOB,
@@ -201,14 +195,9 @@ ANY_MESH_OR_POLICY: dict[str, str] = {
                                                                  "stages pass it",
     "jaxckpt/planner/_plan.py:_min_saved_guarded:mesh": _JOB,
     "jaxckpt/planner/_plan.py:_offload_hint:mesh": _JOB,
-    "jaxckpt/planner/_plan.py:_resolve_budget:mesh": _JOB,
-    "jaxckpt/planner/_plan.py:_resolve_min_saved:mesh": _JOB,
-    "jaxckpt/planner/_plan.py:_resolve_mincut:mesh": _JOB,
     "jaxckpt/planner/_plan.py:plan_policy.compile_point:policy": "a candidate's concrete policy, as the planner's "
                                                                  "stages pass it",
-    "jaxckpt/report/_build.py:_placement:mesh": _JOB,
     "jaxckpt/report/_compile.py:_RowCompiles.__init__:mesh": _JOB,
-    "jaxckpt/report/_compile.py:_resolve_budgets:mesh": _JOB,
     "jaxckpt/report/_compile.py:step_time_estimate:mesh": _JOB,
     "jaxckpt/step/_build.py:check_plain_step:policy": "only printed in its message: the policy's text or object",
     "jaxckpt/step/_targets.py:linen_target.loss:policy": "the loss protocol's policy keyword, whatever the "

@@ -34,7 +34,7 @@ from jaxckpt.cli._plan import main as plan_main
 from jaxckpt.planner._tensors import record_block_graphs, tensor_options
 from jaxckpt import Budget, LayeredPolicy, PolicySpec, parse_model_policy, parse_policy
 from jaxckpt.report import build_report
-from jaxckpt.step import shipped_target
+from jaxckpt.step import compile_job, shipped_target
 from jaxckpt.report._compile import compile_rows
 from jaxckpt.step import target_block_types
 from jaxckpt.step._build import default_optimizer, policy_step
@@ -317,7 +317,7 @@ def test_plans_recompute_no_more_than_exhaustive_search_allows(plans, name):
 def test_budget_plans_are_not_dominated_by_builtin_policies(plans, name):
   target = _targets()[name]
   specs = [parse_policy(p) for p in ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")]
-  rows, _ = compile_rows(target, specs, tx=default_optimizer(), residuals=False, progress=False)
+  rows, _ = compile_rows(compile_job(target), specs, residuals=False, progress=False)
   for fraction in BUDGETS:
     plan = plans[name, fraction]
     if isinstance(plan, InfeasibleBudgetError):
@@ -339,7 +339,7 @@ def test_plan_gradients_equal_no_remat(plans):
 @pytest.mark.slow  # plans ViT's six budgets (~40 s alone in the fast tier; the slow tier plans them anyway)
 def test_plan_compiled_stats_match_the_report_row(plans):
   plan = next(p for f in BUDGETS if not isinstance(p := plans["vit", f], InfeasibleBudgetError) and p.policy.remat)
-  rows, _ = compile_rows(_targets()["vit"], [plan.policy], tx=default_optimizer(), residuals=False, progress=False)
+  rows, _ = compile_rows(compile_job(_targets()["vit"]), [plan.policy], residuals=False, progress=False)
   assert rows[0]["temp_bytes"] == plan.compiled.temp_bytes and rows[0]["flops"] == plan.compiled.flops
 
 

@@ -12,10 +12,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 import jaxckpt
 from jaxckpt.report import REPORT_KEYS, ROW_KEYS, all_policies, build_report, write_outputs
-from jaxckpt.step import LossTarget, ModelTarget, shipped_target
+from jaxckpt.step import LossTarget, ModelTarget, compile_job, shipped_target
 from jaxckpt.cli._report import main
 from jaxckpt.report._compile import compile_rows
-from jaxckpt.step._build import default_optimizer, target_block_types
+from jaxckpt.step._build import target_block_types
 from jaxckpt.schema import MEMORY_KEYS, SCHEMA_VERSION
 
 BATCH = 8
@@ -146,8 +146,8 @@ def test_invalid_policy_is_an_error_row_and_others_complete(tmp_path):
 def test_stats_only_compile_gives_identical_memory_stats():
   target = shipped_target("mlp", "tiny", batch_size=BATCH)
   specs = [jaxckpt.parse_policy("dots_saveable")]
-  fast, _ = compile_rows(target, specs, tx=default_optimizer(), residuals=False, progress=False, stats_only=True)
-  full, _ = compile_rows(target, specs, tx=default_optimizer(), residuals=False, progress=False, stats_only=False)
+  fast, _ = compile_rows(compile_job(target), specs, residuals=False, progress=False, stats_only=True)
+  full, _ = compile_rows(compile_job(target), specs, residuals=False, progress=False, stats_only=False)
   assert {k: fast[0][k] for k in MEMORY_KEYS} == {k: full[0][k] for k in MEMORY_KEYS}
   assert fast[0]["temp_bytes"] > 0
 

@@ -22,6 +22,7 @@ from jaxckpt.sharding import (CHIPS, GPU_CHIPS, chip_for_kind, device_memory, ge
 from jaxckpt.sharding import _topology as topology
 from jaxckpt.step import GPU_RECIPE_OPTIONS, shipped_target, step_compiler_options
 from tests.extras import needs_cuda_plugin
+from tests.parse_counts import parses, placement_reads  # noqa: F401 - the fixture
 
 NODE = "h100:8"
 
@@ -171,13 +172,41 @@ def test_the_report_on_a_gpu_node_names_the_gpu_and_its_compiler(gpu_report):
 
 
 @needs_cuda_plugin
-def test_a_step_over_the_gpus_memory_is_reported_as_not_fitting_with_its_bytes(capsys):
+def test_a_step_over_the_gpus_memory_is_reported_as_not_fitting_with_its_bytes(capsys, parses):
   argv = ["--model", "llm", "--preset", "llama-tiny", "--topology", NODE, "--mesh", "fsdp=8", "--batch-size", "16",
           "--seq-len", "128", "--policies", "none", "--memory-fraction", "1e-6", "--no-residuals"]
   assert report_main(argv) == 1  # no row fits
+  # the report reads each placement flag once, at its door (tests/cli/test_resolve_once.py: policies and the mesh)
+  assert placement_reads(parses) == {f"topology:{NODE}": 1, "mesh:fsdp=8": 1, "fraction:1e-06": 1}
   out = capsys.readouterr().out
   assert "none: does not fit: footprint" in out and "per GPU >" in out and "XLA may use" in out
   assert "× 1e-06 memory fraction (given)" in out
+
+
+@needs_cuda_plugin
+def test_the_memory_fraction_reaches_the_auto_budget_of_the_report_and_the_fit(monkeypatch, tmp_path):
+  """``--memory-fraction`` is the budget of every plan on a GPU topology: the report's ``auto`` plan and the fit's
+  ``memory="auto"`` are the H100's memory × the fraction, less ``auto``'s 10% margin, at 0.5 and at 0.9. The fraction
+  is not in a compile's key (XLA:GPU compiles for a topology without reading it), so the second fraction reuses the
+  first one's compiled statistics (jaxckpt.step's stats cache, in a directory of this test)."""
+  from jaxckpt.fit import plan_fit
+  from jaxckpt.policies import DEFAULT_MARGIN
+  from jaxckpt.report import build_report
+
+  monkeypatch.setenv("JAXCKPT_STATS_CACHE", str(tmp_path))
+  target = shipped_target("mlp", "tiny")
+  limits = {}
+  for fraction in (0.5, 0.9):
+    expected = int(int(CHIPS["h100"].memory_bytes * fraction) * (1 - DEFAULT_MARGIN))
+    row = build_report(target, ["auto"], topology=NODE, memory_fraction=fraction, residuals=False,
+                       progress=False).rows[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["plan"]["limit_bytes"] == expected, (fraction, row["plan"])
+    assert f"× {fraction:g} memory fraction (given)" in row["plan"]["memory_source"]
+    fit = plan_fit(target, ["none"], topology=NODE, memory_fraction=fraction, max_batch=8)
+    assert (fit.limit_bytes, f"× {fraction:g} memory fraction (given)" in fit.memory_source) == (expected, True)
+    limits[fraction] = expected
+  assert limits[0.5] < limits[0.9]
 
 
 @needs_cuda_plugin
@@ -194,11 +223,14 @@ def test_auto_attention_on_a_gpu_is_the_pallas_flash_kernel_in_shard_map():
 
 
 @needs_cuda_plugin
-def test_the_fit_searches_meshes_on_a_cluster_unless_one_is_named(tmp_path, capsys):
+def test_the_fit_searches_meshes_on_a_cluster_unless_one_is_named(tmp_path, capsys, parses):
   path = tmp_path / "fit.json"
   argv = ["--model", "llm", "--preset", "llama-tiny", "--topology", "h100:2x8", "--seq-len", "128",
-          "--global-batch-size", "32", "--policies", "full", "--max-meshes", "1", "--json", str(path)]
+          "--global-batch-size", "32", "--policies", "full", "--max-meshes", "1", "--memory-fraction", "0.9",
+          "--json", str(path)]
   assert fit_main(argv) == 0
+  # the fit reads each placement flag once, its mesh search included (its compile workers are other processes)
+  assert placement_reads(parses) == {"topology:h100:2x8": 1, "fraction:0.9": 1}
   data = json.loads(path.read_text())
   assert data["backend"] == "gpu" and data["mesh_search"]["winner"]  # --mesh auto without asking
   out = capsys.readouterr().out
