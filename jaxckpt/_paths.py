@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from jaxckpt.errors import JaxckptError, OutputWriteError
@@ -59,6 +59,45 @@ def _remove_dirs(made: list[str]) -> None:
 
 def _reason(err: OSError) -> str:
   return (err.strerror or type(err).__name__).lower()
+
+
+OUTPUT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "--json": (".json",), "--csv": (".csv",), "--markdown": (".md", ".markdown"), "--html": (".html", ".htm")}
+"""The tools' output flags and the suffixes of their kinds (:func:`check_output_files`: an existing file at the path
+must end in one; ``--plot``'s are its image formats, checked where it is drawn)."""
+
+
+def check_output_files(outputs: Mapping[str, str | os.PathLike[str] | None], *,
+                       suffixes: Mapping[str, Sequence[str]] | None = None) -> None:
+  """Checks a tool's output flags together before any work: each as :func:`check_output_file` does, no two naming one
+  file (the second write would replace the first), and none replacing an existing file of another kind (``--json
+  model.py`` would put JSON where the user's source was).
+
+  Args:
+    outputs: flag (``"--json"``) -> its path, ``None`` where not given.
+    suffixes: flag -> the lower-case suffixes of its kind (default :data:`OUTPUT_SUFFIXES`); an existing regular
+      file at that flag's path must end in one. A new file may have any name; paths that are not regular files
+      (``/dev/stdout``, a pipe) are written in place and may be named twice.
+
+  Raises:
+    JaxckptError: one line naming the flag(s), the path and what to give instead.
+  """
+  suffixes = OUTPUT_SUFFIXES if suffixes is None else suffixes
+  seen: dict[str, str] = {}
+  for flag, path in outputs.items():
+    if path is None:
+      continue
+    check_output_file(flag, path)
+    full = os.path.realpath(os.fspath(path))
+    if os.path.exists(full) and not os.path.isfile(full):
+      continue
+    if full in seen:
+      raise JaxckptError(f"{seen[full]} and {flag} both name {os.fspath(path)}; give each output its own file")
+    seen[full] = flag
+    wanted = tuple(suffixes.get(flag, ()))
+    if wanted and os.path.isfile(full) and os.path.splitext(full)[1].lower() not in wanted:
+      raise JaxckptError(f"{flag} {os.fspath(path)} exists and is not a {' or '.join(wanted)} file, which {flag} "
+                         f"would replace; give a new path or one ending in {' or '.join(wanted)}")
 
 
 def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:

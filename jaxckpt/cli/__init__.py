@@ -12,7 +12,9 @@ traceback (:data:`EXIT_BAD_INPUT`), 130 stopped by Ctrl-C (143 by SIGTERM) at on
 - :func:`progress_enabled`: progress bars only for a person at a terminal.
 - :func:`reference_epilog`: the end of every ``--help`` (presets, block types, the policy grammar and names, the
   checkpoint names), built from the registries.
-- :func:`check_output_file`, :func:`check_output_dir`: an output path checked before any work, by trying it.
+- :func:`check_output_file`, :func:`check_output_dir`: an output path checked before any work, by trying it;
+  :func:`check_output_files`: a tool's output flags together (no two naming one file, no existing file of another kind
+  replaced).
 
 The modules behind this face are private: ``_parser`` (the parser class), ``_exits`` (how a run ends), ``_flags``
 (the flags every tool shares: what to compile, ``--model``/``--target``, and what to compile it for,
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxckpt._paths import check_output_dir, check_output_file
+from jaxckpt._paths import check_output_dir, check_output_file, check_output_files
 from jaxckpt.cli._exits import run_tool
 from jaxckpt.cli._fit import main as _fit_main
 from jaxckpt.cli._parser import EXIT_BAD_INPUT, CLIParser, progress_enabled, reference_epilog
@@ -31,7 +33,7 @@ from jaxckpt.cli._plan import main as _plan_main
 from jaxckpt.cli._report import main as _report_main
 
 __all__ = ["report", "plan", "fit", "CLIParser", "progress_enabled", "reference_epilog", "EXIT_BAD_INPUT",
-           "check_output_file", "check_output_dir"]
+           "check_output_file", "check_output_files", "check_output_dir"]
 
 
 def report(argv: Sequence[str] | None = None) -> int:

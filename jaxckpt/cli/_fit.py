@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from tqdm.auto import tqdm
 
 from jaxckpt.cli._parser import EXIT_OUTPUT, CLIParser, reference_epilog, progress_enabled
-from jaxckpt._paths import check_output_file, write_atomically
+from jaxckpt._paths import check_output_files, write_atomically
 from jaxckpt.errors import JaxckptError, OutputWriteError
 from jaxckpt.fit._html import to_html
 from jaxckpt.fit._meshes import DEFAULT_MAX_MESHES, MeshSearch, search_meshes
@@ -190,8 +190,7 @@ def _check_args(args: argparse.Namespace, flags: PlacementFlags) -> FitOptions:
   if args.max_seq_len is not None and (args.global_batch_size is not None or args.seq_len is not None):
     raise JaxckptError("--max-seq-len searches the sequence length at --batch-size; drop --global-batch-size and "
                        "--seq-len")
-  for flag in ("json", "plot", "html"):
-    check_output_file(f"--{flag}", getattr(args, flag))
+  check_output_files({f"--{flag}": getattr(args, flag) for flag in ("json", "plot", "html")})
   if args.plot is not None and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
     raise JaxckptError(f"--plot {args.plot}: use a .png, .svg or .pdf file")
   if args.html is not None and os.path.splitext(args.html)[1].lower() not in (".html", ".htm"):

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 
 from jaxckpt.cli._parser import EXIT_OUTPUT, CLIParser, reference_epilog
-from jaxckpt._paths import check_output_file, write_atomically
+from jaxckpt._paths import check_output_files, write_atomically
 from jaxckpt.errors import JaxckptError, OutputWriteError
 from jaxckpt.planner._export import export_code, linen_export_code
 from jaxckpt.planner._plan import MAX_ROUNDS, plan_policy
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if args.max_rounds < 1:
       raise JaxckptError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
-    check_output_file("--json", args.json)
+    check_output_files({"--json": args.json})
     flags = check_placement_flags(args)
     if args.mincut is not None:
       if args.topology is not None or args.mesh is not None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 
 from jaxckpt.cli._parser import EXIT_OUTPUT, CLIParser, progress_enabled, reference_epilog
-from jaxckpt._paths import check_output_dir, check_output_file
+from jaxckpt._paths import check_output_dir, check_output_files
 from jaxckpt.errors import JaxckptError, OutputWriteError
 from jaxckpt.report._build import build_report
 from jaxckpt.training._profile import check_profile_dir
@@ -104,8 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in ("steps", "warmup", "jobs", "profile_steps"):
       if getattr(args, flag) < 1:
         raise JaxckptError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
-    for flag in ("json", "csv", "markdown", "html", "plot"):
-      check_output_file(f"--{flag}", getattr(args, flag))
+    check_output_files({f"--{flag}": getattr(args, flag) for flag in ("json", "csv", "markdown", "html", "plot")})
     check_output_dir("--xla-dump", args.xla_dump)
     if args.plot is not None:
       plot_format(args.plot, flag="plot")

@@ -126,3 +126,27 @@ def test_interrupted_line_resumes_with_auto_when_nothing_is_saved():
   assert line.endswith("resume with: p --ckpt-dir /c --resume auto"), line
   err.checkpoint = 2
   assert interrupted_line("p", ["--ckpt-dir", "/c", "--resume", "auto"], err).endswith("p --ckpt-dir /c --resume")
+
+
+@pytest.mark.parametrize("prog,run,flags", [("jaxckpt-report", REPORT, ("--json", "--csv")),
+                                            ("jaxckpt-fit", FIT, ("--json", "--html"))])
+def test_two_outputs_to_one_file_are_refused_before_any_compile(tmp_path, capsys, prog, run, flags):
+  """The second write would replace the first: one line naming both flags, exit 2, nothing written."""
+  path = tmp_path / "out.json"
+  argv = [arg for flag in flags for arg in (flag, str(path))]
+  assert _status(run, *argv) == 2, prog
+  err = capsys.readouterr().err.strip()
+  assert f"{flags[0]} and {flags[1]} both name {path}; give each output its own file" in err and "\n" not in err
+  assert not path.exists()
+
+
+@pytest.mark.parametrize("prog,run", [("jaxckpt-report", REPORT), ("jaxckpt-plan", PLAN), ("jaxckpt-fit", FIT)])
+def test_an_existing_file_of_another_kind_is_not_replaced(tmp_path, capsys, prog, run):
+  """``--json model.py`` would put JSON where the user's source was: refused, the file kept byte for byte; an existing
+  ``.json`` file is replaced as before (checked by the other tests of each tool)."""
+  source = tmp_path / "model.py"
+  source.write_text("print('mine')\n")
+  assert _status(run, "--json", str(source)) == 2, prog
+  err = capsys.readouterr().err.strip()
+  assert f"--json {source} exists and is not a .json file" in err and "\n" not in err
+  assert source.read_text() == "print('mine')\n"
