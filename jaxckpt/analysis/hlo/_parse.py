@@ -204,19 +204,31 @@ _FRAME = re.compile(r"stack_frame_id=(\d+)")
 _COMPUTATION_HEAD = re.compile(r"(ENTRY\s+)?%?([^\s(]+)\s*\(.*->.*\{\s*$")
 
 
-def _split_top(text: str, *, attributes: bool) -> list[str]:
-  """``text`` split at top-level separators (outside brackets and strings): at ``, key=`` (attributes) or commas."""
-  parts, depth, in_string, start = [], 0, False, 0
-  pattern = _TOKEN if attributes else re.compile(r'\\.|["(){}\[\],]')
-  for m in pattern.finditer(text):
+_COMMA = re.compile(r'\\.|["(){}\[\],]')
+"""A comma, or a bracket or quote that opens or closes a nested part (:func:`_split_top` of a plain list)."""
+_BRACKET = re.compile(r'\\.|["(){}\[\]]')
+
+
+def _outside_strings(pattern: re.Pattern[str], text: str, start: int = 0) -> Iterator[re.Match[str]]:
+  """The matches of ``pattern`` (which matches escapes, ``"`` and what the caller wants) in ``text`` from ``start``
+  that lie outside string literals; escapes and the quotes themselves are not yielded."""
+  in_string = False
+  for m in pattern.finditer(text, start):
     token = m.group()
     if token[0] == "\\":
       continue
     if token == '"':
       in_string = not in_string
-    elif in_string:
-      continue
-    elif token in "({[":
+    elif not in_string:
+      yield m
+
+
+def _split_top(text: str, *, attributes: bool) -> list[str]:
+  """``text`` split at top-level separators (outside brackets and strings): at ``, key=`` (attributes) or commas."""
+  parts, depth, start = [], 0, 0
+  for m in _outside_strings(_TOKEN if attributes else _COMMA, text):
+    token = m.group()
+    if token in "({[":
       depth += 1
     elif token in ")}]":
       depth -= 1
@@ -243,16 +255,9 @@ def _attributes(text: str) -> dict[str, str]:
 
 def _closing(text: str, start: int) -> int:
   """Index of the bracket closing the one at ``start`` (strings skipped)."""
-  depth, in_string = 0, False
-  for m in re.compile(r'\\.|["(){}\[\]]').finditer(text, start):
-    token = m.group()
-    if token[0] == "\\":
-      continue
-    if token == '"':
-      in_string = not in_string
-    elif in_string:
-      continue
-    elif token in "({[":
+  depth = 0
+  for m in _outside_strings(_BRACKET, text, start):
+    if m.group() in "({[":
       depth += 1
     else:
       depth -= 1
