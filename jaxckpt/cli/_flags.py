@@ -27,7 +27,9 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
   what = parser.add_mutually_exclusive_group()
   what.add_argument("--model", default=None, help=f"shipped model: {', '.join(SHIPPED_MODELS)} (default vit; llm: "
                     "Llama, Mistral and Gemma at their real sizes, docs/llm.md)")
-  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION", help="your own model or loss: MODULE:FUNCTION names a function that takes no arguments and returns a "
+  what.add_argument("--target", default=None, metavar="MODULE:FUNCTION",
+                    help="your own model or loss: MODULE:FUNCTION names a function, called with the keywords it takes "
+                    "of --batch-size, --seq-len, --layers, --scan and each --target-arg, that returns a "
                     "jaxckpt ModelTarget (e.g. jaxckpt.linen_model_target(...)) or LossTarget; the module is imported "
                     "from the current directory or PYTHONPATH (docs/own-model.md)")
   parser.add_argument("--preset", default=None, help="preset of --model (default tiny; llm: llama3.1-8b, "

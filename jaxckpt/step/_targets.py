@@ -10,7 +10,8 @@ A *target* is one of two frozen dataclasses, all shapes given as ``jax.ShapeDtyp
 - :class:`LossTarget`: a pure loss ``loss(params, batch, *, policy) -> scalar`` that wraps its own blocks with
   :func:`jaxckpt.checkpoint` (``policy`` is a parsed :class:`jaxckpt.PolicySpec`), example params and batch.
 
-The ``--target package.module:function`` protocol: ``function()`` takes no arguments and returns a
+The ``--target package.module:function`` protocol: ``function(**sizes)`` (called with the keywords it takes of the
+tools' sizes and ``--target-arg``; one without parameters is called with none) returns a
 :class:`ModelTarget` or a :class:`LossTarget`. Example (``mypkg/report_target.py``)::
 
     import jax, jax.numpy as jnp

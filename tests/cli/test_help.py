@@ -70,9 +70,9 @@ def test_negative_budgets_reach_their_own_check(capsys, argv, value):
 
 def test_target_says_what_the_function_returns():
   help_text = " ".join(next(a.help for a in fit_parser()._actions if "--target" in a.option_strings).split())
-  assert "takes no arguments" in help_text and "ModelTarget" in help_text and "LossTarget" in help_text
+  assert "called with the keywords it takes" in help_text and "ModelTarget" in help_text and "LossTarget" in help_text
   fit_doc = " ".join((DOCS / "fit.md").read_text().split())
-  assert "--target mypkg.targets:target" in fit_doc and "takes no arguments and returns" in fit_doc
+  assert "--target mypkg.targets:target" in fit_doc and "is called with the keywords it takes" in fit_doc
 
 
 class _Terminal(io.StringIO):
