@@ -221,7 +221,7 @@ def test_the_report_on_a_full_disk_keeps_the_previous_file(tmp_path, capsys, mon
   def full(fd):
     raise OSError(errno.ENOSPC, "No space left on device")
 
-  monkeypatch.setattr(report_cli, "check_output_file", lambda flag, path: None)  # it passed: the disk filled later
+  monkeypatch.setattr(report_cli, "check_output_files", lambda outputs, **_: None)  # it passed: the disk filled later
   monkeypatch.setattr(os, "fsync", full)
   assert report_cli.main([*REPORT, "--json", str(out)]) == 1
   err = capsys.readouterr().err

@@ -285,7 +285,7 @@ def test_probes_the_compiler_refused_are_bisected_below_not_a_bad_line(monkeypat
 
 
 OFFLOAD_BELOW_FIXED = ("--model llm --preset llama-tiny --layers 8 --seq-len 1024 --topology v5e:2x2 --mesh fsdp=4 "
-                       "--global-batch-size 16 --min-batch 16 --max-batch 16 --memory 85MiB --policies none "
+                       "--global-batch-size 16 --min-batch 16 --max-batch 16 --memory 88MiB --policies none "
                        "nothing_saveable dots_saveable dots_with_no_batch_dims_saveable custom:search")
 """docs/fit.md's "When no fixed policy fits the batch" command (tests/house/test_readme.py skips it: run here)."""
 
@@ -293,7 +293,7 @@ OFFLOAD_BELOW_FIXED = ("--model llm --preset llama-tiny --layers 8 --seq-len 102
 @needs_libtpu
 @pytest.mark.slow
 def test_an_offload_list_fits_below_every_fixed_policy_on_a_topology(tmp_path, capsys):
-  """llama-tiny (8 layers, 1024 tokens) on v5e:2x2 at fsdp=4 and a fixed batch of 16 (4 per chip) in 85 MiB: no
+  """llama-tiny (8 layers, 1024 tokens) on v5e:2x2 at fsdp=4 and a fixed batch of 16 (4 per chip) in 88 MiB: no
   fixed policy fits (full remat compiles to ≈ 92 MiB: the layer inputs stay on the device), so the fit planner does
   not stop there; custom:search offloads the layer input and its list, compiled, fits below every fixed policy's
   footprint at that batch, with host bytes within the chip table's host memory per chip (the done-when of the custom-list work)."""
@@ -307,7 +307,7 @@ def test_an_offload_list_fits_below_every_fixed_policy_on_a_topology(tmp_path, c
   winner = data["global_batch"]["policy"]
   assert "decoder_layer_input" in name_lists(winner)[1], winner
   point = next(q for q in rows[winner]["points"] if q["batch"] == 16)
-  assert point["footprint_bytes"] <= 85 * 2**20 == data["limit_bytes"]
+  assert point["footprint_bytes"] <= 88 * 2**20 == data["limit_bytes"]
   assert point["footprint_bytes"] < min(q["footprint_bytes"] for p in fixed for q in rows[p]["points"])
   assert 0 < point["host_bytes"] <= data["device"]["host_memory_bytes"]
   assert "none fits" in out and "custom:search: per checkpoint name" in out
