@@ -2,7 +2,8 @@
 do they fit, and what does the time model predict beside the measured throughput?
 
 The rows of ../shared/published-configs-gpu.md §3, each with jaxckpt's LLM family (:mod:`jaxckpt.models.llm`) on its
-cluster (:mod:`jaxckpt.sharding`: ``h100:8``, ``h100:32x8``, ``h200:32x8``): its batch per GPU × GPUs sequences of its
+cluster (:mod:`jaxckpt.sharding`: ``h100:8``, ``a3-mega:32x8`` — the H100s of Google Cloud's A3 Mega —,
+``h200:32x8``): its batch per GPU × GPUs sequences of its
 length, its remat policy by MaxText's name, bfloat16 activations over float32 weights (MaxText's defaults; the rows
 set no ``weight_dtype``), its layers scanned or unrolled as its config says, flash attention (the Pallas Triton
 kernel: MaxText's ``cudnn_flash_te`` runs cuDNN through Transformer Engine, which needs cuDNN to compile; jaxckpt's
@@ -81,7 +82,7 @@ class Row:
 ROWS: tuple[Row, ...] = (
     Row("G1", "llama2-7b", "h100:8", "fsdp=8", 2, 4096, "minimal_flash", False, 0.90, 0.721,
         "0.721 s/step, 11,361 tok/s/GPU"),
-    Row("G2", "llama2-7b", "h100:32x8", "data=32,fsdp=8", 4, 4096, "minimal_flash", False, 0.90, 1.500,
+    Row("G2", "llama2-7b", "a3-mega:32x8", "data=32,fsdp=8", 4, 4096, "minimal_flash", False, 0.90, 1.500,
         "1.500 s/step, 10,923 tok/s/GPU, 51.4% MFU"),
     Row("G3", "llama3.1-70b", "h200:32x8", "data=2,fsdp=128", 2, 8192, "save_dot_with_context_except_mlp", True,
         0.92, 15.516, "15.516 s/step, 1,056 tok/s/GPU, 51.4% MFU"),
@@ -144,7 +145,7 @@ def render(data: Mapping[str, Any]) -> str:
   """The docs table: per row the footprint per GPU against the memory XLA may use, the prediction, the published."""
   lines = [f"Run: {common.header(data)}; XLA:GPU deviceless ({data['rows'][0]['compiler'] if data['rows'] else ''}).",
            "", "| row | model | cluster | mesh | seq × per GPU | policy | footprint/GPU | XLA may use (fraction) | fits "
-           "| predicted step (bound by) | predicted tok/s/GPU | published |",
+           "| roofline at peak (bound by) | roofline tok/s/GPU | published |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in data["rows"]:
     guess = r.get("prediction")

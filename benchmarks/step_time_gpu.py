@@ -15,6 +15,11 @@ importable (``--attention cudnn``, e.g. ``pip install --target DIR nvidia-cudnn-
 rows compile and are timed with it; otherwise with the Pallas Triton kernel (``--attention pallas``, the default),
 timed at its own rate (FlashAttention-2's), slower than cuDNN's.
 
+Clusters: each row on the machines it ran on. MT-1…MT-4 on Google Cloud's A3 High VMs (MaxText's ``a3`` scripts of
+2024-04 run on xpk's ``h100-80gb-8``, ``a3-highgpu-8g``: ``a3-high``, four 200 Gb/s NICs per 8 H100s), G2 on A3 Mega
+(``a3-mega``, eight), G3 on A3 Ultra (H200, eight 400 Gb/s NICs: ``h200``), G1 and DX-1…DX-6 on DGX H100 nodes
+(``h100``, eight 400 Gb/s NICs) (:data:`jaxckpt.sharding.CHIPS`).
+
 Published step times: the rows' own seconds where the source gives them; MT-1…MT-4 give TFLOP/s per GPU by MaxText's
 formula of the time (6 N per token plus causal attention 6 · L · S · H · D per token): step = that FLOP count per
 GPU / the published rate.
@@ -68,8 +73,8 @@ def rows() -> tuple[Row, ...]:
   (:data:`benchmarks.published_gpu_configs.ROWS`, with the memory each recipe's launcher gives) and §4's."""
   return (
       *GPU_ROWS,
-      _mt("MT-1", "h100:8", "fsdp=8", 492), _mt("MT-2", "h100:2x8", "data=2,fsdp=8", 422),
-      _mt("MT-3", "h100:4x8", "data=4,fsdp=8", 407), _mt("MT-4", "h100:8x8", "data=8,fsdp=8", 409),
+      _mt("MT-1", "a3-high:8", "fsdp=8", 492), _mt("MT-2", "a3-high:2x8", "data=2,fsdp=8", 422),
+      _mt("MT-3", "a3-high:4x8", "data=4,fsdp=8", 407), _mt("MT-4", "a3-high:8x8", "data=8,fsdp=8", 409),
       _dx("DX-1", "h100:8x8", "fsdp=64", 6.999), _dx("DX-2", "h100:16x8", "fsdp=128", 7.072),
       _dx("DX-3", "h100:32x8", "fsdp=256", 7.153), _dx("DX-4", "h100:64x8", "data=4,fsdp=128", 7.091),
       _dx("DX-5", "h100:128x8", "data=8,fsdp=128", 7.084), _dx("DX-6", "h100:256x8", "data=16,fsdp=128", 7.066),

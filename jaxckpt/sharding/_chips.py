@@ -31,8 +31,9 @@ class Chip(NamedTuple):
       figures, below).
     host_memory_bytes: the host's DRAM per chip (Cloud's "DRAM per host" or VM RAM over its chips; a DGX's over
       its GPUs): what host offload may fill.
-    network_bandwidth: a GPU: bytes/s per GPU per direction between nodes (the node's NICs over its GPUs; DGX
-      H100/H200/B200 and A3 Mega/Ultra: 8 × 400 Gb/s per 8 GPUs = 50 GB/s per GPU); 0 for a TPU slice (one ICI).
+    network_bandwidth: a GPU: bytes/s per GPU per direction between nodes (the node's GPU NICs over its GPUs; DGX
+      H100/H200/B200 and A3 Ultra: 8 × 400 Gb/s per 8 GPUs = 50 GB/s per GPU; A3 Mega 25, A3 High 12.5); 0 for a
+      TPU slice (one ICI).
     gpus_per_node: a GPU: how many share one NVLink domain in the node (HGX/DGX: 8); 0 for a TPU.
     target_config: a GPU: the file under ``jaxckpt/sharding/gpu_specs/`` with XLA's target config of this GPU
       (``GpuTargetConfigProto`` as text, the ``xla/tools/hlo_opt/gpu_specs`` format) the GPU compiler compiles for.
@@ -43,6 +44,8 @@ class Chip(NamedTuple):
     ici_link_bandwidth: TPU: bytes/s one way over one ICI link (port); a collective over a torus dimension uses
       two links per chip where the dimension wraps around, one where it does not (:mod:`jaxckpt.timing`); 0 for a GPU.
     sm_count: a GPU: its streaming multiprocessors (a matmul's tiles run in waves of this many); 0 for a TPU.
+    gpu: a cloud machine type's row (``a3-high``): the key of the GPU it carries (``"h100"``), whose kernel
+      measurements apply (:mod:`jaxckpt.timing`); ``""`` for a GPU or TPU chip's own row.
   """
 
   name: str
@@ -64,6 +67,7 @@ class Chip(NamedTuple):
   mxu_dim: int = 0
   ici_link_bandwidth: float = 0.0
   sm_count: int = 0
+  gpu: str = ""
 
   @property
   def is_gpu(self) -> bool:
@@ -117,8 +121,12 @@ TFLOP/s, 141 GB at 4.8 TB/s, NVLink 900 GB/s), HGX B200 (2.25 PFLOP/s dense BF16
 sparsity halved —, 8 TB/s, fifth-generation NVLink 1.8 TB/s); memory in bytes as each device reports it (XLA's
 ``gpu_specs`` files ``a100_sxm_40``, ``a100_sxm_80``, ``h100_sxm``: ``device_memory_size``; H200 and B200: their
 141 GB and 180 GB — 1,440 GB per HGX B200 over 8 — as CUDA reports them, ``jaxckpt/sharding/gpu_specs/``). Between
-nodes: DGX H100/H200/B200 and Google Cloud A3 Mega/A3 Ultra/A4 carry 8 × 400 Gb/s NICs per 8 GPUs (50 GB/s per GPU
-per direction); DGX A100 8 × 200 Gb/s. Host memory: a DGX H100/H200's 2 TB, a DGX A100's 1 TB (80 GB) or 1 TB over
+nodes: DGX H100/H200/B200 and Google Cloud A3 Ultra/A4 carry 8 × 400 Gb/s NICs per 8 GPUs (50 GB/s per GPU
+per direction); DGX A100 8 × 200 Gb/s. Google Cloud's H100 machine types carry less, so each is a row of its own
+(``a3-high``, ``a3-mega``: an H100 whose ``gpu`` is ``h100``; Google Cloud, "Networking and GPU machines"): A3 High
+(``a3-highgpu-8g``, MaxText's ``h100-80gb-8``) up to 1,000 Gb/s, of which GPUDirect-TCPX's 4 × 200 Gb/s NICs carry
+the GPUs' traffic (12.5 GB/s per GPU); A3 Mega (``a3-megagpu-8g``, ``h100-mega-80gb-8``) GPUDirect-TCPXO over 8 × 200
+Gb/s (25 GB/s per GPU); both with 1,872 GB of VM memory over 8 GPUs. Host memory: a DGX H100/H200's 2 TB, a DGX A100's 1 TB (80 GB) or 1 TB over
 8 GPUs, a DGX B200's 4 TB, over their 8 GPUs. Google Cloud TPU docs, "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e"
 (BF16 peak compute, HBM capacity and bandwidth per chip; bidirectional ICI bandwidth per chip: v5e 400 GB/s, v6e
 800 GB/s, v5p 1200 GB/s; v4's all-reduce bandwidth per Pod, 1.1 PB/s over 4096 chips; DRAM per host: v5e 512 GiB
@@ -145,8 +153,16 @@ per chip over its 4 ports (2-D torus) or 6 (3-D): v5e 400 GB/s → 50 GB/s, v6e 
 pod per chip, 268 GB/s). **SMs**: A100 108, H100 SXM and H200 132 (NVIDIA's A100 and H100 whitepapers), B200 148
 (the shipped target config's ``core_count``)."""
 
+CHIPS.update({
+    "a3-high": CHIPS["h100"]._replace(network_bandwidth=4 * 200e9 / 8 / 8, host_memory_bytes=1872 * 10**9 // 8,
+                                      gpu="h100"),
+    "a3-mega": CHIPS["h100"]._replace(network_bandwidth=8 * 200e9 / 8 / 8, host_memory_bytes=1872 * 10**9 // 8,
+                                      gpu="h100"),
+})
+
 GPU_CHIPS: tuple[str, ...] = tuple(key for key, chip in CHIPS.items() if chip.is_gpu)
-"""The GPUs of :data:`CHIPS` (``a100-40gb``, ``a100-80gb``, ``h100``, ``h200``, ``b200``)."""
+"""The GPUs of :data:`CHIPS` (``a100-40gb``, ``a100-80gb``, ``h100``, ``h200``, ``b200``) and the cloud machine
+types with a GPU of the table and a network of their own (``a3-high``, ``a3-mega``)."""
 
 TPU_CHIPS: tuple[str, ...] = tuple(key for key, chip in CHIPS.items() if chip.torus)
 """The TPU chips of :data:`CHIPS`."""
@@ -157,13 +173,16 @@ def chip_for_kind(device_kind: str) -> Chip | None:
   ``None`` when the table has no such chip.
 
   A GPU whose kind the table does not list word for word is found by its model and memory in the kind
-  (``"NVIDIA H100 SXM5 80GB"`` → h100; ``"NVIDIA A100-PCIE-40GB"`` → a100-40gb).
+  (``"NVIDIA H100 SXM5 80GB"`` → h100; ``"NVIDIA A100-PCIE-40GB"`` → a100-40gb). A device does not tell the machine
+  type it is in: a cloud machine type's row (``a3-high``) is never the answer, its GPU's row is.
   """
   for chip in CHIPS.values():
     if device_kind in chip.device_kinds:
       return chip
   squeezed = device_kind.lower().replace(" ", "").replace("-", "")
   for key in GPU_CHIPS:
+    if CHIPS[key].gpu:  # a cloud machine type: its GPU's own row answers
+      continue
     model, _, memory = key.partition("-")
     if model in squeezed and memory in squeezed:
       return CHIPS[key]

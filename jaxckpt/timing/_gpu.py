@@ -20,7 +20,7 @@ import bisect
 import math
 from collections.abc import Mapping
 
-from jaxckpt.sharding import Chip
+from jaxckpt.sharding import CHIPS, Chip
 
 MATMUL_FRACTION: dict[str, float] = {
     "a100-40gb": 267.9 / 312, "a100-80gb": 267.9 / 312, "h100": 755.0 / 989, "h200": 755.0 / 989,
@@ -75,10 +75,17 @@ ATTENTION_TFLOPS: dict[str, dict[str, tuple[float, ...]]] = {
 _H100_PEAK = 989e12
 
 
+def _kernel_key(chip_key: str | None) -> str:
+  """The key whose kernel measurements apply to chip ``chip_key``: a cloud machine type's GPU (``a3-high`` → ``h100``,
+  :attr:`jaxckpt.sharding.Chip.gpu`), else the key itself."""
+  chip = CHIPS.get(chip_key or "")
+  return (chip.gpu if chip is not None and chip.gpu else chip_key) or ""
+
+
 def gemm_fraction(chip_key: str) -> float:
-  """The sustained matmul fraction of a GPU (:data:`MATMUL_FRACTION`); 1.0 for a chip without one (a TPU: its
-  compiler's cycles)."""
-  return MATMUL_FRACTION.get(chip_key, 1.0)
+  """The sustained matmul fraction of a GPU (:data:`MATMUL_FRACTION`; a cloud machine type: its GPU's); 1.0 for a
+  chip without one (a TPU: its compiler's cycles)."""
+  return MATMUL_FRACTION.get(_kernel_key(chip_key), 1.0)
 
 
 def attention_rate(kernel: str, direction: str, seq_len: int, chip: Chip) -> float:
@@ -142,9 +149,10 @@ def gpu_basis(chip: Chip, chip_key: str | None, *, nvlink: float = 0.0, network:
   Returns:
     ``{"matmuls", "memory", "launch", "attention", "nvlink", "network"}`` (those that apply), each a line.
   """
-  fraction = MATMUL_FRACTION.get(chip_key or "")
+  kernels = _kernel_key(chip_key)
+  fraction = MATMUL_FRACTION.get(kernels)
   out = {"matmuls": (f"cuBLAS at {fraction:.1%} of {chip.peak_flops / 1e12:,.0f} TFLOP/s "
-                     f"({MATMUL_SOURCE[chip_key]}) × each GEMM's tile and wave efficiency" if fraction
+                     f"({MATMUL_SOURCE[kernels]}) × each GEMM's tile and wave efficiency" if fraction
                      else f"{chip.peak_flops / 1e12:,.0f} TFLOP/s × shape"),
          "memory": f"{chip.bandwidth * HBM_EFFICIENCY / 1e12:.2f} TB/s ({HBM_EFFICIENCY:.0%} of "
                    f"{chip.bandwidth / 1e12:.2f})",

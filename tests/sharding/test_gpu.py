@@ -40,25 +40,30 @@ def test_gpu_names_parse_as_nodes_of_gpus_and_bad_ones_name_the_valid_choices():
   assert parse_topology("h100:8") == ("h100", (1, 8))
   assert parse_topology(" h200:32x8 ") == ("h200", (32, 8))
   assert parse_topology("a100-40gb:4") == ("a100-40gb", (1, 4))
+  assert parse_topology("a3-high:2x8") == ("a3-high", (2, 8))
   with pytest.raises(TopologyError, match=r"puts 16 GPUs in a node, but a node of NVIDIA H100 SXM GPUs holds at "
                                           r"most 8 .*e\.g\. h100:2x8"):
     parse_topology("h100:16")
-  with pytest.raises(TopologyError, match=r"unknown chip 'h10'.*GPUs a100-40gb, a100-80gb, h100, h200, b200; did "
-                                          r"you mean 'h100'"):
+  with pytest.raises(TopologyError, match=r"unknown chip 'h10'.*GPUs a100-40gb, a100-80gb, h100, h200, b200, "
+                                          r"a3-high, a3-mega; did you mean 'h100'"):
     parse_topology("h10:8")
   with pytest.raises(TopologyError, match=r"a h100 cluster is h100:<gpus> \(one node\) or h100:<nodes>x<gpus per"):
     parse_topology("h100:0x8")
 
 
 def test_every_gpu_has_a_target_config_that_names_its_device_and_memory():
-  assert GPU_CHIPS == ("a100-40gb", "a100-80gb", "h100", "h200", "b200")
+  assert GPU_CHIPS == ("a100-40gb", "a100-80gb", "h100", "h200", "b200", "a3-high", "a3-mega")
   for key in GPU_CHIPS:
     chip, text = CHIPS[key], target_config(key)
     assert f'device_description_str: "{chip.device_kinds[0]}"' in text, key
     assert f"device_memory_size: {chip.memory_bytes}" in text, key  # one figure for the verdict and the compiler
-    assert chip_for_kind(chip.device_kinds[0]) is chip
+    assert chip_for_kind(chip.device_kinds[0]) is CHIPS[chip.gpu or key]  # a machine type's device: its GPU's row
     assert chip.gpus_per_node == 8 and chip.network_bandwidth > 0 and chip.ici_bandwidth > chip.network_bandwidth
   assert chip_for_kind("NVIDIA H100 SXM5 80GB") is CHIPS["h100"]  # a kind the table does not list word for word
+  # Google Cloud's H100 machine types: the H100 with less network per GPU (4 or 8 NICs of 200 Gb/s per 8 GPUs)
+  assert [CHIPS[k].network_bandwidth for k in ("h100", "a3-mega", "a3-high")] == [50e9, 25e9, 12.5e9]
+  assert CHIPS["a3-high"]._replace(network_bandwidth=50e9, host_memory_bytes=CHIPS["h100"].host_memory_bytes,
+                                   gpu="") == CHIPS["h100"]
 
 
 def test_the_memory_fraction_is_jaxs_default_the_environments_or_given():
