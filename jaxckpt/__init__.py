@@ -32,8 +32,13 @@ Old paths still work and warn (``DeprecationWarning``) with the public path: mod
 left this face (``jaxckpt.Stack`` is ``jaxckpt.nnx.Stack``).
 """
 
+from jaxckpt._console import running_console_script as _running_console_script, stop_while_starting as _stop_early
+
+if _running_console_script():  # jaxckpt-report/-plan/-fit: Ctrl-C while JAX imports is one line and exit 130
+  _stop_early()
+
 from jaxckpt.errors import EnvSettingError as _EnvSettingError
-from jaxckpt._remat_impl import check_env as _check_env, running_console_script as _running_console_script
+from jaxckpt._remat_impl import check_env as _check_env
 
 if (_problem := _check_env()) is not None:  # before JAX reads JAX_REMAT3 on import (a ValueError traceback there)
   if _running_console_script():  # jaxckpt-report/-plan/-fit: a program's bad input is one line and exit 2

@@ -20,7 +20,6 @@ A ground module: it imports no JAX at import time, so :func:`check_env` runs bef
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Literal
 
 from jaxckpt.errors import JaxckptError  # no JAX import: check_env runs before JAX reads the env
@@ -31,21 +30,6 @@ REMAT3 = "remat3"
 """JAX's next remat implementation (config flag ``jax_remat3``)."""
 ENV_VAR = "JAX_REMAT3"
 """The environment variable JAX reads its ``jax_remat3`` flag from."""
-
-CONSOLE_SCRIPTS: tuple[str, ...] = ("jaxckpt-report", "jaxckpt-plan", "jaxckpt-fit")
-"""jaxckpt's console scripts (``pyproject.toml``): programs, whose contract for bad input is one line and exit 2."""
-
-
-def running_console_script(argv0: "str | None" = None) -> bool:
-  """Whether this process is one of :data:`CONSOLE_SCRIPTS` (its ``sys.argv[0]``'s file name): then ``import jaxckpt``
-  reports a bad environment as one line and exit 2, as the tools report bad flags, instead of raising.
-
-  Args:
-    argv0: the program path (default ``sys.argv[0]``).
-  """
-  program = sys.argv[0] if argv0 is None and sys.argv else (argv0 or "")
-  return os.path.basename(program) in CONSOLE_SCRIPTS
-
 
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")

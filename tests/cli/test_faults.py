@@ -196,6 +196,52 @@ def test_ctrl_c_stops_at_once_while_a_compile_runs(tmp_path, signum, code):
   assert done.read_text() == "done before the interrupt"  # what finished is kept
 
 
+def test_a_tool_is_known_by_its_script_or_its_module():
+  from jaxckpt._console import running_console_script
+
+  assert running_console_script("/venv/bin/jaxckpt-fit", [])
+  assert running_console_script("-m", ["python", "-m", "jaxckpt.report", "--model", "gpt"])
+  assert not running_console_script("/venv/bin/pytest", ["python", "-m", "pytest", "jaxckpt.report"])
+  assert not running_console_script("-c", ["python", "-c", "import jaxckpt"])  # a library user: no handlers set
+
+
+@pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
+def test_a_signal_while_the_tool_starts_is_one_line_and_its_exit_status(signum, code):
+  """Ctrl-C while JAX imported was swallowed by JAX's gc callback (the run went on, exit 0) or ended in a
+  KeyboardInterrupt traceback from inside an import."""
+  import signal
+  import subprocess
+
+  import jaxckpt._console
+
+  # The module alone, by its file (a ground module: no JAX), as the package's first lines run it in a tool.
+  probe = ("import importlib.util, os, sys, time\n"
+           "spec = importlib.util.spec_from_file_location('console', sys.argv[1])\n"
+           "console = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(console)\n"
+           f"console.stop_while_starting()\nos.kill(os.getpid(), {signum})\ntime.sleep(30)\nprint('went on')\n")
+  done = subprocess.run([sys.executable, "-c", probe, jaxckpt._console.__file__], capture_output=True, text=True,
+                        timeout=60)
+  assert done.returncode == code and done.stdout == "", (done.stdout, done.stderr)
+  assert done.stderr == f"\njaxckpt: stopped by {signal.Signals(signum).name}" \
+      f"{' (Ctrl-C)' * (signum == 2)} while starting; nothing was written\n"
+
+
+@pytest.mark.slow  # a report subprocess interrupted while it imports JAX (~2 s)
+def test_ctrl_c_while_the_real_cli_imports_jax_stops_it():
+  import signal
+  import subprocess
+  import time
+
+  proc = subprocess.Popen([sys.executable, "-m", "jaxckpt.report", "--model", "gpt", "--preset", "tiny", "--policies",
+                           "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+  time.sleep(0.6)  # inside `import jaxckpt` (JAX, XLA, Flax: seconds)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130 and out == "" and "Traceback" not in err, err
+  assert "stopped by SIGINT (Ctrl-C)" in err
+
+
 @pytest.mark.slow  # three report subprocesses (~15 s)
 def test_the_real_cli_under_a_closed_pipe_and_an_ascii_terminal(tmp_path):
   import subprocess

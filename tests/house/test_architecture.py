@@ -16,7 +16,7 @@ PACKAGE = ROOT / "jaxckpt"
 # any lower floor; never a higher one. ``jaxckpt/__init__.py`` (the package face) re-exports from every floor.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("jaxckpt.errors", "jaxckpt._units", "jaxckpt.schema", "jaxckpt._paths", "jaxckpt._remat_impl",
-     "jaxckpt._deprecations", "jaxckpt.names"),
+     "jaxckpt._console", "jaxckpt._deprecations", "jaxckpt.names"),
     ("jaxckpt.analysis",),
     ("jaxckpt.policies",),
     ("jaxckpt.sharding",),
@@ -37,7 +37,7 @@ SIBLINGS: dict[str, tuple[str, ...]] = {}
 two front-ends never import each other."""
 
 TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "_units.py", "schema.py", "_paths.py", "_remat_impl.py",
-                     "_deprecations.py", "names.py"}
+                     "_console.py", "_deprecations.py", "names.py"}
 """The only modules directly in ``jaxckpt/``: the package face and the ground modules; everything else is a package."""
 
 FRONT_ENDS = ("nnx", "linen")
