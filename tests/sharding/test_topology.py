@@ -49,7 +49,7 @@ def test_topology_names_parse_and_bad_ones_list_the_forms():
   assert parse_topology("v5e:2x2") == ("v5e", (2, 2))
   assert parse_topology(" v4:2x2x1 ") == ("v4", (2, 2, 1))
   with pytest.raises(TopologyError, match=r"unknown chip 'v5'.*valid: TPU chips v4, v5e, v5p, v6e; GPUs a100-40gb, "
-                                         r"a100-80gb, h100, h200, b200; did you mean"):
+                                         r"a100-80gb, h100, h200, b200, a3-high, a3-mega; did you mean"):
     parse_topology("v5:2x2")
   with pytest.raises(TopologyError, match=r"bad topology 'v5e-4': write <chip>:<torus> for a TPU slice, e\.g\. v5e:2x2"):
     parse_topology("v5e-4")
