@@ -9,6 +9,8 @@ runs (tests/sharding/test_gpu.py), so no run compiles twice. The budget planner 
 
 from __future__ import annotations
 
+import pytest
+
 from jaxckpt.cli import fit, plan, report
 from tests.extras import HAS_CUDA_PLUGIN, REQUIRE_GPU
 from tests.parse_counts import parses, placement_reads  # noqa: F401 - the fixture
@@ -37,6 +39,7 @@ def test_the_fit_parses_each_policy_and_the_mesh_once(parses):
   assert placement_reads(parses) == {f"mesh:{MESH}": 1}
 
 
+@pytest.mark.slow  # the planner's compiles: 40 s of the fast tier on CI's 2 cores; the fit's and report's stay
 def test_the_budget_planner_parses_its_budget_and_placement_once(parses):
   gpu = ["--topology", TOPOLOGY, "--memory-fraction", str(FRACTION)] if GPU else []
   assert plan(["--model", "gpt", "--preset", "tiny", "--mesh", MESH, *gpu, "--budget", "60%",
