@@ -126,8 +126,8 @@ per direction); DGX A100 8 × 200 Gb/s. Google Cloud's H100 machine types carry 
 (``a3-high``, ``a3-mega``: an H100 whose ``gpu`` is ``h100``; Google Cloud, "Networking and GPU machines"): A3 High
 (``a3-highgpu-8g``, MaxText's ``h100-80gb-8``) up to 1,000 Gb/s, of which GPUDirect-TCPX's 4 × 200 Gb/s NICs carry
 the GPUs' traffic (12.5 GB/s per GPU); A3 Mega (``a3-megagpu-8g``, ``h100-mega-80gb-8``) GPUDirect-TCPXO over 8 × 200
-Gb/s (25 GB/s per GPU); both with 1,872 GB of VM memory over 8 GPUs. Host memory: a DGX H100/H200's 2 TB, a DGX A100's 1 TB (80 GB) or 1 TB over
-8 GPUs, a DGX B200's 4 TB, over their 8 GPUs. Google Cloud TPU docs, "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e"
+Gb/s (25 GB/s per GPU); both with 1,872 GB of VM memory over 8 GPUs. Host memory: a DGX H100/H200's 2 TB, a DGX
+A100's 1 TB (80 GB) or 1 TB over 8 GPUs, a DGX B200's 4 TB, over their 8 GPUs. Google Cloud TPU docs, "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e"
 (BF16 peak compute, HBM capacity and bandwidth per chip; bidirectional ICI bandwidth per chip: v5e 400 GB/s, v6e
 800 GB/s, v5p 1200 GB/s; v4's all-reduce bandwidth per Pod, 1.1 PB/s over 4096 chips; DRAM per host: v5e 512 GiB
 and v6e 1536 GiB over 8 chips, the 4-chip VM's RAM for v5p (448 GB) and v4 (407 GB); v6e "connects to the host
